@@ -1,0 +1,82 @@
+//! Generates the C headers from the Rust source with cbindgen and gives the built library
+//! upstream's file names.
+//!
+//! The headers are written to `OUT_DIR`; `tests/headers.rs` fails when the committed copies under
+//! `include/` differ. Run `TENT_UPDATE_HEADERS=1 cargo build` to refresh the committed copies.
+
+use std::env;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+fn main() {
+    let crate_dir =
+        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let out_dir = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+
+    println!("cargo:rerun-if-changed=src");
+    println!("cargo:rerun-if-changed=cbindgen.toml");
+    println!("cargo:rerun-if-env-changed=TENT_UPDATE_HEADERS");
+
+    let update = env::var_os("TENT_UPDATE_HEADERS").is_some();
+    generate(
+        &crate_dir,
+        &out_dir,
+        "cbindgen.toml",
+        "transfer_engine.h",
+        "include/tent/transfer_engine.h",
+        update,
+    );
+
+    // The cdylib carries a soname so that programs linked against any of its names record one
+    // stable dependency.
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libtent.so");
+    link_upstream_names(&out_dir);
+}
+
+fn generate(
+    crate_dir: &Path,
+    out_dir: &Path,
+    config: &str,
+    out_name: &str,
+    committed: &str,
+    update: bool,
+) {
+    let cfg = cbindgen::Config::from_file(crate_dir.join(config)).expect("cbindgen.toml parses");
+    let bindings = cbindgen::Builder::new()
+        .with_crate(crate_dir)
+        .with_config(cfg)
+        .generate()
+        .expect("cbindgen generates the header");
+    let out = out_dir.join(out_name);
+    bindings.write_to_file(&out);
+    let committed = crate_dir.join(committed);
+    if update || !committed.exists() {
+        if let Some(parent) = committed.parent() {
+            fs::create_dir_all(parent).expect("create include dir");
+        }
+        let fresh = fs::read(&out).expect("read generated header");
+        if fs::read(&committed).ok().as_deref() != Some(&fresh[..]) {
+            fs::write(&committed, fresh).expect("write committed header");
+        }
+    }
+}
+
+/// Creates `libtent_shared.so` and `libtransfer_engine.so` (upstream's library names) as relative
+/// symlinks to `libtent.so` next to the build output, so `-ltent_shared` and `dlopen` of upstream's
+/// names find this library.
+fn link_upstream_names(out_dir: &Path) {
+    // OUT_DIR is <target>/<profile>/build/<pkg>-<hash>/out.
+    let Some(profile_dir) = out_dir.ancestors().nth(3) else {
+        return;
+    };
+    for alias in ["libtent_shared.so", "libtransfer_engine.so"] {
+        let link = profile_dir.join(alias);
+        if fs::symlink_metadata(&link).is_ok() {
+            continue;
+        }
+        #[cfg(unix)]
+        if let Err(e) = std::os::unix::fs::symlink("libtent.so", &link) {
+            println!("cargo:warning=could not create {}: {e}", link.display());
+        }
+    }
+}

@@ -1,0 +1,3 @@
+//! The control plane: addresses, RPC framing and server, metadata.
+
+pub mod addr;

@@ -1,0 +1,485 @@
+//! Batches and tasks.
+//!
+//! A batch id is `(generation << 32) | (slot + 1)`: a freed or made-up id fails the generation
+//! check and is rejected without touching memory. Task state is a pair of atomics that
+//! transports update on completion; polling reads them without any engine-wide lock.
+
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+
+use parking_lot::{Mutex, RwLock};
+
+use super::types::{Request, Status};
+use crate::error::{Error, Result};
+
+/// Runs when the last task of a submit-with-notification ends.
+pub trait HookSink: Send + Sync {
+    /// Sends `name`/`msg` to every target of the submit; called once, only if all its tasks
+    /// COMPLETED.
+    fn fire(&self, targets: &[u64], name: &str, msg: &str);
+}
+
+/// A notification attached to one submit.
+pub struct NotifyHook {
+    remaining: AtomicUsize,
+    failed: AtomicBool,
+    targets: Vec<u64>,
+    name: String,
+    msg: String,
+    sink: Weak<dyn HookSink>,
+}
+
+impl NotifyHook {
+    /// Creates a hook that fires after `tasks` tasks complete.
+    pub fn new(
+        tasks: usize,
+        targets: Vec<u64>,
+        name: String,
+        msg: String,
+        sink: Weak<dyn HookSink>,
+    ) -> Arc<NotifyHook> {
+        Arc::new(NotifyHook {
+            remaining: AtomicUsize::new(tasks),
+            failed: AtomicBool::new(false),
+            targets,
+            name,
+            msg,
+            sink,
+        })
+    }
+
+    fn task_ended(&self, status: Status) {
+        if status != Status::Completed {
+            self.failed.store(true, Ordering::Release);
+        }
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1
+            && !self.failed.load(Ordering::Acquire)
+        {
+            if let Some(sink) = self.sink.upgrade() {
+                sink.fire(&self.targets, &self.name, &self.msg);
+            }
+        }
+    }
+}
+
+/// Shared between a batch and its tasks so the last ending task can reclaim a freed batch.
+struct BatchLife {
+    id: u64,
+    pending: AtomicUsize,
+    free_requested: AtomicBool,
+    table: Weak<BatchTable>,
+}
+
+impl BatchLife {
+    fn maybe_reclaim(&self) {
+        if self.free_requested.load(Ordering::SeqCst) && self.pending.load(Ordering::SeqCst) == 0 {
+            if let Some(t) = self.table.upgrade() {
+                t.reclaim(self.id);
+            }
+        }
+    }
+}
+
+/// Transient status while one finisher publishes bytes and reason; reads as PENDING.
+const FINISHING: i32 = 100;
+
+/// The live state of one task.
+pub struct TaskState {
+    status: AtomicI32,
+    transferred: AtomicU64,
+    cancel_requested: AtomicBool,
+    error: Mutex<Option<String>>,
+    life: Arc<BatchLife>,
+    hook: Option<Arc<NotifyHook>>,
+}
+
+impl TaskState {
+    /// The current status and bytes moved (bytes are published before the status).
+    pub fn load(&self) -> (Status, u64) {
+        let raw = self.status.load(Ordering::Acquire);
+        let s = if raw == FINISHING {
+            Status::Pending
+        } else {
+            Status::from_i32(raw)
+        };
+        (s, self.transferred.load(Ordering::Acquire))
+    }
+
+    /// Adds progress of a still-running task.
+    pub fn add_bytes(&self, n: u64) {
+        self.transferred.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// True when the caller asked to cancel; transports check it between chunks.
+    pub fn cancel_requested(&self) -> bool {
+        self.cancel_requested.load(Ordering::Acquire)
+    }
+
+    /// Moves a pending task to `status` once; later calls are ignored so that nothing revives a
+    /// task that already ended. Returns whether this call ended the task.
+    pub fn finish(&self, status: Status, bytes: u64, error: Option<String>) -> bool {
+        debug_assert!(status.is_terminal());
+        // Claim the task first so a late second finisher cannot overwrite bytes or reason.
+        if self
+            .status
+            .compare_exchange(
+                Status::Pending as i32,
+                FINISHING,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_err()
+        {
+            return false;
+        }
+        if error.is_some() {
+            *self.error.lock() = error;
+        }
+        self.transferred.store(bytes, Ordering::Release);
+        self.status.store(status as i32, Ordering::Release);
+        if let Some(h) = &self.hook {
+            h.task_ended(status);
+        }
+        self.life.pending.fetch_sub(1, Ordering::SeqCst);
+        self.life.maybe_reclaim();
+        true
+    }
+
+    /// Marks success with `bytes` moved.
+    pub fn complete(&self, bytes: u64) -> bool {
+        self.finish(Status::Completed, bytes, None)
+    }
+
+    /// Marks failure, keeping the reason for logs.
+    pub fn fail(&self, reason: String) -> bool {
+        self.finish(Status::Failed, 0, Some(reason))
+    }
+
+    /// The reason a task failed, when it did.
+    pub fn error(&self) -> Option<String> {
+        self.error.lock().clone()
+    }
+}
+
+/// One task of a batch.
+#[derive(Clone)]
+pub struct Task {
+    pub request: Request,
+    pub state: Arc<TaskState>,
+}
+
+/// A batch of tasks, appended across submits up to its capacity.
+pub struct Batch {
+    pub capacity: usize,
+    tasks: RwLock<Vec<Task>>,
+    life: Arc<BatchLife>,
+}
+
+impl Batch {
+    /// Appends tasks for `requests` atomically (all or none); fails when the capacity would be
+    /// exceeded or the batch is being freed. Returns the new tasks and the id of the first.
+    pub fn append(
+        &self,
+        requests: &[Request],
+        hook: Option<Arc<NotifyHook>>,
+    ) -> Result<(usize, Vec<Task>)> {
+        let mut tasks = self.tasks.write();
+        if self.life.free_requested.load(Ordering::SeqCst) {
+            return Err(Error::InvalidArgument("batch is being freed".into()));
+        }
+        if requests.len() > self.capacity - tasks.len() {
+            return Err(Error::TooManyRequests(format!(
+                "batch capacity {} exceeded: {} tasks exist, {} more submitted",
+                self.capacity,
+                tasks.len(),
+                requests.len()
+            )));
+        }
+        let first = tasks.len();
+        let mut out = Vec::with_capacity(requests.len());
+        self.life
+            .pending
+            .fetch_add(requests.len(), Ordering::SeqCst);
+        for r in requests {
+            let t = Task {
+                request: *r,
+                state: Arc::new(TaskState {
+                    status: AtomicI32::new(Status::Pending as i32),
+                    transferred: AtomicU64::new(0),
+                    cancel_requested: AtomicBool::new(false),
+                    error: Mutex::new(None),
+                    life: self.life.clone(),
+                    hook: hook.clone(),
+                }),
+            };
+            tasks.push(t.clone());
+            out.push(t);
+        }
+        Ok((first, out))
+    }
+
+    /// Number of tasks submitted so far.
+    pub fn len(&self) -> usize {
+        self.tasks.read().len()
+    }
+
+    /// True when nothing was submitted.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The task with id `i`.
+    pub fn task(&self, i: usize) -> Result<Task> {
+        let tasks = self.tasks.read();
+        tasks.get(i).cloned().ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "task id {i} out of range: the batch has {} tasks",
+                tasks.len()
+            ))
+        })
+    }
+
+    /// Status and bytes of every task, in id order.
+    pub fn statuses(&self) -> Vec<(Status, u64)> {
+        self.tasks.read().iter().map(|t| t.state.load()).collect()
+    }
+
+    /// Aggregated status: COMPLETED when every task completed (also for an empty batch), the
+    /// worst failure once all ended and some failed, else PENDING. Bytes count completed tasks.
+    pub fn overall(&self) -> (Status, u64) {
+        let mut bytes = 0u64;
+        let mut worst: Option<Status> = None;
+        let mut pending = false;
+        for (s, b) in self.statuses() {
+            match s {
+                Status::Completed => bytes = bytes.saturating_add(b),
+                s if !s.is_terminal() => pending = true,
+                s => {
+                    if worst.is_none_or(|w| s.failure_rank() > w.failure_rank()) {
+                        worst = Some(s);
+                    }
+                }
+            }
+        }
+        let status = if pending {
+            Status::Pending
+        } else {
+            worst.unwrap_or(Status::Completed)
+        };
+        (status, bytes)
+    }
+
+    /// Asks every pending task to stop; returns whether task `i` ended as CANCELED by this call.
+    pub fn cancel(&self, i: usize) -> Result<bool> {
+        let t = self.task(i)?;
+        t.state.cancel_requested.store(true, Ordering::Release);
+        Ok(t.state.finish(Status::Canceled, t.state.load().1, None))
+    }
+}
+
+struct Slot {
+    generation: u32,
+    batch: Option<Arc<Batch>>,
+}
+
+/// All live batches of an engine.
+pub struct BatchTable {
+    slots: Mutex<(Vec<Slot>, Vec<usize>)>,
+    me: Weak<BatchTable>,
+}
+
+fn split(id: u64) -> (usize, u32) {
+    (
+        ((id & 0xffff_ffff) as usize).wrapping_sub(1),
+        (id >> 32) as u32,
+    )
+}
+
+impl BatchTable {
+    /// Creates an empty table.
+    pub fn new() -> Arc<BatchTable> {
+        Arc::new_cyclic(|me| BatchTable {
+            slots: Mutex::new((Vec::new(), Vec::new())),
+            me: me.clone(),
+        })
+    }
+
+    /// Allocates a batch for up to `capacity` tasks and returns its id (never 0 or u64::MAX).
+    pub fn allocate(&self, capacity: usize) -> Result<u64> {
+        if capacity == 0 {
+            return Err(Error::InvalidArgument(
+                "batch size must be at least 1".into(),
+            ));
+        }
+        let mut guard = self.slots.lock();
+        let (slots, free) = &mut *guard;
+        let idx = match free.pop() {
+            Some(i) => i,
+            None => {
+                if slots.len() >= 0xffff_fff0 {
+                    return Err(Error::TooManyRequests("too many live batches".into()));
+                }
+                slots.push(Slot {
+                    generation: 0,
+                    batch: None,
+                });
+                slots.len() - 1
+            }
+        };
+        let slot = &mut slots[idx];
+        slot.generation = slot.generation.wrapping_add(1).max(1);
+        if slot.generation == u32::MAX {
+            slot.generation = 1;
+        }
+        let id = ((slot.generation as u64) << 32) | (idx as u64 + 1);
+        let life = Arc::new(BatchLife {
+            id,
+            pending: AtomicUsize::new(0),
+            free_requested: AtomicBool::new(false),
+            table: self.me.clone(),
+        });
+        slot.batch = Some(Arc::new(Batch {
+            capacity,
+            tasks: RwLock::new(Vec::new()),
+            life,
+        }));
+        Ok(id)
+    }
+
+    /// The live batch behind `id`; a freed or made-up id is an invalid argument.
+    pub fn get(&self, id: u64) -> Result<Arc<Batch>> {
+        let (idx, generation) = split(id);
+        let guard = self.slots.lock();
+        guard
+            .0
+            .get(idx)
+            .filter(|s| s.generation == generation && id != 0)
+            .and_then(|s| s.batch.clone())
+            .ok_or_else(|| Error::InvalidArgument(format!("batch id {id:#x} is not a live batch")))
+    }
+
+    /// Frees a batch: at once when no task is pending, otherwise as soon as the last one ends.
+    /// Submits to a batch being freed fail; its tasks stay pollable until it is reclaimed.
+    pub fn free(&self, id: u64) -> Result<()> {
+        let b = self.get(id)?;
+        b.life.free_requested.store(true, Ordering::SeqCst);
+        b.life.maybe_reclaim();
+        Ok(())
+    }
+
+    fn reclaim(&self, id: u64) {
+        let (idx, generation) = split(id);
+        let mut guard = self.slots.lock();
+        let (slots, free) = &mut *guard;
+        if let Some(s) = slots.get_mut(idx) {
+            if s.generation == generation && s.batch.is_some() {
+                s.batch = None;
+                free.push(idx);
+            }
+        }
+    }
+
+    /// Number of batches not yet reclaimed.
+    pub fn live(&self) -> usize {
+        self.slots
+            .lock()
+            .0
+            .iter()
+            .filter(|s| s.batch.is_some())
+            .count()
+    }
+
+    /// Drops every batch (engine teardown, after transports stopped).
+    pub fn clear(&self) {
+        let mut guard = self.slots.lock();
+        let (slots, free) = &mut *guard;
+        for (i, s) in slots.iter_mut().enumerate() {
+            if s.batch.take().is_some() {
+                free.push(i);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::types::{Opcode, TransportKind};
+
+    fn req() -> Request {
+        Request {
+            opcode: Opcode::Write,
+            source: 0,
+            target_id: 0,
+            target_offset: 0,
+            length: 8,
+            priority: 0,
+            hint: TransportKind::Unspec,
+        }
+    }
+
+    #[test]
+    fn ids_are_generation_tagged() {
+        let t = BatchTable::new();
+        let a = t.allocate(2).expect("alloc");
+        assert!(a != 0 && a != u64::MAX);
+        t.free(a).expect("free");
+        assert!(t.get(a).is_err());
+        let b = t.allocate(2).expect("alloc");
+        assert_ne!(a, b, "a reused slot gets a new generation");
+        assert!(t.get(a).is_err());
+        assert!(t.get(0).is_err());
+        assert!(t.get(0xdead_beef_0000_0001).is_err());
+    }
+
+    #[test]
+    fn capacity_spans_submits_and_is_all_or_nothing() {
+        let t = BatchTable::new();
+        let b = t.get(t.allocate(3).expect("alloc")).expect("live");
+        let (first, _) = b.append(&[req(), req()], None).expect("two fit");
+        assert_eq!(first, 0);
+        assert!(matches!(
+            b.append(&[req(), req()], None),
+            Err(Error::TooManyRequests(_))
+        ));
+        assert_eq!(b.len(), 2);
+        let (first, _) = b.append(&[req()], None).expect("one more fits");
+        assert_eq!(first, 2);
+    }
+
+    #[test]
+    fn deferred_free_reclaims_when_last_task_ends() {
+        let t = BatchTable::new();
+        let id = t.allocate(2).expect("alloc");
+        let b = t.get(id).expect("live");
+        let (_, tasks) = b.append(&[req(), req()], None).expect("append");
+        t.free(id).expect("free while pending");
+        assert!(t.get(id).is_ok(), "still pollable while pending");
+        assert!(
+            b.append(&[req()], None).is_err(),
+            "no submits while being freed"
+        );
+        tasks[0].state.complete(8);
+        assert!(t.get(id).is_ok());
+        tasks[1].state.fail("boom".into());
+        assert!(t.get(id).is_err(), "reclaimed after the last task ended");
+        assert_eq!(t.live(), 0);
+    }
+
+    #[test]
+    fn aggregation_rules() {
+        let t = BatchTable::new();
+        let b = t.get(t.allocate(4).expect("alloc")).expect("live");
+        assert_eq!(b.overall(), (Status::Completed, 0));
+        let (_, tasks) = b.append(&[req(), req(), req()], None).expect("append");
+        tasks[0].state.complete(8);
+        assert_eq!(b.overall().0, Status::Pending);
+        tasks[1].state.finish(Status::Canceled, 0, None);
+        tasks[2].state.fail("x".into());
+        assert_eq!(b.overall(), (Status::Failed, 8));
+        assert!(
+            !tasks[2].state.complete(8),
+            "an ended task is never revived"
+        );
+    }
+}

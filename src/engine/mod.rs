@@ -1,0 +1,507 @@
+//! The engine: identity, segments, memory, batches, transfers and notifications.
+
+pub mod batch;
+pub mod memory;
+pub mod segment;
+pub mod types;
+
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, TcpListener};
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
+
+use crate::config::{Config, keys};
+use crate::control::addr;
+use crate::error::{Error, Result};
+use crate::transport::Transport;
+use batch::{BatchTable, HookSink, NotifyHook, Task};
+use segment::{LocalSegment, Registration, SegmentTable};
+use types::{Notification, Opcode, Permission, Request, Status, TransportKind};
+
+/// Builds the effective config from what the caller gave explicitly: `MC_TENT_CONF` is merged
+/// over it, then the legacy `MC_*` variables, then the caller's identity keys are put back.
+pub fn effective_config(explicit: Config) -> Config {
+    let mut cfg = explicit.clone();
+    cfg.apply_env();
+    for k in keys::IDENTITY_KEYS {
+        if let Some(v) = explicit.get(k) {
+            cfg.set(k, v.clone());
+        }
+    }
+    cfg
+}
+
+/// Options of an allocation or registration (the engine-side `tent_memory_options`).
+#[derive(Debug, Clone)]
+pub struct MemoryOptions {
+    /// "cpu:N" or "*" (probe).
+    pub location: String,
+    pub permission: Permission,
+    /// `Unspec` for every loaded transport, else only this one.
+    pub transport: TransportKind,
+    pub shm_path: String,
+    pub shm_offset: usize,
+    pub internal: bool,
+}
+
+impl Default for MemoryOptions {
+    fn default() -> Self {
+        MemoryOptions {
+            location: "*".into(),
+            permission: Permission::GlobalReadWrite,
+            transport: TransportKind::Unspec,
+            shm_path: String::new(),
+            shm_offset: 0,
+            internal: false,
+        }
+    }
+}
+
+/// One buffer as `tent_get_segment_info` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BufferInfo {
+    pub base: u64,
+    pub length: u64,
+    pub location: String,
+}
+
+/// A segment as `tent_get_segment_info` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentInfo {
+    /// true for file segments.
+    pub is_file: bool,
+    pub buffers: Vec<BufferInfo>,
+}
+
+/// Load of one NIC, for `tent_get_nic_load_stats`.
+#[derive(Debug, Clone)]
+pub struct NicLoad {
+    pub device: String,
+    pub inflight_bytes: u64,
+    pub ewma_bandwidth_bps: f64,
+}
+
+struct Allocation {
+    size: usize,
+}
+
+/// A running transfer engine. Create it with [`Engine::new`]; share it as `Arc<Engine>`.
+pub struct Engine {
+    config: Config,
+    ip: IpAddr,
+    port: u16,
+    local: Arc<LocalSegment>,
+    segments: SegmentTable,
+    batches: Arc<BatchTable>,
+    allocations: Mutex<HashMap<u64, Allocation>>,
+    notifications: Mutex<VecDeque<Notification>>,
+    transports: Vec<Arc<dyn Transport>>,
+    /// Holds the RPC port for the life of the engine.
+    _listener: Mutex<Option<TcpListener>>,
+    me: Weak<Engine>,
+}
+
+impl Engine {
+    /// Starts an engine from an effective config (see [`effective_config`]). Any failure is
+    /// returned with its reason; nothing is left running.
+    pub fn new(config: Config) -> Result<Arc<Engine>> {
+        crate::log::init(&config.get_string(keys::LOG_LEVEL.0, keys::LOG_LEVEL.1));
+        let metadata_type = config.get_string(keys::METADATA_TYPE.0, keys::METADATA_TYPE.1);
+        if metadata_type != "p2p" {
+            return Err(Error::NotImplemented(format!(
+                "metadata_type {metadata_type:?}: only \"p2p\" is supported by this build"
+            )));
+        }
+        let port = config
+            .get_i64_checked(keys::RPC_SERVER_PORT.0, keys::RPC_SERVER_PORT.1, 0, 65535)
+            .map_err(Error::InvalidArgument)? as u16;
+        config
+            .get_i64_checked(
+                keys::RPC_SERVER_THREADS.0,
+                keys::RPC_SERVER_THREADS.1,
+                1,
+                1024,
+            )
+            .map_err(Error::InvalidArgument)?;
+        let hostname = config.get_string(keys::RPC_SERVER_HOSTNAME.0, keys::RPC_SERVER_HOSTNAME.1);
+        let ip = addr::advertised_ip(&hostname)?;
+        let listener = addr::bind_rpc_listener(port, ip.is_ipv6())?;
+        let port = listener.local_addr().map_err(Error::from)?.port();
+        let rpc_addr = addr::host_port(&ip, port);
+        let name = rpc_addr.clone();
+        let local = Arc::new(LocalSegment::new(
+            name.clone(),
+            memory::machine_id(),
+            rpc_addr,
+            memory::topology_json(),
+        ));
+        let engine = Arc::new_cyclic(|me| Engine {
+            config,
+            ip,
+            port,
+            local,
+            segments: SegmentTable::default(),
+            batches: BatchTable::new(),
+            allocations: Mutex::new(HashMap::new()),
+            notifications: Mutex::new(VecDeque::new()),
+            transports: Vec::new(),
+            _listener: Mutex::new(Some(listener)),
+            me: me.clone(),
+        });
+        tracing::info!("transfer engine {name} started");
+        Ok(engine)
+    }
+
+    /// The effective configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// This engine's segment name (`ip:port` in p2p mode).
+    pub fn segment_name(&self) -> &str {
+        &self.local.name
+    }
+
+    /// The advertised IP, unbracketed.
+    pub fn rpc_ip(&self) -> String {
+        self.ip.to_string()
+    }
+
+    /// The bound RPC port.
+    pub fn rpc_port(&self) -> u16 {
+        self.port
+    }
+
+    /// The engine's own segment.
+    pub fn local_segment(&self) -> &Arc<LocalSegment> {
+        &self.local
+    }
+
+    /// Maps a segment name to a handle without contacting the peer: empty or own name gives 0.
+    pub fn open_segment(&self, name: &str) -> Result<u64> {
+        if name.is_empty() || name == self.local.name {
+            return Ok(0);
+        }
+        Ok(self.segments.open(name))
+    }
+
+    /// Forgets a handle; 0 is accepted, an unknown handle is an error.
+    pub fn close_segment(&self, handle: u64) -> Result<()> {
+        if handle == 0 {
+            return Ok(());
+        }
+        self.segments.close(handle).map(|_| ())
+    }
+
+    /// The non-internal buffers of a segment.
+    pub fn segment_info(&self, handle: u64) -> Result<SegmentInfo> {
+        if handle == 0 {
+            let buffers = self
+                .local
+                .snapshot()
+                .iter()
+                .filter(|b| !b.internal)
+                .map(|b| BufferInfo {
+                    base: b.addr,
+                    length: b.len,
+                    location: b.location.clone(),
+                })
+                .collect();
+            return Ok(SegmentInfo {
+                is_file: false,
+                buffers,
+            });
+        }
+        let name = self
+            .segments
+            .name_of(handle)
+            .ok_or_else(|| Error::InvalidEntry(format!("segment handle {handle} is not open")))?;
+        Err(Error::NoTransport(format!(
+            "segment {name}: remote segments are not reachable without a transport"
+        )))
+    }
+
+    /// Allocates memory (not registered, as upstream). Returns the address.
+    pub fn allocate_memory(&self, size: usize, opts: &MemoryOptions) -> Result<u64> {
+        match opts.transport {
+            TransportKind::Unspec | TransportKind::Tcp | TransportKind::Rdma => {}
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "allocation for transport {} is not supported by the loaded transports",
+                    other.name()
+                )));
+            }
+        }
+        let ptr = memory::allocate(size, &opts.location)?;
+        self.allocations
+            .lock()
+            .insert(ptr as u64, Allocation { size });
+        Ok(ptr as u64)
+    }
+
+    /// Frees memory from [`Engine::allocate_memory`]; any other address is an error.
+    pub fn free_memory(&self, addr: u64) -> Result<()> {
+        let a = self.allocations.lock().remove(&addr).ok_or_else(|| {
+            Error::InvalidArgument(format!("{addr:#x} was not allocated by this engine"))
+        })?;
+        // SAFETY: the address and size come from one successful allocation, removed from the map
+        // so it is released once.
+        unsafe { memory::release(addr as *mut u8, a.size) };
+        Ok(())
+    }
+
+    /// Transports a registration goes to (tags in the descriptor), in upstream's order.
+    fn registration_transports(&self, wanted: TransportKind) -> Result<Vec<TransportKind>> {
+        let loaded: Vec<TransportKind> = self.transports.iter().map(|t| t.kind()).collect();
+        if wanted == TransportKind::Unspec {
+            return Ok(loaded);
+        }
+        if loaded.contains(&wanted) {
+            Ok(vec![wanted])
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "transport {} is not loaded",
+                wanted.name()
+            )))
+        }
+    }
+
+    /// Registers `(addr, len)` ranges, all or none, with one descriptor publication.
+    pub fn register_memory(&self, ranges: &[(u64, u64)], opts: &MemoryOptions) -> Result<()> {
+        let transports = self.registration_transports(opts.transport)?;
+        let regs: Vec<Registration> = ranges
+            .iter()
+            .map(|&(addr, len)| {
+                if addr == 0 {
+                    return Err(Error::InvalidArgument("cannot register address 0".into()));
+                }
+                let loc = opts.location.trim();
+                let location = if loc.is_empty() || loc == "*" {
+                    memory::probe_location(addr)
+                } else {
+                    loc.to_string()
+                };
+                Ok(Registration {
+                    addr,
+                    len,
+                    location,
+                    permission: opts.permission,
+                    internal: opts.internal,
+                    shm_path: opts.shm_path.clone(),
+                    transports: transports.clone(),
+                })
+            })
+            .collect::<Result<_>>()?;
+        let known = self.local.snapshot();
+        for r in &regs {
+            if !known.iter().any(|b| b.addr == r.addr && b.len == r.len) {
+                memory::prefault(r.addr, r.len);
+            }
+        }
+        self.local.register(&regs)?;
+        Ok(())
+    }
+
+    /// Drops one reference of each range (`len == 0` matches any length). Unknown ranges are
+    /// ignored.
+    pub fn unregister_memory(&self, ranges: &[(u64, u64)]) -> Result<()> {
+        self.local.unregister(ranges);
+        Ok(())
+    }
+
+    /// Allocates a batch for up to `capacity` tasks.
+    pub fn allocate_batch(&self, capacity: usize) -> Result<u64> {
+        self.batches.allocate(capacity)
+    }
+
+    /// Frees a batch (deferred while tasks are pending).
+    pub fn free_batch(&self, id: u64) -> Result<()> {
+        self.batches.free(id)
+    }
+
+    /// Number of batches not yet reclaimed.
+    pub fn live_batches(&self) -> usize {
+        self.batches.live()
+    }
+
+    /// Submits requests into a batch; with `notify`, a notification goes to every target once
+    /// all of this submit's tasks completed. Requests that cannot be carried out become FAILED
+    /// tasks; only a dead batch, exceeded capacity or a hint naming an unloaded transport fail the
+    /// call.
+    pub fn submit(
+        &self,
+        batch_id: u64,
+        requests: &[Request],
+        notify: Option<(String, String)>,
+    ) -> Result<()> {
+        let batch = self.batches.get(batch_id)?;
+        for r in requests {
+            if r.hint != TransportKind::Unspec
+                && !self.transports.iter().any(|t| t.kind() == r.hint)
+            {
+                return Err(Error::InvalidArgument(format!(
+                    "transport hint {} names a transport that is not loaded",
+                    r.hint.name()
+                )));
+            }
+        }
+        let hook = notify.map(|(name, msg)| {
+            let mut targets: Vec<u64> = requests.iter().map(|r| r.target_id).collect();
+            targets.sort_unstable();
+            targets.dedup();
+            let sink: Weak<dyn HookSink> = self.me.clone();
+            NotifyHook::new(requests.len(), targets, name, msg, sink)
+        });
+        if requests.is_empty() {
+            // Nothing to run and no target to notify.
+            return Ok(());
+        }
+        let (_, tasks) = batch.append(requests, hook)?;
+        self.dispatch(tasks);
+        Ok(())
+    }
+
+    /// Starts tasks: local-segment ones are copied here; remote ones go to a transport.
+    fn dispatch(&self, tasks: Vec<Task>) {
+        for t in tasks {
+            let r = t.request;
+            if let Err(e) = self.precheck(&r) {
+                t.state.fail(e.to_string());
+                continue;
+            }
+            if r.target_id == 0 {
+                match self.copy_local(&r) {
+                    Ok(()) => {
+                        t.state.complete(r.length);
+                    }
+                    Err(e) => {
+                        tracing::debug!("local transfer failed: {e}");
+                        t.state.fail(e.to_string());
+                    }
+                }
+                continue;
+            }
+            let reason = match self.segments.name_of(r.target_id) {
+                None => format!("segment handle {} is not open", r.target_id),
+                Some(name) => format!("segment {name}: no loaded transport can reach it"),
+            };
+            tracing::debug!("transfer failed: {reason}");
+            t.state.fail(reason);
+        }
+    }
+
+    fn precheck(&self, r: &Request) -> Result<()> {
+        if r.source.checked_add(r.length).is_none()
+            || r.target_offset.checked_add(r.length).is_none()
+        {
+            return Err(Error::InvalidArgument(format!(
+                "request of {} bytes overflows the address space",
+                r.length
+            )));
+        }
+        Ok(())
+    }
+
+    /// The memcpy path for the local segment: both ranges must be registered, and the target's
+    /// permission must allow the operation.
+    fn copy_local(&self, r: &Request) -> Result<()> {
+        if r.length == 0 {
+            return Ok(());
+        }
+        self.local.check_range(r.source, r.length, None)?;
+        self.local
+            .check_range(r.target_offset, r.length, Some((r.opcode, false)))?;
+        let (src, dst) = match r.opcode {
+            Opcode::Write => (r.source, r.target_offset),
+            Opcode::Read => (r.target_offset, r.source),
+        };
+        // SAFETY: both ranges lie inside memory the caller registered with this engine (checked
+        // above), which the caller promises stays valid while registered; `copy` allows overlap.
+        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, r.length as usize) };
+        Ok(())
+    }
+
+    /// Status of one task.
+    pub fn task_status(&self, batch_id: u64, task: usize) -> Result<(Status, u64)> {
+        Ok(self.batches.get(batch_id)?.task(task)?.state.load())
+    }
+
+    /// Status of every task, in id order.
+    pub fn task_status_list(&self, batch_id: u64) -> Result<Vec<(Status, u64)>> {
+        Ok(self.batches.get(batch_id)?.statuses())
+    }
+
+    /// Aggregated status of a batch.
+    pub fn overall_status(&self, batch_id: u64) -> Result<(Status, u64)> {
+        Ok(self.batches.get(batch_id)?.overall())
+    }
+
+    /// Best-effort cancel: a task that has not ended is marked CANCELED and its transport stops
+    /// at the next chunk boundary; an ended task is left as it is.
+    pub fn cancel_task(&self, batch_id: u64, task: usize) -> Result<()> {
+        self.batches.get(batch_id)?.cancel(task).map(|_| ())
+    }
+
+    /// Sends a notification to the owner of `handle` (0 = this engine's own queue).
+    pub fn send_notification(&self, handle: u64, name: &str, msg: &str) -> Result<()> {
+        if handle == 0 {
+            self.notifications.lock().push_back(Notification {
+                name: name.into(),
+                msg: msg.into(),
+                handle: 0,
+            });
+            return Ok(());
+        }
+        let seg = self
+            .segments
+            .name_of(handle)
+            .ok_or_else(|| Error::InvalidEntry(format!("segment handle {handle} is not open")))?;
+        Err(Error::NoTransport(format!(
+            "segment {seg}: no loaded transport supports notifications"
+        )))
+    }
+
+    /// Takes every queued notification.
+    pub fn recv_notifications(&self) -> Vec<Notification> {
+        self.notifications.lock().drain(..).collect()
+    }
+
+    /// Puts notifications back at the front of the queue (used when handing them out failed).
+    pub fn requeue_notifications(&self, notes: Vec<Notification>) {
+        let mut q = self.notifications.lock();
+        for n in notes.into_iter().rev() {
+            q.push_front(n);
+        }
+    }
+
+    /// Per-NIC load; empty without RDMA.
+    pub fn nic_load_stats(&self) -> Vec<NicLoad> {
+        Vec::new()
+    }
+}
+
+impl HookSink for Engine {
+    fn fire(&self, targets: &[u64], name: &str, msg: &str) {
+        for &t in targets {
+            if let Err(e) = self.send_notification(t, name, msg) {
+                tracing::warn!("notification after transfer to segment handle {t} not sent: {e}");
+            }
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        for t in &self.transports {
+            t.shutdown();
+        }
+        self.batches.clear();
+        let allocations: Vec<(u64, Allocation)> = self.allocations.lock().drain().collect();
+        for (addr, a) in allocations {
+            // SAFETY: each entry is a live allocation of this engine, released once here.
+            unsafe { memory::release(addr as *mut u8, a.size) };
+        }
+        tracing::info!("transfer engine {} stopped", self.local.name);
+    }
+}

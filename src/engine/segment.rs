@@ -1,0 +1,543 @@
+//! Segments: the local registry of buffers, the descriptor JSON peers read, and the table that
+//! maps segment names to handles.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::{Mutex, RwLock};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::types::{Opcode, Permission, TransportKind, range_within};
+use crate::error::{Error, Result};
+
+/// One buffer in a segment descriptor, in upstream's JSON shape (keys sorted on output).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BufferDesc {
+    pub addr: u64,
+    pub internal: bool,
+    pub length: u64,
+    pub location: String,
+    pub mnnvl_handle: String,
+    /// tent-rs extension: the PERM_* value; upstream peers ignore unknown keys. Absent means
+    /// read-write, which is what upstream peers publish.
+    #[serde(default = "default_perm", skip_serializing_if = "Option::is_none")]
+    pub perm: Option<i32>,
+    pub regions: Vec<Value>,
+    pub rkey: Vec<u32>,
+    pub shm_path: String,
+    pub transport_attrs: Vec<Value>,
+    pub transports: Vec<i32>,
+}
+
+fn default_perm() -> Option<i32> {
+    None
+}
+
+impl BufferDesc {
+    /// The permission peers must respect (read-write when the owner did not say).
+    pub fn permission(&self) -> Permission {
+        self.perm
+            .and_then(|p| Permission::from_c(p).ok())
+            .unwrap_or(Permission::GlobalReadWrite)
+    }
+}
+
+/// A segment descriptor: what `GetSegmentDesc` serves and what central stores hold.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SegmentDesc {
+    pub name: String,
+    /// "memory" or "file".
+    pub kind: String,
+    pub machine_id: String,
+    pub rpc_server_addr: String,
+    pub buffers: Vec<BufferDesc>,
+    pub devices: Vec<Value>,
+    /// Everything else of `detail` kept verbatim (topology, device_attrs, transport_attrs).
+    pub detail_extra: serde_json::Map<String, Value>,
+    pub rdma_server_name: Option<String>,
+}
+
+impl SegmentDesc {
+    /// Serialises in upstream's shape: sorted keys, no indentation, every required key present.
+    pub fn to_json(&self) -> String {
+        let mut detail = self.detail_extra.clone();
+        detail.insert(
+            "buffers".into(),
+            serde_json::to_value(&self.buffers).unwrap_or(Value::Array(vec![])),
+        );
+        detail.insert("devices".into(), Value::Array(self.devices.clone()));
+        detail
+            .entry("device_attrs")
+            .or_insert_with(|| Value::Object(Default::default()));
+        let mut top = serde_json::Map::new();
+        top.insert("name".into(), Value::String(self.name.clone()));
+        top.insert("type".into(), Value::String(self.kind.clone()));
+        top.insert("machine_id".into(), Value::String(self.machine_id.clone()));
+        top.insert(
+            "rpc_server_addr".into(),
+            Value::String(self.rpc_server_addr.clone()),
+        );
+        if let Some(r) = self.rdma_server_name.as_ref().filter(|r| !r.is_empty()) {
+            top.insert("rdma_server_name".into(), Value::String(r.clone()));
+        }
+        top.insert("detail".into(), Value::Object(detail));
+        Value::Object(top).to_string()
+    }
+
+    /// Parses a descriptor from a peer or a store; malformed input is an error, never a panic.
+    pub fn from_json(text: &str) -> Result<SegmentDesc> {
+        let bad = |what: &str| Error::Metadata(format!("malformed segment descriptor: {what}"));
+        let v: Value = serde_json::from_str(text).map_err(|e| bad(&e.to_string()))?;
+        let obj = v.as_object().ok_or_else(|| bad("not a JSON object"))?;
+        let s = |k: &str| -> Result<String> {
+            obj.get(k)
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .ok_or_else(|| bad(&format!("missing string field {k:?}")))
+        };
+        let name = s("name")?;
+        let kind = s("type")?;
+        let machine_id = s("machine_id")?;
+        let rpc_server_addr = s("rpc_server_addr")?;
+        let mut detail = obj
+            .get("detail")
+            .and_then(Value::as_object)
+            .cloned()
+            .ok_or_else(|| bad("missing object field \"detail\""))?;
+        let buffers = match detail.remove("buffers") {
+            Some(b) if kind == "memory" => serde_json::from_value::<Vec<BufferDesc>>(b)
+                .map_err(|e| bad(&format!("buffers: {e}")))?,
+            Some(_) => Vec::new(),
+            None if kind == "memory" => return Err(bad("missing \"detail.buffers\"")),
+            None => Vec::new(),
+        };
+        let devices = match detail.remove("devices") {
+            Some(Value::Array(d)) => d,
+            Some(_) => return Err(bad("\"detail.devices\" is not an array")),
+            None => Vec::new(),
+        };
+        Ok(SegmentDesc {
+            name,
+            kind,
+            machine_id,
+            rpc_server_addr,
+            buffers,
+            devices,
+            detail_extra: detail,
+            rdma_server_name: obj
+                .get("rdma_server_name")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+        })
+    }
+
+    /// The first buffer (in address order) that fully contains `[addr, addr+len)` and whose
+    /// permission allows `op` (from a peer when `remote`).
+    pub fn find_buffer(
+        &self,
+        addr: u64,
+        len: u64,
+        op: Opcode,
+        remote: bool,
+    ) -> Result<&BufferDesc> {
+        let mut contained = false;
+        for b in &self.buffers {
+            if range_within(addr, len, b.addr, b.length) {
+                contained = true;
+                if b.permission().allows(op, remote) {
+                    return Ok(b);
+                }
+            }
+        }
+        if contained {
+            Err(Error::PermissionDenied(format!(
+                "{op:?} of {len} bytes at {addr:#x} is not allowed by the buffer's permission in segment {}",
+                self.name
+            )))
+        } else {
+            Err(Error::AddressNotRegistered(format!(
+                "{len} bytes at {addr:#x} are not inside a registered buffer of segment {}",
+                self.name
+            )))
+        }
+    }
+}
+
+/// A buffer registered in this engine.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LocalBuffer {
+    pub addr: u64,
+    pub len: u64,
+    pub location: String,
+    pub permission: Permission,
+    pub internal: bool,
+    pub shm_path: String,
+    pub transports: Vec<TransportKind>,
+    pub refcount: u32,
+}
+
+/// The engine's own segment: registered buffers as an immutable snapshot replaced on change, so
+/// readers (the data paths and the RPC server) never block writers for long.
+pub struct LocalSegment {
+    pub name: String,
+    pub machine_id: String,
+    pub rpc_server_addr: String,
+    topology: String,
+    buffers: RwLock<Arc<Vec<LocalBuffer>>>,
+    /// Serialises writers so concurrent registrations never lose one another's changes.
+    write_lock: Mutex<()>,
+    version: AtomicU64,
+    json_cache: Mutex<(u64, Arc<String>)>,
+}
+
+/// What a registration asks for.
+#[derive(Debug, Clone)]
+pub struct Registration {
+    pub addr: u64,
+    pub len: u64,
+    pub location: String,
+    pub permission: Permission,
+    pub internal: bool,
+    pub shm_path: String,
+    pub transports: Vec<TransportKind>,
+}
+
+impl LocalSegment {
+    /// Creates an empty local segment with its identity.
+    pub fn new(
+        name: String,
+        machine_id: String,
+        rpc_server_addr: String,
+        topology: String,
+    ) -> LocalSegment {
+        LocalSegment {
+            name,
+            machine_id,
+            rpc_server_addr,
+            topology,
+            buffers: RwLock::new(Arc::new(Vec::new())),
+            write_lock: Mutex::new(()),
+            version: AtomicU64::new(1),
+            json_cache: Mutex::new((0, Arc::new(String::new()))),
+        }
+    }
+
+    /// The current list of registered buffers (sorted by address, then length descending).
+    pub fn snapshot(&self) -> Arc<Vec<LocalBuffer>> {
+        self.buffers.read().clone()
+    }
+
+    /// Increments on every change of the buffer list.
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    /// Registers every entry (all or nothing). An identical `(addr, len)` only gains a reference.
+    /// Returns true when the buffer list changed.
+    pub fn register(&self, regs: &[Registration]) -> Result<bool> {
+        let _w = self.write_lock.lock();
+        let mut list: Vec<LocalBuffer> = (**self.buffers.read()).clone();
+        let mut changed = false;
+        for r in regs {
+            if r.len == 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "cannot register 0 bytes at {:#x}",
+                    r.addr
+                )));
+            }
+            if r.addr.checked_add(r.len).is_none() {
+                return Err(Error::InvalidArgument(format!(
+                    "range {:#x}+{} overflows",
+                    r.addr, r.len
+                )));
+            }
+            if let Some(b) = list.iter_mut().find(|b| b.addr == r.addr && b.len == r.len) {
+                b.refcount = b.refcount.saturating_add(1);
+                continue;
+            }
+            list.push(LocalBuffer {
+                addr: r.addr,
+                len: r.len,
+                location: r.location.clone(),
+                permission: r.permission,
+                internal: r.internal,
+                shm_path: r.shm_path.clone(),
+                transports: r.transports.clone(),
+                refcount: 1,
+            });
+            changed = true;
+        }
+        list.sort_by(|a, b| a.addr.cmp(&b.addr).then(b.len.cmp(&a.len)));
+        self.publish(list, changed);
+        Ok(changed)
+    }
+
+    /// Drops one reference of each `(addr, len)`; `len == 0` matches any length at `addr`.
+    /// Unknown addresses are ignored (upstream returns success). Returns the buffers removed.
+    pub fn unregister(&self, entries: &[(u64, u64)]) -> Vec<LocalBuffer> {
+        let _w = self.write_lock.lock();
+        let mut list: Vec<LocalBuffer> = (**self.buffers.read()).clone();
+        let mut removed = Vec::new();
+        for &(addr, len) in entries {
+            let mut i = 0;
+            while i < list.len() {
+                let b = &mut list[i];
+                if b.addr == addr && (len == 0 || b.len == len) {
+                    b.refcount = b.refcount.saturating_sub(1);
+                    if b.refcount == 0 {
+                        removed.push(list.remove(i));
+                        continue;
+                    }
+                    if len != 0 {
+                        break;
+                    }
+                }
+                i += 1;
+            }
+        }
+        let changed = !removed.is_empty();
+        self.publish(list, changed);
+        removed
+    }
+
+    fn publish(&self, list: Vec<LocalBuffer>, changed: bool) {
+        *self.buffers.write() = Arc::new(list);
+        if changed {
+            self.version.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Finds a registered local buffer holding `[addr, addr+len)` whose permission allows `op`
+    /// when the access comes through a segment (`via_segment`), or any buffer when it is only
+    /// used as local memory.
+    pub fn check_range(&self, addr: u64, len: u64, access: Option<(Opcode, bool)>) -> Result<()> {
+        let snap = self.snapshot();
+        let mut contained = false;
+        for b in snap.iter() {
+            if range_within(addr, len, b.addr, b.len) {
+                contained = true;
+                match access {
+                    None => return Ok(()),
+                    Some((op, remote)) if b.permission.allows(op, remote) => return Ok(()),
+                    Some(_) => {}
+                }
+            }
+        }
+        if contained {
+            Err(Error::PermissionDenied(format!(
+                "{len} bytes at {addr:#x}: the registered buffer's permission does not allow this access"
+            )))
+        } else {
+            Err(Error::AddressNotRegistered(format!(
+                "{len} bytes at {addr:#x} are not inside memory registered with this engine"
+            )))
+        }
+    }
+
+    /// The descriptor of this segment as peers see it.
+    pub fn descriptor(&self) -> SegmentDesc {
+        let snap = self.snapshot();
+        let buffers = snap
+            .iter()
+            .map(|b| BufferDesc {
+                addr: b.addr,
+                internal: b.internal,
+                length: b.len,
+                location: b.location.clone(),
+                mnnvl_handle: String::new(),
+                perm: Some(b.permission.as_c()),
+                regions: Vec::new(),
+                rkey: Vec::new(),
+                shm_path: b.shm_path.clone(),
+                transport_attrs: Vec::new(),
+                transports: b.transports.iter().map(|t| *t as i32).collect(),
+            })
+            .collect();
+        let mut extra = serde_json::Map::new();
+        extra.insert("device_attrs".into(), Value::Object(Default::default()));
+        extra.insert("topology".into(), Value::String(self.topology.clone()));
+        extra.insert("transport_attrs".into(), Value::Array(vec![]));
+        SegmentDesc {
+            name: self.name.clone(),
+            kind: "memory".into(),
+            machine_id: self.machine_id.clone(),
+            rpc_server_addr: self.rpc_server_addr.clone(),
+            buffers,
+            devices: Vec::new(),
+            detail_extra: extra,
+            rdma_server_name: None,
+        }
+    }
+
+    /// The descriptor JSON, cached per version so repeated `GetSegmentDesc` calls are cheap.
+    pub fn descriptor_json(&self) -> Arc<String> {
+        let v = self.version();
+        let mut cache = self.json_cache.lock();
+        if cache.0 != v || cache.1.is_empty() {
+            *cache = (v, Arc::new(self.descriptor().to_json()));
+        }
+        cache.1.clone()
+    }
+}
+
+/// Maps segment names to handles (0 = local, others counting up from 1) and back.
+#[derive(Default)]
+pub struct SegmentTable {
+    inner: Mutex<TableInner>,
+}
+
+#[derive(Default)]
+struct TableInner {
+    by_name: HashMap<String, u64>,
+    by_id: HashMap<u64, String>,
+    next: u64,
+}
+
+impl SegmentTable {
+    /// Returns the handle for `name`, assigning the next one when it is new.
+    pub fn open(&self, name: &str) -> u64 {
+        let mut t = self.inner.lock();
+        if let Some(&id) = t.by_name.get(name) {
+            return id;
+        }
+        t.next += 1;
+        let id = t.next;
+        t.by_name.insert(name.to_string(), id);
+        t.by_id.insert(id, name.to_string());
+        id
+    }
+
+    /// Forgets a handle; an unknown handle is an error.
+    pub fn close(&self, id: u64) -> Result<String> {
+        let mut t = self.inner.lock();
+        let name = t
+            .by_id
+            .remove(&id)
+            .ok_or_else(|| Error::InvalidEntry(format!("segment handle {id} is not open")))?;
+        t.by_name.remove(&name);
+        Ok(name)
+    }
+
+    /// The name behind an open handle.
+    pub fn name_of(&self, id: u64) -> Option<String> {
+        self.inner.lock().by_id.get(&id).cloned()
+    }
+
+    /// The handle of an open name.
+    pub fn id_of(&self, name: &str) -> Option<u64> {
+        self.inner.lock().by_name.get(name).copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reg(addr: u64, len: u64, perm: Permission) -> Registration {
+        Registration {
+            addr,
+            len,
+            location: "cpu:0".into(),
+            permission: perm,
+            internal: false,
+            shm_path: String::new(),
+            transports: vec![TransportKind::Tcp],
+        }
+    }
+
+    #[test]
+    fn refcounted_register_and_wildcard_unregister() {
+        let s = LocalSegment::new("a".into(), "m".into(), "a".into(), "{}".into());
+        assert!(
+            s.register(&[reg(0x1000, 4096, Permission::GlobalReadWrite)])
+                .unwrap_or(false)
+        );
+        assert!(
+            !s.register(&[reg(0x1000, 4096, Permission::GlobalReadWrite)])
+                .unwrap_or(true)
+        );
+        assert_eq!(s.snapshot()[0].refcount, 2);
+        assert!(s.unregister(&[(0x1000, 4096)]).is_empty());
+        assert_eq!(s.unregister(&[(0x1000, 0)]).len(), 1);
+        assert!(s.snapshot().is_empty());
+        assert!(s.unregister(&[(0x9999, 0)]).is_empty());
+    }
+
+    #[test]
+    fn sorted_and_checked() {
+        let s = LocalSegment::new("a".into(), "m".into(), "a".into(), "{}".into());
+        s.register(&[
+            reg(0x3000, 10, Permission::GlobalReadOnly),
+            reg(0x1000, 10, Permission::GlobalReadWrite),
+        ])
+        .expect("register");
+        let snap = s.snapshot();
+        assert_eq!(snap[0].addr, 0x1000);
+        assert!(
+            s.check_range(0x1000, 10, Some((Opcode::Write, false)))
+                .is_ok()
+        );
+        assert!(matches!(
+            s.check_range(0x3000, 10, Some((Opcode::Write, false))),
+            Err(Error::PermissionDenied(_))
+        ));
+        assert!(matches!(
+            s.check_range(0x1005, 10, None),
+            Err(Error::AddressNotRegistered(_))
+        ));
+        assert!(
+            s.register(&[reg(u64::MAX - 2, 10, Permission::GlobalReadWrite)])
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn descriptor_round_trips_with_every_required_key() {
+        let s = LocalSegment::new(
+            "127.0.0.1:15000".into(),
+            "m".into(),
+            "127.0.0.1:15000".into(),
+            "{}".into(),
+        );
+        s.register(&[reg(0x1000, 8192, Permission::GlobalReadWrite)])
+            .expect("register");
+        let json = s.descriptor_json();
+        for key in [
+            "\"addr\"",
+            "\"internal\"",
+            "\"length\"",
+            "\"location\"",
+            "\"mnnvl_handle\"",
+            "\"regions\"",
+            "\"rkey\"",
+            "\"shm_path\"",
+            "\"transport_attrs\"",
+            "\"transports\"",
+            "\"device_attrs\"",
+            "\"devices\"",
+            "\"machine_id\"",
+            "\"rpc_server_addr\"",
+        ] {
+            assert!(json.contains(key), "{key} missing from {json}");
+        }
+        let back = SegmentDesc::from_json(&json).expect("parses");
+        assert_eq!(back.buffers[0].addr, 0x1000);
+        assert_eq!(back.buffers[0].transports, vec![7]);
+        assert!(back.find_buffer(0x1000, 8192, Opcode::Write, true).is_ok());
+        assert!(SegmentDesc::from_json("{\"name\":1}").is_err());
+        assert!(SegmentDesc::from_json("not json").is_err());
+    }
+
+    #[test]
+    fn handles_count_from_one() {
+        let t = SegmentTable::default();
+        assert_eq!(t.open("x"), 1);
+        assert_eq!(t.open("y"), 2);
+        assert_eq!(t.open("x"), 1);
+        assert!(t.close(1).is_ok());
+        assert!(t.close(1).is_err());
+        assert_eq!(t.open("x"), 3);
+    }
+}

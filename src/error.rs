@@ -1,0 +1,152 @@
+//! The one error type of tent-rs and its mapping to the C return conventions.
+
+use thiserror::Error;
+
+/// Everything that can go wrong inside the engine, with a message a caller can read through
+/// `tent_last_error`.
+#[derive(Debug, Clone, Error, PartialEq, Eq)]
+pub enum Error {
+    /// An argument was NULL, out of range or otherwise unusable.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// A batch would exceed the capacity it was allocated with.
+    #[error("too many requests: {0}")]
+    TooManyRequests(String),
+    /// A source or target range is not inside memory registered with the engine.
+    #[error("address not registered: {0}")]
+    AddressNotRegistered(String),
+    /// The memory exists but its permission does not allow the operation.
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
+    /// A handle, batch id or name does not refer to anything live.
+    #[error("invalid entry: {0}")]
+    InvalidEntry(String),
+    /// The engine failed to start; every call on it fails with this.
+    #[error("engine unavailable: {0}")]
+    Unavailable(String),
+    /// Metadata could not be read or published.
+    #[error("metadata error: {0}")]
+    Metadata(String),
+    /// A remote call failed: connect, timeout, refused or malformed reply.
+    #[error("rpc error: {0}")]
+    Rpc(String),
+    /// The requested feature is not provided by this build or transport.
+    #[error("not implemented: {0}")]
+    NotImplemented(String),
+    /// The transfer could not be carried by any loaded transport.
+    #[error("no transport: {0}")]
+    NoTransport(String),
+    /// An operating-system call failed.
+    #[error("system error: {0}")]
+    Os(String),
+    /// A bug or an unexpected state inside the engine.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// Shorthand for results of engine operations.
+pub type Result<T> = std::result::Result<T, Error>;
+
+pub use codes::*;
+
+/// Classic Mooncake error codes (include/error.h upstream); not part of the TENT header.
+/// cbindgen:ignore
+pub mod codes {
+    pub const ERR_INVALID_ARGUMENT: i32 = -1;
+    pub const ERR_TOO_MANY_REQUESTS: i32 = -2;
+    pub const ERR_ADDRESS_NOT_REGISTERED: i32 = -3;
+    pub const ERR_BATCH_BUSY: i32 = -4;
+    pub const ERR_DEVICE_NOT_FOUND: i32 = -6;
+    pub const ERR_ADDRESS_OVERLAPPED: i32 = -7;
+    pub const ERR_DNS: i32 = -101;
+    pub const ERR_SOCKET: i32 = -102;
+    pub const ERR_MALFORMED_JSON: i32 = -103;
+    pub const ERR_REJECT_HANDSHAKE: i32 = -104;
+    pub const ERR_METADATA: i32 = -200;
+    pub const ERR_ENDPOINT: i32 = -201;
+    pub const ERR_CONTEXT: i32 = -202;
+    pub const ERR_NUMA: i32 = -300;
+    pub const ERR_CLOCK: i32 = -301;
+    pub const ERR_MEMORY: i32 = -302;
+    pub const ERR_NOT_IMPLEMENTED: i32 = -303;
+}
+
+/// Which C API a return value is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    /// `tent_*`: every failure is -1.
+    Tent,
+    /// The classic Mooncake API: a negative `ERR_*` code.
+    Classic,
+}
+
+impl Error {
+    /// The value a C function returns for this error. This is the only place where errors become
+    /// integers, so both C APIs stay consistent.
+    pub fn c_code(&self, api: Api) -> i32 {
+        match api {
+            Api::Tent => -1,
+            Api::Classic => match self {
+                Error::InvalidArgument(_) => ERR_INVALID_ARGUMENT,
+                Error::TooManyRequests(_) => ERR_TOO_MANY_REQUESTS,
+                Error::AddressNotRegistered(_) | Error::PermissionDenied(_) => {
+                    ERR_ADDRESS_NOT_REGISTERED
+                }
+                Error::InvalidEntry(_) => ERR_INVALID_ARGUMENT,
+                Error::Unavailable(_) => ERR_CONTEXT,
+                Error::Metadata(_) => ERR_METADATA,
+                Error::Rpc(_) => ERR_SOCKET,
+                Error::NotImplemented(_) => ERR_NOT_IMPLEMENTED,
+                Error::NoTransport(_) => ERR_DEVICE_NOT_FOUND,
+                Error::Os(_) => ERR_MEMORY,
+                Error::Internal(_) => ERR_CONTEXT,
+            },
+        }
+    }
+}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Error::Os(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mapping_is_pinned() {
+        let all = [
+            (Error::InvalidArgument(String::new()), ERR_INVALID_ARGUMENT),
+            (Error::TooManyRequests(String::new()), ERR_TOO_MANY_REQUESTS),
+            (
+                Error::AddressNotRegistered(String::new()),
+                ERR_ADDRESS_NOT_REGISTERED,
+            ),
+            (
+                Error::PermissionDenied(String::new()),
+                ERR_ADDRESS_NOT_REGISTERED,
+            ),
+            (Error::InvalidEntry(String::new()), ERR_INVALID_ARGUMENT),
+            (Error::Unavailable(String::new()), ERR_CONTEXT),
+            (Error::Metadata(String::new()), ERR_METADATA),
+            (Error::Rpc(String::new()), ERR_SOCKET),
+            (Error::NotImplemented(String::new()), ERR_NOT_IMPLEMENTED),
+            (Error::NoTransport(String::new()), ERR_DEVICE_NOT_FOUND),
+            (Error::Os(String::new()), ERR_MEMORY),
+            (Error::Internal(String::new()), ERR_CONTEXT),
+        ];
+        for (e, classic) in all {
+            assert_eq!(e.c_code(Api::Tent), -1, "{e}");
+            assert_eq!(e.c_code(Api::Classic), classic, "{e}");
+            assert!(e.c_code(Api::Classic) < 0);
+        }
+    }
+
+    #[test]
+    fn messages_say_what_happened() {
+        let e = Error::AddressNotRegistered("0x1000+16".into());
+        assert_eq!(e.to_string(), "address not registered: 0x1000+16");
+    }
+}

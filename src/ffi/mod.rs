@@ -1,0 +1,227 @@
+//! The C boundary: exported functions, `#[repr(C)]` types, the panic guard, pointer checks and
+//! the thread's last error. Nothing here holds engine logic.
+
+pub mod tent;
+pub mod types;
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{CStr, c_char, c_void};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::RwLock;
+
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+
+thread_local! {
+    static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+/// Records `msg` as this thread's last error (read by `tent_last_error`) and logs it.
+pub(crate) fn set_last_error(func: &str, msg: &str) {
+    tracing::debug!("{func}: {msg}");
+    LAST_ERROR.with(|e| {
+        let mut e = e.borrow_mut();
+        e.clear();
+        e.push_str(func);
+        e.push_str(": ");
+        e.push_str(msg);
+    });
+}
+
+/// This thread's last error message ("" when none).
+pub(crate) fn last_error() -> String {
+    LAST_ERROR.with(|e| e.borrow().clone())
+}
+
+/// Runs an export body, turning an `Err` into the function's error value with the message stored
+/// for `tent_last_error`, and a panic into the same error value instead of unwinding into C.
+macro_rules! guard {
+    ($name:expr, $err:expr, $body:block) => {{
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(
+            || -> $crate::error::Result<_> { $body },
+        ));
+        match result {
+            Ok(Ok(v)) => v,
+            Ok(Err(e)) => {
+                $crate::ffi::set_last_error($name, &e.to_string());
+                $err
+            }
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                tracing::error!("{}: internal panic caught at the C boundary: {what}", $name);
+                $crate::ffi::set_last_error($name, &format!("internal error: {what}"));
+                $err
+            }
+        }
+    }};
+}
+pub(crate) use guard;
+
+/// What a `tent_engine_t` points at: a started engine, or the reason it failed to start.
+pub(crate) enum Handle {
+    Ready(Arc<Engine>),
+    Failed(String),
+}
+
+/// Live handles by address, so a destroyed or made-up handle is rejected instead of
+/// dereferenced.
+fn registry() -> &'static RwLock<HashMap<usize, Arc<Handle>>> {
+    static REG: OnceLock<RwLock<HashMap<usize, Arc<Handle>>>> = OnceLock::new();
+    REG.get_or_init(|| RwLock::new(HashMap::new()))
+}
+
+/// Registers a handle and returns the opaque pointer given to C (never NULL).
+pub(crate) fn publish(handle: Handle) -> *mut c_void {
+    // The pointer value only names the entry; C never dereferences it and neither do we. A
+    // counter (not a heap address) makes sure a destroyed handle's value is never reused.
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let token = 0x7e47_0000_0000usize.wrapping_add(n.wrapping_mul(16));
+    registry().write().insert(token, Arc::new(handle));
+    token as *mut c_void
+}
+
+/// Removes a handle; returns it so the caller can drop the engine outside the lock.
+pub(crate) fn retire(ptr: *mut c_void) -> Option<Arc<Handle>> {
+    registry().write().remove(&(ptr as usize))
+}
+
+/// The handle behind `ptr`, if it is live.
+pub(crate) fn lookup(ptr: *mut c_void) -> Option<Arc<Handle>> {
+    if ptr.is_null() {
+        return None;
+    }
+    registry().read().get(&(ptr as usize)).cloned()
+}
+
+/// The started engine behind `ptr`, or an error saying why there is none.
+pub(crate) fn engine(ptr: *mut c_void) -> Result<Arc<Engine>> {
+    if ptr.is_null() {
+        return Err(Error::InvalidArgument("engine is NULL".into()));
+    }
+    match lookup(ptr).as_deref() {
+        Some(Handle::Ready(e)) => Ok(e.clone()),
+        Some(Handle::Failed(why)) => Err(Error::Unavailable(why.clone())),
+        None => Err(Error::InvalidArgument(format!(
+            "{ptr:p} is not a live engine handle"
+        ))),
+    }
+}
+
+/// Fails with a clear message when a pointer argument is NULL.
+pub(crate) fn non_null<T>(p: *const T, what: &str) -> Result<()> {
+    if p.is_null() {
+        Err(Error::InvalidArgument(format!("{what} is NULL")))
+    } else {
+        Ok(())
+    }
+}
+
+/// Reads a C string argument; NULL and invalid UTF-8 are invalid arguments.
+///
+/// # Safety
+/// `p` is NULL or points to a NUL-terminated string.
+pub(crate) unsafe fn c_str(p: *const c_char, what: &str) -> Result<String> {
+    non_null(p, what)?;
+    // SAFETY: non-NULL and NUL-terminated per the caller's contract.
+    let s = unsafe { CStr::from_ptr(p) };
+    s.to_str()
+        .map(str::to_string)
+        .map_err(|_| Error::InvalidArgument(format!("{what} is not valid UTF-8")))
+}
+
+/// Reads a fixed `char[N]` field up to its first NUL (or all N bytes), lossily as UTF-8.
+pub(crate) fn fixed_str(buf: &[c_char]) -> String {
+    let bytes: Vec<u8> = buf
+        .iter()
+        .map(|&c| c as u8)
+        .take_while(|&b| b != 0)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Copies `s` into `dst[..len]`, truncating and always NUL-terminating (when `len > 0`).
+/// Returns whether the whole string fit.
+///
+/// # Safety
+/// `dst` must be valid for `len` bytes of writes.
+pub(crate) unsafe fn write_c_string(s: &str, dst: *mut c_char, len: usize) -> bool {
+    if dst.is_null() || len == 0 {
+        return s.is_empty() && len > 0;
+    }
+    let n = s.len().min(len - 1);
+    // SAFETY: n + 1 <= len bytes are written into a buffer the caller declared to be len long.
+    unsafe {
+        std::ptr::copy_nonoverlapping(s.as_ptr(), dst.cast::<u8>(), n);
+        *dst.add(n) = 0;
+    }
+    n == s.len()
+}
+
+/// Fills a fixed `char[N]` field with `s`, truncated and NUL-terminated, the rest zeroed.
+pub(crate) fn fill_fixed(dst: &mut [c_char], s: &str) {
+    dst.iter_mut().for_each(|c| *c = 0);
+    let n = s.len().min(dst.len().saturating_sub(1));
+    for (d, b) in dst.iter_mut().zip(s.as_bytes()[..n].iter()) {
+        *d = *b as c_char;
+    }
+}
+
+/// Allocates a zeroed C array of `n` items with malloc (NULL for 0 items), so C callers can
+/// release it with free().
+pub(crate) fn calloc_array<T>(n: usize) -> Result<*mut T> {
+    if n == 0 {
+        return Ok(std::ptr::null_mut());
+    }
+    // SAFETY: calloc has no preconditions; the result is checked for NULL.
+    let p = unsafe { libc::calloc(n, std::mem::size_of::<T>()) } as *mut T;
+    if p.is_null() {
+        return Err(Error::Os(format!("out of memory allocating {n} records")));
+    }
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strings_are_always_terminated() {
+        let mut buf = [0x7f as c_char; 4];
+        // SAFETY: buf has 4 bytes.
+        assert!(!unsafe { write_c_string("abcdef", buf.as_mut_ptr(), 4) });
+        assert_eq!(fixed_str(&buf), "abc");
+        assert_eq!(buf[3], 0);
+        let mut f = [1 as c_char; 3];
+        fill_fixed(&mut f, "xyz");
+        assert_eq!(fixed_str(&f), "xy");
+    }
+
+    #[test]
+    fn unknown_handles_are_rejected() {
+        assert!(engine(std::ptr::null_mut()).is_err());
+        assert!(engine(0x1234 as *mut c_void).is_err());
+        let p = publish(Handle::Failed("no".into()));
+        assert!(matches!(engine(p), Err(Error::Unavailable(_))));
+        assert!(retire(p).is_some());
+        assert!(engine(p).is_err());
+    }
+
+    #[test]
+    fn guard_catches_panics() {
+        let v: i32 = guard!("t", -1, {
+            if std::hint::black_box(true) {
+                panic!("boom");
+            }
+            Ok(0)
+        });
+        assert_eq!(v, -1);
+        assert!(last_error().contains("boom"));
+    }
+}

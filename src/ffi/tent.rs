@@ -1,0 +1,854 @@
+//! The `tent_*` exports: upstream TENT's 33 functions plus `tent_version` and `tent_last_error`.
+//!
+//! Every function checks its pointers, never unwinds into C, and returns upstream's values:
+//! 0 on success and -1 on failure (the reason is in `tent_last_error`).
+
+use std::cell::RefCell;
+use std::ffi::{c_char, c_int, c_void};
+
+use super::types::*;
+use super::{Handle, c_str, calloc_array, fill_fixed, fixed_str, guard, non_null, write_c_string};
+use crate::config::Config;
+use crate::engine::types::{Opcode, Permission, Request, TransportKind};
+use crate::engine::{self, Engine, MemoryOptions};
+use crate::error::{Error, Result};
+
+/// Settings given on this thread before `tent_create_engine`. As upstream, they stay in effect for
+/// every later engine created on the same thread.
+#[derive(Default)]
+struct Settings {
+    source: Option<String>,
+    attrs: Vec<(String, String)>,
+}
+
+thread_local! {
+    static SETTINGS: RefCell<Settings> = RefCell::new(Settings::default());
+}
+
+/// Builds the explicit config of this thread: the loaded text or file, then the set values in
+/// call order.
+fn thread_config() -> Config {
+    SETTINGS.with(|s| {
+        let s = s.borrow();
+        let mut cfg = Config::new();
+        if let Some(src) = &s.source {
+            match Config::parse_text_or_path(src) {
+                Ok(v) => cfg = Config::from_value(v),
+                Err(e) => {
+                    tracing::warn!("tent_load_config_from_file: {e}; using the default config")
+                }
+            }
+        }
+        for (k, v) in &s.attrs {
+            cfg.set_from_string(k, v);
+        }
+        cfg
+    })
+}
+
+fn status_out(st: (crate::engine::types::Status, u64)) -> tent_status {
+    tent_status {
+        status: st.0 as c_int,
+        transferred_bytes: st.1,
+    }
+}
+
+/// Converts a C request (copied, never kept). An out-of-range hint means "no hint", as upstream.
+fn request_from_c(r: &tent_request) -> Result<Request> {
+    Ok(Request {
+        opcode: Opcode::from_c(r.opcode)?,
+        source: r.source as u64,
+        target_id: r.target_id,
+        target_offset: r.target_offset,
+        length: r.length,
+        priority: r.priority,
+        hint: TransportKind::from_i32(r.transport_hint).unwrap_or(TransportKind::Unspec),
+    })
+}
+
+/// Copies a C request array (after the NULL check) into engine requests.
+///
+/// # Safety
+/// `entries` is NULL or points to `count` requests.
+unsafe fn requests(entries: *const tent_request, count: usize) -> Result<Vec<Request>> {
+    non_null(entries, "entries")?;
+    if count > (isize::MAX as usize) / std::mem::size_of::<tent_request>() {
+        return Err(Error::InvalidArgument(format!(
+            "count {count} is too large"
+        )));
+    }
+    // SAFETY: non-NULL and the caller promises `count` elements.
+    let raw = unsafe { std::slice::from_raw_parts(entries, count) };
+    raw.iter().map(request_from_c).collect()
+}
+
+/// Converts C memory options; empty location means "*".
+fn options_from_c(o: &tent_memory_options) -> Result<MemoryOptions> {
+    let location = fixed_str(&o.location);
+    Ok(MemoryOptions {
+        location: if location.is_empty() {
+            "*".into()
+        } else {
+            location
+        },
+        permission: Permission::from_c(o.permission)?,
+        transport: TransportKind::from_i32(o.transport_type).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "transport_type {} is out of range",
+                o.transport_type
+            ))
+        })?,
+        shm_path: fixed_str(&o.shm_path),
+        shm_offset: o.shm_offset,
+        internal: o.internal != 0,
+    })
+}
+
+/// Reads `count` (address, size) pairs; with `sizes == NULL` every size is 0 (any length).
+///
+/// # Safety
+/// `addrs` points to `count` pointers; `sizes` is NULL (when allowed) or points to `count` sizes.
+unsafe fn ranges(
+    addrs: *const *mut c_void,
+    sizes: *const usize,
+    count: usize,
+    sizes_optional: bool,
+) -> Result<Vec<(u64, u64)>> {
+    non_null(addrs, "addrs")?;
+    if !sizes_optional {
+        non_null(sizes, "sizes")?;
+    }
+    if count > (isize::MAX as usize) / 8 {
+        return Err(Error::InvalidArgument(format!(
+            "count {count} is too large"
+        )));
+    }
+    // SAFETY: non-NULL, `count` elements per the caller's contract.
+    let a = unsafe { std::slice::from_raw_parts(addrs, count) };
+    let s: Option<&[usize]> = if sizes.is_null() {
+        None
+    } else {
+        // SAFETY: as above for sizes.
+        Some(unsafe { std::slice::from_raw_parts(sizes, count) })
+    };
+    Ok(a.iter()
+        .enumerate()
+        .map(|(i, p)| (*p as u64, s.map(|s| s[i] as u64).unwrap_or(0)))
+        .collect())
+}
+
+/// Stores a config source for engines created later on this thread: JSON text, or the path of
+/// a JSON file (upstream only accepts text). NULL is ignored.
+///
+/// # Safety
+/// `path` is NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_load_config_from_file(path: *const c_char) {
+    guard!("tent_load_config_from_file", (), {
+        // SAFETY: forwarded contract.
+        let src = unsafe { c_str(path, "path") }?;
+        SETTINGS.with(|s| s.borrow_mut().source = Some(src));
+        Ok(())
+    })
+}
+
+/// Sets one config key (a `/` path) for engines created later on this thread. "true"/"false"
+/// become booleans and integer strings integers, as upstream. NULL arguments are ignored.
+///
+/// # Safety
+/// `key` and `value` are NULL or NUL-terminated strings.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_set_config(key: *const c_char, value: *const c_char) {
+    guard!("tent_set_config", (), {
+        // SAFETY: forwarded contract.
+        let key = unsafe { c_str(key, "key") }?;
+        // SAFETY: forwarded contract.
+        let value = unsafe { c_str(value, "value") }?;
+        SETTINGS.with(|s| {
+            let mut s = s.borrow_mut();
+            s.attrs.retain(|(k, _)| *k != key);
+            s.attrs.push((key, value));
+        });
+        Ok(())
+    })
+}
+
+/// Creates an engine from this thread's settings and the environment. Always returns a handle
+/// (NULL only if even that fails); check `tent_available`, since every call on an engine that
+/// failed to start returns -1.
+#[unsafe(no_mangle)]
+pub extern "C" fn tent_create_engine() -> tent_engine_t {
+    guard!("tent_create_engine", std::ptr::null_mut(), {
+        let cfg = engine::effective_config(thread_config());
+        let handle = match Engine::new(cfg) {
+            Ok(e) => Handle::Ready(e),
+            Err(e) => {
+                tracing::error!("transfer engine failed to start: {e}");
+                super::set_last_error("tent_create_engine", &e.to_string());
+                Handle::Failed(e.to_string())
+            }
+        };
+        Ok(super::publish(handle))
+    })
+}
+
+/// Destroys an engine: stops its workers, then frees batches and memory it allocated. NULL and
+/// unknown handles are ignored.
+#[unsafe(no_mangle)]
+pub extern "C" fn tent_destroy_engine(engine: tent_engine_t) {
+    guard!("tent_destroy_engine", (), {
+        drop(super::retire(engine));
+        Ok(())
+    })
+}
+
+/// Copies the engine's segment name into `buf` (always NUL-terminated; truncated to
+/// `buf_len - 1` bytes).
+///
+/// # Safety
+/// `buf` is NULL or valid for `buf_len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_segment_name(
+    engine: tent_engine_t,
+    buf: *mut c_char,
+    buf_len: usize,
+) -> c_int {
+    guard!("tent_segment_name", -1, {
+        let e = super::engine(engine)?;
+        non_null(buf, "buf")?;
+        if buf_len == 0 {
+            return Err(Error::InvalidArgument("buf_len is 0".into()));
+        }
+        // SAFETY: buf is valid for buf_len bytes per the caller's contract.
+        unsafe { write_c_string(e.segment_name(), buf, buf_len) };
+        Ok(0)
+    })
+}
+
+/// Copies the advertised RPC IP (unbracketed) into `addr_buf` and the bound port into `*port`.
+///
+/// # Safety
+/// `addr_buf` is NULL or valid for `buf_len` bytes; `port` is NULL or valid for writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_rpc_server_addr_port(
+    engine: tent_engine_t,
+    addr_buf: *mut c_char,
+    buf_len: usize,
+    port: *mut u16,
+) -> c_int {
+    guard!("tent_rpc_server_addr_port", -1, {
+        let e = super::engine(engine)?;
+        non_null(addr_buf, "addr_buf")?;
+        non_null(port, "port")?;
+        if buf_len == 0 {
+            return Err(Error::InvalidArgument("buf_len is 0".into()));
+        }
+        // SAFETY: pointers checked; sizes per the caller's contract.
+        unsafe {
+            write_c_string(&e.rpc_ip(), addr_buf, buf_len);
+            *port = e.rpc_port();
+        }
+        Ok(0)
+    })
+}
+
+/// Maps a segment name to a handle (0 for the engine's own name or ""). The peer is contacted
+/// only when its descriptor is first needed.
+///
+/// # Safety
+/// `handle` is NULL or writable; `segment_name` is NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_open_segment(
+    engine: tent_engine_t,
+    handle: *mut tent_segment_id_t,
+    segment_name: *const c_char,
+) -> c_int {
+    guard!("tent_open_segment", -1, {
+        let e = super::engine(engine)?;
+        non_null(handle, "handle")?;
+        // SAFETY: forwarded contract.
+        let name = unsafe { c_str(segment_name, "segment_name") }?;
+        let id = e.open_segment(&name)?;
+        // SAFETY: checked non-NULL.
+        unsafe { *handle = id };
+        Ok(0)
+    })
+}
+
+/// Forgets a segment handle; 0 succeeds, an unknown handle fails.
+#[unsafe(no_mangle)]
+pub extern "C" fn tent_close_segment(engine: tent_engine_t, handle: tent_segment_id_t) -> c_int {
+    guard!("tent_close_segment", -1, {
+        super::engine(engine)?.close_segment(handle)?;
+        Ok(0)
+    })
+}
+
+/// Fills `info` with the segment's type and its non-internal buffers (`buffers` is malloc'd,
+/// NULL when there are none; release with `tent_free_segment_info`). On error `info` is zeroed.
+///
+/// # Safety
+/// `info` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_get_segment_info(
+    engine: tent_engine_t,
+    handle: tent_segment_id_t,
+    info: *mut tent_segment_info,
+) -> c_int {
+    guard!("tent_get_segment_info", -1, {
+        non_null(info, "info")?;
+        // SAFETY: checked non-NULL; cleared first so a failure never leaves stale pointers.
+        let info = unsafe { &mut *info };
+        info.r#type = TYPE_MEMORY;
+        info.num_buffers = 0;
+        info.buffers = std::ptr::null_mut();
+        let seg = super::engine(engine)?.segment_info(handle)?;
+        let n = seg.buffers.len();
+        if n > c_int::MAX as usize {
+            return Err(Error::Internal("too many buffers".into()));
+        }
+        let arr = calloc_array::<tent_buffer_info>(n)?;
+        for (i, b) in seg.buffers.iter().enumerate() {
+            let mut rec = tent_buffer_info {
+                base: b.base,
+                length: b.length,
+                location: [0; 64],
+            };
+            fill_fixed(&mut rec.location, &b.location);
+            // SAFETY: arr holds n zeroed records and i < n.
+            unsafe { arr.add(i).write(rec) };
+        }
+        info.r#type = if seg.is_file { TYPE_FILE } else { TYPE_MEMORY };
+        info.num_buffers = n as c_int;
+        info.buffers = arr;
+        Ok(0)
+    })
+}
+
+/// Frees `info->buffers` and resets it, so a second call is harmless. NULL is ignored.
+///
+/// # Safety
+/// `info` is NULL or was filled by `tent_get_segment_info`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_free_segment_info(info: *mut tent_segment_info_t) {
+    guard!("tent_free_segment_info", (), {
+        if info.is_null() {
+            return Ok(());
+        }
+        // SAFETY: non-NULL, filled by us; buffers came from calloc.
+        unsafe {
+            libc::free((*info).buffers.cast());
+            (*info).buffers = std::ptr::null_mut();
+            (*info).num_buffers = 0;
+        }
+        Ok(())
+    })
+}
+
+/// Allocates `size` bytes at `location` ("cpu:N" or "*"); the memory is not registered. It is
+/// released by `tent_free_memory` or when the engine is destroyed.
+///
+/// # Safety
+/// `addr` is NULL or writable; `location` is NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_allocate_memory(
+    engine: tent_engine_t,
+    addr: *mut *mut c_void,
+    size: usize,
+    location: *const c_char,
+) -> c_int {
+    guard!("tent_allocate_memory", -1, {
+        let e = super::engine(engine)?;
+        non_null(addr, "addr")?;
+        // SAFETY: forwarded contract.
+        let location = unsafe { c_str(location, "location") }?;
+        let opts = MemoryOptions {
+            location,
+            ..MemoryOptions::default()
+        };
+        let p = e.allocate_memory(size, &opts)?;
+        // SAFETY: checked non-NULL.
+        unsafe { *addr = p as *mut c_void };
+        Ok(0)
+    })
+}
+
+/// Frees memory from `tent_allocate_memory*`; any other pointer fails.
+#[unsafe(no_mangle)]
+pub extern "C" fn tent_free_memory(engine: tent_engine_t, addr: *mut c_void) -> c_int {
+    guard!("tent_free_memory", -1, {
+        let e = super::engine(engine)?;
+        non_null(addr, "addr")?;
+        e.free_memory(addr as u64)?;
+        Ok(0)
+    })
+}
+
+fn register_one(
+    engine: tent_engine_t,
+    addr: *mut c_void,
+    size: usize,
+    opts: MemoryOptions,
+) -> Result<c_int> {
+    let e = super::engine(engine)?;
+    non_null(addr, "addr")?;
+    e.register_memory(&[(addr as u64, size as u64)], &opts)?;
+    Ok(0)
+}
+
+/// Registers `[addr, addr+size)` readable and writable by peers. Registering the same range again
+/// only adds a reference.
+#[unsafe(no_mangle)]
+pub extern "C" fn tent_register_memory(
+    engine: tent_engine_t,
+    addr: *mut c_void,
+    size: usize,
+) -> c_int {
+    guard!("tent_register_memory", -1, {
+        register_one(engine, addr, size, MemoryOptions::default())
+    })
+}
+
+/// Drops one reference of a registration; `size == 0` matches any length at `addr`. Unknown
+/// ranges succeed (upstream behaviour).
+#[unsafe(no_mangle)]
+pub extern "C" fn tent_unregister_memory(
+    engine: tent_engine_t,
+    addr: *mut c_void,
+    size: usize,
+) -> c_int {
+    guard!("tent_unregister_memory", -1, {
+        let e = super::engine(engine)?;
+        non_null(addr, "addr")?;
+        e.unregister_memory(&[(addr as u64, size as u64)])?;
+        Ok(0)
+    })
+}
+
+/// Allocates a batch for up to `batch_size` tasks over its life. Returns 0 on failure and
+/// `UINT64_MAX` for a NULL engine, as upstream.
+#[unsafe(no_mangle)]
+pub extern "C" fn tent_allocate_batch(engine: tent_engine_t, batch_size: usize) -> tent_batch_id_t {
+    if engine.is_null() {
+        super::set_last_error("tent_allocate_batch", "engine is NULL");
+        return u64::MAX;
+    }
+    guard!("tent_allocate_batch", 0, {
+        super::engine(engine)?.allocate_batch(batch_size)
+    })
+}
+
+/// Frees a batch. A batch with pending tasks stays pollable and is reclaimed when they end.
+#[unsafe(no_mangle)]
+pub extern "C" fn tent_free_batch(engine: tent_engine_t, batch_id: tent_batch_id_t) -> c_int {
+    guard!("tent_free_batch", -1, {
+        super::engine(engine)?.free_batch(batch_id)?;
+        Ok(0)
+    })
+}
+
+/// Submits `count` requests (copied) into a batch; task ids continue from earlier submits.
+/// Requests that cannot run become FAILED tasks; the call fails only for a dead batch, exceeded
+/// capacity, an unloaded hinted transport or bad arguments.
+///
+/// # Safety
+/// `entries` is NULL or points to `count` requests.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_submit(
+    engine: tent_engine_t,
+    batch_id: tent_batch_id_t,
+    entries: *mut tent_request_t,
+    count: usize,
+) -> c_int {
+    guard!("tent_submit", -1, {
+        let e = super::engine(engine)?;
+        // SAFETY: forwarded contract.
+        let reqs = unsafe { requests(entries, count) }?;
+        e.submit(batch_id, &reqs, None)?;
+        Ok(0)
+    })
+}
+
+/// Like `tent_submit`; once every task of this submit completed, `{name, message}` is sent to
+/// every target segment.
+///
+/// # Safety
+/// As `tent_submit`; `name` and `message` are NULL or NUL-terminated strings.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_submit_notif(
+    engine: tent_engine_t,
+    batch_id: tent_batch_id_t,
+    entries: *mut tent_request_t,
+    count: usize,
+    name: *const c_char,
+    message: *const c_char,
+) -> c_int {
+    guard!("tent_submit_notif", -1, {
+        let e = super::engine(engine)?;
+        // SAFETY: forwarded contract.
+        let reqs = unsafe { requests(entries, count) }?;
+        // SAFETY: forwarded contract.
+        let name = unsafe { c_str(name, "name") }?;
+        // SAFETY: forwarded contract.
+        let msg = unsafe { c_str(message, "message") }?;
+        e.submit(batch_id, &reqs, Some((name, msg)))?;
+        Ok(0)
+    })
+}
+
+/// Sends a notification to the owner of segment `handle` (0 = this engine).
+///
+/// # Safety
+/// `name` and `message` are NULL or NUL-terminated strings.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_send_notifs(
+    engine: tent_engine_t,
+    handle: tent_segment_id_t,
+    name: *const c_char,
+    message: *const c_char,
+) -> c_int {
+    guard!("tent_send_notifs", -1, {
+        let e = super::engine(engine)?;
+        // SAFETY: forwarded contract.
+        let name = unsafe { c_str(name, "name") }?;
+        // SAFETY: forwarded contract.
+        let msg = unsafe { c_str(message, "message") }?;
+        e.send_notification(handle, &name, &msg)?;
+        Ok(0)
+    })
+}
+
+/// Takes every received notification into `info` (a malloc'd, zeroed array; `records` is NULL
+/// when there are none). Strings are NUL-terminated, truncated if needed. Release with
+/// `tent_free_notifs`.
+///
+/// # Safety
+/// `info` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_recv_notifs(
+    engine: tent_engine_t,
+    info: *mut tent_notifi_info,
+) -> c_int {
+    guard!("tent_recv_notifs", -1, {
+        non_null(info, "info")?;
+        // SAFETY: checked non-NULL.
+        let info = unsafe { &mut *info };
+        info.num_records = 0;
+        info.records = std::ptr::null_mut();
+        let e = super::engine(engine)?;
+        let notes = e.recv_notifications();
+        let n = notes.len().min(c_int::MAX as usize);
+        let arr = match calloc_array::<tent_notifi_record>(n) {
+            Ok(a) => a,
+            Err(err) => {
+                // Nothing may be lost: put them back.
+                e.requeue_notifications(notes);
+                return Err(err);
+            }
+        };
+        for (i, note) in notes.iter().take(n).enumerate() {
+            // SAFETY: arr holds n zeroed records and i < n.
+            let rec = unsafe { &mut *arr.add(i) };
+            rec.handle = note.handle;
+            fill_fixed(&mut rec.name, &note.name);
+            fill_fixed(&mut rec.msg, &note.msg);
+        }
+        info.num_records = n as c_int;
+        info.records = arr;
+        Ok(0)
+    })
+}
+
+/// Frees the records of `tent_recv_notifs` and resets `info`, so a second call is harmless.
+///
+/// # Safety
+/// `info` is NULL or was filled by `tent_recv_notifs`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_free_notifs(info: *mut tent_notifi_info) {
+    guard!("tent_free_notifs", (), {
+        if info.is_null() {
+            return Ok(());
+        }
+        // SAFETY: non-NULL, filled by us; records came from calloc.
+        unsafe {
+            libc::free((*info).records.cast());
+            (*info).records = std::ptr::null_mut();
+            (*info).num_records = 0;
+        }
+        Ok(())
+    })
+}
+
+/// Writes the status of task `task_id` into `*status`.
+///
+/// # Safety
+/// `status` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_task_status(
+    engine: tent_engine_t,
+    batch_id: tent_batch_id_t,
+    task_id: usize,
+    status: *mut tent_status_t,
+) -> c_int {
+    guard!("tent_task_status", -1, {
+        non_null(status, "status")?;
+        let st = super::engine(engine)?.task_status(batch_id, task_id)?;
+        // SAFETY: checked non-NULL.
+        unsafe { *status = status_out(st) };
+        Ok(0)
+    })
+}
+
+/// Best-effort cancel of a task: a task that has not ended becomes CANCELED; an ended task stays
+/// as it is (returns 0).
+#[unsafe(no_mangle)]
+pub extern "C" fn tent_cancel_task(
+    engine: tent_engine_t,
+    batch_id: tent_batch_id_t,
+    task_id: usize,
+) -> c_int {
+    guard!("tent_cancel_task", -1, {
+        super::engine(engine)?.cancel_task(batch_id, task_id)?;
+        Ok(0)
+    })
+}
+
+/// Writes the aggregated status of a batch into `*status` (COMPLETED for an empty batch).
+///
+/// # Safety
+/// `status` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_overall_status(
+    engine: tent_engine_t,
+    batch_id: tent_batch_id_t,
+    status: *mut tent_status_t,
+) -> c_int {
+    guard!("tent_overall_status", -1, {
+        non_null(status, "status")?;
+        let st = super::engine(engine)?.overall_status(batch_id)?;
+        // SAFETY: checked non-NULL.
+        unsafe { *status = status_out(st) };
+        Ok(0)
+    })
+}
+
+/// 1 when the engine started and can be used, 0 otherwise (including NULL and unknown handles).
+#[unsafe(no_mangle)]
+pub extern "C" fn tent_available(engine: tent_engine_t) -> c_int {
+    guard!("tent_available", 0, {
+        Ok(matches!(super::lookup(engine).as_deref(), Some(Handle::Ready(_))) as c_int)
+    })
+}
+
+/// Registers memory with a caller-chosen `PERM_*` permission, enforced for every peer.
+#[unsafe(no_mangle)]
+pub extern "C" fn tent_register_memory_with_perm(
+    engine: tent_engine_t,
+    addr: *mut c_void,
+    size: usize,
+    permission: c_int,
+) -> c_int {
+    guard!("tent_register_memory_with_perm", -1, {
+        let opts = MemoryOptions {
+            permission: Permission::from_c(permission)?,
+            ..MemoryOptions::default()
+        };
+        register_one(engine, addr, size, opts)
+    })
+}
+
+/// Registers `count` ranges (all or none) with one permission.
+///
+/// # Safety
+/// `addrs` and `sizes` are NULL or point to `count` elements.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_register_memory_batch(
+    engine: tent_engine_t,
+    addrs: *mut *mut c_void,
+    sizes: *mut usize,
+    count: usize,
+    permission: c_int,
+) -> c_int {
+    guard!("tent_register_memory_batch", -1, {
+        let e = super::engine(engine)?;
+        // SAFETY: forwarded contract.
+        let r = unsafe { ranges(addrs, sizes, count, false) }?;
+        let opts = MemoryOptions {
+            permission: Permission::from_c(permission)?,
+            ..MemoryOptions::default()
+        };
+        e.register_memory(&r, &opts)?;
+        Ok(0)
+    })
+}
+
+/// Unregisters `count` ranges; with `sizes == NULL` each entry matches any length.
+///
+/// # Safety
+/// `addrs` is NULL or points to `count` pointers; `sizes` is NULL or points to `count` sizes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_unregister_memory_batch(
+    engine: tent_engine_t,
+    addrs: *mut *mut c_void,
+    sizes: *mut usize,
+    count: usize,
+) -> c_int {
+    guard!("tent_unregister_memory_batch", -1, {
+        let e = super::engine(engine)?;
+        // SAFETY: forwarded contract.
+        let r = unsafe { ranges(addrs, sizes, count, true) }?;
+        e.unregister_memory(&r)?;
+        Ok(0)
+    })
+}
+
+/// Allocates memory with options (location, transport). Not registered.
+///
+/// # Safety
+/// `addr` is NULL or writable; `opts` is NULL or points to options.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_allocate_memory_ex(
+    engine: tent_engine_t,
+    addr: *mut *mut c_void,
+    size: usize,
+    opts: *mut tent_memory_options_t,
+) -> c_int {
+    guard!("tent_allocate_memory_ex", -1, {
+        let e = super::engine(engine)?;
+        non_null(addr, "addr")?;
+        non_null(opts, "opts")?;
+        // SAFETY: checked non-NULL.
+        let o = options_from_c(unsafe { &*opts })?;
+        let p = e.allocate_memory(size, &o)?;
+        // SAFETY: checked non-NULL.
+        unsafe { *addr = p as *mut c_void };
+        Ok(0)
+    })
+}
+
+/// Registers memory with options: location override, permission, one transport, shm name,
+/// internal (hidden from `tent_get_segment_info`).
+///
+/// # Safety
+/// `opts` is NULL or points to options.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_register_memory_ex(
+    engine: tent_engine_t,
+    addr: *mut c_void,
+    size: usize,
+    opts: *mut tent_memory_options_t,
+) -> c_int {
+    guard!("tent_register_memory_ex", -1, {
+        non_null(opts, "opts")?;
+        // SAFETY: checked non-NULL.
+        let o = options_from_c(unsafe { &*opts })?;
+        register_one(engine, addr, size, o)
+    })
+}
+
+/// The batch form of `tent_register_memory_ex` (all or none).
+///
+/// # Safety
+/// `addrs` and `sizes` are NULL or point to `count` elements; `opts` is NULL or points to options.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_register_memory_batch_ex(
+    engine: tent_engine_t,
+    addrs: *mut *mut c_void,
+    sizes: *mut usize,
+    count: usize,
+    opts: *mut tent_memory_options_t,
+) -> c_int {
+    guard!("tent_register_memory_batch_ex", -1, {
+        let e = super::engine(engine)?;
+        non_null(opts, "opts")?;
+        // SAFETY: forwarded contract.
+        let r = unsafe { ranges(addrs, sizes, count, false) }?;
+        // SAFETY: checked non-NULL.
+        let o = options_from_c(unsafe { &*opts })?;
+        e.register_memory(&r, &o)?;
+        Ok(0)
+    })
+}
+
+/// Copies up to `*count` task statuses into `statuses` and sets `*count` to the number of tasks,
+/// so a caller can size its buffer and call again.
+///
+/// # Safety
+/// `statuses` is NULL or valid for `*count` writes; `count` is NULL or valid.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_task_status_list(
+    engine: tent_engine_t,
+    batch_id: tent_batch_id_t,
+    statuses: *mut tent_status_t,
+    count: *mut usize,
+) -> c_int {
+    guard!("tent_task_status_list", -1, {
+        non_null(statuses, "statuses")?;
+        non_null(count, "count")?;
+        let list = super::engine(engine)?.task_status_list(batch_id)?;
+        // SAFETY: count checked non-NULL.
+        let cap = unsafe { *count };
+        for (i, st) in list.iter().take(cap).enumerate() {
+            // SAFETY: i < cap, and statuses holds cap elements per the caller's contract.
+            unsafe { *statuses.add(i) = status_out(*st) };
+        }
+        // SAFETY: checked non-NULL.
+        unsafe { *count = list.len() };
+        Ok(0)
+    })
+}
+
+/// Copies up to `*count` NIC load records into `stats` and sets `*count` to the total (0 without
+/// RDMA NICs).
+///
+/// # Safety
+/// `stats` is NULL or valid for `*count` writes; `count` is NULL or valid.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_get_nic_load_stats(
+    engine: tent_engine_t,
+    stats: *mut tent_nic_load_stat_t,
+    count: *mut usize,
+) -> c_int {
+    guard!("tent_get_nic_load_stats", -1, {
+        non_null(stats, "stats")?;
+        non_null(count, "count")?;
+        let list = super::engine(engine)?.nic_load_stats();
+        // SAFETY: count checked non-NULL.
+        let cap = unsafe { *count };
+        for (i, s) in list.iter().take(cap).enumerate() {
+            let mut rec = tent_nic_load_stat {
+                device_name: [0; 64],
+                inflight_bytes: s.inflight_bytes,
+                ewma_bandwidth_bps: s.ewma_bandwidth_bps,
+            };
+            fill_fixed(&mut rec.device_name, &s.device);
+            // SAFETY: i < cap elements the caller provided.
+            unsafe { *stats.add(i) = rec };
+        }
+        // SAFETY: checked non-NULL.
+        unsafe { *count = list.len() };
+        Ok(0)
+    })
+}
+
+/// The tent-rs version, a static NUL-terminated string.
+#[unsafe(no_mangle)]
+pub extern "C" fn tent_version() -> *const c_char {
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}
+
+/// Copies this thread's last error message into `buf` (NUL-terminated, truncated to `len - 1`).
+/// Returns the full length of the message (0 when there is none), like snprintf, so a caller can
+/// size its buffer; `buf` may be NULL when `len` is 0.
+///
+/// # Safety
+/// `buf` is NULL or valid for `len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_last_error(buf: *mut c_char, len: usize) -> c_int {
+    let msg = super::last_error();
+    if !buf.is_null() && len > 0 {
+        // SAFETY: forwarded contract.
+        unsafe { write_c_string(&msg, buf, len) };
+    }
+    msg.len().min(c_int::MAX as usize) as c_int
+}

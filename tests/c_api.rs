@@ -1,0 +1,36 @@
+//! Builds the C programs in c_tests/ against the public header and libtent.so, and runs them.
+
+mod common;
+
+use common::{build_c, root, run_c};
+
+fn c_test(name: &str) {
+    let exe = build_c(name, &[root().join("c_tests").join(format!("{name}.c"))], false, &[]);
+    let out = run_c(&exe, &[]);
+    assert!(out.contains(", 0 failed"), "{out}");
+}
+
+#[test]
+fn abi_layout() {
+    c_test("abi_layout");
+}
+
+#[test]
+fn local_transfer() {
+    c_test("local_transfer");
+}
+
+#[test]
+fn bad_input() {
+    c_test("bad_input");
+}
+
+#[test]
+fn config_loading() {
+    c_test("config_loading");
+}
+
+#[test]
+fn program_built_against_upstream_declarations() {
+    c_test("upstream_header");
+}

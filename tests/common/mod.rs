@@ -1,0 +1,74 @@
+//! Helpers shared by the integration tests: where the built library is, and how to compile and
+//! run C programs against it.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The cargo profile directory holding libtent.so (target/<profile>).
+pub fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    // target/<profile>/deps/<test-binary>
+    exe.parent().and_then(Path::parent).expect("profile dir").to_path_buf()
+}
+
+/// The crate root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A scratch directory for build outputs of this test binary.
+pub fn out_dir(name: &str) -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::create_dir_all(&d).expect("create scratch dir");
+    d
+}
+
+/// Runs a command, returning (success, combined output).
+pub fn run(cmd: &mut Command) -> (bool, String) {
+    match cmd.output() {
+        Ok(o) => (
+            o.status.success(),
+            format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)),
+        ),
+        Err(e) => (false, format!("could not run {cmd:?}: {e}")),
+    }
+}
+
+/// Compiles C (or C++ when `cxx`) sources into an executable linked against libtent.so, with
+/// warnings as errors. Panics with the compiler output on failure.
+pub fn build_c(name: &str, sources: &[PathBuf], cxx: bool, extra: &[&str]) -> PathBuf {
+    let exe = out_dir("c").join(name);
+    let lib = lib_dir();
+    let mut cmd = Command::new(if cxx { "g++" } else { "gcc" });
+    cmd.args(if cxx { ["-std=c++17"] } else { ["-std=c11"] })
+        .args(["-Wall", "-Wextra", "-Werror", "-g", "-O1"])
+        .arg("-I")
+        .arg(root().join("include"))
+        .arg("-I")
+        .arg(root().join("c_tests"))
+        .args(sources)
+        .args(extra)
+        .arg("-o")
+        .arg(&exe)
+        .arg(format!("-L{}", lib.display()))
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-ltent")
+        .arg("-lpthread");
+    let (ok, out) = run(&mut cmd);
+    assert!(ok, "compiling {name} failed:\n{out}");
+    exe
+}
+
+/// Runs a built C test program and asserts it exits 0, printing its output.
+pub fn run_c(exe: &Path, envs: &[(&str, &str)]) -> String {
+    let mut cmd = Command::new(exe);
+    cmd.env("MC_LOG_LEVEL", "error");
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let (ok, out) = run(&mut cmd);
+    println!("{out}");
+    assert!(ok, "{} failed:\n{out}", exe.display());
+    out
+}
