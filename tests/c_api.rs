@@ -5,7 +5,12 @@ mod common;
 use common::{build_c, root, run_c};
 
 fn c_test(name: &str) {
-    let exe = build_c(name, &[root().join("c_tests").join(format!("{name}.c"))], false, &[]);
+    let exe = build_c(
+        name,
+        &[root().join("c_tests").join(format!("{name}.c"))],
+        false,
+        &[],
+    );
     let out = run_c(&exe, &[]);
     assert!(out.contains(", 0 failed"), "{out}");
 }

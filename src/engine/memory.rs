@@ -119,12 +119,23 @@ pub fn prefault(addr: u64, len: u64) {
     const MADV_POPULATE_WRITE: libc::c_int = 23;
     let page = 4096u64;
     let start = addr & !(page - 1);
-    let Some(end) = addr.checked_add(len) else { return };
+    let Some(end) = addr.checked_add(len) else {
+        return;
+    };
     // SAFETY: madvise only asks the kernel to populate page tables of the caller's registered
     // range; it fails harmlessly (EINVAL/EFAULT/ENOMEM) for unsupported or unmapped ranges.
-    let rc = unsafe { libc::madvise(start as *mut libc::c_void, (end - start) as usize, MADV_POPULATE_WRITE) };
+    let rc = unsafe {
+        libc::madvise(
+            start as *mut libc::c_void,
+            (end - start) as usize,
+            MADV_POPULATE_WRITE,
+        )
+    };
     if rc != 0 {
-        tracing::debug!("prefault of {len} bytes at {addr:#x} skipped: {}", std::io::Error::last_os_error());
+        tracing::debug!(
+            "prefault of {len} bytes at {addr:#x} skipped: {}",
+            std::io::Error::last_os_error()
+        );
     }
 }
 
