@@ -30,6 +30,9 @@ pub enum Error {
     /// A remote call failed: connect, timeout, refused or malformed reply.
     #[error("rpc error: {0}")]
     Rpc(String),
+    /// The peer received the request and refused it (bounds, permission, unsupported).
+    #[error("refused by peer: {0}")]
+    Remote(String),
     /// The requested feature is not provided by this build or transport.
     #[error("not implemented: {0}")]
     NotImplemented(String),
@@ -96,6 +99,7 @@ impl Error {
                 Error::Unavailable(_) => ERR_CONTEXT,
                 Error::Metadata(_) => ERR_METADATA,
                 Error::Rpc(_) => ERR_SOCKET,
+                Error::Remote(_) => ERR_ADDRESS_NOT_REGISTERED,
                 Error::NotImplemented(_) => ERR_NOT_IMPLEMENTED,
                 Error::NoTransport(_) => ERR_DEVICE_NOT_FOUND,
                 Error::Os(_) => ERR_MEMORY,
@@ -132,6 +136,7 @@ mod tests {
             (Error::Unavailable(String::new()), ERR_CONTEXT),
             (Error::Metadata(String::new()), ERR_METADATA),
             (Error::Rpc(String::new()), ERR_SOCKET),
+            (Error::Remote(String::new()), ERR_ADDRESS_NOT_REGISTERED),
             (Error::NotImplemented(String::new()), ERR_NOT_IMPLEMENTED),
             (Error::NoTransport(String::new()), ERR_DEVICE_NOT_FOUND),
             (Error::Os(String::new()), ERR_MEMORY),

@@ -1,3 +1,7 @@
-//! The control plane: addresses, RPC framing and server, metadata.
+//! The control plane: addresses, upstream-compatible RPC framing, the RPC server and client.
 
 pub mod addr;
+pub mod client;
+pub mod frame;
+pub mod queue;
+pub mod server;

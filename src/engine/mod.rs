@@ -2,21 +2,29 @@
 
 pub mod batch;
 pub mod memory;
+pub mod remote;
 pub mod segment;
 pub mod types;
 
-use std::collections::{HashMap, VecDeque};
-use std::net::{IpAddr, TcpListener};
-use std::sync::{Arc, Weak};
+use std::collections::HashMap;
+use std::io;
+use std::net::IpAddr;
+use std::sync::{Arc, Weak, mpsc};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use parking_lot::Mutex;
 
 use crate::config::{Config, keys};
 use crate::control::addr;
+use crate::control::client::{ClientTimeouts, RpcClient};
+use crate::control::server::{Refusal, RpcHandler, RpcServer};
 use crate::error::{Error, Result};
 use crate::transport::Transport;
+use crate::transport::tcp::{TcpParams, TcpTransport};
 use batch::{BatchTable, HookSink, NotifyHook, Task};
-use segment::{LocalSegment, Registration, SegmentTable};
+use remote::Remote;
+use segment::{LocalSegment, Registration, SegmentDesc};
 use types::{Notification, Opcode, Permission, Request, Status, TransportKind};
 
 /// Builds the effective config from what the caller gave explicitly: `MC_TENT_CONF` is merged
@@ -92,14 +100,62 @@ pub struct Engine {
     ip: IpAddr,
     port: u16,
     local: Arc<LocalSegment>,
-    segments: SegmentTable,
+    remote: Arc<Remote>,
     batches: Arc<BatchTable>,
     allocations: Mutex<HashMap<u64, Allocation>>,
-    notifications: Mutex<VecDeque<Notification>>,
     transports: Vec<Arc<dyn Transport>>,
-    /// Holds the RPC port for the life of the engine.
-    _listener: Mutex<Option<TcpListener>>,
-    me: Weak<Engine>,
+    server: RpcServer,
+    /// Wakes the publisher thread after the buffer list changed; dropping it stops the thread.
+    publish: Mutex<Option<mpsc::Sender<()>>>,
+    publisher: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// The RPC server's view of the engine. It holds only shared pieces, never the engine itself,
+/// so the engine is always dropped by its owner and never on a server thread.
+struct ServerView {
+    local: Arc<LocalSegment>,
+    remote: Arc<Remote>,
+}
+
+/// What an engine without RDMA answers to a bootstrap, byte for byte as upstream.
+const BOOTSTRAP_NOT_READY: &str = r#"{"local_gid":"","local_lid":0,"local_nic_path":"","notify_qp_num":0,"peer_nic_path":"","qp_num":[],"reply_msg":"NOT_READY: transport not initialized"}"#;
+
+impl RpcHandler for ServerView {
+    fn segment_desc(&self) -> Arc<String> {
+        self.local.descriptor_json()
+    }
+
+    fn bootstrap_rdma(&self, _request: &[u8]) -> Vec<u8> {
+        BOOTSTRAP_NOT_READY.as_bytes().to_vec()
+    }
+
+    fn notify(&self, name: String, msg: String, sender: Option<String>) {
+        self.remote.deliver(name, msg, sender);
+    }
+
+    fn subscribe(&self, rpc_addr: String) {
+        self.remote.subscribe(rpc_addr);
+    }
+
+    fn segment_updated(&self, _name: String) {
+        self.remote.invalidate_all();
+    }
+
+    fn with_memory(
+        &self,
+        addr: u64,
+        len: u64,
+        write: bool,
+        f: &mut dyn FnMut(*mut u8) -> io::Result<()>,
+    ) -> std::result::Result<io::Result<()>, Refusal> {
+        let op = if write { Opcode::Write } else { Opcode::Read };
+        self.local
+            .with_ranges(&[(addr, len, Some((op, true)))], || f(addr as *mut u8))
+            .map_err(|e| match e {
+                Error::PermissionDenied(_) => Refusal::Permission,
+                _ => Refusal::NotRegistered,
+            })
+    }
 }
 
 impl Engine {
@@ -116,14 +172,21 @@ impl Engine {
         let port = config
             .get_i64_checked(keys::RPC_SERVER_PORT.0, keys::RPC_SERVER_PORT.1, 0, 65535)
             .map_err(Error::InvalidArgument)? as u16;
-        config
+        let threads = config
             .get_i64_checked(
                 keys::RPC_SERVER_THREADS.0,
                 keys::RPC_SERVER_THREADS.1,
                 1,
                 1024,
             )
-            .map_err(Error::InvalidArgument)?;
+            .map_err(Error::InvalidArgument)? as usize;
+        let data_threads = config
+            .get_i64_checked("rpc_server_data_threads", 4, 1, 1024)
+            .map_err(Error::InvalidArgument)? as usize;
+        let timeouts = ClientTimeouts {
+            connect: Duration::from_millis(config.get_u64("rpc_connect_timeout_ms", 5000).max(1)),
+            request: Duration::from_millis(config.get_u64("rpc_request_timeout_ms", 30000).max(1)),
+        };
         let hostname = config.get_string(keys::RPC_SERVER_HOSTNAME.0, keys::RPC_SERVER_HOSTNAME.1);
         let ip = addr::advertised_ip(&hostname)?;
         let listener = addr::bind_rpc_listener(port, ip.is_ipv6())?;
@@ -133,21 +196,46 @@ impl Engine {
         let local = Arc::new(LocalSegment::new(
             name.clone(),
             memory::machine_id(),
-            rpc_addr,
+            rpc_addr.clone(),
             memory::topology_json(),
         ));
-        let engine = Arc::new_cyclic(|me| Engine {
+        let client = Arc::new(RpcClient::new(timeouts));
+        let remote = Arc::new(Remote::new(client.clone(), name.clone(), rpc_addr));
+        let mut transports: Vec<Arc<dyn Transport>> = Vec::new();
+        if config.get_bool(keys::TCP_ENABLE.0, keys::TCP_ENABLE.1) {
+            transports.push(Arc::new(TcpTransport::new(
+                client.clone(),
+                TcpParams::from_config(&config),
+            )?));
+        }
+        let view = Arc::new(ServerView {
+            local: local.clone(),
+            remote: remote.clone(),
+        });
+        let server = RpcServer::start(listener, view, threads, data_threads, timeouts.request)?;
+        let (tx, rx) = mpsc::channel::<()>();
+        let r = remote.clone();
+        let publisher = std::thread::Builder::new()
+            .name("tent-publish".into())
+            .spawn(move || {
+                while rx.recv().is_ok() {
+                    // Coalesce bursts of changes into one round of updates.
+                    while rx.try_recv().is_ok() {}
+                    r.publish_update();
+                }
+            })?;
+        let engine = Arc::new(Engine {
             config,
             ip,
             port,
             local,
-            segments: SegmentTable::default(),
+            remote,
             batches: BatchTable::new(),
             allocations: Mutex::new(HashMap::new()),
-            notifications: Mutex::new(VecDeque::new()),
-            transports: Vec::new(),
-            _listener: Mutex::new(Some(listener)),
-            me: me.clone(),
+            transports,
+            server,
+            publish: Mutex::new(Some(tx)),
+            publisher: Mutex::new(Some(publisher)),
         });
         tracing::info!("transfer engine {name} started");
         Ok(engine)
@@ -183,7 +271,7 @@ impl Engine {
         if name.is_empty() || name == self.local.name {
             return Ok(0);
         }
-        Ok(self.segments.open(name))
+        Ok(self.remote.segments.open(name))
     }
 
     /// Forgets a handle; 0 is accepted, an unknown handle is an error.
@@ -191,7 +279,7 @@ impl Engine {
         if handle == 0 {
             return Ok(());
         }
-        self.segments.close(handle).map(|_| ())
+        self.remote.close(handle)
     }
 
     /// The non-internal buffers of a segment.
@@ -213,13 +301,21 @@ impl Engine {
                 buffers,
             });
         }
-        let name = self
-            .segments
-            .name_of(handle)
-            .ok_or_else(|| Error::InvalidEntry(format!("segment handle {handle} is not open")))?;
-        Err(Error::NoTransport(format!(
-            "segment {name}: remote segments are not reachable without a transport"
-        )))
+        let desc = self.remote.descriptor(handle, false)?;
+        let buffers = desc
+            .buffers
+            .iter()
+            .filter(|b| !b.internal)
+            .map(|b| BufferInfo {
+                base: b.addr,
+                length: b.length,
+                location: b.location.clone(),
+            })
+            .collect();
+        Ok(SegmentInfo {
+            is_file: desc.kind == "file",
+            buffers,
+        })
     }
 
     /// Allocates memory (not registered, as upstream). Returns the address.
@@ -299,15 +395,26 @@ impl Engine {
                 memory::prefault(r.addr, r.len);
             }
         }
-        self.local.register(&regs)?;
+        if self.local.register(&regs)? {
+            self.published();
+        }
         Ok(())
     }
 
     /// Drops one reference of each range (`len == 0` matches any length). Unknown ranges are
     /// ignored.
     pub fn unregister_memory(&self, ranges: &[(u64, u64)]) -> Result<()> {
-        self.local.unregister(ranges);
+        if !self.local.unregister(ranges).is_empty() {
+            self.published();
+        }
         Ok(())
+    }
+
+    /// Tells subscribed peers, in the background, that the buffer list changed.
+    fn published(&self) {
+        if let Some(tx) = self.publish.lock().as_ref() {
+            let _ = tx.send(());
+        }
     }
 
     /// Allocates a batch for up to `capacity` tasks.
@@ -350,7 +457,7 @@ impl Engine {
             let mut targets: Vec<u64> = requests.iter().map(|r| r.target_id).collect();
             targets.sort_unstable();
             targets.dedup();
-            let sink: Weak<dyn HookSink> = self.me.clone();
+            let sink: Weak<dyn HookSink> = Arc::downgrade(&self.remote) as Weak<dyn HookSink>;
             NotifyHook::new(requests.len(), targets, name, msg, sink)
         });
         if requests.is_empty() {
@@ -364,31 +471,105 @@ impl Engine {
 
     /// Starts tasks: local-segment ones are copied here; remote ones go to a transport.
     fn dispatch(&self, tasks: Vec<Task>) {
+        let mut remote: HashMap<u64, Vec<Task>> = HashMap::new();
         for t in tasks {
             let r = t.request;
             if let Err(e) = self.precheck(&r) {
                 t.state.fail(e.to_string());
                 continue;
             }
-            if r.target_id == 0 {
-                match self.copy_local(&r) {
-                    Ok(()) => {
-                        t.state.complete(r.length);
-                    }
-                    Err(e) => {
-                        tracing::debug!("local transfer failed: {e}");
-                        t.state.fail(e.to_string());
-                    }
-                }
+            if r.target_id != 0 {
+                remote.entry(r.target_id).or_default().push(t);
                 continue;
             }
-            let reason = match self.segments.name_of(r.target_id) {
-                None => format!("segment handle {} is not open", r.target_id),
-                Some(name) => format!("segment {name}: no loaded transport can reach it"),
-            };
-            tracing::debug!("transfer failed: {reason}");
-            t.state.fail(reason);
+            match self.copy_local(&r) {
+                Ok(()) => {
+                    t.state.complete(r.length);
+                }
+                Err(e) => {
+                    tracing::debug!("local transfer failed: {e}");
+                    t.state.fail(e.to_string());
+                }
+            }
         }
+        for (target, tasks) in remote {
+            self.dispatch_remote(target, tasks);
+        }
+    }
+
+    /// Sends tasks for one remote segment to their transports. A request whose target range is
+    /// missing from the cached descriptor refetches it once before failing.
+    fn dispatch_remote(&self, target: u64, tasks: Vec<Task>) {
+        let mut desc = match self.remote.descriptor(target, false) {
+            Ok(d) => d,
+            Err(e) => {
+                let reason = e.to_string();
+                tracing::debug!("transfers to segment handle {target} failed: {reason}");
+                for t in tasks {
+                    t.state.fail(reason.clone());
+                }
+                return;
+            }
+        };
+        let mut refreshed = false;
+        let mut by_transport: Vec<(usize, Vec<Task>)> = Vec::new();
+        for t in tasks {
+            let mut pick = self.pick_transport(&desc, &t.request);
+            if pick.is_err() && !refreshed {
+                refreshed = true;
+                if let Ok(d) = self.remote.descriptor(target, true) {
+                    desc = d;
+                    pick = self.pick_transport(&desc, &t.request);
+                }
+            }
+            match pick {
+                Ok(i) => match by_transport.iter_mut().find(|(k, _)| *k == i) {
+                    Some((_, v)) => v.push(t),
+                    None => by_transport.push((i, vec![t])),
+                },
+                Err(e) => {
+                    tracing::debug!("transfer to {} failed: {e}", desc.name);
+                    t.state.fail(e.to_string());
+                }
+            }
+        }
+        for (i, tasks) in by_transport {
+            let keep: Vec<Task> = tasks.clone();
+            if let Err(e) = self.transports[i].submit(&desc, tasks) {
+                for t in keep {
+                    t.state.fail(e.to_string());
+                }
+            }
+        }
+    }
+
+    /// Chooses the transport for a request: the hint when given, else the first transport of the
+    /// target buffer's list that is loaded here. The target range must lie in a buffer that
+    /// allows the operation for peers.
+    fn pick_transport(&self, desc: &SegmentDesc, r: &Request) -> Result<usize> {
+        let buf = desc.find_buffer(r.target_offset, r.length, r.opcode, true)?;
+        let loaded = |kind: TransportKind| self.transports.iter().position(|t| t.kind() == kind);
+        if r.hint != TransportKind::Unspec {
+            if !buf.transports.contains(&(r.hint as i32)) {
+                return Err(Error::NoTransport(format!(
+                    "the target buffer of segment {} is not served by {}",
+                    desc.name,
+                    r.hint.name()
+                )));
+            }
+            return loaded(r.hint)
+                .ok_or_else(|| Error::NoTransport(format!("{} is not loaded", r.hint.name())));
+        }
+        buf.transports
+            .iter()
+            .filter_map(|&k| TransportKind::from_i32(k))
+            .find_map(loaded)
+            .ok_or_else(|| {
+                Error::NoTransport(format!(
+                    "no loaded transport serves the target buffer of segment {} (it offers {:?})",
+                    desc.name, buf.transports
+                ))
+            })
     }
 
     fn precheck(&self, r: &Request) -> Result<()> {
@@ -400,6 +581,9 @@ impl Engine {
                 r.length
             )));
         }
+        if r.source == 0 && r.length > 0 {
+            return Err(Error::InvalidArgument("request source is NULL".into()));
+        }
         Ok(())
     }
 
@@ -409,17 +593,19 @@ impl Engine {
         if r.length == 0 {
             return Ok(());
         }
-        self.local.check_range(r.source, r.length, None)?;
-        self.local
-            .check_range(r.target_offset, r.length, Some((r.opcode, false)))?;
         let (src, dst) = match r.opcode {
             Opcode::Write => (r.source, r.target_offset),
             Opcode::Read => (r.target_offset, r.source),
         };
-        // SAFETY: both ranges lie inside memory the caller registered with this engine (checked
-        // above), which the caller promises stays valid while registered; `copy` allows overlap.
-        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, r.length as usize) };
-        Ok(())
+        let ranges = [
+            (r.source, r.length, None),
+            (r.target_offset, r.length, Some((r.opcode, false))),
+        ];
+        self.local.with_ranges(&ranges, || {
+            // SAFETY: both ranges lie inside memory registered with this engine (checked under
+            // the gate, so no unregister can run meanwhile); `copy` allows overlap.
+            unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, r.length as usize) }
+        })
     }
 
     /// Status of one task.
@@ -445,34 +631,33 @@ impl Engine {
 
     /// Sends a notification to the owner of `handle` (0 = this engine's own queue).
     pub fn send_notification(&self, handle: u64, name: &str, msg: &str) -> Result<()> {
-        if handle == 0 {
-            self.notifications.lock().push_back(Notification {
-                name: name.into(),
-                msg: msg.into(),
-                handle: 0,
-            });
-            return Ok(());
-        }
-        let seg = self
-            .segments
-            .name_of(handle)
-            .ok_or_else(|| Error::InvalidEntry(format!("segment handle {handle} is not open")))?;
-        Err(Error::NoTransport(format!(
-            "segment {seg}: no loaded transport supports notifications"
-        )))
+        self.remote.send_notification(handle, name, msg)
     }
 
     /// Takes every queued notification.
     pub fn recv_notifications(&self) -> Vec<Notification> {
-        self.notifications.lock().drain(..).collect()
+        self.remote.take_notifications()
     }
 
     /// Puts notifications back at the front of the queue (used when handing them out failed).
     pub fn requeue_notifications(&self, notes: Vec<Notification>) {
-        let mut q = self.notifications.lock();
-        for n in notes.into_iter().rev() {
-            q.push_front(n);
+        self.remote.requeue(notes);
+    }
+
+    /// Checks that the peer behind `handle` answers (`Probe`).
+    pub fn probe(&self, handle: u64) -> Result<()> {
+        if handle == 0 {
+            return Ok(());
         }
+        let desc = self.remote.descriptor(handle, false)?;
+        self.remote
+            .client
+            .call(
+                &desc.rpc_server_addr,
+                crate::control::frame::msg::PROBE,
+                &[],
+            )
+            .map(|_| ())
     }
 
     /// Per-NIC load; empty without RDMA.
@@ -481,20 +666,16 @@ impl Engine {
     }
 }
 
-impl HookSink for Engine {
-    fn fire(&self, targets: &[u64], name: &str, msg: &str) {
-        for &t in targets {
-            if let Err(e) = self.send_notification(t, name, msg) {
-                tracing::warn!("notification after transfer to segment handle {t} not sent: {e}");
-            }
-        }
-    }
-}
-
 impl Drop for Engine {
     fn drop(&mut self) {
+        // Peers first lose access to memory, then workers stop, then state is freed.
+        self.server.stop();
         for t in &self.transports {
             t.shutdown();
+        }
+        drop(self.publish.lock().take());
+        if let Some(p) = self.publisher.lock().take() {
+            let _ = p.join();
         }
         self.batches.clear();
         let allocations: Vec<(u64, Allocation)> = self.allocations.lock().drain().collect();

@@ -165,6 +165,10 @@ impl SegmentDesc {
     }
 }
 
+/// A range to check before an access: address, length, and the operation with whether a peer
+/// performs it (`None`: only registration is required).
+pub type RangeCheck = (u64, u64, Option<(Opcode, bool)>);
+
 /// A buffer registered in this engine.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LocalBuffer {
@@ -190,6 +194,9 @@ pub struct LocalSegment {
     write_lock: Mutex<()>,
     version: AtomicU64,
     json_cache: Mutex<(u64, Arc<String>)>,
+    /// Held (shared) while bytes move in or out of registered memory, and exclusively while a
+    /// buffer is removed, so an unregister never races a copy into that memory.
+    gate: RwLock<()>,
 }
 
 /// What a registration asks for.
@@ -221,6 +228,7 @@ impl LocalSegment {
             write_lock: Mutex::new(()),
             version: AtomicU64::new(1),
             json_cache: Mutex::new((0, Arc::new(String::new()))),
+            gate: RwLock::new(()),
         }
     }
 
@@ -278,6 +286,7 @@ impl LocalSegment {
     /// Unknown addresses are ignored (upstream returns success). Returns the buffers removed.
     pub fn unregister(&self, entries: &[(u64, u64)]) -> Vec<LocalBuffer> {
         let _w = self.write_lock.lock();
+        let _no_copies = self.gate.write();
         let mut list: Vec<LocalBuffer> = (**self.buffers.read()).clone();
         let mut removed = Vec::new();
         for &(addr, len) in entries {
@@ -334,6 +343,16 @@ impl LocalSegment {
                 "{len} bytes at {addr:#x} are not inside memory registered with this engine"
             )))
         }
+    }
+
+    /// Runs `f` while no buffer can be unregistered, after checking each `(addr, len, access)`
+    /// range as [`LocalSegment::check_range`] does.
+    pub fn with_ranges<T>(&self, ranges: &[RangeCheck], f: impl FnOnce() -> T) -> Result<T> {
+        let _copying = self.gate.read();
+        for &(addr, len, access) in ranges {
+            self.check_range(addr, len, access)?;
+        }
+        Ok(f())
     }
 
     /// The descriptor of this segment as peers see it.

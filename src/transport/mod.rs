@@ -7,8 +7,10 @@ use std::sync::Arc;
 
 use crate::engine::batch::Task;
 use crate::engine::segment::SegmentDesc;
-use crate::engine::types::{Notification, TransportKind};
+use crate::engine::types::TransportKind;
 use crate::error::Result;
+
+pub mod tcp;
 
 /// One way of reaching remote segments.
 pub trait Transport: Send + Sync {
@@ -18,20 +20,6 @@ pub trait Transport: Send + Sync {
     /// Starts `tasks`, all aimed at the segment described by `target`. Returning an error means
     /// none of them was started; the engine then fails them.
     fn submit(&self, target: &Arc<SegmentDesc>, tasks: Vec<Task>) -> Result<()>;
-
-    /// Whether [`Transport::send_notification`] works.
-    fn supports_notifications(&self) -> bool {
-        false
-    }
-
-    /// Delivers a notification to the owner of `target`.
-    fn send_notification(&self, target: &SegmentDesc, note: &Notification) -> Result<()> {
-        let _ = (target, note);
-        Err(crate::error::Error::NotImplemented(format!(
-            "{:?} cannot send notifications",
-            self.kind()
-        )))
-    }
 
     /// Stops workers and waits for them; pending tasks end FAILED.
     fn shutdown(&self) {}

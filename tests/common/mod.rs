@@ -79,3 +79,5 @@ pub fn run_c(exe: &Path, envs: &[(&str, &str)]) -> String {
     assert!(ok, "{} failed:\n{out}", exe.display());
     out
 }
+
+pub mod engines;

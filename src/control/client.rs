@@ -1,0 +1,271 @@
+//! The RPC client: a pool of idle connections per peer address, connect and request timeouts,
+//! and the data calls that stream payloads straight from and into caller memory.
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use super::frame::{self, msg};
+use crate::error::{Error, Result};
+
+/// Largest reply attachment accepted for a control call.
+const MAX_CONTROL_REPLY: u32 = 64 << 20;
+/// Idle connections kept per peer.
+const MAX_IDLE_PER_PEER: usize = 64;
+
+/// Timeouts of the client side.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientTimeouts {
+    pub connect: Duration,
+    pub request: Duration,
+}
+
+impl Default for ClientTimeouts {
+    fn default() -> Self {
+        ClientTimeouts {
+            connect: Duration::from_secs(5),
+            request: Duration::from_secs(30),
+        }
+    }
+}
+
+struct Conn {
+    stream: TcpStream,
+    seq: u32,
+}
+
+/// Calls peers' RPC servers. Cheap to share; every call takes a pooled connection or opens one,
+/// and a connection that saw any error is closed instead of returned.
+pub struct RpcClient {
+    pools: Mutex<HashMap<String, Vec<Conn>>>,
+    timeouts: ClientTimeouts,
+}
+
+/// How a call failed.
+fn rpc_err(addr: &str, what: impl std::fmt::Display) -> Error {
+    Error::Rpc(format!("{addr}: {what}"))
+}
+
+impl RpcClient {
+    /// Creates a client with the given timeouts.
+    pub fn new(timeouts: ClientTimeouts) -> RpcClient {
+        RpcClient {
+            pools: Mutex::new(HashMap::new()),
+            timeouts,
+        }
+    }
+
+    fn connect(&self, addr: &str) -> Result<Conn> {
+        let targets: Vec<SocketAddr> = addr
+            .to_socket_addrs()
+            .map_err(|e| rpc_err(addr, format!("cannot resolve: {e}")))?
+            .collect();
+        let mut last = None;
+        for t in targets {
+            match TcpStream::connect_timeout(&t, self.timeouts.connect) {
+                Ok(s) => {
+                    let _ = s.set_nodelay(true);
+                    s.set_read_timeout(Some(self.timeouts.request))
+                        .map_err(|e| rpc_err(addr, e))?;
+                    s.set_write_timeout(Some(self.timeouts.request))
+                        .map_err(|e| rpc_err(addr, e))?;
+                    return Ok(Conn { stream: s, seq: 0 });
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(rpc_err(
+            addr,
+            format!(
+                "connect failed: {}",
+                last.map(|e| e.to_string())
+                    .unwrap_or_else(|| "no address".into())
+            ),
+        ))
+    }
+
+    fn take(&self, addr: &str) -> Result<Conn> {
+        if let Some(c) = self.pools.lock().get_mut(addr).and_then(Vec::pop) {
+            return Ok(c);
+        }
+        self.connect(addr)
+    }
+
+    fn give_back(&self, addr: &str, c: Conn) {
+        let mut pools = self.pools.lock();
+        let pool = pools.entry(addr.to_string()).or_default();
+        if pool.len() < MAX_IDLE_PER_PEER {
+            pool.push(c);
+        }
+    }
+
+    /// Drops every idle connection to `addr` (after the peer was found dead or restarted).
+    pub fn forget(&self, addr: &str) {
+        self.pools.lock().remove(addr);
+    }
+
+    /// Runs one request on a pooled connection: `send` writes the request, `recv` reads the reply
+    /// attachment given its header. Any error discards the connection. A call on a stale pooled
+    /// connection that fails before a reply arrives is retried once on a new connection.
+    fn exchange<T>(
+        &self,
+        addr: &str,
+        mut send: impl FnMut(&mut TcpStream, u32) -> io::Result<()>,
+        mut recv: impl FnMut(&mut TcpStream, &frame::ResponseHeader) -> Result<T>,
+    ) -> Result<T> {
+        for attempt in 0..2 {
+            let pooled_before = self.pools.lock().get(addr).is_some_and(|p| !p.is_empty());
+            let mut c = self.take(addr)?;
+            let seq = c.seq;
+            c.seq = c.seq.wrapping_add(1);
+            let mut hdr = [0u8; frame::RESPONSE_HEADER_LEN];
+            let sent = send(&mut c.stream, seq).and_then(|_| c.stream.read_exact(&mut hdr));
+            if let Err(e) = sent {
+                // A pooled connection the peer closed meanwhile: try once more on a fresh one.
+                if attempt == 0
+                    && pooled_before
+                    && e.kind() != io::ErrorKind::WouldBlock
+                    && e.kind() != io::ErrorKind::TimedOut
+                {
+                    continue;
+                }
+                return Err(rpc_err(addr, format!("call failed: {e}")));
+            }
+            let h = frame::parse_response_header(&hdr);
+            if h.seq != seq {
+                return Err(rpc_err(
+                    addr,
+                    format!("reply sequence {} does not match request {seq}", h.seq),
+                ));
+            }
+            if h.body_len > frame::MAX_BODY_LEN.max(1 << 20) {
+                return Err(rpc_err(
+                    addr,
+                    format!("reply body of {} bytes is too large", h.body_len),
+                ));
+            }
+            let mut body = vec![0u8; h.body_len as usize];
+            c.stream
+                .read_exact(&mut body)
+                .map_err(|e| rpc_err(addr, format!("truncated reply: {e}")))?;
+            if h.err_code != 0 {
+                // Upstream clients close the connection after an err_code reply; so do we.
+                frame::discard(&mut c.stream, h.attach_len as u64).ok();
+                return Err(Error::Remote(format!(
+                    "{addr}: {}",
+                    frame::decode_string(&body)
+                )));
+            }
+            let out = recv(&mut c.stream, &h)?;
+            self.give_back(addr, c);
+            return Ok(out);
+        }
+        Err(rpc_err(addr, "call failed"))
+    }
+
+    /// Sends TENT message `id` with `payload` and returns the reply attachment.
+    pub fn call(&self, addr: &str, id: i32, payload: &[u8]) -> Result<Vec<u8>> {
+        let len = u32::try_from(payload.len())
+            .map_err(|_| Error::InvalidArgument("payload over 4 GiB".into()))?;
+        self.exchange(
+            addr,
+            |s, seq| {
+                let mut req = Vec::with_capacity(31 + payload.len());
+                req.extend_from_slice(&frame::encode_request(
+                    seq,
+                    id,
+                    len,
+                    frame::MSG_TYPE_TENT_RS,
+                ));
+                req.extend_from_slice(payload);
+                s.write_all(&req)
+            },
+            |s, h| {
+                if h.attach_len > MAX_CONTROL_REPLY {
+                    return Err(rpc_err(
+                        addr,
+                        format!("reply of {} bytes is too large", h.attach_len),
+                    ));
+                }
+                let mut out = vec![0u8; h.attach_len as usize];
+                s.read_exact(&mut out)
+                    .map_err(|e| rpc_err(addr, format!("truncated reply: {e}")))?;
+                Ok(out)
+            },
+        )
+    }
+
+    /// Writes `data` to `remote` in the peer's registered memory (one SendData).
+    pub fn send_data(&self, addr: &str, remote: u64, data: &[u8]) -> Result<()> {
+        let attach = u32::try_from(data.len() as u64 + 16)
+            .map_err(|_| Error::InvalidArgument("SendData chunk over 4 GiB".into()))?;
+        self.exchange(
+            addr,
+            |s, seq| {
+                let mut head = [0u8; 31 + 16];
+                head[..31].copy_from_slice(&frame::encode_request(
+                    seq,
+                    msg::SEND_DATA,
+                    attach,
+                    frame::MSG_TYPE_TENT_RS,
+                ));
+                head[31..].copy_from_slice(&frame::encode_data_header(remote, data.len() as u64));
+                s.write_all(&head)?;
+                s.write_all(data)
+            },
+            |s, h| {
+                if h.attach_len == 0 {
+                    return Ok(());
+                }
+                // An upstream server reports refusals in-band, as text.
+                let n = h.attach_len.min(4096);
+                let mut text = vec![0u8; n as usize];
+                s.read_exact(&mut text).map_err(|e| rpc_err(addr, e))?;
+                frame::discard(s, (h.attach_len - n) as u64).map_err(|e| rpc_err(addr, e))?;
+                Err(Error::Remote(format!(
+                    "{addr}: {}",
+                    String::from_utf8_lossy(&text)
+                )))
+            },
+        )
+    }
+
+    /// Reads `out.len()` bytes from `remote` in the peer's registered memory (one RecvData),
+    /// straight into `out`.
+    pub fn recv_data(&self, addr: &str, remote: u64, out: &mut [u8]) -> Result<()> {
+        let want = out.len() as u64;
+        self.exchange(
+            addr,
+            |s, seq| {
+                let mut head = [0u8; 31 + 16];
+                head[..31].copy_from_slice(&frame::encode_request(
+                    seq,
+                    msg::RECV_DATA,
+                    16,
+                    frame::MSG_TYPE_TENT_RS,
+                ));
+                head[31..].copy_from_slice(&frame::encode_data_header(remote, want));
+                s.write_all(&head)
+            },
+            |s, h| {
+                if h.attach_len as u64 == want {
+                    s.read_exact(out)
+                        .map_err(|e| rpc_err(addr, format!("truncated data: {e}")))?;
+                    return Ok(());
+                }
+                // Anything else is an in-band refusal from an upstream server, never data.
+                let n = h.attach_len.min(4096);
+                let mut text = vec![0u8; n as usize];
+                s.read_exact(&mut text).map_err(|e| rpc_err(addr, e))?;
+                frame::discard(s, (h.attach_len - n) as u64).map_err(|e| rpc_err(addr, e))?;
+                Err(Error::Remote(format!(
+                    "{addr}: {}",
+                    String::from_utf8_lossy(&text)
+                )))
+            },
+        )
+    }
+}

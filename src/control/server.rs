@@ -1,0 +1,586 @@
+//! The RPC server: one reactor thread watches idle connections with poll(2) and hands a
+//! connection with a request waiting to a worker, which serves exactly one frame and gives the
+//! connection back. Data messages (SendData / RecvData) go to their own pool so bulk transfers
+//! never delay control messages such as GetSegmentDesc or Notify.
+
+use std::io::{self, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::frame::{self, FrameError, msg};
+use super::queue::WorkQueue;
+use crate::error::Result;
+
+/// Largest attachment accepted for a control message; larger frames close the connection.
+pub const MAX_CONTROL_ATTACHMENT: u32 = 16 << 20;
+/// Largest RecvData upstream serves in one message.
+pub const MAX_RECV_DATA: u64 = 1 << 30;
+/// Most connections the server keeps open at once; more are refused with a log line.
+const MAX_CONNECTIONS: usize = 4096;
+
+/// Why a local memory access was refused.
+#[derive(Debug, Clone)]
+pub enum Refusal {
+    /// The range is not inside a registered buffer.
+    NotRegistered,
+    /// The buffer's permission does not allow the access.
+    Permission,
+}
+
+/// What the engine provides to the server. Implementations must not block for long.
+pub trait RpcHandler: Send + Sync {
+    /// The local segment descriptor JSON.
+    fn segment_desc(&self) -> Arc<String>;
+    /// Answers an RDMA bootstrap request (JSON in, JSON out).
+    fn bootstrap_rdma(&self, request: &[u8]) -> Vec<u8>;
+    /// A notification arrived; `sender` is the peer's segment name when it said so.
+    fn notify(&self, name: String, msg: String, sender: Option<String>);
+    /// A peer wants `NotifySegmentUpdated` when our descriptor changes.
+    fn subscribe(&self, rpc_addr: String);
+    /// A peer's descriptor changed.
+    fn segment_updated(&self, name: String);
+    /// Runs `f` on local memory `[addr, addr+len)` when a peer may access it (`write` or read),
+    /// keeping the registration alive meanwhile.
+    fn with_memory(
+        &self,
+        addr: u64,
+        len: u64,
+        write: bool,
+        f: &mut dyn FnMut(*mut u8) -> io::Result<()>,
+    ) -> std::result::Result<io::Result<()>, Refusal>;
+}
+
+/// A running RPC server; `stop` (or drop) ends every thread it started.
+pub struct RpcServer {
+    stopping: Arc<AtomicBool>,
+    waker: UnixStream,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    control: Arc<WorkQueue<TcpStream>>,
+    data: Arc<WorkQueue<TcpStream>>,
+}
+
+struct Shared {
+    handler: Arc<dyn RpcHandler>,
+    stopping: Arc<AtomicBool>,
+    returns: Mutex<mpsc::Sender<TcpStream>>,
+    waker: UnixStream,
+    request_timeout: Duration,
+}
+
+impl RpcServer {
+    /// Starts serving on `listener` with `control_threads` workers for control messages and
+    /// `data_threads` for SendData / RecvData.
+    pub fn start(
+        listener: TcpListener,
+        handler: Arc<dyn RpcHandler>,
+        control_threads: usize,
+        data_threads: usize,
+        request_timeout: Duration,
+    ) -> Result<RpcServer> {
+        listener.set_nonblocking(true)?;
+        let (wake_rx, wake_tx) = UnixStream::pair()?;
+        wake_rx.set_nonblocking(true)?;
+        wake_tx.set_nonblocking(true)?;
+        let (ret_tx, ret_rx) = mpsc::channel::<TcpStream>();
+        let stopping = Arc::new(AtomicBool::new(false));
+        let shared = Arc::new(Shared {
+            handler,
+            stopping: stopping.clone(),
+            returns: Mutex::new(ret_tx),
+            waker: wake_tx.try_clone()?,
+            request_timeout,
+        });
+        let control = Arc::new(WorkQueue::<TcpStream>::default());
+        let data = Arc::new(WorkQueue::<TcpStream>::default());
+        let mut threads = Vec::new();
+        for (i, (q, n)) in [
+            (control.clone(), control_threads.max(1)),
+            (data.clone(), data_threads.max(1)),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            for k in 0..n {
+                let q = q.clone();
+                let s = shared.clone();
+                threads.push(
+                    std::thread::Builder::new()
+                        .name(format!("tent-rpc-{}{k}", if i == 0 { "c" } else { "d" }))
+                        .spawn(move || worker(&s, &q))?,
+                );
+            }
+        }
+        let (c, d, s) = (control.clone(), data.clone(), stopping.clone());
+        threads.push(
+            std::thread::Builder::new()
+                .name("tent-rpc-reactor".into())
+                .spawn(move || reactor(listener, wake_rx, ret_rx, &c, &d, &s, request_timeout))?,
+        );
+        Ok(RpcServer {
+            stopping,
+            waker: wake_tx,
+            threads: Mutex::new(threads),
+            control,
+            data,
+        })
+    }
+
+    /// Stops accepting, closes every connection and joins all threads. Idempotent.
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        let _ = (&self.waker).write(&[1]);
+        drop(self.control.close());
+        drop(self.data.close());
+        for t in self.threads.lock().drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for RpcServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// An idle connection as the reactor tracks it.
+struct Idle {
+    c: TcpStream,
+    /// Set while only part of a request header has arrived.
+    partial_since: Option<Instant>,
+    /// While set and in the future, the connection is not polled (a partial header is re-checked
+    /// later instead of spinning).
+    recheck_at: Option<Instant>,
+}
+
+/// What is waiting on a connection.
+enum Waiting {
+    Nothing,
+    Closed,
+    Partial,
+    Control,
+    Data,
+}
+
+fn reactor(
+    listener: TcpListener,
+    wake: UnixStream,
+    returns: mpsc::Receiver<TcpStream>,
+    control: &WorkQueue<TcpStream>,
+    data: &WorkQueue<TcpStream>,
+    stopping: &AtomicBool,
+    request_timeout: Duration,
+) {
+    let mut idle: Vec<Idle> = Vec::new();
+    let mut fds: Vec<libc::pollfd> = Vec::new();
+    let recheck = Duration::from_millis(20);
+    while !stopping.load(Ordering::SeqCst) {
+        let now = Instant::now();
+        let mut timeout_ms: i32 = 1000;
+        fds.clear();
+        fds.push(libc::pollfd {
+            fd: wake.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        fds.push(libc::pollfd {
+            fd: listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        for e in &idle {
+            // A negative fd is skipped by poll(2).
+            let fd = match e.recheck_at {
+                Some(t) if t > now => {
+                    timeout_ms = timeout_ms.min((t - now).as_millis() as i32 + 1);
+                    -1
+                }
+                _ => e.c.as_raw_fd(),
+            };
+            fds.push(libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+        // SAFETY: fds is a valid array of pollfd of the given length, alive for the call.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                tracing::error!("rpc server poll failed: {e}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            continue;
+        }
+        if fds[0].revents != 0 {
+            let mut buf = [0u8; 64];
+            while matches!((&wake).read(&mut buf), Ok(n) if n > 0) {}
+        }
+        let now = Instant::now();
+        // Hand over connections with a whole request header waiting; from the back so indices
+        // stay valid.
+        for i in (0..idle.len()).rev() {
+            let polled = fds.get(i + 2).map(|f| f.revents != 0).unwrap_or(false);
+            let due = idle[i].recheck_at.is_some_and(|t| t <= now);
+            if !polled && !due {
+                continue;
+            }
+            match waiting(&idle[i].c) {
+                Waiting::Nothing => idle[i].recheck_at = None,
+                Waiting::Partial => {
+                    let since = *idle[i].partial_since.get_or_insert(now);
+                    if now.duration_since(since) > request_timeout {
+                        tracing::warn!(
+                            "rpc server: closing a connection that sent a partial header"
+                        );
+                        idle.swap_remove(i);
+                    } else {
+                        idle[i].recheck_at = Some(now + recheck);
+                    }
+                }
+                Waiting::Closed => {
+                    idle.swap_remove(i);
+                }
+                w @ (Waiting::Control | Waiting::Data) => {
+                    let e = idle.swap_remove(i);
+                    let queue = if matches!(w, Waiting::Data) {
+                        data
+                    } else {
+                        control
+                    };
+                    if queue.push(e.c).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+        while let Ok(c) = returns.try_recv() {
+            idle.push(Idle {
+                c,
+                partial_since: None,
+                recheck_at: None,
+            });
+        }
+        if fds[1].revents != 0 {
+            loop {
+                match listener.accept() {
+                    Ok((c, peer)) => {
+                        if idle.len() >= MAX_CONNECTIONS {
+                            tracing::warn!(
+                                "rpc server: refusing connection from {peer}: {MAX_CONNECTIONS} open"
+                            );
+                            continue;
+                        }
+                        let _ = c.set_nodelay(true);
+                        idle.push(Idle {
+                            c,
+                            partial_since: None,
+                            recheck_at: None,
+                        });
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => {
+                        tracing::warn!("rpc server accept failed: {e}");
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Peeks at what waits on a connection: nothing, EOF, part of a header, or a whole header and
+/// body (SendData / RecvData go to the data pool). Malformed headers go to a control worker,
+/// which reads them, logs the reason and closes the connection.
+fn waiting(c: &TcpStream) -> Waiting {
+    let mut buf = [0u8; frame::REQUEST_HEADER_LEN + frame::MAX_BODY_LEN as usize];
+    // SAFETY: recv writes at most buf.len() bytes into buf; MSG_PEEK leaves them queued.
+    let n = unsafe {
+        libc::recv(
+            c.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    if n == 0 {
+        return Waiting::Closed;
+    }
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted {
+            Waiting::Nothing
+        } else {
+            Waiting::Closed
+        };
+    }
+    let n = n as usize;
+    if n < frame::REQUEST_HEADER_LEN {
+        return Waiting::Partial;
+    }
+    let mut hdr = [0u8; frame::REQUEST_HEADER_LEN];
+    hdr.copy_from_slice(&buf[..frame::REQUEST_HEADER_LEN]);
+    let Ok(h) = frame::parse_request_header(&hdr) else {
+        return Waiting::Control;
+    };
+    let end = frame::REQUEST_HEADER_LEN + h.body_len as usize;
+    if n < end {
+        return Waiting::Partial;
+    }
+    let is_data = h.function_id == frame::FUNCTION_ID
+        && matches!(
+            frame::decode_body(&buf[frame::REQUEST_HEADER_LEN..end]),
+            Ok(msg::SEND_DATA) | Ok(msg::RECV_DATA)
+        );
+    if is_data {
+        Waiting::Data
+    } else {
+        Waiting::Control
+    }
+}
+
+fn worker(shared: &Shared, queue: &WorkQueue<TcpStream>) {
+    while let Some(mut c) = queue.pop() {
+        if shared.stopping.load(Ordering::SeqCst) {
+            break;
+        }
+        let _ = c.set_read_timeout(Some(shared.request_timeout));
+        let _ = c.set_write_timeout(Some(shared.request_timeout));
+        match serve_one(shared, &mut c) {
+            Ok(()) => {
+                if shared.returns.lock().send(c).is_ok() {
+                    let _ = (&shared.waker).write(&[1]);
+                }
+            }
+            Err(reason) => {
+                if !reason.is_empty() {
+                    let peer = c.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+                    tracing::warn!("rpc server: closing connection from {peer}: {reason}");
+                }
+            }
+        }
+    }
+}
+
+/// Serves one request. `Err("")` means the peer closed the connection; other errors are logged.
+fn serve_one(shared: &Shared, c: &mut TcpStream) -> std::result::Result<(), String> {
+    let mut hdr = [0u8; frame::REQUEST_HEADER_LEN];
+    match c.read(&mut hdr[..1]) {
+        Ok(0) => return Err(String::new()),
+        Ok(_) => {}
+        Err(e) => return Err(format!("read failed: {e}")),
+    }
+    c.read_exact(&mut hdr[1..])
+        .map_err(|e| format!("truncated request header: {e}"))?;
+    let h = match frame::parse_request_header(&hdr) {
+        Ok(h) => h,
+        Err(FrameError::Close(why)) | Err(FrameError::Reply(_, why)) => return Err(why),
+    };
+    let mut body = vec![0u8; h.body_len as usize];
+    c.read_exact(&mut body)
+        .map_err(|e| format!("truncated request body: {e}"))?;
+    let reply_err = |c: &mut TcpStream, code: u8, text: &str| -> std::result::Result<(), String> {
+        c.write_all(&frame::encode_error_response(h.seq, code, text))
+            .map_err(|e| format!("write failed: {e}"))
+    };
+    if h.function_id != frame::FUNCTION_ID {
+        frame::discard(c, h.attach_len as u64).map_err(|e| format!("truncated attachment: {e}"))?;
+        return reply_err(
+            c,
+            frame::ERR_FUNCTION_NOT_REGISTERED,
+            "the rpc function not registered",
+        );
+    }
+    let id = match frame::decode_body(&body) {
+        Ok(id) => id,
+        Err(FrameError::Reply(code, text)) => {
+            frame::discard(c, h.attach_len as u64)
+                .map_err(|e| format!("truncated attachment: {e}"))?;
+            return reply_err(c, code, &text);
+        }
+        Err(FrameError::Close(why)) => return Err(why),
+    };
+    // tent-rs clients ask for refusals as err_code replies; upstream clients get in-band text.
+    let rust_peer = h.msg_type == frame::MSG_TYPE_TENT_RS;
+    let refuse = |c: &mut TcpStream, text: &str| -> std::result::Result<(), String> {
+        if rust_peer {
+            reply_err(c, frame::ERR_HANDLER, text)
+        } else {
+            reply(c, h.seq, text.as_bytes())
+        }
+    };
+    match id {
+        msg::SEND_DATA => serve_send_data(shared, c, h, refuse),
+        msg::RECV_DATA => serve_recv_data(shared, c, h, refuse),
+        _ => {
+            if h.attach_len > MAX_CONTROL_ATTACHMENT {
+                return Err(format!(
+                    "attachment of {} bytes exceeds {MAX_CONTROL_ATTACHMENT}",
+                    h.attach_len
+                ));
+            }
+            let mut att = vec![0u8; h.attach_len as usize];
+            c.read_exact(&mut att)
+                .map_err(|e| format!("truncated attachment: {e}"))?;
+            match control_message(shared, id, &att) {
+                Ok(out) => reply(c, h.seq, &out),
+                Err(text) => reply_err(c, frame::ERR_HANDLER, &text),
+            }
+        }
+    }
+}
+
+fn reply(c: &mut TcpStream, seq: u32, payload: &[u8]) -> std::result::Result<(), String> {
+    let hdr = frame::encode_response(seq, payload.len() as u32);
+    if payload.len() <= 4096 {
+        let mut all = Vec::with_capacity(hdr.len() + payload.len());
+        all.extend_from_slice(&hdr);
+        all.extend_from_slice(payload);
+        c.write_all(&all)
+    } else {
+        c.write_all(&hdr).and_then(|_| c.write_all(payload))
+    }
+    .map_err(|e| format!("write failed: {e}"))
+}
+
+fn serve_send_data(
+    shared: &Shared,
+    c: &mut TcpStream,
+    h: frame::RequestHeader,
+    refuse: impl Fn(&mut TcpStream, &str) -> std::result::Result<(), String>,
+) -> std::result::Result<(), String> {
+    let trunc = |e: io::Error| format!("truncated SendData: {e}");
+    if h.attach_len < 16 {
+        frame::discard(c, h.attach_len as u64).map_err(trunc)?;
+        return refuse(c, "SendData failed: request too short");
+    }
+    let mut dh = [0u8; 16];
+    c.read_exact(&mut dh).map_err(trunc)?;
+    let (addr, len) = frame::decode_data_header(&dh);
+    let payload = h.attach_len as u64 - 16;
+    if payload < len {
+        frame::discard(c, payload).map_err(trunc)?;
+        return refuse(c, "SendData failed: invalid request size");
+    }
+    let mut copied: io::Result<()> = Ok(());
+    let outcome = if len == 0 {
+        Ok(Ok(()))
+    } else {
+        shared.handler.with_memory(addr, len, true, &mut |dst| {
+            // SAFETY: with_memory checked that [dst, dst+len) is registered, writable by peers,
+            // and keeps it registered while this closure runs.
+            let buf = unsafe { std::slice::from_raw_parts_mut(dst, len as usize) };
+            copied = c.read_exact(buf);
+            Ok(())
+        })
+    };
+    match outcome {
+        Ok(_) => {
+            copied.map_err(trunc)?;
+            frame::discard(c, payload - len).map_err(trunc)?;
+            reply(c, h.seq, &[])
+        }
+        Err(r) => {
+            frame::discard(c, payload).map_err(trunc)?;
+            refuse(c, refusal_text("SendData", &r))
+        }
+    }
+}
+
+fn refusal_text(op: &str, r: &Refusal) -> &'static str {
+    match (op, r) {
+        ("SendData", Refusal::NotRegistered) => {
+            "SendData failed: target address not in registered buffer"
+        }
+        ("SendData", Refusal::Permission) => "SendData failed: target buffer does not allow writes",
+        (_, Refusal::NotRegistered) => "RecvData failed: target address not in registered buffer",
+        (_, Refusal::Permission) => "RecvData failed: target buffer does not allow reads",
+    }
+}
+
+fn serve_recv_data(
+    shared: &Shared,
+    c: &mut TcpStream,
+    h: frame::RequestHeader,
+    refuse: impl Fn(&mut TcpStream, &str) -> std::result::Result<(), String>,
+) -> std::result::Result<(), String> {
+    let trunc = |e: io::Error| format!("truncated RecvData: {e}");
+    if h.attach_len < 16 {
+        frame::discard(c, h.attach_len as u64).map_err(trunc)?;
+        return refuse(c, "RecvData failed: request too short");
+    }
+    let mut dh = [0u8; 16];
+    c.read_exact(&mut dh).map_err(trunc)?;
+    frame::discard(c, h.attach_len as u64 - 16).map_err(trunc)?;
+    let (addr, len) = frame::decode_data_header(&dh);
+    if len > MAX_RECV_DATA {
+        return refuse(c, "RecvData failed: length exceeds maximum allowed");
+    }
+    if len == 0 {
+        return reply(c, h.seq, &[]);
+    }
+    let mut sent: io::Result<()> = Ok(());
+    let outcome = shared.handler.with_memory(addr, len, false, &mut |src| {
+        // SAFETY: with_memory checked that [src, src+len) is registered and readable by peers,
+        // and keeps it registered while this closure runs.
+        let buf = unsafe { std::slice::from_raw_parts(src as *const u8, len as usize) };
+        let hdr = frame::encode_response(h.seq, len as u32);
+        sent = c.write_all(&hdr).and_then(|_| c.write_all(buf));
+        Ok(())
+    });
+    match outcome {
+        Ok(_) => sent.map_err(|e| format!("write failed: {e}")),
+        Err(r) => refuse(c, refusal_text("RecvData", &r)),
+    }
+}
+
+/// Decodes a JSON string attachment.
+fn json_string(att: &[u8]) -> std::result::Result<String, String> {
+    serde_json::from_slice::<String>(att).map_err(|e| format!("invalid JSON string: {e}"))
+}
+
+fn control_message(shared: &Shared, id: i32, att: &[u8]) -> std::result::Result<Vec<u8>, String> {
+    let h = &shared.handler;
+    match id {
+        msg::GET_SEGMENT_DESC => Ok(h.segment_desc().as_bytes().to_vec()),
+        msg::BOOTSTRAP_RDMA => Ok(h.bootstrap_rdma(att)),
+        msg::NOTIFY => {
+            // Malformed notifications are dropped with a success reply, as upstream does.
+            match serde_json::from_slice::<serde_json::Value>(att) {
+                Ok(v) => match (
+                    v.get("name").and_then(|n| n.as_str()),
+                    v.get("msg").and_then(|m| m.as_str()),
+                ) {
+                    (Some(name), Some(m)) => {
+                        let sender = v.get("sender").and_then(|s| s.as_str()).map(str::to_string);
+                        h.notify(name.to_string(), m.to_string(), sender);
+                    }
+                    _ => tracing::warn!("dropping a notification without name and msg"),
+                },
+                Err(e) => tracing::warn!("dropping a malformed notification: {e}"),
+            }
+            Ok(Vec::new())
+        }
+        msg::PROBE => Ok(Vec::new()),
+        msg::DELEGATE | msg::PIN | msg::UNPIN => Err(
+            "not supported: GPU staging (Delegate/Pin/Unpin) is not provided by this engine".into(),
+        ),
+        msg::SUBSCRIBE_SEGMENT_UPDATE => {
+            h.subscribe(json_string(att)?);
+            Ok(Vec::new())
+        }
+        msg::NOTIFY_SEGMENT_UPDATED => {
+            h.segment_updated(json_string(att)?);
+            Ok(Vec::new())
+        }
+        _ => Ok(Vec::new()),
+    }
+}

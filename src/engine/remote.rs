@@ -1,0 +1,175 @@
+//! Everything about other segments that the engine, the RPC server and transfer hooks share:
+//! the handle table, the descriptor cache, subscriptions and the notification queue.
+//!
+//! It owns no threads, so it may be dropped on any thread (hooks and server workers hold it).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::batch::HookSink;
+use super::segment::{SegmentDesc, SegmentTable};
+use super::types::Notification;
+use crate::control::client::RpcClient;
+use crate::control::frame::msg;
+use crate::error::{Error, Result};
+
+/// Remote segments of one engine.
+pub struct Remote {
+    pub client: Arc<RpcClient>,
+    pub segments: SegmentTable,
+    cache: Mutex<HashMap<u64, Arc<SegmentDesc>>>,
+    /// Peers that asked for `NotifySegmentUpdated` (their rpc addresses).
+    subscribers: Mutex<HashSet<String>>,
+    notifications: Mutex<VecDeque<Notification>>,
+    local_name: String,
+    local_rpc_addr: String,
+}
+
+impl Remote {
+    /// Creates the remote-segment state of an engine named `local_name`.
+    pub fn new(client: Arc<RpcClient>, local_name: String, local_rpc_addr: String) -> Remote {
+        Remote {
+            client,
+            segments: SegmentTable::default(),
+            cache: Mutex::new(HashMap::new()),
+            subscribers: Mutex::new(HashSet::new()),
+            notifications: Mutex::new(VecDeque::new()),
+            local_name,
+            local_rpc_addr,
+        }
+    }
+
+    /// The descriptor of segment `handle`, from the cache unless `refresh`. A miss fetches it with
+    /// `GetSegmentDesc` and subscribes to the peer's updates.
+    pub fn descriptor(&self, handle: u64, refresh: bool) -> Result<Arc<SegmentDesc>> {
+        let name = self
+            .segments
+            .name_of(handle)
+            .ok_or_else(|| Error::InvalidEntry(format!("segment handle {handle} is not open")))?;
+        if !refresh {
+            if let Some(d) = self.cache.lock().get(&handle) {
+                return Ok(d.clone());
+            }
+        }
+        let reply = self.client.call(&name, msg::GET_SEGMENT_DESC, &[])?;
+        if reply.is_empty() {
+            return Err(Error::Metadata(format!("segment {name} not found")));
+        }
+        let text = std::str::from_utf8(&reply)
+            .map_err(|_| Error::Metadata(format!("segment {name}: descriptor is not UTF-8")))?;
+        let desc = Arc::new(SegmentDesc::from_json(text)?);
+        // Only cache while the handle is still open (a concurrent close wins).
+        if self.segments.name_of(handle).as_deref() == Some(name.as_str()) {
+            self.cache.lock().insert(handle, desc.clone());
+        }
+        if !desc.rpc_server_addr.is_empty() && !self.local_rpc_addr.is_empty() {
+            let me = serde_json::Value::String(self.local_rpc_addr.clone()).to_string();
+            if let Err(e) = self.client.call(
+                &desc.rpc_server_addr,
+                msg::SUBSCRIBE_SEGMENT_UPDATE,
+                me.as_bytes(),
+            ) {
+                tracing::debug!("subscribing to updates of {name} failed: {e}");
+            }
+        }
+        Ok(desc)
+    }
+
+    /// Forgets the cached descriptor of one handle.
+    pub fn invalidate(&self, handle: u64) {
+        self.cache.lock().remove(&handle);
+    }
+
+    /// Forgets every cached descriptor (a peer said its segment changed).
+    pub fn invalidate_all(&self) {
+        self.cache.lock().clear();
+    }
+
+    /// Closes a handle and drops its cached descriptor.
+    pub fn close(&self, handle: u64) -> Result<()> {
+        self.segments.close(handle)?;
+        self.invalidate(handle);
+        Ok(())
+    }
+
+    /// Adds a subscriber.
+    pub fn subscribe(&self, rpc_addr: String) {
+        if rpc_addr != self.local_rpc_addr {
+            self.subscribers.lock().insert(rpc_addr);
+        }
+    }
+
+    /// Tells every subscriber that this segment changed; subscribers that cannot be reached are
+    /// dropped.
+    pub fn publish_update(&self) {
+        let subs: Vec<String> = self.subscribers.lock().iter().cloned().collect();
+        let me = serde_json::Value::String(self.local_name.clone()).to_string();
+        for s in subs {
+            if let Err(e) = self
+                .client
+                .call(&s, msg::NOTIFY_SEGMENT_UPDATED, me.as_bytes())
+            {
+                tracing::debug!("dropping subscriber {s}: {e}");
+                self.subscribers.lock().remove(&s);
+            }
+        }
+    }
+
+    /// Queues a received notification, naming the sender's handle when it is open here.
+    pub fn deliver(&self, name: String, msg: String, sender: Option<String>) {
+        let handle = sender.and_then(|s| self.segments.id_of(&s)).unwrap_or(0);
+        self.notifications
+            .lock()
+            .push_back(Notification { name, msg, handle });
+    }
+
+    /// Takes every queued notification.
+    pub fn take_notifications(&self) -> Vec<Notification> {
+        self.notifications.lock().drain(..).collect()
+    }
+
+    /// Puts notifications back at the front (handing them out failed).
+    pub fn requeue(&self, notes: Vec<Notification>) {
+        let mut q = self.notifications.lock();
+        for n in notes.into_iter().rev() {
+            q.push_front(n);
+        }
+    }
+
+    /// Sends a notification to segment `handle` (0 = this engine) with the `Notify` RPC. A failed
+    /// send refetches the descriptor once and tries again (the peer may have moved).
+    pub fn send_notification(&self, handle: u64, name: &str, msg_text: &str) -> Result<()> {
+        if handle == 0 {
+            self.deliver(name.to_string(), msg_text.to_string(), None);
+            return Ok(());
+        }
+        // Keys sorted as upstream sends them; "sender" is a tent-rs extension upstream ignores.
+        let body = serde_json::json!({"msg": msg_text, "name": name, "sender": self.local_name})
+            .to_string();
+        let desc = self.descriptor(handle, false)?;
+        match self
+            .client
+            .call(&desc.rpc_server_addr, msg::NOTIFY, body.as_bytes())
+        {
+            Ok(_) => Ok(()),
+            Err(_) => {
+                let desc = self.descriptor(handle, true)?;
+                self.client
+                    .call(&desc.rpc_server_addr, msg::NOTIFY, body.as_bytes())
+                    .map(|_| ())
+            }
+        }
+    }
+}
+
+impl HookSink for Remote {
+    fn fire(&self, targets: &[u64], name: &str, msg: &str) {
+        for &t in targets {
+            if let Err(e) = self.send_notification(t, name, msg) {
+                tracing::warn!("notification after transfer to segment handle {t} not sent: {e}");
+            }
+        }
+    }
+}

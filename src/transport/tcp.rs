@@ -1,0 +1,301 @@
+//! The TCP transport: READ and WRITE against a peer's registered memory over upstream's
+//! SendData / RecvData messages.
+//!
+//! A task is split into chunks (`transports/tcp/chunk_size`, 4 MiB by default) that a pool of
+//! workers moves concurrently, each on its own pooled connection, so one large request uses
+//! several connections and the chunks pipeline. Bytes go straight between the socket and the
+//! caller's memory. Transport errors are retried with exponential backoff; a refusal from the
+//! peer (bounds, permission) fails the task at once.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::config::{Config, keys};
+use crate::control::client::RpcClient;
+use crate::control::queue::WorkQueue;
+use crate::engine::batch::Task;
+use crate::engine::segment::SegmentDesc;
+use crate::engine::types::{Opcode, TransportKind};
+use crate::error::{Error, Result};
+use crate::transport::Transport;
+
+/// Tunables read from `transports/tcp/*`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpParams {
+    pub max_retry_count: u32,
+    pub retry_base_delay_ms: u64,
+    pub retry_max_delay_ms: u64,
+    /// Worker threads, i.e. chunks in flight at once.
+    pub max_concurrent_tasks: usize,
+    pub chunk_size: u64,
+}
+
+impl TcpParams {
+    /// Reads the parameters, falling back to upstream's defaults (3, 100, 2000, 16) and 4 MiB
+    /// chunks.
+    pub fn from_config(cfg: &Config) -> TcpParams {
+        TcpParams {
+            max_retry_count: cfg
+                .get_u64(
+                    keys::TCP_MAX_RETRY_COUNT.0,
+                    keys::TCP_MAX_RETRY_COUNT.1 as u64,
+                )
+                .min(100) as u32,
+            retry_base_delay_ms: cfg.get_u64(
+                keys::TCP_RETRY_BASE_DELAY_MS.0,
+                keys::TCP_RETRY_BASE_DELAY_MS.1 as u64,
+            ),
+            retry_max_delay_ms: cfg.get_u64(
+                keys::TCP_RETRY_MAX_DELAY_MS.0,
+                keys::TCP_RETRY_MAX_DELAY_MS.1 as u64,
+            ),
+            max_concurrent_tasks: cfg
+                .get_u64(
+                    keys::TCP_MAX_CONCURRENT_TASKS.0,
+                    keys::TCP_MAX_CONCURRENT_TASKS.1 as u64,
+                )
+                .clamp(1, 256) as usize,
+            chunk_size: cfg
+                .get_u64("transports/tcp/chunk_size", 4 << 20)
+                .clamp(4096, 1 << 30),
+        }
+    }
+
+    /// The delay before retry number `attempt` (0-based): base doubling up to the cap.
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        let ms = self
+            .retry_base_delay_ms
+            .saturating_mul(1u64 << attempt.min(30))
+            .min(self.retry_max_delay_ms);
+        Duration::from_millis(ms)
+    }
+}
+
+/// One task in flight: chunks count down, the last one completes the task.
+struct Job {
+    task: Task,
+    rpc_addr: String,
+    remaining: AtomicUsize,
+    failed: AtomicBool,
+}
+
+struct Chunk {
+    job: Arc<Job>,
+    offset: u64,
+    len: u64,
+}
+
+/// The TCP transport; `shutdown` (or drop) fails what is queued and joins the workers.
+pub struct TcpTransport {
+    params: TcpParams,
+    queue: Arc<WorkQueue<Chunk>>,
+    stopping: Arc<AtomicBool>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl TcpTransport {
+    /// Starts the worker pool.
+    pub fn new(client: Arc<RpcClient>, params: TcpParams) -> Result<TcpTransport> {
+        let queue = Arc::new(WorkQueue::<Chunk>::default());
+        let stopping = Arc::new(AtomicBool::new(false));
+        let mut workers = Vec::new();
+        for i in 0..params.max_concurrent_tasks {
+            let (q, c, s) = (queue.clone(), client.clone(), stopping.clone());
+            workers.push(
+                std::thread::Builder::new()
+                    .name(format!("tent-tcp-{i}"))
+                    .spawn(move || worker(&q, &c, &s, params))?,
+            );
+        }
+        Ok(TcpTransport {
+            params,
+            queue,
+            stopping,
+            workers: Mutex::new(workers),
+        })
+    }
+
+    /// The parameters in use.
+    pub fn params(&self) -> TcpParams {
+        self.params
+    }
+}
+
+fn worker(queue: &WorkQueue<Chunk>, client: &RpcClient, stopping: &AtomicBool, p: TcpParams) {
+    while let Some(chunk) = queue.pop() {
+        let job = &chunk.job;
+        if !job.failed.load(Ordering::Acquire) && !job.task.state.cancel_requested() {
+            if let Err(e) = move_chunk(client, &chunk, stopping, p) {
+                job.failed.store(true, Ordering::Release);
+                tracing::debug!("tcp transfer to {} failed: {e}", job.rpc_addr);
+                job.task.state.fail(e.to_string());
+            } else {
+                job.task.state.add_bytes(chunk.len);
+            }
+        }
+        if job.remaining.fetch_sub(1, Ordering::AcqRel) == 1 && !job.failed.load(Ordering::Acquire)
+        {
+            job.task.state.complete(job.task.request.length);
+        }
+    }
+}
+
+/// Moves one chunk, retrying transport errors with backoff; refusals are final.
+fn move_chunk(
+    client: &RpcClient,
+    chunk: &Chunk,
+    stopping: &AtomicBool,
+    p: TcpParams,
+) -> Result<()> {
+    let r = &chunk.job.task.request;
+    let remote = r.target_offset + chunk.offset;
+    let local = (r.source + chunk.offset) as *mut u8;
+    let mut attempt = 0u32;
+    loop {
+        let result = match r.opcode {
+            Opcode::Write => {
+                // SAFETY: the engine checked that the source range is valid caller memory for the
+                // length of the request; this chunk lies inside it.
+                let data =
+                    unsafe { std::slice::from_raw_parts(local as *const u8, chunk.len as usize) };
+                client.send_data(&chunk.job.rpc_addr, remote, data)
+            }
+            Opcode::Read => {
+                // SAFETY: as above; the caller gave this memory as the READ destination.
+                let out = unsafe { std::slice::from_raw_parts_mut(local, chunk.len as usize) };
+                client.recv_data(&chunk.job.rpc_addr, remote, out)
+            }
+        };
+        match result {
+            Ok(()) => return Ok(()),
+            Err(e @ Error::Remote(_)) => return Err(e),
+            Err(e) if attempt >= p.max_retry_count => return Err(e),
+            Err(e) => {
+                tracing::debug!(
+                    "tcp chunk to {} failed (attempt {}): {e}",
+                    chunk.job.rpc_addr,
+                    attempt + 1
+                );
+                // Sleep in short slices so shutdown is never held up by a backoff.
+                let mut left = p.backoff(attempt);
+                while !left.is_zero() {
+                    if stopping.load(Ordering::Acquire) {
+                        return Err(Error::Internal("transport shutting down".into()));
+                    }
+                    let step = left.min(Duration::from_millis(50));
+                    std::thread::sleep(step);
+                    left -= step;
+                }
+                attempt += 1;
+            }
+        }
+    }
+}
+
+impl Transport for TcpTransport {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Tcp
+    }
+
+    fn submit(&self, target: &Arc<SegmentDesc>, tasks: Vec<Task>) -> Result<()> {
+        let mut chunks = Vec::new();
+        for task in tasks {
+            let len = task.request.length;
+            if len == 0 {
+                task.state.complete(0);
+                continue;
+            }
+            let n = len.div_ceil(self.params.chunk_size) as usize;
+            let job = Arc::new(Job {
+                task,
+                rpc_addr: target.rpc_server_addr.clone(),
+                remaining: AtomicUsize::new(n),
+                failed: AtomicBool::new(false),
+            });
+            let mut off = 0;
+            while off < len {
+                let l = (len - off).min(self.params.chunk_size);
+                chunks.push(Chunk {
+                    job: job.clone(),
+                    offset: off,
+                    len: l,
+                });
+                off += l;
+            }
+        }
+        if let Err(rest) = self.queue.push_all(chunks) {
+            for c in rest {
+                c.job
+                    .task
+                    .state
+                    .fail("tcp transport is shutting down".into());
+            }
+        }
+        Ok(())
+    }
+
+    fn shutdown(&self) {
+        self.stopping.store(true, Ordering::Release);
+        for c in self.queue.close() {
+            c.job.failed.store(true, Ordering::Release);
+            c.job
+                .task
+                .state
+                .fail("tcp transport is shutting down".into());
+        }
+        for w in self.workers.lock().drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+impl Drop for TcpTransport {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_overrides() {
+        let p = TcpParams::from_config(&Config::new());
+        assert_eq!(
+            (
+                p.max_retry_count,
+                p.retry_base_delay_ms,
+                p.retry_max_delay_ms,
+                p.max_concurrent_tasks
+            ),
+            (3, 100, 2000, 16)
+        );
+        let mut c = Config::new();
+        c.set_from_string("transports/tcp/max_retry_count", "5");
+        c.set_from_string("transports/tcp/retry_base_delay_ms", "200");
+        c.set_from_string("transports/tcp/retry_max_delay_ms", "4000");
+        c.set_from_string("transports/tcp/max_concurrent_tasks", "32");
+        let p = TcpParams::from_config(&c);
+        assert_eq!(
+            (
+                p.max_retry_count,
+                p.retry_base_delay_ms,
+                p.retry_max_delay_ms,
+                p.max_concurrent_tasks
+            ),
+            (5, 200, 4000, 32)
+        );
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap() {
+        let p = TcpParams::from_config(&Config::new());
+        let seq: Vec<u64> = (0..6).map(|i| p.backoff(i).as_millis() as u64).collect();
+        assert_eq!(seq, vec![100, 200, 400, 800, 1600, 2000]);
+    }
+}
