@@ -39,3 +39,8 @@ fn config_loading() {
 fn program_built_against_upstream_declarations() {
     c_test("upstream_header");
 }
+
+#[test]
+fn tcp_between_two_processes() {
+    c_test("tcp_two_process");
+}
