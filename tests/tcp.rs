@@ -340,3 +340,81 @@ fn descriptor_updates_reach_subscribers() {
     assert_eq!(st[0].0, Status::Completed);
     drop(first);
 }
+
+/// A fake peer that serves a descriptor pointing at itself, then never answers data requests.
+fn hung_peer() -> (String, u64) {
+    use std::io::{Read, Write};
+    use tent::control::frame;
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr").to_string();
+    let base = 0x10_0000u64;
+    let desc = format!(
+        r#"{{"detail":{{"buffers":[{{"addr":{base},"internal":false,"length":1048576,"location":"cpu:0","mnnvl_handle":"","regions":[],"rkey":[],"shm_path":"","transport_attrs":[],"transports":[7]}}],"device_attrs":{{}},"devices":[]}},"machine_id":"elsewhere","name":"{addr}","rpc_server_addr":"{addr}","type":"memory"}}"#
+    );
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { return };
+            let desc = desc.clone();
+            std::thread::spawn(move || {
+                loop {
+                    let mut h = [0u8; 20];
+                    if c.read_exact(&mut h).is_err() {
+                        return;
+                    }
+                    let Ok(h) = frame::parse_request_header(&h) else {
+                        return;
+                    };
+                    let mut body = vec![0u8; h.body_len as usize];
+                    let mut att = vec![0u8; h.attach_len as usize];
+                    if c.read_exact(&mut body).is_err() || c.read_exact(&mut att).is_err() {
+                        return;
+                    }
+                    match frame::decode_body(&body) {
+                        Ok(frame::msg::GET_SEGMENT_DESC) => {
+                            let mut out = frame::encode_response(h.seq, desc.len() as u32).to_vec();
+                            out.extend_from_slice(desc.as_bytes());
+                            let _ = c.write_all(&out);
+                        }
+                        Ok(frame::msg::SEND_DATA) | Ok(frame::msg::RECV_DATA) => {
+                            // Hang: hold the connection, never reply.
+                            std::thread::sleep(Duration::from_secs(120));
+                            return;
+                        }
+                        _ => {
+                            let _ = c.write_all(&frame::encode_response(h.seq, 0));
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (addr, base)
+}
+
+#[test]
+fn destroying_an_engine_never_waits_for_a_hung_peer() {
+    let (addr, base) = hung_peer();
+    let a = engine(&[]);
+    let src = buffer(&a, 4096, pattern, Permission::GlobalReadWrite);
+    let h = a.open_segment(&addr).expect("open");
+    let batch = a.allocate_batch(1).expect("batch");
+    a.submit(
+        batch,
+        &[req(Opcode::Write, src.as_ptr() as u64, h, base, 4096)],
+        None,
+    )
+    .expect("submit");
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        a.task_status(batch, 0).expect("status").0,
+        Status::Pending,
+        "the peer never answers"
+    );
+    let start = Instant::now();
+    drop(a);
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "teardown took {:?}",
+        start.elapsed()
+    );
+}

@@ -42,6 +42,22 @@ struct Conn {
 pub struct RpcClient {
     pools: Mutex<HashMap<String, Vec<Conn>>>,
     timeouts: ClientTimeouts,
+    /// Clones of connections in use, so `abort_all` can interrupt blocked calls at shutdown.
+    active: Mutex<HashMap<u64, TcpStream>>,
+    next_id: std::sync::atomic::AtomicU64,
+    aborted: std::sync::atomic::AtomicBool,
+}
+
+/// Removes a connection from the active set when a call ends, however it ends.
+struct ActiveGuard<'a> {
+    map: &'a Mutex<HashMap<u64, TcpStream>>,
+    id: u64,
+}
+
+impl Drop for ActiveGuard<'_> {
+    fn drop(&mut self) {
+        self.map.lock().remove(&self.id);
+    }
 }
 
 /// How a call failed.
@@ -55,6 +71,9 @@ impl RpcClient {
         RpcClient {
             pools: Mutex::new(HashMap::new()),
             timeouts,
+            active: Mutex::new(HashMap::new()),
+            next_id: std::sync::atomic::AtomicU64::new(0),
+            aborted: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -102,6 +121,17 @@ impl RpcClient {
         }
     }
 
+    /// Interrupts every call in progress and refuses new ones (engine teardown), so no thread
+    /// stays blocked on a slow or hung peer.
+    pub fn abort_all(&self) {
+        self.aborted
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        for (_, c) in self.active.lock().drain() {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+        self.pools.lock().clear();
+    }
+
     /// Drops every idle connection to `addr` (after the peer was found dead or restarted).
     pub fn forget(&self, addr: &str) {
         self.pools.lock().remove(addr);
@@ -117,8 +147,21 @@ impl RpcClient {
         mut recv: impl FnMut(&mut TcpStream, &frame::ResponseHeader) -> Result<T>,
     ) -> Result<T> {
         for attempt in 0..2 {
+            if self.aborted.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(rpc_err(addr, "client is shutting down"));
+            }
             let pooled_before = self.pools.lock().get(addr).is_some_and(|p| !p.is_empty());
             let mut c = self.take(addr)?;
+            let id = self
+                .next_id
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if let Ok(clone) = c.stream.try_clone() {
+                self.active.lock().insert(id, clone);
+            }
+            let _active = ActiveGuard {
+                map: &self.active,
+                id,
+            };
             let seq = c.seq;
             c.seq = c.seq.wrapping_add(1);
             let mut hdr = [0u8; frame::RESPONSE_HEADER_LEN];

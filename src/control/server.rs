@@ -59,6 +59,7 @@ pub trait RpcHandler: Send + Sync {
 
 /// A running RPC server; `stop` (or drop) ends every thread it started.
 pub struct RpcServer {
+    shared: Arc<Shared>,
     stopping: Arc<AtomicBool>,
     waker: UnixStream,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -67,6 +68,8 @@ pub struct RpcServer {
 }
 
 struct Shared {
+    /// Clones of connections being served, shut down by `stop` so no worker stays blocked.
+    active: Mutex<Vec<(usize, TcpStream)>>,
     handler: Arc<dyn RpcHandler>,
     stopping: Arc<AtomicBool>,
     returns: Mutex<mpsc::Sender<TcpStream>>,
@@ -91,6 +94,7 @@ impl RpcServer {
         let (ret_tx, ret_rx) = mpsc::channel::<TcpStream>();
         let stopping = Arc::new(AtomicBool::new(false));
         let shared = Arc::new(Shared {
+            active: Mutex::new(Vec::new()),
             handler,
             stopping: stopping.clone(),
             returns: Mutex::new(ret_tx),
@@ -124,6 +128,7 @@ impl RpcServer {
                 .spawn(move || reactor(listener, wake_rx, ret_rx, &c, &d, &s, request_timeout))?,
         );
         Ok(RpcServer {
+            shared,
             stopping,
             waker: wake_tx,
             threads: Mutex::new(threads),
@@ -138,6 +143,9 @@ impl RpcServer {
         let _ = (&self.waker).write(&[1]);
         drop(self.control.close());
         drop(self.data.close());
+        for (_, c) in self.shared.active.lock().drain(..) {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
         for t in self.threads.lock().drain(..) {
             let _ = t.join();
         }
@@ -354,7 +362,17 @@ fn worker(shared: &Shared, queue: &WorkQueue<TcpStream>) {
         }
         let _ = c.set_read_timeout(Some(shared.request_timeout));
         let _ = c.set_write_timeout(Some(shared.request_timeout));
-        match serve_one(shared, &mut c) {
+        let key = c.as_raw_fd() as usize;
+        if let Ok(clone) = c.try_clone() {
+            shared.active.lock().push((key, clone));
+        }
+        if shared.stopping.load(Ordering::SeqCst) {
+            // `stop` may have drained the active list just before this connection joined it.
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+        let served = serve_one(shared, &mut c);
+        shared.active.lock().retain(|(k, _)| *k != key);
+        match served {
             Ok(()) => {
                 if shared.returns.lock().send(c).is_ok() {
                     let _ = (&shared.waker).write(&[1]);

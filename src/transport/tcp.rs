@@ -91,6 +91,7 @@ struct Chunk {
 
 /// The TCP transport; `shutdown` (or drop) fails what is queued and joins the workers.
 pub struct TcpTransport {
+    client: Arc<RpcClient>,
     params: TcpParams,
     queue: Arc<WorkQueue<Chunk>>,
     stopping: Arc<AtomicBool>,
@@ -112,6 +113,7 @@ impl TcpTransport {
             );
         }
         Ok(TcpTransport {
+            client,
             params,
             queue,
             stopping,
@@ -240,6 +242,8 @@ impl Transport for TcpTransport {
 
     fn shutdown(&self) {
         self.stopping.store(true, Ordering::Release);
+        // Interrupt chunks blocked on a slow peer; their tasks fail instead of holding teardown.
+        self.client.abort_all();
         for c in self.queue.close() {
             c.job.failed.store(true, Ordering::Release);
             c.job
