@@ -483,7 +483,9 @@ int tent_register_memory_batch(tent_engine_t engine,
 int tent_unregister_memory_batch(tent_engine_t engine, void **addrs, size_t *sizes, size_t count);
 
 /**
- * Allocates memory with options (location, transport). Not registered.
+ * Allocates memory with options (location, transport). Not registered. With
+ * `TRANSPORT_SHM` the block is a shared-memory object whose name is written into
+ * `opts->shm_path` (and `shm_offset` set to 0), ready for `tent_register_memory_ex`.
  *
  * # Safety
  * `addr` is NULL or writable; `opts` is NULL or points to options.

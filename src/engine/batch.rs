@@ -82,22 +82,28 @@ impl BatchLife {
 
 /// Transient status while one finisher publishes bytes and reason; reads as PENDING.
 const FINISHING: i32 = 100;
+/// The transport failed the task and a failover may still run it elsewhere; reads as PENDING.
+const SUSPENDED: i32 = 101;
 
-/// The live state of one task.
+/// The live state of one public task.
 pub struct TaskState {
     status: AtomicI32,
     transferred: AtomicU64,
+    /// This task's own request length (what it reports when completed, even when merged).
+    length: u64,
     cancel_requested: AtomicBool,
     error: Mutex<Option<String>>,
     life: Arc<BatchLife>,
     hook: Option<Arc<NotifyHook>>,
+    /// The unit of work carrying this task (set when it is dispatched to a transport).
+    unit: Mutex<Weak<super::unit::Unit>>,
 }
 
 impl TaskState {
     /// The current status and bytes moved (bytes are published before the status).
     pub fn load(&self) -> (Status, u64) {
         let raw = self.status.load(Ordering::Acquire);
-        let s = if raw == FINISHING {
+        let s = if raw == FINISHING || raw == SUSPENDED {
             Status::Pending
         } else {
             Status::from_i32(raw)
@@ -105,9 +111,14 @@ impl TaskState {
         (s, self.transferred.load(Ordering::Acquire))
     }
 
-    /// Adds progress of a still-running task.
-    pub fn add_bytes(&self, n: u64) {
-        self.transferred.fetch_add(n, Ordering::AcqRel);
+    /// True while a failed transport attempt waits for a failover decision.
+    pub fn is_suspended(&self) -> bool {
+        self.status.load(Ordering::Acquire) == SUSPENDED
+    }
+
+    /// The task's own length.
+    pub fn length(&self) -> u64 {
+        self.length
     }
 
     /// True when the caller asked to cancel; transports check it between chunks.
@@ -115,21 +126,57 @@ impl TaskState {
         self.cancel_requested.load(Ordering::Acquire)
     }
 
-    /// Moves a pending task to `status` once; later calls are ignored so that nothing revives a
-    /// task that already ended. Returns whether this call ended the task.
-    pub fn finish(&self, status: Status, bytes: u64, error: Option<String>) -> bool {
-        debug_assert!(status.is_terminal());
-        // Claim the task first so a late second finisher cannot overwrite bytes or reason.
+    /// Records the unit that carries this task.
+    pub fn set_unit(&self, unit: &Arc<super::unit::Unit>) {
+        *self.unit.lock() = Arc::downgrade(unit);
+    }
+
+    /// The unit that carries this task, if it was dispatched and still exists.
+    pub fn unit(&self) -> Option<Arc<super::unit::Unit>> {
+        self.unit.lock().upgrade()
+    }
+
+    /// Parks a pending task after a failed attempt; returns false if it already ended.
+    pub fn suspend(&self, reason: String) -> bool {
         if self
             .status
             .compare_exchange(
                 Status::Pending as i32,
-                FINISHING,
+                SUSPENDED,
                 Ordering::AcqRel,
                 Ordering::Acquire,
             )
             .is_err()
         {
+            return false;
+        }
+        *self.error.lock() = Some(reason);
+        true
+    }
+
+    /// Makes a suspended task pending again for a new attempt; false if it is not suspended.
+    pub fn resume(&self) -> bool {
+        self.status
+            .compare_exchange(
+                SUSPENDED,
+                Status::Pending as i32,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+    }
+
+    /// Ends a pending or suspended task with `status` once; later calls are ignored so that
+    /// nothing revives a task that already ended. Returns whether this call ended the task.
+    pub fn finish(&self, status: Status, bytes: u64, error: Option<String>) -> bool {
+        debug_assert!(status.is_terminal());
+        // Claim the task first so a late second finisher cannot overwrite bytes or reason.
+        let claimed = [Status::Pending as i32, SUSPENDED].iter().any(|&from| {
+            self.status
+                .compare_exchange(from, FINISHING, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        });
+        if !claimed {
             return false;
         }
         if error.is_some() {
@@ -145,14 +192,19 @@ impl TaskState {
         true
     }
 
-    /// Marks success with `bytes` moved.
-    pub fn complete(&self, bytes: u64) -> bool {
-        self.finish(Status::Completed, bytes, None)
+    /// Marks success with the task's own length moved.
+    pub fn complete(&self) -> bool {
+        self.finish(Status::Completed, self.length, None)
     }
 
-    /// Marks failure, keeping the reason for logs.
+    /// Marks failure, keeping the reason for logs and `tent_last_error`.
     pub fn fail(&self, reason: String) -> bool {
         self.finish(Status::Failed, 0, Some(reason))
+    }
+
+    /// True once the caller freed the batch (no more polls will come).
+    pub fn batch_freed(&self) -> bool {
+        self.life.free_requested.load(Ordering::SeqCst)
     }
 
     /// The reason a task failed, when it did.
@@ -161,9 +213,9 @@ impl TaskState {
     }
 }
 
-/// One task of a batch.
+/// One public task of a batch.
 #[derive(Clone)]
-pub struct Task {
+pub struct Entry {
     pub request: Request,
     pub state: Arc<TaskState>,
 }
@@ -171,7 +223,7 @@ pub struct Task {
 /// A batch of tasks, appended across submits up to its capacity.
 pub struct Batch {
     pub capacity: usize,
-    tasks: RwLock<Vec<Task>>,
+    tasks: RwLock<Vec<Entry>>,
     life: Arc<BatchLife>,
 }
 
@@ -182,7 +234,7 @@ impl Batch {
         &self,
         requests: &[Request],
         hook: Option<Arc<NotifyHook>>,
-    ) -> Result<(usize, Vec<Task>)> {
+    ) -> Result<(usize, Vec<Entry>)> {
         let mut tasks = self.tasks.write();
         if self.life.free_requested.load(Ordering::SeqCst) {
             return Err(Error::InvalidArgument("batch is being freed".into()));
@@ -201,15 +253,17 @@ impl Batch {
             .pending
             .fetch_add(requests.len(), Ordering::SeqCst);
         for r in requests {
-            let t = Task {
+            let t = Entry {
                 request: *r,
                 state: Arc::new(TaskState {
                     status: AtomicI32::new(Status::Pending as i32),
                     transferred: AtomicU64::new(0),
+                    length: r.length,
                     cancel_requested: AtomicBool::new(false),
                     error: Mutex::new(None),
                     life: self.life.clone(),
                     hook: hook.clone(),
+                    unit: Mutex::new(Weak::new()),
                 }),
             };
             tasks.push(t.clone());
@@ -229,7 +283,7 @@ impl Batch {
     }
 
     /// The task with id `i`.
-    pub fn task(&self, i: usize) -> Result<Task> {
+    pub fn task(&self, i: usize) -> Result<Entry> {
         let tasks = self.tasks.read();
         tasks.get(i).cloned().ok_or_else(|| {
             Error::InvalidArgument(format!(
@@ -237,6 +291,11 @@ impl Batch {
                 tasks.len()
             ))
         })
+    }
+
+    /// Every task, in id order.
+    pub fn entries(&self) -> Vec<Entry> {
+        self.tasks.read().clone()
     }
 
     /// Status and bytes of every task, in id order.
@@ -363,6 +422,13 @@ impl BatchTable {
     pub fn free(&self, id: u64) -> Result<()> {
         let b = self.get(id)?;
         b.life.free_requested.store(true, Ordering::SeqCst);
+        // Nobody polls a freed batch, so a task parked for a failover decision ends here.
+        for e in b.entries() {
+            if e.state.is_suspended() {
+                let reason = e.state.error().unwrap_or_else(|| "transfer failed".into());
+                e.state.fail(reason);
+            }
+        }
         b.life.maybe_reclaim();
         Ok(())
     }
@@ -459,7 +525,7 @@ mod tests {
             b.append(&[req()], None).is_err(),
             "no submits while being freed"
         );
-        tasks[0].state.complete(8);
+        tasks[0].state.complete();
         assert!(t.get(id).is_ok());
         tasks[1].state.fail("boom".into());
         assert!(t.get(id).is_err(), "reclaimed after the last task ended");
@@ -472,14 +538,11 @@ mod tests {
         let b = t.get(t.allocate(4).expect("alloc")).expect("live");
         assert_eq!(b.overall(), (Status::Completed, 0));
         let (_, tasks) = b.append(&[req(), req(), req()], None).expect("append");
-        tasks[0].state.complete(8);
+        tasks[0].state.complete();
         assert_eq!(b.overall().0, Status::Pending);
         tasks[1].state.finish(Status::Canceled, 0, None);
         tasks[2].state.fail("x".into());
         assert_eq!(b.overall(), (Status::Failed, 8));
-        assert!(
-            !tasks[2].state.complete(8),
-            "an ended task is never revived"
-        );
+        assert!(!tasks[2].state.complete(), "an ended task is never revived");
     }
 }

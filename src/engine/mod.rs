@@ -1,10 +1,13 @@
 //! The engine: identity, segments, memory, batches, transfers and notifications.
 
 pub mod batch;
+pub mod dispatch;
 pub mod memory;
+pub mod policy;
 pub mod remote;
 pub mod segment;
 pub mod types;
+pub mod unit;
 
 use std::collections::HashMap;
 use std::io;
@@ -18,14 +21,18 @@ use parking_lot::Mutex;
 use crate::config::{Config, keys};
 use crate::control::addr;
 use crate::control::client::{ClientTimeouts, RpcClient};
+use crate::control::queue::WorkQueue;
 use crate::control::server::{Refusal, RpcHandler, RpcServer};
 use crate::error::{Error, Result};
 use crate::transport::Transport;
+use crate::transport::shm::{self, ShmParams, ShmTransport};
 use crate::transport::tcp::{TcpParams, TcpTransport};
-use batch::{BatchTable, HookSink, NotifyHook, Task};
+use batch::{BatchTable, Entry, HookSink, NotifyHook};
+use dispatch::Dispatcher;
 use remote::Remote;
-use segment::{LocalSegment, Registration, SegmentDesc};
+use segment::{LocalSegment, Registration};
 use types::{Notification, Opcode, Permission, Request, Status, TransportKind};
+use unit::{FailoverConfig, Unit};
 
 /// Builds the effective config from what the caller gave explicitly: `MC_TENT_CONF` is merged
 /// over it, then the legacy `MC_*` variables, then the caller's identity keys are put back.
@@ -92,6 +99,8 @@ pub struct NicLoad {
 
 struct Allocation {
     size: usize,
+    /// The shm object backing it, when allocated for the SHM transport.
+    shm_name: Option<String>,
 }
 
 /// A running transfer engine. Create it with [`Engine::new`]; share it as `Arc<Engine>`.
@@ -103,8 +112,12 @@ pub struct Engine {
     remote: Arc<Remote>,
     batches: Arc<BatchTable>,
     allocations: Mutex<HashMap<u64, Allocation>>,
-    transports: Vec<Arc<dyn Transport>>,
+    dispatcher: Arc<Dispatcher>,
+    shm_dir: String,
     server: RpcServer,
+    /// Units waiting for the progress worker's failover decision (`enable_progress_worker`).
+    progress: Option<Arc<WorkQueue<Arc<Unit>>>>,
+    progress_worker: Mutex<Option<JoinHandle<()>>>,
     /// Wakes the publisher thread after the buffer list changed; dropping it stops the thread.
     publish: Mutex<Option<mpsc::Sender<()>>>,
     publisher: Mutex<Option<JoinHandle<()>>>,
@@ -202,12 +215,68 @@ impl Engine {
         let client = Arc::new(RpcClient::new(timeouts));
         let remote = Arc::new(Remote::new(client.clone(), name.clone(), rpc_addr));
         let mut transports: Vec<Arc<dyn Transport>> = Vec::new();
+        let shm_params = ShmParams::from_config(&config);
+        let shm_dir = shm_params.cxl_mount_path.clone();
+        if config.get_bool(keys::SHM_ENABLE.0, keys::SHM_ENABLE.1) {
+            transports.push(Arc::new(ShmTransport::new(shm_params)?));
+        }
         if config.get_bool(keys::TCP_ENABLE.0, keys::TCP_ENABLE.1) {
             transports.push(Arc::new(TcpTransport::new(
                 client.clone(),
                 TcpParams::from_config(&config),
             )?));
         }
+        let progress = config
+            .get_bool(
+                keys::ENABLE_PROGRESS_WORKER.0,
+                keys::ENABLE_PROGRESS_WORKER.1,
+            )
+            .then(|| Arc::new(WorkQueue::<Arc<Unit>>::default()));
+        let failover = Arc::new(FailoverConfig {
+            budget: config
+                .get_u64(
+                    keys::MAX_FAILOVER_ATTEMPTS.0,
+                    keys::MAX_FAILOVER_ATTEMPTS.1 as u64,
+                )
+                .min(64) as u32,
+            on_poll: config.get_bool(
+                keys::ENABLE_AUTO_FAILOVER_ON_POLL.0,
+                keys::ENABLE_AUTO_FAILOVER_ON_POLL.1,
+            ),
+            progress: progress.clone(),
+        });
+        let dispatcher = Arc::new(Dispatcher {
+            transports,
+            local: local.clone(),
+            machine_id: local.machine_id.clone(),
+            policies: policy::parse(config.get("policy")),
+            failover,
+            merge: config.get_bool(keys::MERGE_REQUESTS.0, keys::MERGE_REQUESTS.1),
+        });
+        // Transports drop per-segment state (e.g. shm mappings) when a peer's descriptor changes.
+        let weak = Arc::downgrade(&dispatcher);
+        remote.on_fetch(Box::new(move |name, desc| {
+            if let Some(d) = weak.upgrade() {
+                for t in &d.transports {
+                    t.segment_changed(name, desc);
+                }
+            }
+        }));
+        let progress_worker = match &progress {
+            Some(q) => {
+                let (q, d) = (q.clone(), dispatcher.clone());
+                Some(
+                    std::thread::Builder::new()
+                        .name("tent-progress".into())
+                        .spawn(move || {
+                            while let Some(unit) = q.pop() {
+                                d.fail_over(&unit);
+                            }
+                        })?,
+                )
+            }
+            None => None,
+        };
         let view = Arc::new(ServerView {
             local: local.clone(),
             remote: remote.clone(),
@@ -232,8 +301,11 @@ impl Engine {
             remote,
             batches: BatchTable::new(),
             allocations: Mutex::new(HashMap::new()),
-            transports,
+            dispatcher,
+            shm_dir,
             server,
+            progress,
+            progress_worker: Mutex::new(progress_worker),
             publish: Mutex::new(Some(tx)),
             publisher: Mutex::new(Some(publisher)),
         });
@@ -319,41 +391,108 @@ impl Engine {
     }
 
     /// Allocates memory (not registered, as upstream). Returns the address.
-    pub fn allocate_memory(&self, size: usize, opts: &MemoryOptions) -> Result<u64> {
+    pub fn allocate_memory(
+        &self,
+        size: usize,
+        opts: &MemoryOptions,
+    ) -> Result<(u64, Option<String>)> {
         match opts.transport {
-            TransportKind::Unspec | TransportKind::Tcp | TransportKind::Rdma => {}
-            other => {
-                return Err(Error::InvalidArgument(format!(
-                    "allocation for transport {} is not supported by the loaded transports",
-                    other.name()
-                )));
+            TransportKind::Unspec | TransportKind::Tcp | TransportKind::Rdma => {
+                let ptr = memory::allocate(size, &opts.location)?;
+                self.allocations.lock().insert(
+                    ptr as u64,
+                    Allocation {
+                        size,
+                        shm_name: None,
+                    },
+                );
+                Ok((ptr as u64, None))
             }
+            TransportKind::Shm => {
+                if !self.dispatcher.loaded(TransportKind::Shm) {
+                    return Err(Error::InvalidArgument(
+                        "shared-memory allocation needs the SHM transport (transports/shm/enable)"
+                            .into(),
+                    ));
+                }
+                if let Some((kind, _)) = opts.location.split_once(':') {
+                    if kind != "cpu" {
+                        return Err(Error::NotImplemented(format!(
+                            "SHM allocates host memory only, not {:?}",
+                            opts.location
+                        )));
+                    }
+                }
+                let (ptr, name) = shm::create_object(&self.shm_dir, size)?;
+                self.allocations.lock().insert(
+                    ptr as u64,
+                    Allocation {
+                        size,
+                        shm_name: Some(name.clone()),
+                    },
+                );
+                Ok((ptr as u64, Some(name)))
+            }
+            other => Err(Error::InvalidArgument(format!(
+                "allocation for transport {} is not supported by the loaded transports",
+                other.name()
+            ))),
         }
-        let ptr = memory::allocate(size, &opts.location)?;
-        self.allocations
-            .lock()
-            .insert(ptr as u64, Allocation { size });
-        Ok(ptr as u64)
     }
 
-    /// Frees memory from [`Engine::allocate_memory`]; any other address is an error.
+    /// Frees memory from [`Engine::allocate_memory`] (unlinking its shm object, if any); any other
+    /// address is an error.
     pub fn free_memory(&self, addr: u64) -> Result<()> {
         let a = self.allocations.lock().remove(&addr).ok_or_else(|| {
             Error::InvalidArgument(format!("{addr:#x} was not allocated by this engine"))
         })?;
-        // SAFETY: the address and size come from one successful allocation, removed from the map
-        // so it is released once.
-        unsafe { memory::release(addr as *mut u8, a.size) };
+        self.release(addr, a);
         Ok(())
     }
 
-    /// Transports a registration goes to (tags in the descriptor), in upstream's order.
-    fn registration_transports(&self, wanted: TransportKind) -> Result<Vec<TransportKind>> {
-        let loaded: Vec<TransportKind> = self.transports.iter().map(|t| t.kind()).collect();
-        if wanted == TransportKind::Unspec {
-            return Ok(loaded);
+    fn release(&self, addr: u64, a: Allocation) {
+        // SAFETY: the address and size come from one successful allocation (anonymous or shm
+        // mapping), removed from the map so it is released once.
+        unsafe { memory::release(addr as *mut u8, a.size) };
+        if let Some(name) = a.shm_name {
+            shm::unlink_object(&self.shm_dir, &name);
         }
-        if loaded.contains(&wanted) {
+    }
+
+    /// The shm object and offset holding `[addr, addr+len)` when it lies in an engine-allocated
+    /// shared-memory block.
+    fn shm_backing(&self, addr: u64, len: u64) -> Option<(String, u64)> {
+        self.allocations.lock().iter().find_map(|(&base, a)| {
+            let name = a.shm_name.as_ref()?;
+            types::range_within(addr, len, base, a.size as u64).then(|| (name.clone(), addr - base))
+        })
+    }
+
+    /// Transports a registration goes to (tags in the descriptor), in upstream's order; SHM only
+    /// for memory backed by a shared-memory object.
+    fn registration_transports(
+        &self,
+        wanted: TransportKind,
+        has_shm: bool,
+    ) -> Result<Vec<TransportKind>> {
+        let loaded: Vec<TransportKind> = self
+            .dispatcher
+            .transports
+            .iter()
+            .map(|t| t.kind())
+            .filter(|k| *k != TransportKind::Shm || has_shm)
+            .collect();
+        if wanted == TransportKind::Unspec {
+            let mut v = loaded;
+            v.sort_by_key(|k| match k {
+                TransportKind::Rdma => 0,
+                TransportKind::Shm => 1,
+                TransportKind::Tcp => 2,
+                _ => 3,
+            });
+            return Ok(v);
+        }
+        if self.dispatcher.loaded(wanted) {
             Ok(vec![wanted])
         } else {
             Err(Error::InvalidArgument(format!(
@@ -363,9 +502,10 @@ impl Engine {
         }
     }
 
-    /// Registers `(addr, len)` ranges, all or none, with one descriptor publication.
+    /// Registers `(addr, len)` ranges, all or none, with one descriptor publication. Memory inside
+    /// an engine-allocated shm block is published with its object name and offset even when the
+    /// options carry none.
     pub fn register_memory(&self, ranges: &[(u64, u64)], opts: &MemoryOptions) -> Result<()> {
-        let transports = self.registration_transports(opts.transport)?;
         let regs: Vec<Registration> = ranges
             .iter()
             .map(|&(addr, len)| {
@@ -378,14 +518,26 @@ impl Engine {
                 } else {
                     loc.to_string()
                 };
+                // For a block this engine allocated, the offset inside the object is known exactly;
+                // for a caller's own object, `shm_offset` says where the range starts.
+                let (shm_path, shm_offset) = match self.shm_backing(addr, len) {
+                    Some((name, off)) if opts.shm_path.is_empty() || opts.shm_path == name => {
+                        (name, off)
+                    }
+                    _ if opts.shm_path.is_empty() => (String::new(), 0),
+                    _ => (opts.shm_path.clone(), opts.shm_offset as u64),
+                };
+                let transports =
+                    self.registration_transports(opts.transport, !shm_path.is_empty())?;
                 Ok(Registration {
                     addr,
                     len,
                     location,
                     permission: opts.permission,
                     internal: opts.internal,
-                    shm_path: opts.shm_path.clone(),
-                    transports: transports.clone(),
+                    shm_path,
+                    shm_offset,
+                    transports,
                 })
             })
             .collect::<Result<_>>()?;
@@ -444,9 +596,7 @@ impl Engine {
     ) -> Result<()> {
         let batch = self.batches.get(batch_id)?;
         for r in requests {
-            if r.hint != TransportKind::Unspec
-                && !self.transports.iter().any(|t| t.kind() == r.hint)
-            {
+            if r.hint != TransportKind::Unspec && !self.dispatcher.loaded(r.hint) {
                 return Err(Error::InvalidArgument(format!(
                     "transport hint {} names a transport that is not loaded",
                     r.hint.name()
@@ -470,8 +620,8 @@ impl Engine {
     }
 
     /// Starts tasks: local-segment ones are copied here; remote ones go to a transport.
-    fn dispatch(&self, tasks: Vec<Task>) {
-        let mut remote: HashMap<u64, Vec<Task>> = HashMap::new();
+    fn dispatch(&self, tasks: Vec<Entry>) {
+        let mut remote: Vec<(u64, Vec<Entry>)> = Vec::new();
         for t in tasks {
             let r = t.request;
             if let Err(e) = self.precheck(&r) {
@@ -479,12 +629,15 @@ impl Engine {
                 continue;
             }
             if r.target_id != 0 {
-                remote.entry(r.target_id).or_default().push(t);
+                match remote.iter_mut().find(|(h, _)| *h == r.target_id) {
+                    Some((_, v)) => v.push(t),
+                    None => remote.push((r.target_id, vec![t])),
+                }
                 continue;
             }
             match self.copy_local(&r) {
                 Ok(()) => {
-                    t.state.complete(r.length);
+                    t.state.complete();
                 }
                 Err(e) => {
                     tracing::debug!("local transfer failed: {e}");
@@ -497,79 +650,35 @@ impl Engine {
         }
     }
 
-    /// Sends tasks for one remote segment to their transports. A request whose target range is
-    /// missing from the cached descriptor refetches it once before failing.
-    fn dispatch_remote(&self, target: u64, tasks: Vec<Task>) {
-        let mut desc = match self.remote.descriptor(target, false) {
-            Ok(d) => d,
+    /// Sends tasks for one remote segment to the dispatcher. When a target range is missing from
+    /// the cached descriptor, the descriptor is fetched again once (the peer may have registered
+    /// it since).
+    fn dispatch_remote(&self, target: u64, tasks: Vec<Entry>) {
+        let mut desc = self.remote.descriptor(target, false);
+        let stale = |d: &segment::SegmentDesc| {
+            tasks.iter().any(|t| {
+                d.find_buffer(
+                    t.request.target_offset,
+                    t.request.length,
+                    t.request.opcode,
+                    true,
+                )
+                .is_err()
+            })
+        };
+        if desc.as_ref().is_ok_and(|d| stale(d)) {
+            desc = self.remote.descriptor(target, true);
+        }
+        match desc {
+            Ok(d) => self.dispatcher.dispatch(&d, tasks),
             Err(e) => {
                 let reason = e.to_string();
                 tracing::debug!("transfers to segment handle {target} failed: {reason}");
                 for t in tasks {
                     t.state.fail(reason.clone());
                 }
-                return;
-            }
-        };
-        let mut refreshed = false;
-        let mut by_transport: Vec<(usize, Vec<Task>)> = Vec::new();
-        for t in tasks {
-            let mut pick = self.pick_transport(&desc, &t.request);
-            if pick.is_err() && !refreshed {
-                refreshed = true;
-                if let Ok(d) = self.remote.descriptor(target, true) {
-                    desc = d;
-                    pick = self.pick_transport(&desc, &t.request);
-                }
-            }
-            match pick {
-                Ok(i) => match by_transport.iter_mut().find(|(k, _)| *k == i) {
-                    Some((_, v)) => v.push(t),
-                    None => by_transport.push((i, vec![t])),
-                },
-                Err(e) => {
-                    tracing::debug!("transfer to {} failed: {e}", desc.name);
-                    t.state.fail(e.to_string());
-                }
             }
         }
-        for (i, tasks) in by_transport {
-            let keep: Vec<Task> = tasks.clone();
-            if let Err(e) = self.transports[i].submit(&desc, tasks) {
-                for t in keep {
-                    t.state.fail(e.to_string());
-                }
-            }
-        }
-    }
-
-    /// Chooses the transport for a request: the hint when given, else the first transport of the
-    /// target buffer's list that is loaded here. The target range must lie in a buffer that
-    /// allows the operation for peers.
-    fn pick_transport(&self, desc: &SegmentDesc, r: &Request) -> Result<usize> {
-        let buf = desc.find_buffer(r.target_offset, r.length, r.opcode, true)?;
-        let loaded = |kind: TransportKind| self.transports.iter().position(|t| t.kind() == kind);
-        if r.hint != TransportKind::Unspec {
-            if !buf.transports.contains(&(r.hint as i32)) {
-                return Err(Error::NoTransport(format!(
-                    "the target buffer of segment {} is not served by {}",
-                    desc.name,
-                    r.hint.name()
-                )));
-            }
-            return loaded(r.hint)
-                .ok_or_else(|| Error::NoTransport(format!("{} is not loaded", r.hint.name())));
-        }
-        buf.transports
-            .iter()
-            .filter_map(|&k| TransportKind::from_i32(k))
-            .find_map(loaded)
-            .ok_or_else(|| {
-                Error::NoTransport(format!(
-                    "no loaded transport serves the target buffer of segment {} (it offers {:?})",
-                    desc.name, buf.transports
-                ))
-            })
     }
 
     fn precheck(&self, r: &Request) -> Result<()> {
@@ -608,19 +717,30 @@ impl Engine {
         })
     }
 
-    /// Status of one task.
+    /// Status of one task. A task parked after a failed attempt fails over first when polling
+    /// may do so (`enable_auto_failover_on_poll`).
     pub fn task_status(&self, batch_id: u64, task: usize) -> Result<(Status, u64)> {
-        Ok(self.batches.get(batch_id)?.task(task)?.state.load())
+        let e = self.batches.get(batch_id)?.task(task)?;
+        self.dispatcher.on_poll(&e.state);
+        Ok(e.state.load())
     }
 
-    /// Status of every task, in id order.
+    /// Status of every task, in id order (failing over parked tasks as [`Engine::task_status`]).
     pub fn task_status_list(&self, batch_id: u64) -> Result<Vec<(Status, u64)>> {
-        Ok(self.batches.get(batch_id)?.statuses())
+        let b = self.batches.get(batch_id)?;
+        for e in b.entries() {
+            self.dispatcher.on_poll(&e.state);
+        }
+        Ok(b.statuses())
     }
 
-    /// Aggregated status of a batch.
+    /// Aggregated status of a batch (failing over parked tasks first).
     pub fn overall_status(&self, batch_id: u64) -> Result<(Status, u64)> {
-        Ok(self.batches.get(batch_id)?.overall())
+        let b = self.batches.get(batch_id)?;
+        for e in b.entries() {
+            self.dispatcher.on_poll(&e.state);
+        }
+        Ok(b.overall())
     }
 
     /// Best-effort cancel: a task that has not ended is marked CANCELED and its transport stops
@@ -670,8 +790,12 @@ impl Drop for Engine {
     fn drop(&mut self) {
         // Peers first lose access to memory, then workers stop, then state is freed.
         self.server.stop();
-        for t in &self.transports {
-            t.shutdown();
+        self.dispatcher.shutdown();
+        if let Some(q) = &self.progress {
+            drop(q.close());
+        }
+        if let Some(p) = self.progress_worker.lock().take() {
+            let _ = p.join();
         }
         drop(self.publish.lock().take());
         if let Some(p) = self.publisher.lock().take() {
@@ -680,8 +804,7 @@ impl Drop for Engine {
         self.batches.clear();
         let allocations: Vec<(u64, Allocation)> = self.allocations.lock().drain().collect();
         for (addr, a) in allocations {
-            // SAFETY: each entry is a live allocation of this engine, released once here.
-            unsafe { memory::release(addr as *mut u8, a.size) };
+            self.release(addr, a);
         }
         tracing::info!("transfer engine {} stopped", self.local.name);
     }

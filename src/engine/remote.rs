@@ -25,7 +25,12 @@ pub struct Remote {
     notifications: Mutex<VecDeque<Notification>>,
     local_name: String,
     local_rpc_addr: String,
+    /// Told about every freshly fetched descriptor (`Some`) and every closed segment (`None`).
+    on_fetch: Mutex<Option<FetchHook>>,
 }
+
+/// Callback for descriptor changes: segment name and the new descriptor (None when closed).
+pub type FetchHook = Box<dyn Fn(&str, Option<&SegmentDesc>) + Send + Sync>;
 
 impl Remote {
     /// Creates the remote-segment state of an engine named `local_name`.
@@ -38,6 +43,18 @@ impl Remote {
             notifications: Mutex::new(VecDeque::new()),
             local_name,
             local_rpc_addr,
+            on_fetch: Mutex::new(None),
+        }
+    }
+
+    /// Installs the descriptor-change callback.
+    pub fn on_fetch(&self, hook: FetchHook) {
+        *self.on_fetch.lock() = Some(hook);
+    }
+
+    fn changed(&self, name: &str, desc: Option<&SegmentDesc>) {
+        if let Some(h) = self.on_fetch.lock().as_ref() {
+            h(name, desc);
         }
     }
 
@@ -60,6 +77,7 @@ impl Remote {
         let text = std::str::from_utf8(&reply)
             .map_err(|_| Error::Metadata(format!("segment {name}: descriptor is not UTF-8")))?;
         let desc = Arc::new(SegmentDesc::from_json(text)?);
+        self.changed(&name, Some(&desc));
         // Only cache while the handle is still open (a concurrent close wins).
         if self.segments.name_of(handle).as_deref() == Some(name.as_str()) {
             self.cache.lock().insert(handle, desc.clone());
@@ -89,8 +107,9 @@ impl Remote {
 
     /// Closes a handle and drops its cached descriptor.
     pub fn close(&self, handle: u64) -> Result<()> {
-        self.segments.close(handle)?;
+        let name = self.segments.close(handle)?;
         self.invalidate(handle);
+        self.changed(&name, None);
         Ok(())
     }
 

@@ -26,9 +26,16 @@ pub struct BufferDesc {
     pub perm: Option<i32>,
     pub regions: Vec<Value>,
     pub rkey: Vec<u32>,
+    /// tent-rs extension: where the buffer starts inside its shm object (upstream ignores it).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub shm_offset: u64,
     pub shm_path: String,
     pub transport_attrs: Vec<Value>,
     pub transports: Vec<i32>,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 fn default_perm() -> Option<i32> {
@@ -178,6 +185,7 @@ pub struct LocalBuffer {
     pub permission: Permission,
     pub internal: bool,
     pub shm_path: String,
+    pub shm_offset: u64,
     pub transports: Vec<TransportKind>,
     pub refcount: u32,
 }
@@ -208,6 +216,7 @@ pub struct Registration {
     pub permission: Permission,
     pub internal: bool,
     pub shm_path: String,
+    pub shm_offset: u64,
     pub transports: Vec<TransportKind>,
 }
 
@@ -272,6 +281,7 @@ impl LocalSegment {
                 permission: r.permission,
                 internal: r.internal,
                 shm_path: r.shm_path.clone(),
+                shm_offset: r.shm_offset,
                 transports: r.transports.clone(),
                 refcount: 1,
             });
@@ -370,6 +380,7 @@ impl LocalSegment {
                 regions: Vec::new(),
                 rkey: Vec::new(),
                 shm_path: b.shm_path.clone(),
+                shm_offset: b.shm_offset,
                 transport_attrs: Vec::new(),
                 transports: b.transports.iter().map(|t| *t as i32).collect(),
             })
@@ -462,6 +473,7 @@ mod tests {
             permission: perm,
             internal: false,
             shm_path: String::new(),
+            shm_offset: 0,
             transports: vec![TransportKind::Tcp],
         }
     }

@@ -366,7 +366,7 @@ pub unsafe extern "C" fn tent_allocate_memory(
             location,
             ..MemoryOptions::default()
         };
-        let p = e.allocate_memory(size, &opts)?;
+        let (p, _) = e.allocate_memory(size, &opts)?;
         // SAFETY: checked non-NULL.
         unsafe { *addr = p as *mut c_void };
         Ok(0)
@@ -702,7 +702,9 @@ pub unsafe extern "C" fn tent_unregister_memory_batch(
     })
 }
 
-/// Allocates memory with options (location, transport). Not registered.
+/// Allocates memory with options (location, transport). Not registered. With
+/// `TRANSPORT_SHM` the block is a shared-memory object whose name is written into
+/// `opts->shm_path` (and `shm_offset` set to 0), ready for `tent_register_memory_ex`.
 ///
 /// # Safety
 /// `addr` is NULL or writable; `opts` is NULL or points to options.
@@ -719,9 +721,16 @@ pub unsafe extern "C" fn tent_allocate_memory_ex(
         non_null(opts, "opts")?;
         // SAFETY: checked non-NULL.
         let o = options_from_c(unsafe { &*opts })?;
-        let p = e.allocate_memory(size, &o)?;
-        // SAFETY: checked non-NULL.
-        unsafe { *addr = p as *mut c_void };
+        let (p, shm_name) = e.allocate_memory(size, &o)?;
+        // SAFETY: both checked non-NULL. The shm object name goes back to the caller (upstream
+        // loses it), so registering with the same options publishes the block for SHM.
+        unsafe {
+            *addr = p as *mut c_void;
+            if let Some(name) = shm_name {
+                fill_fixed(&mut (*opts).shm_path, &name);
+                (*opts).shm_offset = 0;
+            }
+        }
         Ok(0)
     })
 }

@@ -5,11 +5,12 @@
 
 use std::sync::Arc;
 
-use crate::engine::batch::Task;
 use crate::engine::segment::SegmentDesc;
 use crate::engine::types::TransportKind;
+use crate::engine::unit::Task;
 use crate::error::Result;
 
+pub mod shm;
 pub mod tcp;
 
 /// One way of reaching remote segments.
@@ -20,6 +21,18 @@ pub trait Transport: Send + Sync {
     /// Starts `tasks`, all aimed at the segment described by `target`. Returning an error means
     /// none of them was started; the engine then fails them.
     fn submit(&self, target: &Arc<SegmentDesc>, tasks: Vec<Task>) -> Result<()>;
+
+    /// Whether this transport can reach `target` at all (e.g. SHM only on the same machine).
+    fn reaches(&self, target: &SegmentDesc, local_machine_id: &str) -> bool {
+        let _ = (target, local_machine_id);
+        true
+    }
+
+    /// Called when a segment's descriptor changed (`Some`) or the segment was closed (`None`),
+    /// so cached per-segment state (mappings, connections) can be dropped.
+    fn segment_changed(&self, name: &str, desc: Option<&SegmentDesc>) {
+        let _ = (name, desc);
+    }
 
     /// Stops workers and waits for them; pending tasks end FAILED.
     fn shutdown(&self) {}

@@ -17,9 +17,9 @@ use parking_lot::Mutex;
 use crate::config::{Config, keys};
 use crate::control::client::RpcClient;
 use crate::control::queue::WorkQueue;
-use crate::engine::batch::Task;
 use crate::engine::segment::SegmentDesc;
 use crate::engine::types::{Opcode, TransportKind};
+use crate::engine::unit::Task;
 use crate::error::{Error, Result};
 use crate::transport::Transport;
 
@@ -130,18 +130,16 @@ impl TcpTransport {
 fn worker(queue: &WorkQueue<Chunk>, client: &RpcClient, stopping: &AtomicBool, p: TcpParams) {
     while let Some(chunk) = queue.pop() {
         let job = &chunk.job;
-        if !job.failed.load(Ordering::Acquire) && !job.task.state.cancel_requested() {
+        if !job.failed.load(Ordering::Acquire) && !job.task.cancel_requested() {
             if let Err(e) = move_chunk(client, &chunk, stopping, p) {
                 job.failed.store(true, Ordering::Release);
                 tracing::debug!("tcp transfer to {} failed: {e}", job.rpc_addr);
-                job.task.state.fail(e.to_string());
-            } else {
-                job.task.state.add_bytes(chunk.len);
+                job.task.fail(e.to_string());
             }
         }
         if job.remaining.fetch_sub(1, Ordering::AcqRel) == 1 && !job.failed.load(Ordering::Acquire)
         {
-            job.task.state.complete(job.task.request.length);
+            job.task.complete();
         }
     }
 }
@@ -153,7 +151,7 @@ fn move_chunk(
     stopping: &AtomicBool,
     p: TcpParams,
 ) -> Result<()> {
-    let r = &chunk.job.task.request;
+    let r = chunk.job.task.request();
     let remote = r.target_offset + chunk.offset;
     let local = (r.source + chunk.offset) as *mut u8;
     let mut attempt = 0u32;
@@ -206,9 +204,9 @@ impl Transport for TcpTransport {
     fn submit(&self, target: &Arc<SegmentDesc>, tasks: Vec<Task>) -> Result<()> {
         let mut chunks = Vec::new();
         for task in tasks {
-            let len = task.request.length;
+            let len = task.request().length;
             if len == 0 {
-                task.state.complete(0);
+                task.complete();
                 continue;
             }
             let n = len.div_ceil(self.params.chunk_size) as usize;
@@ -231,10 +229,7 @@ impl Transport for TcpTransport {
         }
         if let Err(rest) = self.queue.push_all(chunks) {
             for c in rest {
-                c.job
-                    .task
-                    .state
-                    .fail("tcp transport is shutting down".into());
+                c.job.task.fail("tcp transport is shutting down".into());
             }
         }
         Ok(())
@@ -246,10 +241,7 @@ impl Transport for TcpTransport {
         self.client.abort_all();
         for c in self.queue.close() {
             c.job.failed.store(true, Ordering::Release);
-            c.job
-                .task
-                .state
-                .fail("tcp transport is shutting down".into());
+            c.job.task.fail("tcp transport is shutting down".into());
         }
         for w in self.workers.lock().drain(..) {
             let _ = w.join();

@@ -1,0 +1,228 @@
+//! From public tasks to transports: request merging, transport selection (policy, hint,
+//! default order), submission, and failover to the next transport.
+
+use std::sync::Arc;
+
+use super::batch::{Entry, TaskState};
+use super::policy::{self, Policy, SelectCtx};
+use super::segment::{BufferDesc, LocalSegment, SegmentDesc};
+use super::types::{Request, TransportKind, range_within};
+use super::unit::{FailoverConfig, Task, Unit};
+use crate::error::{Error, Result};
+use crate::transport::Transport;
+
+/// Everything needed to start and fail over units; shared by the engine and its progress worker.
+pub struct Dispatcher {
+    pub transports: Vec<Arc<dyn Transport>>,
+    pub local: Arc<LocalSegment>,
+    pub machine_id: String,
+    pub policies: Vec<Policy>,
+    pub failover: Arc<FailoverConfig>,
+    pub merge: bool,
+}
+
+impl Dispatcher {
+    /// The loaded transport of `kind`.
+    pub fn transport(&self, kind: TransportKind) -> Option<&Arc<dyn Transport>> {
+        self.transports.iter().find(|t| t.kind() == kind)
+    }
+
+    /// Whether a transport of `kind` is loaded.
+    pub fn loaded(&self, kind: TransportKind) -> bool {
+        self.transport(kind).is_some()
+    }
+
+    /// The transports to try, in order, for `r` against buffer `buf` of segment `desc`: those the
+    /// buffer offers, loaded here and able to reach the peer, ordered by policy (or the default),
+    /// with the hint first. An unusable hint or an empty list is an error.
+    pub fn candidates(
+        &self,
+        desc: &SegmentDesc,
+        buf: &BufferDesc,
+        r: &Request,
+    ) -> Result<Vec<TransportKind>> {
+        let usable = |k: TransportKind| {
+            buf.transports.contains(&(k as i32))
+                && self
+                    .transport(k)
+                    .is_some_and(|t| t.reaches(desc, &self.machine_id))
+        };
+        let ctx = SelectCtx {
+            segment_type: &desc.kind,
+            same_machine: desc.machine_id == self.machine_id,
+            local_memory: "cpu",
+            remote_memory: policy::memory_kind(&buf.location),
+            size: r.length,
+            priority: r.priority,
+        };
+        let mut list: Vec<TransportKind> = policy::order(&self.policies, &ctx)
+            .into_iter()
+            .filter(|k| usable(*k))
+            .collect();
+        if r.hint != TransportKind::Unspec {
+            if !usable(r.hint) {
+                return Err(Error::NoTransport(format!(
+                    "hinted transport {} cannot reach the target buffer of segment {}",
+                    r.hint.name(),
+                    desc.name
+                )));
+            }
+            list.retain(|k| *k != r.hint);
+            list.insert(0, r.hint);
+        }
+        if list.is_empty() {
+            return Err(Error::NoTransport(format!(
+                "no loaded transport serves the target buffer of segment {} (it offers {:?})",
+                desc.name, buf.transports
+            )));
+        }
+        Ok(list)
+    }
+
+    /// Groups adjacent requests (same opcode and hint, contiguous on both sides, inside one
+    /// registered local buffer and one remote buffer) into units of work. Returns the groups as
+    /// index lists into `entries`, in submission order of their first member.
+    pub fn merge_groups(&self, desc: &SegmentDesc, entries: &[Entry]) -> Vec<Vec<usize>> {
+        if !self.merge || entries.len() < 2 {
+            return (0..entries.len()).map(|i| vec![i]).collect();
+        }
+        let mut order: Vec<usize> = (0..entries.len()).collect();
+        order.sort_by_key(|&i| {
+            let r = &entries[i].request;
+            (r.opcode, r.hint, r.target_offset, r.source)
+        });
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        let mut cur: Option<(Request, Vec<usize>)> = None;
+        for i in order {
+            let r = entries[i].request;
+            if let Some((m, members)) = cur.as_mut() {
+                let contiguous = m.opcode == r.opcode
+                    && m.hint == r.hint
+                    && m.target_offset.checked_add(m.length) == Some(r.target_offset)
+                    && m.source.checked_add(m.length) == Some(r.source);
+                if contiguous {
+                    let merged = Request {
+                        length: m.length + r.length,
+                        ..*m
+                    };
+                    if self.same_buffers(desc, m, &merged) {
+                        *m = merged;
+                        members.push(i);
+                        continue;
+                    }
+                }
+                if let Some((_, done)) = cur.take() {
+                    groups.push(done);
+                }
+            }
+            cur = Some((r, vec![i]));
+        }
+        if let Some((_, done)) = cur {
+            groups.push(done);
+        }
+        groups.sort_by_key(|g| g[0]);
+        groups
+    }
+
+    /// True when `merged` still lies in the one remote buffer and one local registered buffer that
+    /// hold `first`.
+    fn same_buffers(&self, desc: &SegmentDesc, first: &Request, merged: &Request) -> bool {
+        let remote = desc
+            .buffers
+            .iter()
+            .find(|b| range_within(first.target_offset, first.length, b.addr, b.length))
+            .is_some_and(|b| range_within(merged.target_offset, merged.length, b.addr, b.length));
+        let local = self.local.snapshot().iter().any(|b| {
+            range_within(first.source, first.length, b.addr, b.len)
+                && range_within(merged.source, merged.length, b.addr, b.len)
+        });
+        remote && local
+    }
+
+    /// Builds the units for `entries` (all aimed at `desc`) and submits them. Entries whose
+    /// request cannot be served end FAILED.
+    pub fn dispatch(&self, desc: &Arc<SegmentDesc>, entries: Vec<Entry>) {
+        let mut per_transport: Vec<(TransportKind, Vec<Task>)> = Vec::new();
+        for group in self.merge_groups(desc, &entries) {
+            let first = entries[group[0]].request;
+            let length = group.iter().map(|&i| entries[i].request.length).sum();
+            let request = Request { length, ..first };
+            let members: Vec<Arc<TaskState>> =
+                group.iter().map(|&i| entries[i].state.clone()).collect();
+            let candidates = desc
+                .find_buffer(request.target_offset, request.length, request.opcode, true)
+                .and_then(|buf| self.candidates(desc, buf, &request));
+            let candidates = match candidates {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::debug!("transfer to {} failed: {e}", desc.name);
+                    for m in members {
+                        m.fail(e.to_string());
+                    }
+                    continue;
+                }
+            };
+            let kind = candidates[0];
+            let unit = Unit::new(
+                request,
+                desc.clone(),
+                members,
+                candidates,
+                self.failover.clone(),
+            );
+            match per_transport.iter_mut().find(|(k, _)| *k == kind) {
+                Some((_, v)) => v.push(unit.task()),
+                None => per_transport.push((kind, vec![unit.task()])),
+            }
+        }
+        for (kind, tasks) in per_transport {
+            self.submit(kind, desc, tasks);
+        }
+    }
+
+    /// Hands tasks to a transport; a submit-stage error fails them, which may fail them over.
+    fn submit(&self, kind: TransportKind, desc: &Arc<SegmentDesc>, tasks: Vec<Task>) {
+        let Some(t) = self.transport(kind) else {
+            for task in tasks {
+                task.fail(format!("transport {} is not loaded", kind.name()));
+                self.fail_over(&task.unit);
+            }
+            return;
+        };
+        let keep = tasks.clone();
+        if let Err(e) = t.submit(desc, tasks) {
+            tracing::debug!("{} refused a submit: {e}", kind.name());
+            for task in keep {
+                task.fail(e.to_string());
+                // Upstream leaves submit-stage failures FAILED; fail over at once instead.
+                self.fail_over(&task.unit);
+            }
+        }
+    }
+
+    /// Runs the failover decision of a suspended unit: resubmits it on its next transport, or
+    /// ends its tasks FAILED when none is left or the budget is spent.
+    pub fn fail_over(&self, unit: &Arc<Unit>) {
+        if let Some((kind, task)) = unit.fail_over() {
+            let desc = unit.target.clone();
+            self.submit(kind, &desc, vec![task]);
+        }
+    }
+
+    /// Called by status polls: a task parked after a failed attempt fails over now (when polling
+    /// may do so).
+    pub fn on_poll(&self, state: &TaskState) {
+        if self.failover.on_poll && state.is_suspended() {
+            if let Some(unit) = state.unit() {
+                self.fail_over(&unit);
+            }
+        }
+    }
+
+    /// Stops every transport (joins their threads).
+    pub fn shutdown(&self) {
+        for t in &self.transports {
+            t.shutdown();
+        }
+    }
+}

@@ -1,0 +1,206 @@
+//! Units of work: what a transport moves. A unit carries one request (several adjacent public
+//! requests when merged) and the public tasks it completes, and owns the failover route.
+//!
+//! A transport gets a [`Task`]: the unit plus the attempt number it was given. Completion or
+//! failure of a stale attempt is ignored, so a slow old transport can never overwrite the
+//! outcome of a failover.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use parking_lot::Mutex;
+
+use super::batch::TaskState;
+use super::segment::SegmentDesc;
+use super::types::{Request, TransportKind};
+use crate::control::queue::WorkQueue;
+
+/// How failures are handled for the units of one engine.
+pub struct FailoverConfig {
+    /// Resubmissions allowed per unit (`max_failover_attempts`; 0 disables failover).
+    pub budget: u32,
+    /// Status polls run pending failovers (`enable_auto_failover_on_poll`).
+    pub on_poll: bool,
+    /// The progress worker's queue when `enable_progress_worker` is set.
+    pub progress: Option<Arc<WorkQueue<Arc<Unit>>>>,
+}
+
+struct Route {
+    /// Transports to try, in order; `index` is the one in use.
+    candidates: Vec<TransportKind>,
+    index: usize,
+    failovers: u32,
+}
+
+/// One request in flight and the public tasks it completes.
+pub struct Unit {
+    pub request: Request,
+    pub target: Arc<SegmentDesc>,
+    members: Vec<Arc<TaskState>>,
+    attempt: AtomicU32,
+    suspended: AtomicBool,
+    route: Mutex<Route>,
+    failover: Arc<FailoverConfig>,
+}
+
+/// What a transport is handed: a unit and the attempt it belongs to.
+#[derive(Clone)]
+pub struct Task {
+    pub unit: Arc<Unit>,
+    pub attempt: u32,
+}
+
+impl Task {
+    /// The request to move.
+    pub fn request(&self) -> &Request {
+        &self.unit.request
+    }
+
+    /// Reports success: every public task of the unit completes with its own length.
+    pub fn complete(&self) {
+        self.unit.complete(self.attempt);
+    }
+
+    /// Reports failure; the unit may fail over to its next transport.
+    pub fn fail(&self, reason: String) {
+        self.unit.fail(self.attempt, reason);
+    }
+
+    /// True when every public task of the unit was cancelled, so the work can stop.
+    pub fn cancel_requested(&self) -> bool {
+        self.unit.members.iter().all(|m| m.cancel_requested())
+    }
+}
+
+impl Unit {
+    /// Creates a unit for `members` (already linked to it by the caller via `link`).
+    pub fn new(
+        request: Request,
+        target: Arc<SegmentDesc>,
+        members: Vec<Arc<TaskState>>,
+        candidates: Vec<TransportKind>,
+        failover: Arc<FailoverConfig>,
+    ) -> Arc<Unit> {
+        let unit = Arc::new(Unit {
+            request,
+            target,
+            members,
+            attempt: AtomicU32::new(0),
+            suspended: AtomicBool::new(false),
+            route: Mutex::new(Route {
+                candidates,
+                index: 0,
+                failovers: 0,
+            }),
+            failover,
+        });
+        for m in &unit.members {
+            m.set_unit(&unit);
+        }
+        unit
+    }
+
+    /// The transport this unit is assigned to now.
+    pub fn transport(&self) -> Option<TransportKind> {
+        let r = self.route.lock();
+        r.candidates.get(r.index).copied()
+    }
+
+    /// How many times it failed over.
+    pub fn failovers(&self) -> u32 {
+        self.route.lock().failovers
+    }
+
+    /// A task for the current attempt.
+    pub fn task(self: &Arc<Self>) -> Task {
+        Task {
+            unit: self.clone(),
+            attempt: self.attempt.load(Ordering::Acquire),
+        }
+    }
+
+    fn complete(&self, attempt: u32) {
+        if attempt != self.attempt.load(Ordering::Acquire) {
+            return;
+        }
+        for m in &self.members {
+            m.complete();
+        }
+    }
+
+    fn can_fail_over(&self) -> bool {
+        let r = self.route.lock();
+        r.index + 1 < r.candidates.len() && r.failovers < self.failover.budget
+    }
+
+    fn fail(self: &Arc<Self>, attempt: u32, reason: String) {
+        if attempt != self.attempt.load(Ordering::Acquire) {
+            return;
+        }
+        let deferred = self.failover.on_poll || self.failover.progress.is_some();
+        let freed = self.members.iter().all(|m| m.batch_freed());
+        if deferred && !freed && self.can_fail_over() {
+            // Park the tasks; a status poll or the progress worker decides, exactly once.
+            let mut any = false;
+            for m in &self.members {
+                any |= m.suspend(reason.clone());
+            }
+            if any && !self.suspended.swap(true, Ordering::AcqRel) {
+                if let Some(q) = &self.failover.progress {
+                    let _ = q.push(self.clone());
+                }
+            }
+            return;
+        }
+        self.finalize(reason);
+    }
+
+    fn finalize(&self, reason: String) {
+        for m in &self.members {
+            m.fail(reason.clone());
+        }
+    }
+
+    /// Takes the failover decision for a suspended unit, once: returns the task to submit on the
+    /// next transport, or `None` when the unit was not suspended or no transport is left (its
+    /// tasks are then FAILED).
+    pub fn fail_over(self: &Arc<Self>) -> Option<(TransportKind, Task)> {
+        if !self.suspended.swap(false, Ordering::AcqRel) {
+            return None;
+        }
+        let next = {
+            let mut r = self.route.lock();
+            if r.index + 1 < r.candidates.len() && r.failovers < self.failover.budget {
+                r.index += 1;
+                r.failovers += 1;
+                Some(r.candidates[r.index])
+            } else {
+                None
+            }
+        };
+        let reason = || {
+            self.members
+                .iter()
+                .find_map(|m| m.error())
+                .unwrap_or_else(|| "transfer failed".into())
+        };
+        match next {
+            Some(kind) => {
+                self.attempt.fetch_add(1, Ordering::AcqRel);
+                let mut resumed = false;
+                for m in &self.members {
+                    resumed |= m.resume();
+                }
+                if !resumed {
+                    return None;
+                }
+                tracing::debug!("failing over {:?} to {}", self.request, kind.name());
+                Some((kind, self.task()))
+            }
+            None => {
+                self.finalize(reason());
+                None
+            }
+        }
+    }
+}

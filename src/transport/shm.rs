@@ -1,0 +1,473 @@
+//! The shared-memory transport for peers on the same machine (equal `machine_id`).
+//!
+//! A buffer registered with an shm object name (`shm_path`, plus an optional `shm_offset`) can be
+//! reached by any engine on the host: it maps the object once (cached per segment and buffer,
+//! size-checked, dropped when the segment closes or the buffer disappears from the peer's
+//! descriptor) and copies directly. Copies run on a pool of threads, large requests split across
+//! them, so submit never blocks the caller for a large batch.
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+
+use parking_lot::Mutex;
+
+use crate::config::Config;
+use crate::control::queue::WorkQueue;
+use crate::engine::segment::{BufferDesc, SegmentDesc};
+use crate::engine::types::{Opcode, TransportKind};
+use crate::engine::unit::Task;
+use crate::error::{Error, Result};
+use crate::transport::Transport;
+
+/// Tunables read from `transports/shm/*`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShmParams {
+    /// A directory (e.g. a CXL or tmpfs mount) holding the objects as files instead of POSIX shm.
+    pub cxl_mount_path: String,
+    /// Copy threads.
+    pub copy_threads: usize,
+    /// Requests up to this size are copied by one thread in one piece.
+    pub chunk_size: u64,
+}
+
+impl ShmParams {
+    /// Reads the parameters (copy threads default to the CPU count, at most 8).
+    pub fn from_config(cfg: &Config) -> ShmParams {
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2);
+        ShmParams {
+            cxl_mount_path: cfg.get_string("transports/shm/cxl_mount_path", ""),
+            copy_threads: cfg
+                .get_u64("transports/shm/copy_threads", cpus.min(8) as u64)
+                .clamp(1, 64) as usize,
+            chunk_size: cfg
+                .get_u64("transports/shm/chunk_size", 8 << 20)
+                .clamp(64 << 10, 1 << 30),
+        }
+    }
+}
+
+fn os_err(what: &str) -> Error {
+    Error::Os(format!("{what}: {}", std::io::Error::last_os_error()))
+}
+
+/// Opens (or creates) the object `name` under POSIX shm, or as a file under `dir` when set.
+fn open_object(dir: &str, name: &str, create: bool) -> Result<libc::c_int> {
+    if name.is_empty() || name.contains('/') || name.len() > 200 {
+        return Err(Error::InvalidArgument(format!(
+            "invalid shm object name {name:?}"
+        )));
+    }
+    let flags = if create {
+        libc::O_CREAT | libc::O_EXCL | libc::O_RDWR
+    } else {
+        libc::O_RDWR
+    };
+    let fd = if dir.is_empty() {
+        let c = CString::new(format!("/{name}"))
+            .map_err(|_| Error::InvalidArgument("NUL in shm name".into()))?;
+        // SAFETY: c is a valid NUL-terminated path; the result is checked.
+        unsafe { libc::shm_open(c.as_ptr(), flags | libc::O_CLOEXEC, 0o600) }
+    } else {
+        let c = CString::new(format!("{dir}/{name}"))
+            .map_err(|_| Error::InvalidArgument("NUL in path".into()))?;
+        // SAFETY: as above.
+        unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC, 0o600) }
+    };
+    if fd < 0 {
+        return Err(os_err(&format!("opening shm object {name}")));
+    }
+    Ok(fd)
+}
+
+/// Removes the object `name` (POSIX shm or a file under `dir`).
+pub fn unlink_object(dir: &str, name: &str) {
+    let rc = if dir.is_empty() {
+        match CString::new(format!("/{name}")) {
+            // SAFETY: valid NUL-terminated name.
+            Ok(c) => unsafe { libc::shm_unlink(c.as_ptr()) },
+            Err(_) => return,
+        }
+    } else {
+        match CString::new(format!("{dir}/{name}")) {
+            // SAFETY: valid NUL-terminated path.
+            Ok(c) => unsafe { libc::unlink(c.as_ptr()) },
+            Err(_) => return,
+        }
+    };
+    if rc != 0 {
+        tracing::warn!(
+            "removing shm object {name} failed: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+/// Creates a new object of `size` bytes, maps it, and returns the address and the object name
+/// (`mooncake_<pid>_<8 letters>` as upstream; an existing name is never reused or truncated).
+pub fn create_object(dir: &str, size: usize) -> Result<(*mut u8, String)> {
+    if size == 0 {
+        return Err(Error::InvalidArgument("cannot allocate 0 bytes".into()));
+    }
+    for _ in 0..8 {
+        let name = format!(
+            "mooncake_{}_{}",
+            std::process::id(),
+            crate::engine::memory::random_letters(8)
+        );
+        let fd = match open_object(dir, &name, true) {
+            Ok(fd) => fd,
+            Err(_) if std::io::Error::last_os_error().raw_os_error() == Some(libc::EEXIST) => {
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        // SAFETY: fd is an open descriptor we own; ftruncate/mmap results are checked and fd is
+        // closed on every path.
+        let ptr = unsafe {
+            if libc::ftruncate(fd, size as libc::off_t) != 0 {
+                let e = os_err("sizing the shm object");
+                libc::close(fd);
+                unlink_object(dir, &name);
+                return Err(e);
+            }
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            );
+            libc::close(fd);
+            p
+        };
+        if ptr == libc::MAP_FAILED {
+            let e = os_err("mapping the shm object");
+            unlink_object(dir, &name);
+            return Err(e);
+        }
+        return Ok((ptr.cast(), name));
+    }
+    Err(Error::Os(
+        "could not find a free shm object name after 8 tries".into(),
+    ))
+}
+
+/// A peer's object mapped into this process; unmapped when the last user drops it.
+struct Mapping {
+    base: *mut u8,
+    mapped: usize,
+    /// Where the registered buffer starts inside the mapping (page alignment of shm_offset).
+    delta: usize,
+    length: u64,
+}
+
+// SAFETY: the mapping is plain shared memory; concurrent access is the transfer semantics the
+// caller asked for, and the pointer is only unmapped in Drop when no copy holds an Arc.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: base/mapped come from one successful mmap, unmapped once here.
+        if unsafe { libc::munmap(self.base.cast(), self.mapped) } != 0 {
+            tracing::warn!(
+                "munmap of a peer shm mapping failed: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+impl Mapping {
+    /// Maps the object behind `buf`, checking that it holds the whole registered range.
+    fn open(dir: &str, buf: &BufferDesc) -> Result<Mapping> {
+        let fd = open_object(dir, &buf.shm_path, false)?;
+        let page = 4096u64;
+        let offset = buf.shm_offset;
+        let aligned = offset & !(page - 1);
+        let delta = (offset - aligned) as usize;
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fd is open; st is a valid out-parameter.
+        let rc = unsafe { libc::fstat(fd, &mut st) };
+        let needed = offset.checked_add(buf.length);
+        if rc != 0 || needed.is_none_or(|n| (st.st_size as u64) < n) {
+            // SAFETY: fd is ours.
+            unsafe { libc::close(fd) };
+            return Err(Error::Remote(format!(
+                "shm object {} holds {} bytes, fewer than the registered {} at offset {offset}",
+                buf.shm_path, st.st_size, buf.length
+            )));
+        }
+        let mapped = delta + buf.length as usize;
+        // SAFETY: fd is open and large enough (checked); the result is checked; fd closed after.
+        let p = unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                mapped,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                aligned as libc::off_t,
+            );
+            libc::close(fd);
+            p
+        };
+        if p == libc::MAP_FAILED {
+            return Err(os_err(&format!("mapping shm object {}", buf.shm_path)));
+        }
+        Ok(Mapping {
+            base: p.cast(),
+            mapped,
+            delta,
+            length: buf.length,
+        })
+    }
+
+    /// The local address of `offset` bytes into the registered buffer.
+    fn at(&self, offset: u64) -> *mut u8 {
+        // SAFETY: callers check offset + len <= self.length, which lies inside the mapping.
+        unsafe { self.base.add(self.delta + offset as usize) }
+    }
+}
+
+type MapKey = (String, u64, String);
+
+struct Job {
+    task: Task,
+    remaining: AtomicUsize,
+}
+
+struct Chunk {
+    job: Arc<Job>,
+    map: Arc<Mapping>,
+    /// Offset of the request inside the remote buffer.
+    remote_off: u64,
+    offset: u64,
+    len: u64,
+}
+
+/// The SHM transport.
+pub struct ShmTransport {
+    params: ShmParams,
+    mappings: Mutex<HashMap<MapKey, Arc<Mapping>>>,
+    queue: Arc<WorkQueue<Chunk>>,
+    stopping: Arc<AtomicBool>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl ShmTransport {
+    /// Starts the copy threads.
+    pub fn new(params: ShmParams) -> Result<ShmTransport> {
+        let queue = Arc::new(WorkQueue::<Chunk>::default());
+        let stopping = Arc::new(AtomicBool::new(false));
+        let mut workers = Vec::new();
+        for i in 0..params.copy_threads {
+            let q = queue.clone();
+            workers.push(
+                std::thread::Builder::new()
+                    .name(format!("tent-shm-{i}"))
+                    .spawn(move || {
+                        while let Some(c) = q.pop() {
+                            if !c.job.task.cancel_requested() {
+                                copy_chunk(&c);
+                            }
+                            if c.job.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+                                c.job.task.complete();
+                            }
+                        }
+                    })?,
+            );
+        }
+        Ok(ShmTransport {
+            params,
+            mappings: Mutex::new(HashMap::new()),
+            queue,
+            stopping,
+            workers: Mutex::new(workers),
+        })
+    }
+
+    /// The parameters in use.
+    pub fn params(&self) -> &ShmParams {
+        &self.params
+    }
+
+    /// Number of peer objects currently mapped.
+    pub fn mapped(&self) -> usize {
+        self.mappings.lock().len()
+    }
+
+    fn mapping(&self, segment: &str, buf: &BufferDesc) -> Result<Arc<Mapping>> {
+        let key = (segment.to_string(), buf.addr, buf.shm_path.clone());
+        if let Some(m) = self.mappings.lock().get(&key) {
+            if m.length >= buf.length {
+                return Ok(m.clone());
+            }
+        }
+        // Map outside the lock; two racing mappers keep the first inserted.
+        let m = Arc::new(Mapping::open(&self.params.cxl_mount_path, buf)?);
+        Ok(self.mappings.lock().entry(key).or_insert(m).clone())
+    }
+}
+
+fn copy_chunk(c: &Chunk) {
+    let r = c.job.task.request();
+    let local = (r.source + c.offset) as *mut u8;
+    let remote = c.map.at(c.remote_off + c.offset);
+    let (src, dst) = match r.opcode {
+        Opcode::Write => (local as *const u8, remote),
+        Opcode::Read => (remote as *const u8, local),
+    };
+    // SAFETY: the remote range lies inside the peer's registered buffer, mapped here and kept
+    // mapped by the Arc this chunk holds; the local range is the caller's transfer memory.
+    unsafe { std::ptr::copy(src, dst, c.len as usize) };
+}
+
+impl Transport for ShmTransport {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Shm
+    }
+
+    fn reaches(&self, target: &SegmentDesc, local_machine_id: &str) -> bool {
+        target.machine_id == local_machine_id
+    }
+
+    fn submit(&self, target: &Arc<SegmentDesc>, tasks: Vec<Task>) -> Result<()> {
+        let mut chunks = Vec::new();
+        for task in tasks {
+            let r = *task.request();
+            let prepared = target
+                .find_buffer(r.target_offset, r.length, r.opcode, true)
+                .and_then(|buf| {
+                    if buf.shm_path.is_empty() {
+                        return Err(Error::NoTransport(format!(
+                            "the target buffer of segment {} has no shared-memory object",
+                            target.name
+                        )));
+                    }
+                    Ok((self.mapping(&target.name, buf)?, r.target_offset - buf.addr))
+                });
+            let (map, remote_off) = match prepared {
+                Ok(p) => p,
+                Err(e) => {
+                    task.fail(e.to_string());
+                    continue;
+                }
+            };
+            if r.length == 0 {
+                task.complete();
+                continue;
+            }
+            let n = r.length.div_ceil(self.params.chunk_size);
+            let job = Arc::new(Job {
+                task,
+                remaining: AtomicUsize::new(n as usize),
+            });
+            let mut off = 0;
+            while off < r.length {
+                let len = (r.length - off).min(self.params.chunk_size);
+                chunks.push(Chunk {
+                    job: job.clone(),
+                    map: map.clone(),
+                    remote_off,
+                    offset: off,
+                    len,
+                });
+                off += len;
+            }
+        }
+        if let Err(rest) = self.queue.push_all(chunks) {
+            for c in rest {
+                c.job.task.fail("shm transport is shutting down".into());
+            }
+        }
+        Ok(())
+    }
+
+    fn segment_changed(&self, name: &str, desc: Option<&SegmentDesc>) {
+        self.mappings.lock().retain(|(seg, addr, path), _| {
+            seg != name
+                || desc.is_some_and(|d| {
+                    d.buffers
+                        .iter()
+                        .any(|b| b.addr == *addr && b.shm_path == *path)
+                })
+        });
+    }
+
+    fn shutdown(&self) {
+        self.stopping.store(true, Ordering::Release);
+        for c in self.queue.close() {
+            c.job.task.fail("shm transport is shutting down".into());
+        }
+        for w in self.workers.lock().drain(..) {
+            let _ = w.join();
+        }
+        self.mappings.lock().clear();
+    }
+}
+
+impl Drop for ShmTransport {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn objects_are_created_sized_and_removed() {
+        let (p, name) = create_object("", 1 << 20).expect("create");
+        assert!(name.starts_with(&format!("mooncake_{}_", std::process::id())));
+        assert!(std::path::Path::new(&format!("/dev/shm/{name}")).exists());
+        let buf = BufferDesc {
+            addr: p as u64,
+            internal: false,
+            length: 4096,
+            location: "cpu:0".into(),
+            mnnvl_handle: String::new(),
+            perm: None,
+            regions: vec![],
+            rkey: vec![],
+            shm_offset: 8192 + 100,
+            shm_path: name.clone(),
+            transport_attrs: vec![],
+            transports: vec![3],
+        };
+        // SAFETY: p maps 1 MiB.
+        unsafe { *p.add(8192 + 100) = 42 };
+        let m = Mapping::open("", &buf).expect("map with an unaligned offset");
+        // SAFETY: the mapping covers the registered 4096 bytes.
+        assert_eq!(unsafe { *m.at(0) }, 42);
+        let too_long = BufferDesc {
+            length: 2 << 20,
+            ..buf.clone()
+        };
+        assert!(
+            matches!(Mapping::open("", &too_long), Err(Error::Remote(_))),
+            "object shorter than the registration"
+        );
+        drop(m);
+        // SAFETY: p and size come from create_object.
+        unsafe { libc::munmap(p.cast(), 1 << 20) };
+        unlink_object("", &name);
+        assert!(!std::path::Path::new(&format!("/dev/shm/{name}")).exists());
+        let missing = BufferDesc {
+            shm_path: name,
+            ..buf
+        };
+        assert!(
+            Mapping::open("", &missing).is_err(),
+            "a consumer never creates a missing object"
+        );
+    }
+}
