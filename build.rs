@@ -9,8 +9,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 fn main() {
-    let crate_dir =
-        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let crate_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let out_dir = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
 
     println!("cargo:rerun-if-changed=src");
@@ -18,14 +17,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=TENT_UPDATE_HEADERS");
 
     let update = env::var_os("TENT_UPDATE_HEADERS").is_some();
-    generate(
-        &crate_dir,
-        &out_dir,
-        "cbindgen.toml",
-        "transfer_engine.h",
-        "include/tent/transfer_engine.h",
-        update,
-    );
+    generate(&crate_dir, &out_dir, "cbindgen.toml", "transfer_engine.h", "include/tent/transfer_engine.h", update);
 
     // The cdylib carries a soname so that programs linked against any of its names record one
     // stable dependency.
@@ -33,14 +25,7 @@ fn main() {
     link_upstream_names(&out_dir);
 }
 
-fn generate(
-    crate_dir: &Path,
-    out_dir: &Path,
-    config: &str,
-    out_name: &str,
-    committed: &str,
-    update: bool,
-) {
+fn generate(crate_dir: &Path, out_dir: &Path, config: &str, out_name: &str, committed: &str, update: bool) {
     let cfg = cbindgen::Config::from_file(crate_dir.join(config)).expect("cbindgen.toml parses");
     let bindings = cbindgen::Builder::new()
         .with_crate(crate_dir)

@@ -23,12 +23,8 @@ fn engine() -> Arc<Engine> {
 
 fn registered(e: &Engine, len: usize) -> Vec<u8> {
     let v = vec![0u8; len];
-    let opts = MemoryOptions {
-        permission: Permission::GlobalReadWrite,
-        ..MemoryOptions::default()
-    };
-    e.register_memory(&[(v.as_ptr() as u64, len as u64)], &opts)
-        .expect("register");
+    let opts = MemoryOptions { permission: Permission::GlobalReadWrite, ..MemoryOptions::default() };
+    e.register_memory(&[(v.as_ptr() as u64, len as u64)], &opts).expect("register");
     v
 }
 
@@ -55,7 +51,7 @@ fn engine_pass(e: &Engine, h: u64, op: Opcode, local: u64, remote: u64, len: usi
             break;
         }
         assert_eq!(s, Status::Pending, "transfer failed");
-        std::hint::spin_loop();
+        std::thread::yield_now();
     }
     let t = start.elapsed().as_secs_f64();
     e.free_batch(b).expect("free");
@@ -91,10 +87,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn arg(name: &str) -> Option<usize> {
     let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok())
 }
 
 fn main() {
@@ -113,51 +106,18 @@ fn main() {
     let mut plain_dst = vec![0u8; size];
     let (mut w, mut r, mut p) = (Vec::new(), Vec::new(), Vec::new());
     // Warm-up: first-touch page faults and connection setup are not what is measured.
-    engine_pass(
-        &initiator,
-        h,
-        Opcode::Write,
-        src.as_ptr() as u64,
-        remote.as_ptr() as u64,
-        size,
-    );
+    engine_pass(&initiator, h, Opcode::Write, src.as_ptr() as u64, remote.as_ptr() as u64, size);
     socket_pass(&src, &mut plain_dst);
     for _ in 0..rounds {
         p.push(socket_pass(&src, &mut plain_dst));
-        w.push(engine_pass(
-            &initiator,
-            h,
-            Opcode::Write,
-            src.as_ptr() as u64,
-            remote.as_ptr() as u64,
-            size,
-        ));
-        r.push(engine_pass(
-            &initiator,
-            h,
-            Opcode::Read,
-            back.as_ptr() as u64,
-            remote.as_ptr() as u64,
-            size,
-        ));
+        w.push(engine_pass(&initiator, h, Opcode::Write, src.as_ptr() as u64, remote.as_ptr() as u64, size));
+        r.push(engine_pass(&initiator, h, Opcode::Read, back.as_ptr() as u64, remote.as_ptr() as u64, size));
     }
-    assert!(
-        remote == src && back == src && plain_dst == src,
-        "data mismatch"
-    );
+    assert!(remote == src && back == src && plain_dst == src, "data mismatch");
     let gbps = |t: f64| size as f64 / t / 1e9;
     let (pw, ew, er) = (gbps(median(p)), gbps(median(w)), gbps(median(r)));
-    println!(
-        "tcp_loopback: {} MiB in 1 MiB requests, median of {rounds} rounds",
-        size >> 20
-    );
+    println!("tcp_loopback: {} MiB in 1 MiB requests, median of {rounds} rounds", size >> 20);
     println!("  plain single-stream socket copy : {pw:6.2} GB/s");
-    println!(
-        "  tent TCP WRITE                  : {ew:6.2} GB/s  ({:.2}x plain)",
-        ew / pw
-    );
-    println!(
-        "  tent TCP READ                   : {er:6.2} GB/s  ({:.2}x plain)",
-        er / pw
-    );
+    println!("  tent TCP WRITE                  : {ew:6.2} GB/s  ({:.2}x plain)", ew / pw);
+    println!("  tent TCP READ                   : {er:6.2} GB/s  ({:.2}x plain)", er / pw);
 }

@@ -64,13 +64,8 @@ pub mod keys {
 
     /// The identity keys that an explicit caller config keeps over the environment
     /// (spec 1.6 step 5): the engine writes them back after applying the environment.
-    pub const IDENTITY_KEYS: [&str; 5] = [
-        "metadata_type",
-        "metadata_servers",
-        "local_segment_name",
-        "rpc_server_hostname",
-        "rpc_server_port",
-    ];
+    pub const IDENTITY_KEYS: [&str; 5] =
+        ["metadata_type", "metadata_servers", "local_segment_name", "rpc_server_hostname", "rpc_server_port"];
 }
 
 /// Legacy environment variables that map one-to-one onto a config key (spec 6.3), applied in
@@ -79,18 +74,12 @@ pub mod keys {
 const LEGACY_ENV: &[(&str, &str)] = &[
     ("MC_RDMA_BIND_ADDRESS", "transports/rdma/bind_address"),
     ("MC_NUM_CQ_PER_CTX", "transports/rdma/device/num_cq_list"),
-    (
-        "MC_NUM_COMP_CHANNELS_PER_CTX",
-        "transports/rdma/device/num_comp_channels",
-    ),
+    ("MC_NUM_COMP_CHANNELS_PER_CTX", "transports/rdma/device/num_comp_channels"),
     ("MC_IB_PORT", "transports/rdma/device/port"),
     ("MC_GID_INDEX", "transports/rdma/device/gid_index"),
     ("NCCL_IB_GID_INDEX", "transports/rdma/device/gid_index"),
     ("MC_MAX_CQE_PER_CTX", "transports/rdma/device/max_cqe"),
-    (
-        "MC_MAX_EP_PER_CTX",
-        "transports/rdma/endpoint/endpoint_store_cap",
-    ),
+    ("MC_MAX_EP_PER_CTX", "transports/rdma/endpoint/endpoint_store_cap"),
     ("MC_NUM_QP_PER_EP", "transports/rdma/endpoint/qp_mul_factor"),
     ("MC_MAX_SGE", "transports/rdma/endpoint/max_sge"),
     ("MC_MAX_WR", "transports/rdma/endpoint/max_qp_wr"),
@@ -99,31 +88,20 @@ const LEGACY_ENV: &[(&str, &str)] = &[
     ("MC_MTU", "transports/rdma/endpoint/path_mtu"),
     ("MC_IB_TC", "transports/rdma/endpoint/traffic_class"),
     ("MC_IB_SL", "transports/rdma/endpoint/service_level"),
-    (
-        "MC_IB_PCI_RELAXED_ORDERING",
-        "transports/rdma/pci_relaxed_ordering",
-    ),
+    ("MC_IB_PCI_RELAXED_ORDERING", "transports/rdma/pci_relaxed_ordering"),
     ("MC_WORKERS_PER_CTX", "transports/rdma/workers/num_workers"),
     ("MC_SLICE_SIZE", "transports/rdma/workers/block_size"),
     ("MC_RETRY_CNT", "transports/rdma/workers/max_retry_count"),
-    (
-        "MC_DISABLE_GPU_DIRECT_RDMA",
-        "transports/rdma/disable_gpu_direct_rdma",
-    ),
-    (
-        "MC_LOG_RDMA_SLICE_AFFINITY",
-        "transports/rdma/log_slice_affinity",
-    ),
+    ("MC_DISABLE_GPU_DIRECT_RDMA", "transports/rdma/disable_gpu_direct_rdma"),
+    ("MC_LOG_RDMA_SLICE_AFFINITY", "transports/rdma/log_slice_affinity"),
     ("MC_CUSTOM_TOPO_JSON", "topology/custom_json_path"),
     ("MC_TENT_RPC_THREADS", "rpc_server_threads"),
     ("MC_LOG_LEVEL", "log_level"),
 ];
 
 /// Environment variables holding a comma list that becomes a string array.
-const LIST_ENV: &[(&str, &str)] = &[
-    ("MC_TE_FILTERS", "topology/rdma_whitelist"),
-    ("MC_TE_FILTERS_EXCLUDE", "topology/rdma_blacklist"),
-];
+const LIST_ENV: &[(&str, &str)] =
+    &[("MC_TE_FILTERS", "topology/rdma_whitelist"), ("MC_TE_FILTERS_EXCLUDE", "topology/rdma_blacklist")];
 
 /// The engine configuration: a JSON object tree read and written through `/` key paths.
 ///
@@ -204,19 +182,13 @@ fn merge_into(dst: &mut Value, src: &Value) {
 
 /// Splits a comma list, trimming items and dropping empty ones (so `" a , b ,"` is `[a, b]`).
 fn split_list(text: &str) -> Vec<String> {
-    text.split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
-        .collect()
+    text.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect()
 }
 
 impl Config {
     /// Makes an empty configuration (an empty JSON object), so every getter gives its default.
     pub fn new() -> Config {
-        Config {
-            root: Value::Object(Map::new()),
-        }
+        Config { root: Value::Object(Map::new()) }
     }
 
     /// Wraps a JSON value as a configuration. A value that is not an object cannot hold keys,
@@ -225,10 +197,7 @@ impl Config {
         if v.is_object() {
             Config { root: v }
         } else {
-            tracing::warn!(
-                "config root must be a JSON object, got {}; starting from an empty config",
-                show(&v)
-            );
+            tracing::warn!("config root must be a JSON object, got {}; starting from an empty config", show(&v));
             Config::new()
         }
     }
@@ -252,20 +221,12 @@ impl Config {
             return Err(format!("config is empty: {json_err}"));
         }
         if path.is_file() {
-            let contents = std::fs::read_to_string(path).map_err(|e| {
-                format!(
-                    "config is neither valid JSON nor a readable file: {}: {e}",
-                    path.display()
-                )
-            })?;
+            let contents = std::fs::read_to_string(path)
+                .map_err(|e| format!("config is neither valid JSON nor a readable file: {}: {e}", path.display()))?;
             return serde_json::from_str::<Value>(&contents)
                 .map_err(|e| format!("config file {} is not valid JSON: {e}", path.display()));
         }
-        let reason = if path.exists() {
-            "not a regular file".to_string()
-        } else {
-            "no such file".to_string()
-        };
+        let reason = if path.exists() { "not a regular file".to_string() } else { "no such file".to_string() };
         Err(format!(
             "config is neither valid JSON nor a readable file: {}: {reason} (as JSON: {json_err})",
             path.display()
@@ -303,10 +264,7 @@ impl Config {
             Value::String(s) => Some(s.clone()),
             v @ (Value::Number(_) | Value::Bool(_)) => Some(v.to_string()),
             v => {
-                tracing::warn!(
-                    "config key {path}: expected a string, got {}; ignored",
-                    show(v)
-                );
+                tracing::warn!("config key {path}: expected a string, got {}; ignored", show(v));
                 None
             }
         }
@@ -324,10 +282,7 @@ impl Config {
             return default;
         };
         bool_of(v).unwrap_or_else(|| {
-            tracing::warn!(
-                "config key {path}: {} is not a boolean; using default {default}",
-                show(v)
-            );
+            tracing::warn!("config key {path}: {} is not a boolean; using default {default}", show(v));
             default
         })
     }
@@ -339,10 +294,7 @@ impl Config {
             return default;
         };
         int_of(v).unwrap_or_else(|| {
-            tracing::warn!(
-                "config key {path}: {} is not an integer; using default {default}",
-                show(v)
-            );
+            tracing::warn!("config key {path}: {} is not an integer; using default {default}", show(v));
             default
         })
     }
@@ -359,10 +311,7 @@ impl Config {
             _ => None,
         };
         parsed.unwrap_or_else(|| {
-            tracing::warn!(
-                "config key {path}: {} is not a non-negative integer; using default {default}",
-                show(v)
-            );
+            tracing::warn!("config key {path}: {} is not a non-negative integer; using default {default}", show(v));
             default
         })
     }
@@ -380,10 +329,7 @@ impl Config {
             _ => None,
         };
         parsed.unwrap_or_else(|| {
-            tracing::warn!(
-                "config key {path}: {} is not a number; using default {default}",
-                show(v)
-            );
+            tracing::warn!("config key {path}: {} is not a number; using default {default}", show(v));
             default
         })
     }
@@ -391,22 +337,13 @@ impl Config {
     /// Reads an integer like [`Config::get_i64`] but reports a present value that is ill-typed
     /// or outside `min..=max` as an error, for keys where a silent default would hide a
     /// mistake (an explicit port must not turn into a random one). Unset gives `default`.
-    pub fn get_i64_checked(
-        &self,
-        path: &str,
-        default: i64,
-        min: i64,
-        max: i64,
-    ) -> Result<i64, String> {
+    pub fn get_i64_checked(&self, path: &str, default: i64, min: i64, max: i64) -> Result<i64, String> {
         let Some(v) = self.get(path) else {
             return Ok(default);
         };
-        let n =
-            int_of(v).ok_or_else(|| format!("config key {path}: {} is not an integer", show(v)))?;
+        let n = int_of(v).ok_or_else(|| format!("config key {path}: {} is not an integer", show(v)))?;
         if n < min || n > max {
-            return Err(format!(
-                "config key {path}: {n} is outside the allowed range {min}..={max}"
-            ));
+            return Err(format!("config key {path}: {n} is outside the allowed range {min}..={max}"));
         }
         Ok(n)
     }
@@ -418,10 +355,7 @@ impl Config {
             return Vec::new();
         };
         let Some(items) = v.as_array() else {
-            tracing::warn!(
-                "config key {path}: expected an array of strings, got {}; ignored",
-                show(v)
-            );
+            tracing::warn!("config key {path}: expected an array of strings, got {}; ignored", show(v));
             return Vec::new();
         };
         items
@@ -429,10 +363,7 @@ impl Config {
             .filter_map(|item| match item {
                 Value::String(s) => Some(s.clone()),
                 other => {
-                    tracing::warn!(
-                        "config key {path}: skipping non-string item {}",
-                        show(other)
-                    );
+                    tracing::warn!("config key {path}: skipping non-string item {}", show(other));
                     None
                 }
             })
@@ -508,10 +439,7 @@ impl Config {
     /// into the root object, so it is ignored with a warning.
     pub fn merge(&mut self, other: &Value) {
         if !other.is_object() {
-            tracing::warn!(
-                "config: cannot merge a non-object {} into the config; ignored",
-                show(other)
-            );
+            tracing::warn!("config: cannot merge a non-object {} into the config; ignored", show(other));
             return;
         }
         merge_into(&mut self.root, other);
@@ -547,12 +475,12 @@ impl Config {
     fn merge_tent_conf(&mut self, conf: &str) {
         let path = Path::new(conf.trim());
         let parsed = if path.exists() {
-            std::fs::read_to_string(path)
-                .map_err(|e| format!("cannot read file {}: {e}", path.display()))
-                .and_then(|text| {
+            std::fs::read_to_string(path).map_err(|e| format!("cannot read file {}: {e}", path.display())).and_then(
+                |text| {
                     serde_json::from_str::<Value>(&text)
                         .map_err(|e| format!("file {} is not valid JSON: {e}", path.display()))
-                })
+                },
+            )
         } else {
             serde_json::from_str::<Value>(conf).map_err(|e| format!("not valid JSON: {e}"))
         };
@@ -576,22 +504,14 @@ mod tests {
     use std::collections::HashMap;
 
     fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let map: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let map: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         move |k: &str| map.get(k).cloned()
     }
 
     fn temp_path(tag: &str) -> std::path::PathBuf {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        std::env::temp_dir().join(format!(
-            "tent-config-test-{tag}-{}-{nanos}.json",
-            std::process::id()
-        ))
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        std::env::temp_dir().join(format!("tent-config-test-{tag}-{}-{nanos}.json", std::process::id()))
     }
 
     #[test]
@@ -649,10 +569,7 @@ mod tests {
         assert_eq!(c.tree(), &json!({"transports": {"tcp": {"enable": false}}}));
         c.set("transports", json!(5));
         c.set("transports/tcp/max_retry_count", json!(4));
-        assert_eq!(
-            c.tree(),
-            &json!({"transports": {"tcp": {"max_retry_count": 4}}})
-        );
+        assert_eq!(c.tree(), &json!({"transports": {"tcp": {"max_retry_count": 4}}}));
         c.set("x", json!("leaf"));
         c.set("x/y/z", json!(1));
         assert_eq!(c.get_i64("x/y/z", 0), 1);
@@ -795,10 +712,7 @@ mod tests {
 
     #[test]
     fn parse_text_or_path_json_text() {
-        assert_eq!(
-            Config::parse_text_or_path(r#"{"a": 1}"#),
-            Ok(json!({"a": 1}))
-        );
+        assert_eq!(Config::parse_text_or_path(r#"{"a": 1}"#), Ok(json!({"a": 1})));
     }
 
     #[test]
@@ -814,10 +728,7 @@ mod tests {
     #[test]
     fn parse_text_or_path_garbage_and_bad_file() {
         let err = Config::parse_text_or_path("/no/such/dir/tent.json").unwrap_err();
-        assert!(
-            err.contains("neither valid JSON nor a readable file"),
-            "{err}"
-        );
+        assert!(err.contains("neither valid JSON nor a readable file"), "{err}");
         assert!(err.contains("/no/such/dir/tent.json"), "{err}");
         assert!(Config::parse_text_or_path("{not json").is_err());
         assert!(Config::parse_text_or_path("").is_err());
@@ -830,13 +741,8 @@ mod tests {
 
     #[test]
     fn env_tent_conf_merges_inline() {
-        let mut c = Config::from_value(
-            json!({"metadata_type": "p2p", "transports": {"tcp": {"enable": true}}}),
-        );
-        c.apply_env_with(&env(&[(
-            "MC_TENT_CONF",
-            r#"{"transports": {"shm": {"enable": true}}}"#,
-        )]));
+        let mut c = Config::from_value(json!({"metadata_type": "p2p", "transports": {"tcp": {"enable": true}}}));
+        c.apply_env_with(&env(&[("MC_TENT_CONF", r#"{"transports": {"shm": {"enable": true}}}"#)]));
         assert_eq!(c.get_string("metadata_type", ""), "p2p");
         assert!(c.get_bool("transports/tcp/enable", false));
         assert!(c.get_bool("transports/shm/enable", false));
@@ -845,11 +751,7 @@ mod tests {
     #[test]
     fn env_tent_conf_from_file_and_bad_value() {
         let path = temp_path("env");
-        std::fs::write(
-            &path,
-            r#"{"log_level": "warning", "rpc_server_threads": 4}"#,
-        )
-        .expect("write temp file");
+        std::fs::write(&path, r#"{"log_level": "warning", "rpc_server_threads": 4}"#).expect("write temp file");
         let mut c = Config::from_value(json!({"verbose": true}));
         c.apply_env_with(&env(&[("MC_TENT_CONF", &path.to_string_lossy())]));
         let _ = std::fs::remove_file(&path);
@@ -875,10 +777,7 @@ mod tests {
     #[test]
     fn env_filters_become_arrays() {
         let mut c = Config::new();
-        c.apply_env_with(&env(&[
-            ("MC_TE_FILTERS", " a , b ,"),
-            ("MC_TE_FILTERS_EXCLUDE", "mlx5_2"),
-        ]));
+        c.apply_env_with(&env(&[("MC_TE_FILTERS", " a , b ,"), ("MC_TE_FILTERS_EXCLUDE", "mlx5_2")]));
         assert_eq!(c.tree()["topology"]["rdma_whitelist"], json!(["a", "b"]));
         assert_eq!(c.get_str_list("topology/rdma_blacklist"), vec!["mlx5_2"]);
         let mut d = Config::new();
@@ -898,19 +797,10 @@ mod tests {
             ("MC_REDIS_PASSWORD", "secret"),
             ("MC_MTU", ""),
         ]));
-        assert_eq!(
-            c.tree()["transports"]["rdma"]["bind_address"],
-            json!("10.0.0.5")
-        );
+        assert_eq!(c.tree()["transports"]["rdma"]["bind_address"], json!("10.0.0.5"));
         assert_eq!(c.tree()["rpc_server_threads"], json!(8));
-        assert_eq!(
-            c.tree()["transports"]["rdma"]["pci_relaxed_ordering"],
-            json!(1)
-        );
-        assert_eq!(
-            c.tree()["transports"]["rdma"]["log_slice_affinity"],
-            json!(true)
-        );
+        assert_eq!(c.tree()["transports"]["rdma"]["pci_relaxed_ordering"], json!(1));
+        assert_eq!(c.tree()["transports"]["rdma"]["log_slice_affinity"], json!(true));
         assert_eq!(c.get_string(keys::LOG_LEVEL.0, keys::LOG_LEVEL.1), "error");
         // Redis credentials are not config keys, and empty variables count as unset.
         assert!(!c.tree().to_string().contains("secret"));
@@ -920,24 +810,15 @@ mod tests {
     #[test]
     fn env_legacy_overrides_tent_conf() {
         let mut c = Config::new();
-        c.apply_env_with(&env(&[
-            ("MC_TENT_CONF", r#"{"rpc_server_threads": 4}"#),
-            ("MC_TENT_RPC_THREADS", "16"),
-        ]));
+        c.apply_env_with(&env(&[("MC_TENT_CONF", r#"{"rpc_server_threads": 4}"#), ("MC_TENT_RPC_THREADS", "16")]));
         assert_eq!(c.get_i64("rpc_server_threads", 1), 16);
     }
 
     #[test]
     fn keys_defaults() {
         let c = Config::new();
-        assert_eq!(
-            c.get_i64(keys::RPC_SERVER_PORT.0, keys::RPC_SERVER_PORT.1),
-            0
-        );
-        assert_eq!(
-            c.get_string(keys::METADATA_TYPE.0, keys::METADATA_TYPE.1),
-            "p2p"
-        );
+        assert_eq!(c.get_i64(keys::RPC_SERVER_PORT.0, keys::RPC_SERVER_PORT.1), 0);
+        assert_eq!(c.get_string(keys::METADATA_TYPE.0, keys::METADATA_TYPE.1), "p2p");
         assert!(c.get_bool(keys::TCP_ENABLE.0, keys::TCP_ENABLE.1));
         assert!(!c.get_bool(keys::SHM_ENABLE.0, keys::SHM_ENABLE.1));
         assert_eq!(keys::IDENTITY_KEYS.len(), 5);

@@ -92,9 +92,7 @@ impl Error {
             Api::Classic => match self {
                 Error::InvalidArgument(_) => ERR_INVALID_ARGUMENT,
                 Error::TooManyRequests(_) => ERR_TOO_MANY_REQUESTS,
-                Error::AddressNotRegistered(_) | Error::PermissionDenied(_) => {
-                    ERR_ADDRESS_NOT_REGISTERED
-                }
+                Error::AddressNotRegistered(_) | Error::PermissionDenied(_) => ERR_ADDRESS_NOT_REGISTERED,
                 Error::InvalidEntry(_) => ERR_INVALID_ARGUMENT,
                 Error::Unavailable(_) => ERR_CONTEXT,
                 Error::Metadata(_) => ERR_METADATA,
@@ -124,14 +122,8 @@ mod tests {
         let all = [
             (Error::InvalidArgument(String::new()), ERR_INVALID_ARGUMENT),
             (Error::TooManyRequests(String::new()), ERR_TOO_MANY_REQUESTS),
-            (
-                Error::AddressNotRegistered(String::new()),
-                ERR_ADDRESS_NOT_REGISTERED,
-            ),
-            (
-                Error::PermissionDenied(String::new()),
-                ERR_ADDRESS_NOT_REGISTERED,
-            ),
+            (Error::AddressNotRegistered(String::new()), ERR_ADDRESS_NOT_REGISTERED),
+            (Error::PermissionDenied(String::new()), ERR_ADDRESS_NOT_REGISTERED),
             (Error::InvalidEntry(String::new()), ERR_INVALID_ARGUMENT),
             (Error::Unavailable(String::new()), ERR_CONTEXT),
             (Error::Metadata(String::new()), ERR_METADATA),

@@ -35,20 +35,12 @@ pub fn init(level: &str) {
             Some(dir) => {
                 let appender = tracing_appender::rolling::daily(dir, "tent.log");
                 let (writer, guard) = tracing_appender::non_blocking(appender);
-                let sub = tracing_subscriber::fmt()
-                    .with_env_filter(filter)
-                    .with_ansi(false)
-                    .with_writer(writer)
-                    .finish();
-                tracing::subscriber::set_global_default(sub)
-                    .ok()
-                    .map(|_| guard)
+                let sub =
+                    tracing_subscriber::fmt().with_env_filter(filter).with_ansi(false).with_writer(writer).finish();
+                tracing::subscriber::set_global_default(sub).ok().map(|_| guard)
             }
             None => {
-                let sub = tracing_subscriber::fmt()
-                    .with_env_filter(filter)
-                    .with_writer(std::io::stderr)
-                    .finish();
+                let sub = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).finish();
                 let _ = tracing::subscriber::set_global_default(sub);
                 None
             }

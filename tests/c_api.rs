@@ -5,12 +5,7 @@ mod common;
 use common::{build_c, root, run_c};
 
 fn c_test(name: &str) {
-    let exe = build_c(
-        name,
-        &[root().join("c_tests").join(format!("{name}.c"))],
-        false,
-        &[],
-    );
+    let exe = build_c(name, &[root().join("c_tests").join(format!("{name}.c"))], false, &[]);
     let out = run_c(&exe, &[]);
     assert!(out.contains(", 0 failed"), "{out}");
 }
@@ -43,4 +38,9 @@ fn program_built_against_upstream_declarations() {
 #[test]
 fn tcp_between_two_processes() {
     c_test("tcp_two_process");
+}
+
+#[test]
+fn shm_between_two_processes() {
+    c_test("shm_two_process");
 }

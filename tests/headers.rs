@@ -10,8 +10,7 @@ use common::{out_dir, root, run};
 #[test]
 fn committed_tent_header_is_current() {
     let generated = include_str!(concat!(env!("OUT_DIR"), "/transfer_engine.h"));
-    let committed = std::fs::read_to_string(root().join("include/tent/transfer_engine.h"))
-        .expect("committed header");
+    let committed = std::fs::read_to_string(root().join("include/tent/transfer_engine.h")).expect("committed header");
     assert!(
         generated == committed,
         "include/tent/transfer_engine.h is stale: run `TENT_UPDATE_HEADERS=1 cargo build` and commit it"
@@ -21,32 +20,18 @@ fn committed_tent_header_is_current() {
 fn compile_standalone(header: &str, cxx: bool) {
     let dir = out_dir("headers");
     let src = dir.join(if cxx { "inc.cpp" } else { "inc.c" });
-    std::fs::write(
-        &src,
-        format!("#include \"{header}\"\n#include \"{header}\"\nint main(void) {{ return 0; }}\n"),
-    )
-    .expect("write probe");
+    std::fs::write(&src, format!("#include \"{header}\"\n#include \"{header}\"\nint main(void) {{ return 0; }}\n"))
+        .expect("write probe");
     let mut cmd = Command::new(if cxx { "g++" } else { "gcc" });
     cmd.arg(if cxx { "-std=c++17" } else { "-std=c11" })
-        .args([
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-pedantic",
-            "-fsyntax-only",
-            "-I",
-        ])
+        .args(["-Wall", "-Wextra", "-Werror", "-pedantic", "-fsyntax-only", "-I"])
         .arg(root().join("include"))
         .arg(&src);
     if !cxx {
         cmd.arg("-Wstrict-prototypes");
     }
     let (ok, out) = run(&mut cmd);
-    assert!(
-        ok,
-        "{header} does not compile standalone ({}):\n{out}",
-        if cxx { "C++17" } else { "C11" }
-    );
+    assert!(ok, "{header} does not compile standalone ({}):\n{out}", if cxx { "C++17" } else { "C11" });
 }
 
 #[test]

@@ -29,43 +29,19 @@ fn write_then_read_strided_with_bytes_verified() {
     let base = info.buffers[0].base;
     // 8 x 4 MiB slices at an 8 MiB stride (the upstream round-trip test's layout).
     let part = 4u64 << 20;
-    let writes: Vec<_> = (0..8u64)
-        .map(|i| {
-            req(
-                Opcode::Write,
-                src.as_ptr() as u64 + i * part,
-                h,
-                base + i * 2 * part,
-                part,
-            )
-        })
-        .collect();
+    let writes: Vec<_> =
+        (0..8u64).map(|i| req(Opcode::Write, src.as_ptr() as u64 + i * part, h, base + i * 2 * part, part)).collect();
     for (s, n) in run(&a, &writes, BOUND) {
         assert_eq!((s, n), (Status::Completed, part));
     }
     for i in 0..8usize {
         let p = part as usize;
-        assert!(
-            peer[i * 2 * p..i * 2 * p + p] == src[i * p..(i + 1) * p],
-            "slice {i} differs on the peer"
-        );
+        assert!(peer[i * 2 * p..i * 2 * p + p] == src[i * p..(i + 1) * p], "slice {i} differs on the peer");
     }
     let reads: Vec<_> = (0..8u64)
-        .map(|i| {
-            req(
-                Opcode::Read,
-                back.as_mut_ptr() as u64 + i * part,
-                h,
-                base + i * 2 * part,
-                part,
-            )
-        })
+        .map(|i| req(Opcode::Read, back.as_mut_ptr() as u64 + i * part, h, base + i * 2 * part, part))
         .collect();
-    assert!(
-        run(&a, &reads, BOUND)
-            .iter()
-            .all(|(s, _)| *s == Status::Completed)
-    );
+    assert!(run(&a, &reads, BOUND).iter().all(|(s, _)| *s == Status::Completed));
     assert!(back == src, "read-back differs");
 }
 
@@ -78,17 +54,7 @@ fn requests_larger_than_a_chunk_and_odd_sizes() {
     let src = buffer(&a, len, pattern, Permission::GlobalReadWrite);
     let h = a.open_segment(b.segment_name()).expect("open");
     let target = peer.as_ptr() as u64 + 7;
-    let st = run(
-        &a,
-        &[req(
-            Opcode::Write,
-            src.as_ptr() as u64,
-            h,
-            target,
-            len as u64,
-        )],
-        BOUND,
-    );
+    let st = run(&a, &[req(Opcode::Write, src.as_ptr() as u64, h, target, len as u64)], BOUND);
     assert_eq!(st[0], (Status::Completed, len as u64));
     assert!(peer[7..7 + len] == src[..]);
     assert!(
@@ -96,25 +62,11 @@ fn requests_larger_than_a_chunk_and_odd_sizes() {
         "bytes outside the range changed"
     );
     let mut back = vec![0u8; len];
-    let st = run(
-        &a,
-        &[req(
-            Opcode::Read,
-            back.as_mut_ptr() as u64,
-            h,
-            target,
-            len as u64,
-        )],
-        BOUND,
-    );
+    let st = run(&a, &[req(Opcode::Read, back.as_mut_ptr() as u64, h, target, len as u64)], BOUND);
     assert_eq!(st[0].0, Status::Completed);
     assert!(back == src);
     // A zero-length request completes with nothing moved.
-    let st = run(
-        &a,
-        &[req(Opcode::Write, src.as_ptr() as u64, h, target, 0)],
-        BOUND,
-    );
+    let st = run(&a, &[req(Opcode::Write, src.as_ptr() as u64, h, target, 0)], BOUND);
     assert_eq!(st[0], (Status::Completed, 0));
 }
 
@@ -130,35 +82,11 @@ fn read_only_buffer_refuses_writes_and_out_of_range_fails() {
     let st = run(
         &a,
         &[
-            req(
-                Opcode::Write,
-                src.as_ptr() as u64,
-                h,
-                ro.as_ptr() as u64,
-                4096,
-            ),
-            req(
-                Opcode::Read,
-                back.as_mut_ptr() as u64,
-                h,
-                ro.as_ptr() as u64,
-                4096,
-            ),
-            req(
-                Opcode::Write,
-                src.as_ptr() as u64,
-                h,
-                ro.as_ptr() as u64 + (1 << 16) - 100,
-                4096,
-            ),
+            req(Opcode::Write, src.as_ptr() as u64, h, ro.as_ptr() as u64, 4096),
+            req(Opcode::Read, back.as_mut_ptr() as u64, h, ro.as_ptr() as u64, 4096),
+            req(Opcode::Write, src.as_ptr() as u64, h, ro.as_ptr() as u64 + (1 << 16) - 100, 4096),
             req(Opcode::Write, src.as_ptr() as u64, h, 0x1000, 64),
-            req(
-                Opcode::Read,
-                back.as_mut_ptr() as u64,
-                h,
-                local_only.as_ptr() as u64,
-                64,
-            ),
+            req(Opcode::Read, back.as_mut_ptr() as u64, h, local_only.as_ptr() as u64, 64),
         ],
         BOUND,
     );
@@ -166,15 +94,8 @@ fn read_only_buffer_refuses_writes_and_out_of_range_fails() {
     assert_eq!(st[1].0, Status::Completed, "read of a read-only buffer");
     assert_eq!(st[2].0, Status::Failed, "range past the end of the buffer");
     assert_eq!(st[3].0, Status::Failed, "unregistered address");
-    assert_eq!(
-        st[4].0,
-        Status::Failed,
-        "memory registered for local use only"
-    );
-    assert!(
-        ro.iter().all(|&x| x == 0x11),
-        "read-only memory was modified"
-    );
+    assert_eq!(st[4].0, Status::Failed, "memory registered for local use only");
+    assert!(ro.iter().all(|&x| x == 0x11), "read-only memory was modified");
     assert!(back[..4096].iter().all(|&x| x == 0x11));
 }
 
@@ -184,41 +105,21 @@ fn notifications_carry_the_sender_handle() {
     let b = engine(&[]);
     let hb = a.open_segment(b.segment_name()).expect("open b");
     let ha = b.open_segment(a.segment_name()).expect("open a");
-    a.send_notification(hb, "kv-ready", "layer 7")
-        .expect("notify");
+    a.send_notification(hb, "kv-ready", "layer 7").expect("notify");
     let got = b.recv_notifications();
     assert_eq!(got.len(), 1);
-    assert_eq!(
-        (got[0].name.as_str(), got[0].msg.as_str(), got[0].handle),
-        ("kv-ready", "layer 7", ha)
-    );
-    assert!(
-        b.recv_notifications().is_empty(),
-        "each notification is returned once"
-    );
+    assert_eq!((got[0].name.as_str(), got[0].msg.as_str(), got[0].handle), ("kv-ready", "layer 7", ha));
+    assert!(b.recv_notifications().is_empty(), "each notification is returned once");
 
     // Attached to a submit: sent once every task of the submit completed.
     let peer = buffer(&b, 8192, |_| 0, Permission::GlobalReadWrite);
     let src = buffer(&a, 8192, pattern, Permission::GlobalReadWrite);
     let batch = a.allocate_batch(2).expect("batch");
     let reqs = [
-        req(
-            Opcode::Write,
-            src.as_ptr() as u64,
-            hb,
-            peer.as_ptr() as u64,
-            4096,
-        ),
-        req(
-            Opcode::Write,
-            src.as_ptr() as u64 + 4096,
-            hb,
-            peer.as_ptr() as u64 + 4096,
-            4096,
-        ),
+        req(Opcode::Write, src.as_ptr() as u64, hb, peer.as_ptr() as u64, 4096),
+        req(Opcode::Write, src.as_ptr() as u64 + 4096, hb, peer.as_ptr() as u64 + 4096, 4096),
     ];
-    a.submit(batch, &reqs, Some(("done".into(), "both".into())))
-        .expect("submit");
+    a.submit(batch, &reqs, Some(("done".into(), "both".into()))).expect("submit");
     let deadline = Instant::now() + BOUND;
     let mut got = Vec::new();
     while got.is_empty() && Instant::now() < deadline {
@@ -226,10 +127,7 @@ fn notifications_carry_the_sender_handle() {
         std::thread::sleep(Duration::from_millis(1));
     }
     assert_eq!(got.len(), 1, "exactly one notification after the submit");
-    assert_eq!(
-        (got[0].name.as_str(), got[0].msg.as_str()),
-        ("done", "both")
-    );
+    assert_eq!((got[0].name.as_str(), got[0].msg.as_str()), ("done", "both"));
     assert!(peer == src, "data arrived before the notification");
 }
 
@@ -243,38 +141,21 @@ fn closed_segments_and_unreachable_peers_fail_cleanly() {
     assert!(a.probe(h).is_ok());
     a.close_segment(h).expect("close");
     assert!(a.close_segment(h).is_err());
-    let st = run(
-        &a,
-        &[req(
-            Opcode::Write,
-            src.as_ptr() as u64,
-            h,
-            peer.as_ptr() as u64,
-            64,
-        )],
-        BOUND,
-    );
+    let st = run(&a, &[req(Opcode::Write, src.as_ptr() as u64, h, peer.as_ptr() as u64, 64)], BOUND);
     assert_eq!(st[0].0, Status::Failed, "transfer to a closed handle");
 
     // A peer that is not there: descriptor fetch fails, transfers fail within the bound.
     let dead = a.open_segment("127.0.0.1:1").expect("lazy open");
     assert!(a.segment_info(dead).is_err());
     assert!(a.probe(dead).is_err());
-    let st = run(
-        &a,
-        &[req(Opcode::Write, src.as_ptr() as u64, dead, 0x1000, 64)],
-        BOUND,
-    );
+    let st = run(&a, &[req(Opcode::Write, src.as_ptr() as u64, dead, 0x1000, 64)], BOUND);
     assert_eq!(st[0].0, Status::Failed);
     assert!(a.send_notification(dead, "n", "m").is_err());
 }
 
 #[test]
 fn peer_dying_mid_batch_ends_every_task() {
-    let a = engine(&[
-        ("transports/tcp/chunk_size", "65536"),
-        ("transports/tcp/retry_base_delay_ms", "10"),
-    ]);
+    let a = engine(&[("transports/tcp/chunk_size", "65536"), ("transports/tcp/retry_base_delay_ms", "10")]);
     let b = engine(&[]);
     let len = 16usize << 20;
     let peer = buffer(&b, len, |_| 0, Permission::GlobalReadWrite);
@@ -282,25 +163,13 @@ fn peer_dying_mid_batch_ends_every_task() {
     let h = a.open_segment(b.segment_name()).expect("open");
     let part = (len / 32) as u64;
     let reqs: Vec<_> = (0..32u64)
-        .map(|i| {
-            req(
-                Opcode::Write,
-                src.as_ptr() as u64 + i * part,
-                h,
-                peer.as_ptr() as u64 + i * part,
-                part,
-            )
-        })
+        .map(|i| req(Opcode::Write, src.as_ptr() as u64 + i * part, h, peer.as_ptr() as u64 + i * part, part))
         .collect();
     let batch = a.allocate_batch(reqs.len()).expect("batch");
     a.submit(batch, &reqs, None).expect("submit");
     drop(b); // the peer goes away while chunks are in flight
     let st = common::engines::wait(&a, batch, BOUND);
-    assert!(
-        st.iter()
-            .all(|(s, _)| matches!(s, Status::Completed | Status::Failed)),
-        "{st:?}"
-    );
+    assert!(st.iter().all(|(s, _)| matches!(s, Status::Completed | Status::Failed)), "{st:?}");
     let (overall, _) = a.overall_status(batch).expect("overall");
     assert!(matches!(overall, Status::Completed | Status::Failed));
     drop(peer);
@@ -326,17 +195,7 @@ fn descriptor_updates_reach_subscribers() {
     }
     // Re-registration is also visible: writing into the new buffer works without reopening.
     let src = buffer(&a, 4096, pattern, Permission::GlobalReadWrite);
-    let st = run(
-        &a,
-        &[req(
-            Opcode::Write,
-            src.as_ptr() as u64,
-            h,
-            second.as_ptr() as u64,
-            4096,
-        )],
-        BOUND,
-    );
+    let st = run(&a, &[req(Opcode::Write, src.as_ptr() as u64, h, second.as_ptr() as u64, 4096)], BOUND);
     assert_eq!(st[0].0, Status::Completed);
     drop(first);
 }
@@ -398,23 +257,10 @@ fn destroying_an_engine_never_waits_for_a_hung_peer() {
     let src = buffer(&a, 4096, pattern, Permission::GlobalReadWrite);
     let h = a.open_segment(&addr).expect("open");
     let batch = a.allocate_batch(1).expect("batch");
-    a.submit(
-        batch,
-        &[req(Opcode::Write, src.as_ptr() as u64, h, base, 4096)],
-        None,
-    )
-    .expect("submit");
+    a.submit(batch, &[req(Opcode::Write, src.as_ptr() as u64, h, base, 4096)], None).expect("submit");
     std::thread::sleep(Duration::from_millis(100));
-    assert_eq!(
-        a.task_status(batch, 0).expect("status").0,
-        Status::Pending,
-        "the peer never answers"
-    );
+    assert_eq!(a.task_status(batch, 0).expect("status").0, Status::Pending, "the peer never answers");
     let start = Instant::now();
     drop(a);
-    assert!(
-        start.elapsed() < Duration::from_secs(5),
-        "teardown took {:?}",
-        start.elapsed()
-    );
+    assert!(start.elapsed() < Duration::from_secs(5), "teardown took {:?}", start.elapsed());
 }

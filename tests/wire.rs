@@ -13,8 +13,7 @@ use tent::engine::types::Permission;
 
 fn connect(port: u16) -> TcpStream {
     let s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
     s
 }
 
@@ -51,18 +50,12 @@ fn well_formed_messages_get_upstream_replies() {
     let buf = buffer(&e, 4096, |i| i as u8, Permission::GlobalReadWrite);
     let mut s = connect(e.rpc_port());
     let (err, body, att) = call(&mut s, 0, msg::PROBE, &[]);
-    assert_eq!(
-        (err, body.as_slice(), att.len()),
-        (0, &frame::VOID_BODY[..], 0)
-    );
+    assert_eq!((err, body.as_slice(), att.len()), (0, &frame::VOID_BODY[..], 0));
     let (err, _, att) = call(&mut s, 1, msg::GET_SEGMENT_DESC, &[]);
     assert_eq!(err, 0);
     let desc: serde_json::Value = serde_json::from_slice(&att).expect("descriptor JSON");
     assert_eq!(desc["name"].as_str(), Some(e.segment_name()));
-    assert_eq!(
-        desc["detail"]["buffers"][0]["transports"],
-        serde_json::json!([7])
-    );
+    assert_eq!(desc["detail"]["buffers"][0]["transports"], serde_json::json!([7]));
     // Unknown TENT ids succeed with an empty attachment.
     assert_eq!(call(&mut s, 2, 99, &[]).0, 0);
     // Bootstrap without RDMA: upstream's exact NOT_READY reply, request not parsed.
@@ -77,82 +70,41 @@ fn well_formed_messages_get_upstream_replies() {
     send.extend_from_slice(b"WXYZ");
     assert_eq!(call(&mut s, 4, msg::SEND_DATA, &send).2.len(), 0);
     assert_eq!(&buf[16..20], b"WXYZ");
-    let (_, _, data) = call(
-        &mut s,
-        5,
-        msg::RECV_DATA,
-        &frame::encode_data_header(addr + 16, 4),
-    );
+    let (_, _, data) = call(&mut s, 5, msg::RECV_DATA, &frame::encode_data_header(addr + 16, 4));
     assert_eq!(data, b"WXYZ");
     let (_, _, text) = call(&mut s, 6, msg::SEND_DATA, &[1, 2, 3]);
     assert_eq!(text, b"SendData failed: request too short");
-    let (_, _, text) = call(
-        &mut s,
-        7,
-        msg::RECV_DATA,
-        &frame::encode_data_header(0x1000, 56),
-    );
-    assert_eq!(
-        text,
-        b"RecvData failed: target address not in registered buffer"
-    );
-    let (_, _, text) = call(
-        &mut s,
-        8,
-        msg::RECV_DATA,
-        &frame::encode_data_header(addr, (1 << 30) + 1),
-    );
+    let (_, _, text) = call(&mut s, 7, msg::RECV_DATA, &frame::encode_data_header(0x1000, 56));
+    assert_eq!(text, b"RecvData failed: target address not in registered buffer");
+    let (_, _, text) = call(&mut s, 8, msg::RECV_DATA, &frame::encode_data_header(addr, (1 << 30) + 1));
     assert_eq!(text, b"RecvData failed: length exceeds maximum allowed");
     let mut short = frame::encode_data_header(addr, 100).to_vec();
     short.extend_from_slice(&[0; 10]);
-    assert_eq!(
-        call(&mut s, 9, msg::SEND_DATA, &short).2,
-        b"SendData failed: invalid request size"
-    );
+    assert_eq!(call(&mut s, 9, msg::SEND_DATA, &short).2, b"SendData failed: invalid request size");
     // Past the end of the registered buffer: refused, memory untouched.
     let mut over = frame::encode_data_header(addr + 4090, 10).to_vec();
     over.extend_from_slice(&[0xff; 10]);
-    assert_eq!(
-        call(&mut s, 10, msg::SEND_DATA, &over).2,
-        b"SendData failed: target address not in registered buffer"
-    );
+    assert_eq!(call(&mut s, 10, msg::SEND_DATA, &over).2, b"SendData failed: target address not in registered buffer");
     assert_eq!(buf[4090], (4090usize & 0xff) as u8);
     // Notify, including malformed ones (dropped with a success reply).
-    assert_eq!(
-        call(&mut s, 11, msg::NOTIFY, br#"{"msg":"hello","name":"n1"}"#).0,
-        0
-    );
+    assert_eq!(call(&mut s, 11, msg::NOTIFY, br#"{"msg":"hello","name":"n1"}"#).0, 0);
     assert_eq!(call(&mut s, 12, msg::NOTIFY, b"{bad").0, 0);
     assert_eq!(call(&mut s, 13, msg::NOTIFY, br#"{"name":"x"}"#).0, 0);
     let got = e.recv_notifications();
     assert_eq!(got.len(), 1);
-    assert_eq!(
-        (got[0].name.as_str(), got[0].msg.as_str(), got[0].handle),
-        ("n1", "hello", 0)
-    );
+    assert_eq!((got[0].name.as_str(), got[0].msg.as_str(), got[0].handle), ("n1", "hello", 0));
     // Garbage JSON where a JSON string is expected: err_code 10, connection still usable.
     let (err, body, _) = call(&mut s, 14, msg::SUBSCRIBE_SEGMENT_UPDATE, b"{bad");
     assert_eq!(err, frame::ERR_HANDLER);
     assert!(!frame::decode_string(&body).is_empty());
-    assert_eq!(
-        call(&mut s, 15, msg::NOTIFY_SEGMENT_UPDATED, br#""127.0.0.1:1""#).0,
-        0
-    );
+    assert_eq!(call(&mut s, 15, msg::NOTIFY_SEGMENT_UPDATED, br#""127.0.0.1:1""#).0, 0);
     // GPU staging messages are refused, never acted on.
     assert_eq!(
-        call(
-            &mut s,
-            16,
-            msg::DELEGATE,
-            br#"{"opcode":"READ","source":0,"target_id":0,"target_offset":0,"length":8}"#
-        )
-        .0,
+        call(&mut s, 16, msg::DELEGATE, br#"{"opcode":"READ","source":0,"target_id":0,"target_offset":0,"length":8}"#)
+            .0,
         frame::ERR_HANDLER
     );
-    assert_eq!(
-        call(&mut s, 17, msg::PIN, br#""cpu:0""#).0,
-        frame::ERR_HANDLER
-    );
+    assert_eq!(call(&mut s, 17, msg::PIN, br#""cpu:0""#).0, frame::ERR_HANDLER);
     assert_eq!(call(&mut s, 18, msg::PROBE, &[]).0, 0);
     // The NDEBUG body form is accepted too.
     let mut req = frame::encode_request(19, msg::PROBE, 0, 0)[..20].to_vec();
@@ -176,20 +128,13 @@ fn malformed_frames_are_handled_and_the_server_keeps_serving() {
     s.write_all(&req).expect("send");
     let (err, body, _) = read_reply(&mut s, 0x19);
     assert_eq!(err, frame::ERR_FUNCTION_NOT_REGISTERED);
-    assert_eq!(
-        frame::decode_string(&body),
-        "the rpc function not registered"
-    );
+    assert_eq!(frame::decode_string(&body), "the rpc function not registered");
     // Unparsable body: err 4.
     let mut req = frame::encode_request(2, msg::PROBE, 0, 0).to_vec();
     req[20] = 0xde;
     s.write_all(&req).expect("send");
     assert_eq!(read_reply(&mut s, 2).0, frame::ERR_INVALID_ARGUMENTS);
-    assert_eq!(
-        call(&mut s, 3, msg::PROBE, &[]).0,
-        0,
-        "the connection is still usable"
-    );
+    assert_eq!(call(&mut s, 3, msg::PROBE, &[]).0, 0, "the connection is still usable");
 
     // Bad magic, bad version, bad serialize type, oversize body: connection closed, no reply.
     for (off, val) in [(0usize, 0x16u8), (1, 1), (2, 1)] {
@@ -197,10 +142,7 @@ fn malformed_frames_are_handled_and_the_server_keeps_serving() {
         let mut req = frame::encode_request(0, msg::PROBE, 0, 0).to_vec();
         req[off] = val;
         c.write_all(&req).expect("send");
-        assert!(
-            closed(&mut c),
-            "byte {off} = {val:#x} closes the connection"
-        );
+        assert!(closed(&mut c), "byte {off} = {val:#x} closes the connection");
     }
     let mut c = connect(port);
     let mut req = frame::encode_request(0, msg::PROBE, 0, 0).to_vec();
@@ -209,8 +151,7 @@ fn malformed_frames_are_handled_and_the_server_keeps_serving() {
     assert!(closed(&mut c), "a 4 GiB body closes the connection");
     // A control message claiming a 4 GiB attachment: closed without allocating it.
     let mut c = connect(port);
-    c.write_all(&frame::encode_request(0, msg::NOTIFY, u32::MAX, 0))
-        .expect("send");
+    c.write_all(&frame::encode_request(0, msg::NOTIFY, u32::MAX, 0)).expect("send");
     assert!(closed(&mut c), "a 4 GiB attachment closes the connection");
     // SendData claiming 4 GiB to an unregistered address: refused after draining what arrives;
     // the client gives up and the server survives.
@@ -229,10 +170,7 @@ fn malformed_frames_are_handled_and_the_server_keeps_serving() {
     let mut s2 = connect(port);
     assert_eq!(call(&mut s2, 0, msg::PROBE, &[]).0, 0);
     assert_eq!(call(&mut s2, 1, msg::GET_SEGMENT_DESC, &[]).0, 0);
-    assert!(
-        start.elapsed() < Duration::from_secs(5),
-        "served while a partial header is pending"
-    );
+    assert!(start.elapsed() < Duration::from_secs(5), "served while a partial header is pending");
     // The stuck client can still finish its request.
     let rest = &frame::encode_request(7, msg::PROBE, 0, 0)[3..];
     stuck.write_all(rest).expect("rest");

@@ -16,27 +16,18 @@ pub fn advertised_ip(hostname: &str) -> Result<IpAddr> {
         }
         let addrs: Vec<SocketAddr> = (bare, 0)
             .to_socket_addrs()
-            .map_err(|e| {
-                Error::InvalidArgument(format!(
-                    "cannot resolve rpc_server_hostname {hostname:?}: {e}"
-                ))
-            })?
+            .map_err(|e| Error::InvalidArgument(format!("cannot resolve rpc_server_hostname {hostname:?}: {e}")))?
             .collect();
         return addrs
             .iter()
             .find(|a| a.is_ipv4())
             .or_else(|| addrs.first())
             .map(|a| a.ip())
-            .ok_or_else(|| {
-                Error::InvalidArgument(format!("rpc_server_hostname {hostname:?} has no address"))
-            });
+            .ok_or_else(|| Error::InvalidArgument(format!("rpc_server_hostname {hostname:?} has no address")));
     }
     let ifaces = interface_addrs();
     if let Some(dev) = default_route_interface() {
-        if let Some((_, ip)) = ifaces
-            .iter()
-            .find(|(name, ip)| *name == dev && ip.is_ipv4())
-        {
+        if let Some((_, ip)) = ifaces.iter().find(|(name, ip)| *name == dev && ip.is_ipv4()) {
             return Ok(*ip);
         }
     }
@@ -64,14 +55,11 @@ pub fn bind_rpc_listener(port: u16, ipv6: bool) -> Result<TcpListener> {
         IpAddr::V4(Ipv4Addr::UNSPECIFIED)
     };
     if port != 0 {
-        return TcpListener::bind(SocketAddr::new(any, port)).map_err(|e| {
-            Error::InvalidArgument(format!("rpc_server_port {port} cannot be bound: {e}"))
-        });
+        return TcpListener::bind(SocketAddr::new(any, port))
+            .map_err(|e| Error::InvalidArgument(format!("rpc_server_port {port} cannot be bound: {e}")));
     }
     // Start at a pseudo-random point so engines started together rarely collide.
-    let seed = (std::process::id() as u64)
-        .wrapping_mul(2_654_435_761)
-        .wrapping_add(now_nanos());
+    let seed = (std::process::id() as u64).wrapping_mul(2_654_435_761).wrapping_add(now_nanos());
     let span = 2000u64;
     let mut last_err = None;
     for i in 0..span {
@@ -88,10 +76,7 @@ pub fn bind_rpc_listener(port: u16, ipv6: bool) -> Result<TcpListener> {
 }
 
 fn now_nanos() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
 }
 
 /// The interface of the default IPv4 route, read from /proc/net/route.
@@ -120,9 +105,7 @@ fn interface_addrs() -> Vec<(String, IpAddr)> {
             continue;
         }
         // SAFETY: ifa_name is a NUL-terminated string owned by the list.
-        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }
-            .to_string_lossy()
-            .into_owned();
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned();
         // SAFETY: ifa_addr is non-NULL; sa_family tells which sockaddr type it points to.
         let family = unsafe { (*ifa.ifa_addr).sa_family } as i32;
         let ip = match family {
@@ -151,12 +134,7 @@ mod tests {
 
     #[test]
     fn explicit_hostname_wins() {
-        assert_eq!(
-            advertised_ip("127.0.0.1")
-                .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
-                .to_string(),
-            "127.0.0.1"
-        );
+        assert_eq!(advertised_ip("127.0.0.1").unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)).to_string(), "127.0.0.1");
         assert!(advertised_ip("256.256.256.256").is_err());
     }
 
@@ -164,10 +142,7 @@ mod tests {
     fn ipv6_is_bracketed() {
         let ip: IpAddr = "::1".parse().expect("literal");
         assert_eq!(host_port(&ip, 15000), "[::1]:15000");
-        assert_eq!(
-            host_port(&IpAddr::V4(Ipv4Addr::LOCALHOST), 1),
-            "127.0.0.1:1"
-        );
+        assert_eq!(host_port(&IpAddr::V4(Ipv4Addr::LOCALHOST), 1), "127.0.0.1:1");
     }
 
     #[test]

@@ -25,10 +25,7 @@ pub struct ClientTimeouts {
 
 impl Default for ClientTimeouts {
     fn default() -> Self {
-        ClientTimeouts {
-            connect: Duration::from_secs(5),
-            request: Duration::from_secs(30),
-        }
+        ClientTimeouts { connect: Duration::from_secs(5), request: Duration::from_secs(30) }
     }
 }
 
@@ -78,19 +75,15 @@ impl RpcClient {
     }
 
     fn connect(&self, addr: &str) -> Result<Conn> {
-        let targets: Vec<SocketAddr> = addr
-            .to_socket_addrs()
-            .map_err(|e| rpc_err(addr, format!("cannot resolve: {e}")))?
-            .collect();
+        let targets: Vec<SocketAddr> =
+            addr.to_socket_addrs().map_err(|e| rpc_err(addr, format!("cannot resolve: {e}")))?.collect();
         let mut last = None;
         for t in targets {
             match TcpStream::connect_timeout(&t, self.timeouts.connect) {
                 Ok(s) => {
                     let _ = s.set_nodelay(true);
-                    s.set_read_timeout(Some(self.timeouts.request))
-                        .map_err(|e| rpc_err(addr, e))?;
-                    s.set_write_timeout(Some(self.timeouts.request))
-                        .map_err(|e| rpc_err(addr, e))?;
+                    s.set_read_timeout(Some(self.timeouts.request)).map_err(|e| rpc_err(addr, e))?;
+                    s.set_write_timeout(Some(self.timeouts.request)).map_err(|e| rpc_err(addr, e))?;
                     return Ok(Conn { stream: s, seq: 0 });
                 }
                 Err(e) => last = Some(e),
@@ -98,11 +91,7 @@ impl RpcClient {
         }
         Err(rpc_err(
             addr,
-            format!(
-                "connect failed: {}",
-                last.map(|e| e.to_string())
-                    .unwrap_or_else(|| "no address".into())
-            ),
+            format!("connect failed: {}", last.map(|e| e.to_string()).unwrap_or_else(|| "no address".into())),
         ))
     }
 
@@ -124,8 +113,7 @@ impl RpcClient {
     /// Interrupts every call in progress and refuses new ones (engine teardown), so no thread
     /// stays blocked on a slow or hung peer.
     pub fn abort_all(&self) {
-        self.aborted
-            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.aborted.store(true, std::sync::atomic::Ordering::SeqCst);
         for (_, c) in self.active.lock().drain() {
             let _ = c.shutdown(std::net::Shutdown::Both);
         }
@@ -152,16 +140,11 @@ impl RpcClient {
             }
             let pooled_before = self.pools.lock().get(addr).is_some_and(|p| !p.is_empty());
             let mut c = self.take(addr)?;
-            let id = self
-                .next_id
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             if let Ok(clone) = c.stream.try_clone() {
                 self.active.lock().insert(id, clone);
             }
-            let _active = ActiveGuard {
-                map: &self.active,
-                id,
-            };
+            let _active = ActiveGuard { map: &self.active, id };
             let seq = c.seq;
             c.seq = c.seq.wrapping_add(1);
             let mut hdr = [0u8; frame::RESPONSE_HEADER_LEN];
@@ -179,28 +162,17 @@ impl RpcClient {
             }
             let h = frame::parse_response_header(&hdr);
             if h.seq != seq {
-                return Err(rpc_err(
-                    addr,
-                    format!("reply sequence {} does not match request {seq}", h.seq),
-                ));
+                return Err(rpc_err(addr, format!("reply sequence {} does not match request {seq}", h.seq)));
             }
             if h.body_len > frame::MAX_BODY_LEN.max(1 << 20) {
-                return Err(rpc_err(
-                    addr,
-                    format!("reply body of {} bytes is too large", h.body_len),
-                ));
+                return Err(rpc_err(addr, format!("reply body of {} bytes is too large", h.body_len)));
             }
             let mut body = vec![0u8; h.body_len as usize];
-            c.stream
-                .read_exact(&mut body)
-                .map_err(|e| rpc_err(addr, format!("truncated reply: {e}")))?;
+            c.stream.read_exact(&mut body).map_err(|e| rpc_err(addr, format!("truncated reply: {e}")))?;
             if h.err_code != 0 {
                 // Upstream clients close the connection after an err_code reply; so do we.
                 frame::discard(&mut c.stream, h.attach_len as u64).ok();
-                return Err(Error::Remote(format!(
-                    "{addr}: {}",
-                    frame::decode_string(&body)
-                )));
+                return Err(Error::Remote(format!("{addr}: {}", frame::decode_string(&body))));
             }
             let out = recv(&mut c.stream, &h)?;
             self.give_back(addr, c);
@@ -211,31 +183,21 @@ impl RpcClient {
 
     /// Sends TENT message `id` with `payload` and returns the reply attachment.
     pub fn call(&self, addr: &str, id: i32, payload: &[u8]) -> Result<Vec<u8>> {
-        let len = u32::try_from(payload.len())
-            .map_err(|_| Error::InvalidArgument("payload over 4 GiB".into()))?;
+        let len = u32::try_from(payload.len()).map_err(|_| Error::InvalidArgument("payload over 4 GiB".into()))?;
         self.exchange(
             addr,
             |s, seq| {
                 let mut req = Vec::with_capacity(31 + payload.len());
-                req.extend_from_slice(&frame::encode_request(
-                    seq,
-                    id,
-                    len,
-                    frame::MSG_TYPE_TENT_RS,
-                ));
+                req.extend_from_slice(&frame::encode_request(seq, id, len, frame::MSG_TYPE_TENT_RS));
                 req.extend_from_slice(payload);
                 s.write_all(&req)
             },
             |s, h| {
                 if h.attach_len > MAX_CONTROL_REPLY {
-                    return Err(rpc_err(
-                        addr,
-                        format!("reply of {} bytes is too large", h.attach_len),
-                    ));
+                    return Err(rpc_err(addr, format!("reply of {} bytes is too large", h.attach_len)));
                 }
                 let mut out = vec![0u8; h.attach_len as usize];
-                s.read_exact(&mut out)
-                    .map_err(|e| rpc_err(addr, format!("truncated reply: {e}")))?;
+                s.read_exact(&mut out).map_err(|e| rpc_err(addr, format!("truncated reply: {e}")))?;
                 Ok(out)
             },
         )
@@ -268,10 +230,7 @@ impl RpcClient {
                 let mut text = vec![0u8; n as usize];
                 s.read_exact(&mut text).map_err(|e| rpc_err(addr, e))?;
                 frame::discard(s, (h.attach_len - n) as u64).map_err(|e| rpc_err(addr, e))?;
-                Err(Error::Remote(format!(
-                    "{addr}: {}",
-                    String::from_utf8_lossy(&text)
-                )))
+                Err(Error::Remote(format!("{addr}: {}", String::from_utf8_lossy(&text))))
             },
         )
     }
@@ -284,19 +243,13 @@ impl RpcClient {
             addr,
             |s, seq| {
                 let mut head = [0u8; 31 + 16];
-                head[..31].copy_from_slice(&frame::encode_request(
-                    seq,
-                    msg::RECV_DATA,
-                    16,
-                    frame::MSG_TYPE_TENT_RS,
-                ));
+                head[..31].copy_from_slice(&frame::encode_request(seq, msg::RECV_DATA, 16, frame::MSG_TYPE_TENT_RS));
                 head[31..].copy_from_slice(&frame::encode_data_header(remote, want));
                 s.write_all(&head)
             },
             |s, h| {
                 if h.attach_len as u64 == want {
-                    s.read_exact(out)
-                        .map_err(|e| rpc_err(addr, format!("truncated data: {e}")))?;
+                    s.read_exact(out).map_err(|e| rpc_err(addr, format!("truncated data: {e}")))?;
                     return Ok(());
                 }
                 // Anything else is an in-band refusal from an upstream server, never data.
@@ -304,10 +257,7 @@ impl RpcClient {
                 let mut text = vec![0u8; n as usize];
                 s.read_exact(&mut text).map_err(|e| rpc_err(addr, e))?;
                 frame::discard(s, (h.attach_len - n) as u64).map_err(|e| rpc_err(addr, e))?;
-                Err(Error::Remote(format!(
-                    "{addr}: {}",
-                    String::from_utf8_lossy(&text)
-                )))
+                Err(Error::Remote(format!("{addr}: {}", String::from_utf8_lossy(&text))))
             },
         )
     }

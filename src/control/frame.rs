@@ -85,12 +85,7 @@ fn u32_at(b: &[u8], off: usize) -> u32 {
 }
 
 /// Encodes a request header plus the 11-byte body for TENT message `id`.
-pub fn encode_request(
-    seq: u32,
-    id: i32,
-    attach_len: u32,
-    msg_type: u8,
-) -> [u8; REQUEST_HEADER_LEN + 11] {
+pub fn encode_request(seq: u32, id: i32, attach_len: u32, msg_type: u8) -> [u8; REQUEST_HEADER_LEN + 11] {
     let mut out = [0u8; REQUEST_HEADER_LEN + 11];
     out[0] = MAGIC;
     out[3] = msg_type;
@@ -112,10 +107,7 @@ pub fn parse_request_header(b: &[u8; REQUEST_HEADER_LEN]) -> Result<RequestHeade
         return Err(FrameError::Close(format!("unsupported version {}", b[1])));
     }
     if b[2] != 0 {
-        return Err(FrameError::Close(format!(
-            "unsupported serialize_type {}",
-            b[2]
-        )));
+        return Err(FrameError::Close(format!("unsupported serialize_type {}", b[2])));
     }
     let h = RequestHeader {
         msg_type: b[3],
@@ -125,10 +117,7 @@ pub fn parse_request_header(b: &[u8; REQUEST_HEADER_LEN]) -> Result<RequestHeade
         attach_len: u32_at(b, 16),
     };
     if h.body_len > MAX_BODY_LEN {
-        return Err(FrameError::Close(format!(
-            "body length {} exceeds {MAX_BODY_LEN}",
-            h.body_len
-        )));
+        return Err(FrameError::Close(format!("body length {} exceeds {MAX_BODY_LEN}", h.body_len)));
     }
     Ok(h)
 }
@@ -136,12 +125,7 @@ pub fn parse_request_header(b: &[u8; REQUEST_HEADER_LEN]) -> Result<RequestHeade
 /// Reads the TENT message id from a request body (debug or NDEBUG form; trailing bytes are
 /// ignored as upstream does).
 pub fn decode_body(body: &[u8]) -> Result<i32, FrameError> {
-    let invalid = || {
-        FrameError::Reply(
-            ERR_INVALID_ARGUMENTS,
-            "invalid rpc function arguments".into(),
-        )
-    };
+    let invalid = || FrameError::Reply(ERR_INVALID_ARGUMENTS, "invalid rpc function arguments".into());
     let rest = if body.starts_with(&BODY_PREFIX_DEBUG) {
         &body[BODY_PREFIX_DEBUG.len()..]
     } else if body.starts_with(&BODY_PREFIX_NDEBUG) {
@@ -247,12 +231,7 @@ pub fn decode_string(body: &[u8]) -> String {
 
 /// Parses a response header (the magic is not checked, as upstream clients do not).
 pub fn parse_response_header(b: &[u8; RESPONSE_HEADER_LEN]) -> ResponseHeader {
-    ResponseHeader {
-        err_code: b[2],
-        seq: u32_at(b, 4),
-        body_len: u32_at(b, 8),
-        attach_len: u32_at(b, 12),
-    }
+    ResponseHeader { err_code: b[2], seq: u32_at(b, 4), body_len: u32_at(b, 8), attach_len: u32_at(b, 12) }
 }
 
 /// The 16-byte `{u64 addr, u64 len}` header of SendData / RecvData.
@@ -289,10 +268,7 @@ mod tests {
 
     fn hex(s: &str) -> Vec<u8> {
         let s: String = s.chars().filter(|c| !c.is_whitespace()).collect();
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap_or(0))
-            .collect()
+        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap_or(0)).collect()
     }
 
     #[test]
@@ -321,30 +297,14 @@ mod tests {
 
     #[test]
     fn responses_match_recorded_frames() {
-        assert_eq!(
-            encode_response(0, 0).to_vec(),
-            hex("15000000 00000000 07000000 00000000 ebcf018904fa00")
-        );
-        assert_eq!(
-            encode_response(1, 0x4c5).to_vec(),
-            hex("15000000 01000000 07000000 c5040000 ebcf018904fa00")
-        );
+        assert_eq!(encode_response(0, 0).to_vec(), hex("15000000 00000000 07000000 00000000 ebcf018904fa00"));
+        assert_eq!(encode_response(1, 0x4c5).to_vec(), hex("15000000 01000000 07000000 c5040000 ebcf018904fa00"));
         // Wrong function id: err 11 with the struct_pack string.
         let expect = hex(
             "15000b00 19000000 28000000 00000000 77facf9d04800c00 1f 746865207270632066756e6374696f6e206e6f742072656769737465726564",
         );
-        assert_eq!(
-            encode_error_response(
-                0x19,
-                ERR_FUNCTION_NOT_REGISTERED,
-                "the rpc function not registered"
-            ),
-            expect
-        );
-        assert_eq!(
-            decode_string(&expect[16..]),
-            "the rpc function not registered"
-        );
+        assert_eq!(encode_error_response(0x19, ERR_FUNCTION_NOT_REGISTERED, "the rpc function not registered"), expect);
+        assert_eq!(decode_string(&expect[16..]), "the rpc function not registered");
     }
 
     #[test]
@@ -352,18 +312,9 @@ mod tests {
         assert_eq!(decode_body(&hex("0940a55504010005000000")), Ok(5));
         assert_eq!(decode_body(&hex("0840a55506000000")), Ok(6));
         assert_eq!(decode_body(&hex("0940a5550401000a0000001234")), Ok(10));
-        assert!(matches!(
-            decode_body(&[]),
-            Err(FrameError::Reply(ERR_INVALID_ARGUMENTS, _))
-        ));
-        assert!(matches!(
-            decode_body(&hex("deadbeef00000000")),
-            Err(FrameError::Reply(4, _))
-        ));
-        assert!(matches!(
-            decode_body(&hex("0840a555")),
-            Err(FrameError::Reply(4, _))
-        ));
+        assert!(matches!(decode_body(&[]), Err(FrameError::Reply(ERR_INVALID_ARGUMENTS, _))));
+        assert!(matches!(decode_body(&hex("deadbeef00000000")), Err(FrameError::Reply(4, _))));
+        assert!(matches!(decode_body(&hex("0840a555")), Err(FrameError::Reply(4, _))));
     }
 
     #[test]
@@ -373,28 +324,16 @@ mod tests {
         assert_eq!(parse_request_header(&h).map(|h| h.seq), Ok(3));
         let mut bad = h;
         bad[0] = 0x16;
-        assert!(matches!(
-            parse_request_header(&bad),
-            Err(FrameError::Close(_))
-        ));
+        assert!(matches!(parse_request_header(&bad), Err(FrameError::Close(_))));
         let mut bad = h;
         bad[1] = 1;
-        assert!(matches!(
-            parse_request_header(&bad),
-            Err(FrameError::Close(_))
-        ));
+        assert!(matches!(parse_request_header(&bad), Err(FrameError::Close(_))));
         let mut bad = h;
         bad[2] = 1;
-        assert!(matches!(
-            parse_request_header(&bad),
-            Err(FrameError::Close(_))
-        ));
+        assert!(matches!(parse_request_header(&bad), Err(FrameError::Close(_))));
         let mut bad = h;
         bad[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(matches!(
-            parse_request_header(&bad),
-            Err(FrameError::Close(_))
-        ));
+        assert!(matches!(parse_request_header(&bad), Err(FrameError::Close(_))));
     }
 
     #[test]

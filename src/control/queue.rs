@@ -12,10 +12,7 @@ pub struct WorkQueue<T> {
 
 impl<T> Default for WorkQueue<T> {
     fn default() -> Self {
-        WorkQueue {
-            inner: Mutex::new((VecDeque::new(), false)),
-            ready: Condvar::new(),
-        }
+        WorkQueue { inner: Mutex::new((VecDeque::new(), false)), ready: Condvar::new() }
     }
 }
 

@@ -104,12 +104,8 @@ impl RpcServer {
         let control = Arc::new(WorkQueue::<TcpStream>::default());
         let data = Arc::new(WorkQueue::<TcpStream>::default());
         let mut threads = Vec::new();
-        for (i, (q, n)) in [
-            (control.clone(), control_threads.max(1)),
-            (data.clone(), data_threads.max(1)),
-        ]
-        .into_iter()
-        .enumerate()
+        for (i, (q, n)) in
+            [(control.clone(), control_threads.max(1)), (data.clone(), data_threads.max(1))].into_iter().enumerate()
         {
             for k in 0..n {
                 let q = q.clone();
@@ -127,14 +123,7 @@ impl RpcServer {
                 .name("tent-rpc-reactor".into())
                 .spawn(move || reactor(listener, wake_rx, ret_rx, &c, &d, &s, request_timeout))?,
         );
-        Ok(RpcServer {
-            shared,
-            stopping,
-            waker: wake_tx,
-            threads: Mutex::new(threads),
-            control,
-            data,
-        })
+        Ok(RpcServer { shared, stopping, waker: wake_tx, threads: Mutex::new(threads), control, data })
     }
 
     /// Stops accepting, closes every connection and joins all threads. Idempotent.
@@ -193,16 +182,8 @@ fn reactor(
         let now = Instant::now();
         let mut timeout_ms: i32 = 1000;
         fds.clear();
-        fds.push(libc::pollfd {
-            fd: wake.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        });
-        fds.push(libc::pollfd {
-            fd: listener.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        });
+        fds.push(libc::pollfd { fd: wake.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+        fds.push(libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 });
         for e in &idle {
             // A negative fd is skipped by poll(2).
             let fd = match e.recheck_at {
@@ -212,11 +193,7 @@ fn reactor(
                 }
                 _ => e.c.as_raw_fd(),
             };
-            fds.push(libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            });
+            fds.push(libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
         }
         // SAFETY: fds is a valid array of pollfd of the given length, alive for the call.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
@@ -246,9 +223,7 @@ fn reactor(
                 Waiting::Partial => {
                     let since = *idle[i].partial_since.get_or_insert(now);
                     if now.duration_since(since) > request_timeout {
-                        tracing::warn!(
-                            "rpc server: closing a connection that sent a partial header"
-                        );
+                        tracing::warn!("rpc server: closing a connection that sent a partial header");
                         idle.swap_remove(i);
                     } else {
                         idle[i].recheck_at = Some(now + recheck);
@@ -259,11 +234,7 @@ fn reactor(
                 }
                 w @ (Waiting::Control | Waiting::Data) => {
                     let e = idle.swap_remove(i);
-                    let queue = if matches!(w, Waiting::Data) {
-                        data
-                    } else {
-                        control
-                    };
+                    let queue = if matches!(w, Waiting::Data) { data } else { control };
                     if queue.push(e.c).is_err() {
                         return;
                     }
@@ -271,28 +242,18 @@ fn reactor(
             }
         }
         while let Ok(c) = returns.try_recv() {
-            idle.push(Idle {
-                c,
-                partial_since: None,
-                recheck_at: None,
-            });
+            idle.push(Idle { c, partial_since: None, recheck_at: None });
         }
         if fds[1].revents != 0 {
             loop {
                 match listener.accept() {
                     Ok((c, peer)) => {
                         if idle.len() >= MAX_CONNECTIONS {
-                            tracing::warn!(
-                                "rpc server: refusing connection from {peer}: {MAX_CONNECTIONS} open"
-                            );
+                            tracing::warn!("rpc server: refusing connection from {peer}: {MAX_CONNECTIONS} open");
                             continue;
                         }
                         let _ = c.set_nodelay(true);
-                        idle.push(Idle {
-                            c,
-                            partial_since: None,
-                            recheck_at: None,
-                        });
+                        idle.push(Idle { c, partial_since: None, recheck_at: None });
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) => {
@@ -311,14 +272,8 @@ fn reactor(
 fn waiting(c: &TcpStream) -> Waiting {
     let mut buf = [0u8; frame::REQUEST_HEADER_LEN + frame::MAX_BODY_LEN as usize];
     // SAFETY: recv writes at most buf.len() bytes into buf; MSG_PEEK leaves them queued.
-    let n = unsafe {
-        libc::recv(
-            c.as_raw_fd(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            libc::MSG_PEEK | libc::MSG_DONTWAIT,
-        )
-    };
+    let n =
+        unsafe { libc::recv(c.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_PEEK | libc::MSG_DONTWAIT) };
     if n == 0 {
         return Waiting::Closed;
     }
@@ -344,15 +299,8 @@ fn waiting(c: &TcpStream) -> Waiting {
         return Waiting::Partial;
     }
     let is_data = h.function_id == frame::FUNCTION_ID
-        && matches!(
-            frame::decode_body(&buf[frame::REQUEST_HEADER_LEN..end]),
-            Ok(msg::SEND_DATA) | Ok(msg::RECV_DATA)
-        );
-    if is_data {
-        Waiting::Data
-    } else {
-        Waiting::Control
-    }
+        && matches!(frame::decode_body(&buf[frame::REQUEST_HEADER_LEN..end]), Ok(msg::SEND_DATA) | Ok(msg::RECV_DATA));
+    if is_data { Waiting::Data } else { Waiting::Control }
 }
 
 fn worker(shared: &Shared, queue: &WorkQueue<TcpStream>) {
@@ -396,32 +344,24 @@ fn serve_one(shared: &Shared, c: &mut TcpStream) -> std::result::Result<(), Stri
         Ok(_) => {}
         Err(e) => return Err(format!("read failed: {e}")),
     }
-    c.read_exact(&mut hdr[1..])
-        .map_err(|e| format!("truncated request header: {e}"))?;
+    c.read_exact(&mut hdr[1..]).map_err(|e| format!("truncated request header: {e}"))?;
     let h = match frame::parse_request_header(&hdr) {
         Ok(h) => h,
         Err(FrameError::Close(why)) | Err(FrameError::Reply(_, why)) => return Err(why),
     };
     let mut body = vec![0u8; h.body_len as usize];
-    c.read_exact(&mut body)
-        .map_err(|e| format!("truncated request body: {e}"))?;
+    c.read_exact(&mut body).map_err(|e| format!("truncated request body: {e}"))?;
     let reply_err = |c: &mut TcpStream, code: u8, text: &str| -> std::result::Result<(), String> {
-        c.write_all(&frame::encode_error_response(h.seq, code, text))
-            .map_err(|e| format!("write failed: {e}"))
+        c.write_all(&frame::encode_error_response(h.seq, code, text)).map_err(|e| format!("write failed: {e}"))
     };
     if h.function_id != frame::FUNCTION_ID {
         frame::discard(c, h.attach_len as u64).map_err(|e| format!("truncated attachment: {e}"))?;
-        return reply_err(
-            c,
-            frame::ERR_FUNCTION_NOT_REGISTERED,
-            "the rpc function not registered",
-        );
+        return reply_err(c, frame::ERR_FUNCTION_NOT_REGISTERED, "the rpc function not registered");
     }
     let id = match frame::decode_body(&body) {
         Ok(id) => id,
         Err(FrameError::Reply(code, text)) => {
-            frame::discard(c, h.attach_len as u64)
-                .map_err(|e| format!("truncated attachment: {e}"))?;
+            frame::discard(c, h.attach_len as u64).map_err(|e| format!("truncated attachment: {e}"))?;
             return reply_err(c, code, &text);
         }
         Err(FrameError::Close(why)) => return Err(why),
@@ -429,25 +369,17 @@ fn serve_one(shared: &Shared, c: &mut TcpStream) -> std::result::Result<(), Stri
     // tent-rs clients ask for refusals as err_code replies; upstream clients get in-band text.
     let rust_peer = h.msg_type == frame::MSG_TYPE_TENT_RS;
     let refuse = |c: &mut TcpStream, text: &str| -> std::result::Result<(), String> {
-        if rust_peer {
-            reply_err(c, frame::ERR_HANDLER, text)
-        } else {
-            reply(c, h.seq, text.as_bytes())
-        }
+        if rust_peer { reply_err(c, frame::ERR_HANDLER, text) } else { reply(c, h.seq, text.as_bytes()) }
     };
     match id {
         msg::SEND_DATA => serve_send_data(shared, c, h, refuse),
         msg::RECV_DATA => serve_recv_data(shared, c, h, refuse),
         _ => {
             if h.attach_len > MAX_CONTROL_ATTACHMENT {
-                return Err(format!(
-                    "attachment of {} bytes exceeds {MAX_CONTROL_ATTACHMENT}",
-                    h.attach_len
-                ));
+                return Err(format!("attachment of {} bytes exceeds {MAX_CONTROL_ATTACHMENT}", h.attach_len));
             }
             let mut att = vec![0u8; h.attach_len as usize];
-            c.read_exact(&mut att)
-                .map_err(|e| format!("truncated attachment: {e}"))?;
+            c.read_exact(&mut att).map_err(|e| format!("truncated attachment: {e}"))?;
             match control_message(shared, id, &att) {
                 Ok(out) => reply(c, h.seq, &out),
                 Err(text) => reply_err(c, frame::ERR_HANDLER, &text),
@@ -515,9 +447,7 @@ fn serve_send_data(
 
 fn refusal_text(op: &str, r: &Refusal) -> &'static str {
     match (op, r) {
-        ("SendData", Refusal::NotRegistered) => {
-            "SendData failed: target address not in registered buffer"
-        }
+        ("SendData", Refusal::NotRegistered) => "SendData failed: target address not in registered buffer",
         ("SendData", Refusal::Permission) => "SendData failed: target buffer does not allow writes",
         (_, Refusal::NotRegistered) => "RecvData failed: target address not in registered buffer",
         (_, Refusal::Permission) => "RecvData failed: target buffer does not allow reads",
@@ -573,10 +503,7 @@ fn control_message(shared: &Shared, id: i32, att: &[u8]) -> std::result::Result<
         msg::NOTIFY => {
             // Malformed notifications are dropped with a success reply, as upstream does.
             match serde_json::from_slice::<serde_json::Value>(att) {
-                Ok(v) => match (
-                    v.get("name").and_then(|n| n.as_str()),
-                    v.get("msg").and_then(|m| m.as_str()),
-                ) {
+                Ok(v) => match (v.get("name").and_then(|n| n.as_str()), v.get("msg").and_then(|m| m.as_str())) {
                     (Some(name), Some(m)) => {
                         let sender = v.get("sender").and_then(|s| s.as_str()).map(str::to_string);
                         h.notify(name.to_string(), m.to_string(), sender);
@@ -588,9 +515,9 @@ fn control_message(shared: &Shared, id: i32, att: &[u8]) -> std::result::Result<
             Ok(Vec::new())
         }
         msg::PROBE => Ok(Vec::new()),
-        msg::DELEGATE | msg::PIN | msg::UNPIN => Err(
-            "not supported: GPU staging (Delegate/Pin/Unpin) is not provided by this engine".into(),
-        ),
+        msg::DELEGATE | msg::PIN | msg::UNPIN => {
+            Err("not supported: GPU staging (Delegate/Pin/Unpin) is not provided by this engine".into())
+        }
         msg::SUBSCRIBE_SEGMENT_UPDATE => {
             h.subscribe(json_string(att)?);
             Ok(Vec::new())

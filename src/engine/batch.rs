@@ -52,9 +52,7 @@ impl NotifyHook {
         if status != Status::Completed {
             self.failed.store(true, Ordering::Release);
         }
-        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1
-            && !self.failed.load(Ordering::Acquire)
-        {
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 && !self.failed.load(Ordering::Acquire) {
             if let Some(sink) = self.sink.upgrade() {
                 sink.fire(&self.targets, &self.name, &self.msg);
             }
@@ -96,18 +94,16 @@ pub struct TaskState {
     life: Arc<BatchLife>,
     hook: Option<Arc<NotifyHook>>,
     /// The unit of work carrying this task (set when it is dispatched to a transport).
-    unit: Mutex<Weak<super::unit::Unit>>,
+    /// Held until the task ends (then released, breaking the unit <-> task reference cycle), so
+    /// a parked task can always reach its unit for the failover decision.
+    unit: Mutex<Option<Arc<super::unit::Unit>>>,
 }
 
 impl TaskState {
     /// The current status and bytes moved (bytes are published before the status).
     pub fn load(&self) -> (Status, u64) {
         let raw = self.status.load(Ordering::Acquire);
-        let s = if raw == FINISHING || raw == SUSPENDED {
-            Status::Pending
-        } else {
-            Status::from_i32(raw)
-        };
+        let s = if raw == FINISHING || raw == SUSPENDED { Status::Pending } else { Status::from_i32(raw) };
         (s, self.transferred.load(Ordering::Acquire))
     }
 
@@ -128,25 +124,19 @@ impl TaskState {
 
     /// Records the unit that carries this task.
     pub fn set_unit(&self, unit: &Arc<super::unit::Unit>) {
-        *self.unit.lock() = Arc::downgrade(unit);
+        if !self.load().0.is_terminal() {
+            *self.unit.lock() = Some(unit.clone());
+        }
     }
 
     /// The unit that carries this task, if it was dispatched and still exists.
     pub fn unit(&self) -> Option<Arc<super::unit::Unit>> {
-        self.unit.lock().upgrade()
+        self.unit.lock().clone()
     }
 
     /// Parks a pending task after a failed attempt; returns false if it already ended.
     pub fn suspend(&self, reason: String) -> bool {
-        if self
-            .status
-            .compare_exchange(
-                Status::Pending as i32,
-                SUSPENDED,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .is_err()
+        if self.status.compare_exchange(Status::Pending as i32, SUSPENDED, Ordering::AcqRel, Ordering::Acquire).is_err()
         {
             return false;
         }
@@ -156,14 +146,7 @@ impl TaskState {
 
     /// Makes a suspended task pending again for a new attempt; false if it is not suspended.
     pub fn resume(&self) -> bool {
-        self.status
-            .compare_exchange(
-                SUSPENDED,
-                Status::Pending as i32,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .is_ok()
+        self.status.compare_exchange(SUSPENDED, Status::Pending as i32, Ordering::AcqRel, Ordering::Acquire).is_ok()
     }
 
     /// Ends a pending or suspended task with `status` once; later calls are ignored so that
@@ -171,11 +154,9 @@ impl TaskState {
     pub fn finish(&self, status: Status, bytes: u64, error: Option<String>) -> bool {
         debug_assert!(status.is_terminal());
         // Claim the task first so a late second finisher cannot overwrite bytes or reason.
-        let claimed = [Status::Pending as i32, SUSPENDED].iter().any(|&from| {
-            self.status
-                .compare_exchange(from, FINISHING, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-        });
+        let claimed = [Status::Pending as i32, SUSPENDED]
+            .iter()
+            .any(|&from| self.status.compare_exchange(from, FINISHING, Ordering::AcqRel, Ordering::Acquire).is_ok());
         if !claimed {
             return false;
         }
@@ -184,6 +165,7 @@ impl TaskState {
         }
         self.transferred.store(bytes, Ordering::Release);
         self.status.store(status as i32, Ordering::Release);
+        self.unit.lock().take();
         if let Some(h) = &self.hook {
             h.task_ended(status);
         }
@@ -230,11 +212,7 @@ pub struct Batch {
 impl Batch {
     /// Appends tasks for `requests` atomically (all or none); fails when the capacity would be
     /// exceeded or the batch is being freed. Returns the new tasks and the id of the first.
-    pub fn append(
-        &self,
-        requests: &[Request],
-        hook: Option<Arc<NotifyHook>>,
-    ) -> Result<(usize, Vec<Entry>)> {
+    pub fn append(&self, requests: &[Request], hook: Option<Arc<NotifyHook>>) -> Result<(usize, Vec<Entry>)> {
         let mut tasks = self.tasks.write();
         if self.life.free_requested.load(Ordering::SeqCst) {
             return Err(Error::InvalidArgument("batch is being freed".into()));
@@ -249,9 +227,7 @@ impl Batch {
         }
         let first = tasks.len();
         let mut out = Vec::with_capacity(requests.len());
-        self.life
-            .pending
-            .fetch_add(requests.len(), Ordering::SeqCst);
+        self.life.pending.fetch_add(requests.len(), Ordering::SeqCst);
         for r in requests {
             let t = Entry {
                 request: *r,
@@ -263,7 +239,7 @@ impl Batch {
                     error: Mutex::new(None),
                     life: self.life.clone(),
                     hook: hook.clone(),
-                    unit: Mutex::new(Weak::new()),
+                    unit: Mutex::new(None),
                 }),
             };
             tasks.push(t.clone());
@@ -286,10 +262,7 @@ impl Batch {
     pub fn task(&self, i: usize) -> Result<Entry> {
         let tasks = self.tasks.read();
         tasks.get(i).cloned().ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "task id {i} out of range: the batch has {} tasks",
-                tasks.len()
-            ))
+            Error::InvalidArgument(format!("task id {i} out of range: the batch has {} tasks", tasks.len()))
         })
     }
 
@@ -320,11 +293,7 @@ impl Batch {
                 }
             }
         }
-        let status = if pending {
-            Status::Pending
-        } else {
-            worst.unwrap_or(Status::Completed)
-        };
+        let status = if pending { Status::Pending } else { worst.unwrap_or(Status::Completed) };
         (status, bytes)
     }
 
@@ -348,27 +317,19 @@ pub struct BatchTable {
 }
 
 fn split(id: u64) -> (usize, u32) {
-    (
-        ((id & 0xffff_ffff) as usize).wrapping_sub(1),
-        (id >> 32) as u32,
-    )
+    (((id & 0xffff_ffff) as usize).wrapping_sub(1), (id >> 32) as u32)
 }
 
 impl BatchTable {
     /// Creates an empty table.
     pub fn new() -> Arc<BatchTable> {
-        Arc::new_cyclic(|me| BatchTable {
-            slots: Mutex::new((Vec::new(), Vec::new())),
-            me: me.clone(),
-        })
+        Arc::new_cyclic(|me| BatchTable { slots: Mutex::new((Vec::new(), Vec::new())), me: me.clone() })
     }
 
     /// Allocates a batch for up to `capacity` tasks and returns its id (never 0 or u64::MAX).
     pub fn allocate(&self, capacity: usize) -> Result<u64> {
         if capacity == 0 {
-            return Err(Error::InvalidArgument(
-                "batch size must be at least 1".into(),
-            ));
+            return Err(Error::InvalidArgument("batch size must be at least 1".into()));
         }
         let mut guard = self.slots.lock();
         let (slots, free) = &mut *guard;
@@ -378,10 +339,7 @@ impl BatchTable {
                 if slots.len() >= 0xffff_fff0 {
                     return Err(Error::TooManyRequests("too many live batches".into()));
                 }
-                slots.push(Slot {
-                    generation: 0,
-                    batch: None,
-                });
+                slots.push(Slot { generation: 0, batch: None });
                 slots.len() - 1
             }
         };
@@ -397,11 +355,7 @@ impl BatchTable {
             free_requested: AtomicBool::new(false),
             table: self.me.clone(),
         });
-        slot.batch = Some(Arc::new(Batch {
-            capacity,
-            tasks: RwLock::new(Vec::new()),
-            life,
-        }));
+        slot.batch = Some(Arc::new(Batch { capacity, tasks: RwLock::new(Vec::new()), life }));
         Ok(id)
     }
 
@@ -447,21 +401,27 @@ impl BatchTable {
 
     /// Number of batches not yet reclaimed.
     pub fn live(&self) -> usize {
-        self.slots
-            .lock()
-            .0
-            .iter()
-            .filter(|s| s.batch.is_some())
-            .count()
+        self.slots.lock().0.iter().filter(|s| s.batch.is_some()).count()
     }
 
     /// Drops every batch (engine teardown, after transports stopped).
     pub fn clear(&self) {
-        let mut guard = self.slots.lock();
-        let (slots, free) = &mut *guard;
-        for (i, s) in slots.iter_mut().enumerate() {
-            if s.batch.take().is_some() {
-                free.push(i);
+        let batches: Vec<Arc<Batch>> = {
+            let mut guard = self.slots.lock();
+            let (slots, free) = &mut *guard;
+            let mut out = Vec::new();
+            for (i, s) in slots.iter_mut().enumerate() {
+                if let Some(b) = s.batch.take() {
+                    out.push(b);
+                    free.push(i);
+                }
+            }
+            out
+        };
+        // Whatever is still running ends now (this also releases task <-> unit references).
+        for b in batches {
+            for e in b.entries() {
+                e.state.fail("the engine was destroyed".into());
             }
         }
     }
@@ -504,10 +464,7 @@ mod tests {
         let b = t.get(t.allocate(3).expect("alloc")).expect("live");
         let (first, _) = b.append(&[req(), req()], None).expect("two fit");
         assert_eq!(first, 0);
-        assert!(matches!(
-            b.append(&[req(), req()], None),
-            Err(Error::TooManyRequests(_))
-        ));
+        assert!(matches!(b.append(&[req(), req()], None), Err(Error::TooManyRequests(_))));
         assert_eq!(b.len(), 2);
         let (first, _) = b.append(&[req()], None).expect("one more fits");
         assert_eq!(first, 2);
@@ -521,10 +478,7 @@ mod tests {
         let (_, tasks) = b.append(&[req(), req()], None).expect("append");
         t.free(id).expect("free while pending");
         assert!(t.get(id).is_ok(), "still pollable while pending");
-        assert!(
-            b.append(&[req()], None).is_err(),
-            "no submits while being freed"
-        );
+        assert!(b.append(&[req()], None).is_err(), "no submits while being freed");
         tasks[0].state.complete();
         assert!(t.get(id).is_ok());
         tasks[1].state.fail("boom".into());

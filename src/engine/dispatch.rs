@@ -2,6 +2,7 @@
 //! default order), submission, and failover to the next transport.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::batch::{Entry, TaskState};
 use super::policy::{self, Policy, SelectCtx};
@@ -19,6 +20,8 @@ pub struct Dispatcher {
     pub policies: Vec<Policy>,
     pub failover: Arc<FailoverConfig>,
     pub merge: bool,
+    /// Units handed to each transport (by `TRANSPORT_*` value), failovers included.
+    pub submitted: [AtomicU64; 13],
 }
 
 impl Dispatcher {
@@ -35,17 +38,9 @@ impl Dispatcher {
     /// The transports to try, in order, for `r` against buffer `buf` of segment `desc`: those the
     /// buffer offers, loaded here and able to reach the peer, ordered by policy (or the default),
     /// with the hint first. An unusable hint or an empty list is an error.
-    pub fn candidates(
-        &self,
-        desc: &SegmentDesc,
-        buf: &BufferDesc,
-        r: &Request,
-    ) -> Result<Vec<TransportKind>> {
+    pub fn candidates(&self, desc: &SegmentDesc, buf: &BufferDesc, r: &Request) -> Result<Vec<TransportKind>> {
         let usable = |k: TransportKind| {
-            buf.transports.contains(&(k as i32))
-                && self
-                    .transport(k)
-                    .is_some_and(|t| t.reaches(desc, &self.machine_id))
+            buf.transports.contains(&(k as i32)) && self.transport(k).is_some_and(|t| t.reaches(desc, &self.machine_id))
         };
         let ctx = SelectCtx {
             segment_type: &desc.kind,
@@ -55,10 +50,8 @@ impl Dispatcher {
             size: r.length,
             priority: r.priority,
         };
-        let mut list: Vec<TransportKind> = policy::order(&self.policies, &ctx)
-            .into_iter()
-            .filter(|k| usable(*k))
-            .collect();
+        let mut list: Vec<TransportKind> =
+            policy::order(&self.policies, &ctx).into_iter().filter(|k| usable(*k)).collect();
         if r.hint != TransportKind::Unspec {
             if !usable(r.hint) {
                 return Err(Error::NoTransport(format!(
@@ -101,10 +94,7 @@ impl Dispatcher {
                     && m.target_offset.checked_add(m.length) == Some(r.target_offset)
                     && m.source.checked_add(m.length) == Some(r.source);
                 if contiguous {
-                    let merged = Request {
-                        length: m.length + r.length,
-                        ..*m
-                    };
+                    let merged = Request { length: m.length + r.length, ..*m };
                     if self.same_buffers(desc, m, &merged) {
                         *m = merged;
                         members.push(i);
@@ -147,8 +137,7 @@ impl Dispatcher {
             let first = entries[group[0]].request;
             let length = group.iter().map(|&i| entries[i].request.length).sum();
             let request = Request { length, ..first };
-            let members: Vec<Arc<TaskState>> =
-                group.iter().map(|&i| entries[i].state.clone()).collect();
+            let members: Vec<Arc<TaskState>> = group.iter().map(|&i| entries[i].state.clone()).collect();
             let candidates = desc
                 .find_buffer(request.target_offset, request.length, request.opcode, true)
                 .and_then(|buf| self.candidates(desc, buf, &request));
@@ -163,13 +152,7 @@ impl Dispatcher {
                 }
             };
             let kind = candidates[0];
-            let unit = Unit::new(
-                request,
-                desc.clone(),
-                members,
-                candidates,
-                self.failover.clone(),
-            );
+            let unit = Unit::new(request, desc.clone(), members, candidates, self.failover.clone());
             match per_transport.iter_mut().find(|(k, _)| *k == kind) {
                 Some((_, v)) => v.push(unit.task()),
                 None => per_transport.push((kind, vec![unit.task()])),
@@ -190,6 +173,7 @@ impl Dispatcher {
             return;
         };
         let keep = tasks.clone();
+        self.submitted[kind as usize].fetch_add(tasks.len() as u64, Ordering::Relaxed);
         if let Err(e) = t.submit(desc, tasks) {
             tracing::debug!("{} refused a submit: {e}", kind.name());
             for task in keep {
@@ -217,6 +201,11 @@ impl Dispatcher {
                 self.fail_over(&unit);
             }
         }
+    }
+
+    /// How many units were handed to the transport of `kind` so far.
+    pub fn submitted(&self, kind: TransportKind) -> u64 {
+        self.submitted[kind as usize].load(Ordering::Relaxed)
     }
 
     /// Stops every transport (joins their threads).

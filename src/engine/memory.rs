@@ -21,10 +21,7 @@ pub fn numa_nodes() -> Vec<u32> {
         .map(|rd| {
             rd.filter_map(|e| e.ok())
                 .filter_map(|e| {
-                    e.file_name()
-                        .to_str()
-                        .and_then(|n| n.strip_prefix("node"))
-                        .and_then(|n| n.parse().ok())
+                    e.file_name().to_str().and_then(|n| n.strip_prefix("node")).and_then(|n| n.parse().ok())
                 })
                 .collect()
         })
@@ -45,9 +42,7 @@ pub fn allocate(size: usize, location: &str) -> Result<*mut u8> {
     let loc = location.trim();
     if let Some((kind, _)) = loc.split_once(':') {
         if kind != "cpu" {
-            return Err(Error::NotImplemented(format!(
-                "allocation at location {loc:?}: only cpu memory is supported"
-            )));
+            return Err(Error::NotImplemented(format!("allocation at location {loc:?}: only cpu memory is supported")));
         }
     }
     // SAFETY: an anonymous private mapping has no preconditions; the result is checked.
@@ -62,10 +57,7 @@ pub fn allocate(size: usize, location: &str) -> Result<*mut u8> {
         )
     };
     if ptr == libc::MAP_FAILED {
-        return Err(Error::Os(format!(
-            "mmap of {size} bytes failed: {}",
-            std::io::Error::last_os_error()
-        )));
+        return Err(Error::Os(format!("mmap of {size} bytes failed: {}", std::io::Error::last_os_error())));
     }
     if let Some(node) = cpu_node(loc) {
         if numa_nodes().contains(&node) && node < 64 {
@@ -73,26 +65,13 @@ pub fn allocate(size: usize, location: &str) -> Result<*mut u8> {
             // SAFETY: mbind reads `mask` (65 bits max) and changes policy of our own mapping;
             // a failure only loses the placement preference, so it is logged, not fatal.
             let rc = unsafe {
-                libc::syscall(
-                    libc::SYS_mbind,
-                    ptr,
-                    size,
-                    MPOL_PREFERRED,
-                    &mask as *const u64,
-                    65usize,
-                    0u32,
-                )
+                libc::syscall(libc::SYS_mbind, ptr, size, MPOL_PREFERRED, &mask as *const u64, 65usize, 0u32)
             };
             if rc != 0 {
-                tracing::debug!(
-                    "mbind to node {node} failed: {}",
-                    std::io::Error::last_os_error()
-                );
+                tracing::debug!("mbind to node {node} failed: {}", std::io::Error::last_os_error());
             }
         } else {
-            tracing::warn!(
-                "location {loc:?} names a NUMA node this host does not have; using default placement"
-            );
+            tracing::warn!("location {loc:?} names a NUMA node this host does not have; using default placement");
         }
     }
     Ok(ptr.cast())
@@ -105,10 +84,7 @@ pub fn allocate(size: usize, location: &str) -> Result<*mut u8> {
 pub unsafe fn release(ptr: *mut u8, size: usize) {
     // SAFETY: guaranteed by the caller.
     if unsafe { libc::munmap(ptr.cast(), size) } != 0 {
-        tracing::warn!(
-            "munmap of {size} bytes at {ptr:p} failed: {}",
-            std::io::Error::last_os_error()
-        );
+        tracing::warn!("munmap of {size} bytes at {ptr:p} failed: {}", std::io::Error::last_os_error());
     }
 }
 
@@ -124,18 +100,9 @@ pub fn prefault(addr: u64, len: u64) {
     };
     // SAFETY: madvise only asks the kernel to populate page tables of the caller's registered
     // range; it fails harmlessly (EINVAL/EFAULT/ENOMEM) for unsupported or unmapped ranges.
-    let rc = unsafe {
-        libc::madvise(
-            start as *mut libc::c_void,
-            (end - start) as usize,
-            MADV_POPULATE_WRITE,
-        )
-    };
+    let rc = unsafe { libc::madvise(start as *mut libc::c_void, (end - start) as usize, MADV_POPULATE_WRITE) };
     if rc != 0 {
-        tracing::debug!(
-            "prefault of {len} bytes at {addr:#x} skipped: {}",
-            std::io::Error::last_os_error()
-        );
+        tracing::debug!("prefault of {len} bytes at {addr:#x} skipped: {}", std::io::Error::last_os_error());
     }
 }
 
@@ -154,20 +121,14 @@ pub fn probe_location(addr: u64) -> String {
             MPOL_F_NODE | MPOL_F_ADDR,
         )
     };
-    if rc == 0 && node >= 0 {
-        format!("cpu:{node}")
-    } else {
-        "*".to_string()
-    }
+    if rc == 0 && node >= 0 { format!("cpu:{node}") } else { "*".to_string() }
 }
 
 /// The topology string of the local descriptor: no RDMA NICs yet, the wildcard memory and one
 /// entry per NUMA node.
 pub fn topology_json() -> String {
-    let mut mems = vec![
-        serde_json::json!({"name": "*", "pci_bus_id": "", "type": 0, "numa_node": -1,
-        "device_list": {"rank0": [], "rank1": [], "rank2": []}}),
-    ];
+    let mut mems = vec![serde_json::json!({"name": "*", "pci_bus_id": "", "type": 0, "numa_node": -1,
+        "device_list": {"rank0": [], "rank1": [], "rank2": []}})];
     for n in numa_nodes() {
         mems.push(serde_json::json!({"name": format!("cpu:{n}"), "pci_bus_id": "", "type": 0, "numa_node": n,
             "device_list": {"rank0": [], "rank1": [], "rank2": []}}));
@@ -177,16 +138,8 @@ pub fn topology_json() -> String {
 
 /// `<boot_id>:<machine-id>`, either alone, or a random fallback, as upstream builds `machine_id`.
 pub fn machine_id() -> String {
-    let read = |p: &str| {
-        std::fs::read_to_string(p)
-            .ok()
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-    };
-    match (
-        read("/proc/sys/kernel/random/boot_id"),
-        read("/etc/machine-id"),
-    ) {
+    let read = |p: &str| std::fs::read_to_string(p).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
+    match (read("/proc/sys/kernel/random/boot_id"), read("/etc/machine-id")) {
         (Some(a), Some(b)) => format!("{a}:{b}"),
         (Some(a), None) | (None, Some(a)) => a,
         (None, None) => format!("undefined_machine_{}", random_letters(16)),
@@ -196,9 +149,8 @@ pub fn machine_id() -> String {
 /// `n` random lower-case letters (from the OS random source, falling back to the clock).
 pub fn random_letters(n: usize) -> String {
     let mut bytes = vec![0u8; n];
-    let filled = std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
-        .is_ok();
+    let filled =
+        std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes)).is_ok();
     if !filled {
         let mut x = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -240,10 +192,7 @@ mod tests {
         // SAFETY: same pointer and size, released once.
         unsafe { release(p, 1 << 20) };
         assert!(allocate(0, "*").is_err());
-        assert!(matches!(
-            allocate(16, "cuda:0"),
-            Err(Error::NotImplemented(_))
-        ));
+        assert!(matches!(allocate(16, "cuda:0"), Err(Error::NotImplemented(_))));
     }
 
     #[test]

@@ -162,12 +162,10 @@ impl RpcHandler for ServerView {
         f: &mut dyn FnMut(*mut u8) -> io::Result<()>,
     ) -> std::result::Result<io::Result<()>, Refusal> {
         let op = if write { Opcode::Write } else { Opcode::Read };
-        self.local
-            .with_ranges(&[(addr, len, Some((op, true)))], || f(addr as *mut u8))
-            .map_err(|e| match e {
-                Error::PermissionDenied(_) => Refusal::Permission,
-                _ => Refusal::NotRegistered,
-            })
+        self.local.with_ranges(&[(addr, len, Some((op, true)))], || f(addr as *mut u8)).map_err(|e| match e {
+            Error::PermissionDenied(_) => Refusal::Permission,
+            _ => Refusal::NotRegistered,
+        })
     }
 }
 
@@ -186,16 +184,10 @@ impl Engine {
             .get_i64_checked(keys::RPC_SERVER_PORT.0, keys::RPC_SERVER_PORT.1, 0, 65535)
             .map_err(Error::InvalidArgument)? as u16;
         let threads = config
-            .get_i64_checked(
-                keys::RPC_SERVER_THREADS.0,
-                keys::RPC_SERVER_THREADS.1,
-                1,
-                1024,
-            )
+            .get_i64_checked(keys::RPC_SERVER_THREADS.0, keys::RPC_SERVER_THREADS.1, 1, 1024)
             .map_err(Error::InvalidArgument)? as usize;
-        let data_threads = config
-            .get_i64_checked("rpc_server_data_threads", 4, 1, 1024)
-            .map_err(Error::InvalidArgument)? as usize;
+        let data_threads =
+            config.get_i64_checked("rpc_server_data_threads", 4, 1, 1024).map_err(Error::InvalidArgument)? as usize;
         let timeouts = ClientTimeouts {
             connect: Duration::from_millis(config.get_u64("rpc_connect_timeout_ms", 5000).max(1)),
             request: Duration::from_millis(config.get_u64("rpc_request_timeout_ms", 30000).max(1)),
@@ -206,12 +198,8 @@ impl Engine {
         let port = listener.local_addr().map_err(Error::from)?.port();
         let rpc_addr = addr::host_port(&ip, port);
         let name = rpc_addr.clone();
-        let local = Arc::new(LocalSegment::new(
-            name.clone(),
-            memory::machine_id(),
-            rpc_addr.clone(),
-            memory::topology_json(),
-        ));
+        let local =
+            Arc::new(LocalSegment::new(name.clone(), memory::machine_id(), rpc_addr.clone(), memory::topology_json()));
         let client = Arc::new(RpcClient::new(timeouts));
         let remote = Arc::new(Remote::new(client.clone(), name.clone(), rpc_addr));
         let mut transports: Vec<Arc<dyn Transport>> = Vec::new();
@@ -221,28 +209,14 @@ impl Engine {
             transports.push(Arc::new(ShmTransport::new(shm_params)?));
         }
         if config.get_bool(keys::TCP_ENABLE.0, keys::TCP_ENABLE.1) {
-            transports.push(Arc::new(TcpTransport::new(
-                client.clone(),
-                TcpParams::from_config(&config),
-            )?));
+            transports.push(Arc::new(TcpTransport::new(client.clone(), TcpParams::from_config(&config))?));
         }
         let progress = config
-            .get_bool(
-                keys::ENABLE_PROGRESS_WORKER.0,
-                keys::ENABLE_PROGRESS_WORKER.1,
-            )
+            .get_bool(keys::ENABLE_PROGRESS_WORKER.0, keys::ENABLE_PROGRESS_WORKER.1)
             .then(|| Arc::new(WorkQueue::<Arc<Unit>>::default()));
         let failover = Arc::new(FailoverConfig {
-            budget: config
-                .get_u64(
-                    keys::MAX_FAILOVER_ATTEMPTS.0,
-                    keys::MAX_FAILOVER_ATTEMPTS.1 as u64,
-                )
-                .min(64) as u32,
-            on_poll: config.get_bool(
-                keys::ENABLE_AUTO_FAILOVER_ON_POLL.0,
-                keys::ENABLE_AUTO_FAILOVER_ON_POLL.1,
-            ),
+            budget: config.get_u64(keys::MAX_FAILOVER_ATTEMPTS.0, keys::MAX_FAILOVER_ATTEMPTS.1 as u64).min(64) as u32,
+            on_poll: config.get_bool(keys::ENABLE_AUTO_FAILOVER_ON_POLL.0, keys::ENABLE_AUTO_FAILOVER_ON_POLL.1),
             progress: progress.clone(),
         });
         let dispatcher = Arc::new(Dispatcher {
@@ -252,6 +226,7 @@ impl Engine {
             policies: policy::parse(config.get("policy")),
             failover,
             merge: config.get_bool(keys::MERGE_REQUESTS.0, keys::MERGE_REQUESTS.1),
+            submitted: Default::default(),
         });
         // Transports drop per-segment state (e.g. shm mappings) when a peer's descriptor changes.
         let weak = Arc::downgrade(&dispatcher);
@@ -265,34 +240,25 @@ impl Engine {
         let progress_worker = match &progress {
             Some(q) => {
                 let (q, d) = (q.clone(), dispatcher.clone());
-                Some(
-                    std::thread::Builder::new()
-                        .name("tent-progress".into())
-                        .spawn(move || {
-                            while let Some(unit) = q.pop() {
-                                d.fail_over(&unit);
-                            }
-                        })?,
-                )
+                Some(std::thread::Builder::new().name("tent-progress".into()).spawn(move || {
+                    while let Some(unit) = q.pop() {
+                        d.fail_over(&unit);
+                    }
+                })?)
             }
             None => None,
         };
-        let view = Arc::new(ServerView {
-            local: local.clone(),
-            remote: remote.clone(),
-        });
+        let view = Arc::new(ServerView { local: local.clone(), remote: remote.clone() });
         let server = RpcServer::start(listener, view, threads, data_threads, timeouts.request)?;
         let (tx, rx) = mpsc::channel::<()>();
         let r = remote.clone();
-        let publisher = std::thread::Builder::new()
-            .name("tent-publish".into())
-            .spawn(move || {
-                while rx.recv().is_ok() {
-                    // Coalesce bursts of changes into one round of updates.
-                    while rx.try_recv().is_ok() {}
-                    r.publish_update();
-                }
-            })?;
+        let publisher = std::thread::Builder::new().name("tent-publish".into()).spawn(move || {
+            while rx.recv().is_ok() {
+                // Coalesce bursts of changes into one round of updates.
+                while rx.try_recv().is_ok() {}
+                r.publish_update();
+            }
+        })?;
         let engine = Arc::new(Engine {
             config,
             ip,
@@ -362,57 +328,32 @@ impl Engine {
                 .snapshot()
                 .iter()
                 .filter(|b| !b.internal)
-                .map(|b| BufferInfo {
-                    base: b.addr,
-                    length: b.len,
-                    location: b.location.clone(),
-                })
+                .map(|b| BufferInfo { base: b.addr, length: b.len, location: b.location.clone() })
                 .collect();
-            return Ok(SegmentInfo {
-                is_file: false,
-                buffers,
-            });
+            return Ok(SegmentInfo { is_file: false, buffers });
         }
         let desc = self.remote.descriptor(handle, false)?;
         let buffers = desc
             .buffers
             .iter()
             .filter(|b| !b.internal)
-            .map(|b| BufferInfo {
-                base: b.addr,
-                length: b.length,
-                location: b.location.clone(),
-            })
+            .map(|b| BufferInfo { base: b.addr, length: b.length, location: b.location.clone() })
             .collect();
-        Ok(SegmentInfo {
-            is_file: desc.kind == "file",
-            buffers,
-        })
+        Ok(SegmentInfo { is_file: desc.kind == "file", buffers })
     }
 
     /// Allocates memory (not registered, as upstream). Returns the address.
-    pub fn allocate_memory(
-        &self,
-        size: usize,
-        opts: &MemoryOptions,
-    ) -> Result<(u64, Option<String>)> {
+    pub fn allocate_memory(&self, size: usize, opts: &MemoryOptions) -> Result<(u64, Option<String>)> {
         match opts.transport {
             TransportKind::Unspec | TransportKind::Tcp | TransportKind::Rdma => {
                 let ptr = memory::allocate(size, &opts.location)?;
-                self.allocations.lock().insert(
-                    ptr as u64,
-                    Allocation {
-                        size,
-                        shm_name: None,
-                    },
-                );
+                self.allocations.lock().insert(ptr as u64, Allocation { size, shm_name: None });
                 Ok((ptr as u64, None))
             }
             TransportKind::Shm => {
                 if !self.dispatcher.loaded(TransportKind::Shm) {
                     return Err(Error::InvalidArgument(
-                        "shared-memory allocation needs the SHM transport (transports/shm/enable)"
-                            .into(),
+                        "shared-memory allocation needs the SHM transport (transports/shm/enable)".into(),
                     ));
                 }
                 if let Some((kind, _)) = opts.location.split_once(':') {
@@ -424,13 +365,7 @@ impl Engine {
                     }
                 }
                 let (ptr, name) = shm::create_object(&self.shm_dir, size)?;
-                self.allocations.lock().insert(
-                    ptr as u64,
-                    Allocation {
-                        size,
-                        shm_name: Some(name.clone()),
-                    },
-                );
+                self.allocations.lock().insert(ptr as u64, Allocation { size, shm_name: Some(name.clone()) });
                 Ok((ptr as u64, Some(name)))
             }
             other => Err(Error::InvalidArgument(format!(
@@ -443,9 +378,11 @@ impl Engine {
     /// Frees memory from [`Engine::allocate_memory`] (unlinking its shm object, if any); any other
     /// address is an error.
     pub fn free_memory(&self, addr: u64) -> Result<()> {
-        let a = self.allocations.lock().remove(&addr).ok_or_else(|| {
-            Error::InvalidArgument(format!("{addr:#x} was not allocated by this engine"))
-        })?;
+        let a = self
+            .allocations
+            .lock()
+            .remove(&addr)
+            .ok_or_else(|| Error::InvalidArgument(format!("{addr:#x} was not allocated by this engine")))?;
         self.release(addr, a);
         Ok(())
     }
@@ -470,11 +407,7 @@ impl Engine {
 
     /// Transports a registration goes to (tags in the descriptor), in upstream's order; SHM only
     /// for memory backed by a shared-memory object.
-    fn registration_transports(
-        &self,
-        wanted: TransportKind,
-        has_shm: bool,
-    ) -> Result<Vec<TransportKind>> {
+    fn registration_transports(&self, wanted: TransportKind, has_shm: bool) -> Result<Vec<TransportKind>> {
         let loaded: Vec<TransportKind> = self
             .dispatcher
             .transports
@@ -495,10 +428,7 @@ impl Engine {
         if self.dispatcher.loaded(wanted) {
             Ok(vec![wanted])
         } else {
-            Err(Error::InvalidArgument(format!(
-                "transport {} is not loaded",
-                wanted.name()
-            )))
+            Err(Error::InvalidArgument(format!("transport {} is not loaded", wanted.name())))
         }
     }
 
@@ -513,22 +443,16 @@ impl Engine {
                     return Err(Error::InvalidArgument("cannot register address 0".into()));
                 }
                 let loc = opts.location.trim();
-                let location = if loc.is_empty() || loc == "*" {
-                    memory::probe_location(addr)
-                } else {
-                    loc.to_string()
-                };
+                let location =
+                    if loc.is_empty() || loc == "*" { memory::probe_location(addr) } else { loc.to_string() };
                 // For a block this engine allocated, the offset inside the object is known exactly;
                 // for a caller's own object, `shm_offset` says where the range starts.
                 let (shm_path, shm_offset) = match self.shm_backing(addr, len) {
-                    Some((name, off)) if opts.shm_path.is_empty() || opts.shm_path == name => {
-                        (name, off)
-                    }
+                    Some((name, off)) if opts.shm_path.is_empty() || opts.shm_path == name => (name, off),
                     _ if opts.shm_path.is_empty() => (String::new(), 0),
                     _ => (opts.shm_path.clone(), opts.shm_offset as u64),
                 };
-                let transports =
-                    self.registration_transports(opts.transport, !shm_path.is_empty())?;
+                let transports = self.registration_transports(opts.transport, !shm_path.is_empty())?;
                 Ok(Registration {
                     addr,
                     len,
@@ -588,12 +512,7 @@ impl Engine {
     /// all of this submit's tasks completed. Requests that cannot be carried out become FAILED
     /// tasks; only a dead batch, exceeded capacity or a hint naming an unloaded transport fail the
     /// call.
-    pub fn submit(
-        &self,
-        batch_id: u64,
-        requests: &[Request],
-        notify: Option<(String, String)>,
-    ) -> Result<()> {
+    pub fn submit(&self, batch_id: u64, requests: &[Request], notify: Option<(String, String)>) -> Result<()> {
         let batch = self.batches.get(batch_id)?;
         for r in requests {
             if r.hint != TransportKind::Unspec && !self.dispatcher.loaded(r.hint) {
@@ -656,15 +575,9 @@ impl Engine {
     fn dispatch_remote(&self, target: u64, tasks: Vec<Entry>) {
         let mut desc = self.remote.descriptor(target, false);
         let stale = |d: &segment::SegmentDesc| {
-            tasks.iter().any(|t| {
-                d.find_buffer(
-                    t.request.target_offset,
-                    t.request.length,
-                    t.request.opcode,
-                    true,
-                )
-                .is_err()
-            })
+            tasks
+                .iter()
+                .any(|t| d.find_buffer(t.request.target_offset, t.request.length, t.request.opcode, true).is_err())
         };
         if desc.as_ref().is_ok_and(|d| stale(d)) {
             desc = self.remote.descriptor(target, true);
@@ -682,13 +595,8 @@ impl Engine {
     }
 
     fn precheck(&self, r: &Request) -> Result<()> {
-        if r.source.checked_add(r.length).is_none()
-            || r.target_offset.checked_add(r.length).is_none()
-        {
-            return Err(Error::InvalidArgument(format!(
-                "request of {} bytes overflows the address space",
-                r.length
-            )));
+        if r.source.checked_add(r.length).is_none() || r.target_offset.checked_add(r.length).is_none() {
+            return Err(Error::InvalidArgument(format!("request of {} bytes overflows the address space", r.length)));
         }
         if r.source == 0 && r.length > 0 {
             return Err(Error::InvalidArgument("request source is NULL".into()));
@@ -706,10 +614,7 @@ impl Engine {
             Opcode::Write => (r.source, r.target_offset),
             Opcode::Read => (r.target_offset, r.source),
         };
-        let ranges = [
-            (r.source, r.length, None),
-            (r.target_offset, r.length, Some((r.opcode, false))),
-        ];
+        let ranges = [(r.source, r.length, None), (r.target_offset, r.length, Some((r.opcode, false)))];
         self.local.with_ranges(&ranges, || {
             // SAFETY: both ranges lie inside memory registered with this engine (checked under
             // the gate, so no unregister can run meanwhile); `copy` allows overlap.
@@ -770,14 +675,17 @@ impl Engine {
             return Ok(());
         }
         let desc = self.remote.descriptor(handle, false)?;
-        self.remote
-            .client
-            .call(
-                &desc.rpc_server_addr,
-                crate::control::frame::msg::PROBE,
-                &[],
-            )
-            .map(|_| ())
+        self.remote.client.call(&desc.rpc_server_addr, crate::control::frame::msg::PROBE, &[]).map(|_| ())
+    }
+
+    /// How many units of work were handed to the transport of `kind` (failovers included).
+    pub fn units_submitted(&self, kind: TransportKind) -> u64 {
+        self.dispatcher.submitted(kind)
+    }
+
+    /// The transports loaded in this engine.
+    pub fn loaded_transports(&self) -> Vec<TransportKind> {
+        self.dispatcher.transports.iter().map(|t| t.kind()).collect()
     }
 
     /// Per-NIC load; empty without RDMA.

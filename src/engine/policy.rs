@@ -37,8 +37,7 @@ pub struct SelectCtx<'a> {
 /// Maps a transport name from config to its kind.
 pub fn transport_by_name(name: &str) -> Option<TransportKind> {
     (1..13).filter_map(TransportKind::from_i32).find(|k| {
-        k.name() == name.to_ascii_lowercase()
-            || (name.eq_ignore_ascii_case("iouring") && *k == TransportKind::IoUring)
+        k.name() == name.to_ascii_lowercase() || (name.eq_ignore_ascii_case("iouring") && *k == TransportKind::IoUring)
     })
 }
 
@@ -64,10 +63,27 @@ fn priority_of(v: &Value) -> Option<i32> {
     }
 }
 
-/// Parses the `policy` array; entries that are malformed are skipped with a warning.
+/// Parses the `policy` array; entries that are malformed are skipped with a warning. A list
+/// given as JSON text (as `tent_set_config("policy", "[...]")` stores it) is parsed too.
 pub fn parse(v: Option<&Value>) -> Vec<Policy> {
-    let Some(Value::Array(items)) = v else {
-        return Vec::new();
+    let parsed;
+    let items = match v {
+        Some(Value::Array(items)) => items,
+        Some(Value::String(text)) => match serde_json::from_str::<Value>(text) {
+            Ok(Value::Array(items)) => {
+                parsed = items;
+                &parsed
+            }
+            _ => {
+                tracing::warn!("policy is not a JSON array; ignored");
+                return Vec::new();
+            }
+        },
+        Some(other) if !other.is_null() => {
+            tracing::warn!("policy is not an array; ignored");
+            return Vec::new();
+        }
+        _ => return Vec::new(),
     };
     let mut out = Vec::new();
     for (i, item) in items.iter().enumerate() {
@@ -80,12 +96,7 @@ pub fn parse(v: Option<&Value>) -> Vec<Policy> {
             continue;
         };
         let mut transports = Vec::new();
-        for t in obj
-            .get("transports")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
+        for t in obj.get("transports").and_then(Value::as_array).into_iter().flatten() {
             match t.as_str().and_then(transport_by_name) {
                 Some(k) => transports.push(k),
                 None => tracing::warn!("policy[{i}]: unknown transport {t}; ignored"),
@@ -104,14 +115,8 @@ pub fn parse(v: Option<&Value>) -> Vec<Policy> {
         out.push(Policy {
             segment_type: segment_type.to_string(),
             same_machine: obj.get("same_machine").and_then(Value::as_bool),
-            local_memory: obj
-                .get("local_memory")
-                .and_then(Value::as_str)
-                .map(str::to_string),
-            remote_memory: obj
-                .get("remote_memory")
-                .and_then(Value::as_str)
-                .map(str::to_string),
+            local_memory: obj.get("local_memory").and_then(Value::as_str).map(str::to_string),
+            remote_memory: obj.get("remote_memory").and_then(Value::as_str).map(str::to_string),
             min_size: obj.get("min_size").and_then(Value::as_u64),
             max_size: obj.get("max_size").and_then(Value::as_u64),
             priority,
@@ -124,8 +129,7 @@ pub fn parse(v: Option<&Value>) -> Vec<Policy> {
 impl Policy {
     /// Whether this policy applies to a request.
     pub fn matches(&self, c: &SelectCtx) -> bool {
-        let mem =
-            |pat: &Option<String>, kind: &str| pat.as_deref().is_none_or(|p| p == "*" || p == kind);
+        let mem = |pat: &Option<String>, kind: &str| pat.as_deref().is_none_or(|p| p == "*" || p == kind);
         self.segment_type == c.segment_type
             && self.same_machine.is_none_or(|s| s == c.same_machine)
             && mem(&self.local_memory, c.local_memory)
@@ -172,15 +176,12 @@ mod tests {
         let p = parse(Some(&v));
         assert_eq!(p.len(), 2, "malformed entries are skipped");
         assert_eq!(order(&p, &ctx(100, true)), vec![TransportKind::Tcp]);
-        assert_eq!(
-            order(&p, &ctx(1 << 20, true)),
-            vec![TransportKind::Shm, TransportKind::Tcp]
-        );
-        assert_eq!(
-            order(&p, &ctx(1 << 20, false)),
-            vec![TransportKind::Shm, TransportKind::Rdma, TransportKind::Tcp]
-        );
+        assert_eq!(order(&p, &ctx(1 << 20, true)), vec![TransportKind::Shm, TransportKind::Tcp]);
+        assert_eq!(order(&p, &ctx(1 << 20, false)), vec![TransportKind::Shm, TransportKind::Rdma, TransportKind::Tcp]);
         assert!(parse(None).is_empty());
+        let text = Value::String(r#"[{"segment_type":"memory","transports":["tcp"]}]"#.into());
+        assert_eq!(parse(Some(&text)).len(), 1, "JSON text from tent_set_config");
+        assert!(parse(Some(&Value::String("nonsense".into()))).is_empty());
     }
 
     #[test]

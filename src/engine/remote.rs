@@ -84,11 +84,7 @@ impl Remote {
         }
         if !desc.rpc_server_addr.is_empty() && !self.local_rpc_addr.is_empty() {
             let me = serde_json::Value::String(self.local_rpc_addr.clone()).to_string();
-            if let Err(e) = self.client.call(
-                &desc.rpc_server_addr,
-                msg::SUBSCRIBE_SEGMENT_UPDATE,
-                me.as_bytes(),
-            ) {
+            if let Err(e) = self.client.call(&desc.rpc_server_addr, msg::SUBSCRIBE_SEGMENT_UPDATE, me.as_bytes()) {
                 tracing::debug!("subscribing to updates of {name} failed: {e}");
             }
         }
@@ -126,10 +122,7 @@ impl Remote {
         let subs: Vec<String> = self.subscribers.lock().iter().cloned().collect();
         let me = serde_json::Value::String(self.local_name.clone()).to_string();
         for s in subs {
-            if let Err(e) = self
-                .client
-                .call(&s, msg::NOTIFY_SEGMENT_UPDATED, me.as_bytes())
-            {
+            if let Err(e) = self.client.call(&s, msg::NOTIFY_SEGMENT_UPDATED, me.as_bytes()) {
                 tracing::debug!("dropping subscriber {s}: {e}");
                 self.subscribers.lock().remove(&s);
             }
@@ -139,9 +132,7 @@ impl Remote {
     /// Queues a received notification, naming the sender's handle when it is open here.
     pub fn deliver(&self, name: String, msg: String, sender: Option<String>) {
         let handle = sender.and_then(|s| self.segments.id_of(&s)).unwrap_or(0);
-        self.notifications
-            .lock()
-            .push_back(Notification { name, msg, handle });
+        self.notifications.lock().push_back(Notification { name, msg, handle });
     }
 
     /// Takes every queued notification.
@@ -165,19 +156,13 @@ impl Remote {
             return Ok(());
         }
         // Keys sorted as upstream sends them; "sender" is a tent-rs extension upstream ignores.
-        let body = serde_json::json!({"msg": msg_text, "name": name, "sender": self.local_name})
-            .to_string();
+        let body = serde_json::json!({"msg": msg_text, "name": name, "sender": self.local_name}).to_string();
         let desc = self.descriptor(handle, false)?;
-        match self
-            .client
-            .call(&desc.rpc_server_addr, msg::NOTIFY, body.as_bytes())
-        {
+        match self.client.call(&desc.rpc_server_addr, msg::NOTIFY, body.as_bytes()) {
             Ok(_) => Ok(()),
             Err(_) => {
                 let desc = self.descriptor(handle, true)?;
-                self.client
-                    .call(&desc.rpc_server_addr, msg::NOTIFY, body.as_bytes())
-                    .map(|_| ())
+                self.client.call(&desc.rpc_server_addr, msg::NOTIFY, body.as_bytes()).map(|_| ())
             }
         }
     }

@@ -45,9 +45,7 @@ fn default_perm() -> Option<i32> {
 impl BufferDesc {
     /// The permission peers must respect (read-write when the owner did not say).
     pub fn permission(&self) -> Permission {
-        self.perm
-            .and_then(|p| Permission::from_c(p).ok())
-            .unwrap_or(Permission::GlobalReadWrite)
+        self.perm.and_then(|p| Permission::from_c(p).ok()).unwrap_or(Permission::GlobalReadWrite)
     }
 }
 
@@ -70,22 +68,14 @@ impl SegmentDesc {
     /// Serialises in upstream's shape: sorted keys, no indentation, every required key present.
     pub fn to_json(&self) -> String {
         let mut detail = self.detail_extra.clone();
-        detail.insert(
-            "buffers".into(),
-            serde_json::to_value(&self.buffers).unwrap_or(Value::Array(vec![])),
-        );
+        detail.insert("buffers".into(), serde_json::to_value(&self.buffers).unwrap_or(Value::Array(vec![])));
         detail.insert("devices".into(), Value::Array(self.devices.clone()));
-        detail
-            .entry("device_attrs")
-            .or_insert_with(|| Value::Object(Default::default()));
+        detail.entry("device_attrs").or_insert_with(|| Value::Object(Default::default()));
         let mut top = serde_json::Map::new();
         top.insert("name".into(), Value::String(self.name.clone()));
         top.insert("type".into(), Value::String(self.kind.clone()));
         top.insert("machine_id".into(), Value::String(self.machine_id.clone()));
-        top.insert(
-            "rpc_server_addr".into(),
-            Value::String(self.rpc_server_addr.clone()),
-        );
+        top.insert("rpc_server_addr".into(), Value::String(self.rpc_server_addr.clone()));
         if let Some(r) = self.rdma_server_name.as_ref().filter(|r| !r.is_empty()) {
             top.insert("rdma_server_name".into(), Value::String(r.clone()));
         }
@@ -114,8 +104,9 @@ impl SegmentDesc {
             .cloned()
             .ok_or_else(|| bad("missing object field \"detail\""))?;
         let buffers = match detail.remove("buffers") {
-            Some(b) if kind == "memory" => serde_json::from_value::<Vec<BufferDesc>>(b)
-                .map_err(|e| bad(&format!("buffers: {e}")))?,
+            Some(b) if kind == "memory" => {
+                serde_json::from_value::<Vec<BufferDesc>>(b).map_err(|e| bad(&format!("buffers: {e}")))?
+            }
             Some(_) => Vec::new(),
             None if kind == "memory" => return Err(bad("missing \"detail.buffers\"")),
             None => Vec::new(),
@@ -133,22 +124,13 @@ impl SegmentDesc {
             buffers,
             devices,
             detail_extra: detail,
-            rdma_server_name: obj
-                .get("rdma_server_name")
-                .and_then(Value::as_str)
-                .map(str::to_string),
+            rdma_server_name: obj.get("rdma_server_name").and_then(Value::as_str).map(str::to_string),
         })
     }
 
     /// The first buffer (in address order) that fully contains `[addr, addr+len)` and whose
     /// permission allows `op` (from a peer when `remote`).
-    pub fn find_buffer(
-        &self,
-        addr: u64,
-        len: u64,
-        op: Opcode,
-        remote: bool,
-    ) -> Result<&BufferDesc> {
+    pub fn find_buffer(&self, addr: u64, len: u64, op: Opcode, remote: bool) -> Result<&BufferDesc> {
         let mut contained = false;
         for b in &self.buffers {
             if range_within(addr, len, b.addr, b.length) {
@@ -222,12 +204,7 @@ pub struct Registration {
 
 impl LocalSegment {
     /// Creates an empty local segment with its identity.
-    pub fn new(
-        name: String,
-        machine_id: String,
-        rpc_server_addr: String,
-        topology: String,
-    ) -> LocalSegment {
+    pub fn new(name: String, machine_id: String, rpc_server_addr: String, topology: String) -> LocalSegment {
         LocalSegment {
             name,
             machine_id,
@@ -259,16 +236,10 @@ impl LocalSegment {
         let mut changed = false;
         for r in regs {
             if r.len == 0 {
-                return Err(Error::InvalidArgument(format!(
-                    "cannot register 0 bytes at {:#x}",
-                    r.addr
-                )));
+                return Err(Error::InvalidArgument(format!("cannot register 0 bytes at {:#x}", r.addr)));
             }
             if r.addr.checked_add(r.len).is_none() {
-                return Err(Error::InvalidArgument(format!(
-                    "range {:#x}+{} overflows",
-                    r.addr, r.len
-                )));
+                return Err(Error::InvalidArgument(format!("range {:#x}+{} overflows", r.addr, r.len)));
             }
             if let Some(b) = list.iter_mut().find(|b| b.addr == r.addr && b.len == r.len) {
                 b.refcount = b.refcount.saturating_add(1);
@@ -442,10 +413,8 @@ impl SegmentTable {
     /// Forgets a handle; an unknown handle is an error.
     pub fn close(&self, id: u64) -> Result<String> {
         let mut t = self.inner.lock();
-        let name = t
-            .by_id
-            .remove(&id)
-            .ok_or_else(|| Error::InvalidEntry(format!("segment handle {id} is not open")))?;
+        let name =
+            t.by_id.remove(&id).ok_or_else(|| Error::InvalidEntry(format!("segment handle {id} is not open")))?;
         t.by_name.remove(&name);
         Ok(name)
     }
@@ -481,14 +450,8 @@ mod tests {
     #[test]
     fn refcounted_register_and_wildcard_unregister() {
         let s = LocalSegment::new("a".into(), "m".into(), "a".into(), "{}".into());
-        assert!(
-            s.register(&[reg(0x1000, 4096, Permission::GlobalReadWrite)])
-                .unwrap_or(false)
-        );
-        assert!(
-            !s.register(&[reg(0x1000, 4096, Permission::GlobalReadWrite)])
-                .unwrap_or(true)
-        );
+        assert!(s.register(&[reg(0x1000, 4096, Permission::GlobalReadWrite)]).unwrap_or(false));
+        assert!(!s.register(&[reg(0x1000, 4096, Permission::GlobalReadWrite)]).unwrap_or(true));
         assert_eq!(s.snapshot()[0].refcount, 2);
         assert!(s.unregister(&[(0x1000, 4096)]).is_empty());
         assert_eq!(s.unregister(&[(0x1000, 0)]).len(), 1);
@@ -499,41 +462,20 @@ mod tests {
     #[test]
     fn sorted_and_checked() {
         let s = LocalSegment::new("a".into(), "m".into(), "a".into(), "{}".into());
-        s.register(&[
-            reg(0x3000, 10, Permission::GlobalReadOnly),
-            reg(0x1000, 10, Permission::GlobalReadWrite),
-        ])
-        .expect("register");
+        s.register(&[reg(0x3000, 10, Permission::GlobalReadOnly), reg(0x1000, 10, Permission::GlobalReadWrite)])
+            .expect("register");
         let snap = s.snapshot();
         assert_eq!(snap[0].addr, 0x1000);
-        assert!(
-            s.check_range(0x1000, 10, Some((Opcode::Write, false)))
-                .is_ok()
-        );
-        assert!(matches!(
-            s.check_range(0x3000, 10, Some((Opcode::Write, false))),
-            Err(Error::PermissionDenied(_))
-        ));
-        assert!(matches!(
-            s.check_range(0x1005, 10, None),
-            Err(Error::AddressNotRegistered(_))
-        ));
-        assert!(
-            s.register(&[reg(u64::MAX - 2, 10, Permission::GlobalReadWrite)])
-                .is_err()
-        );
+        assert!(s.check_range(0x1000, 10, Some((Opcode::Write, false))).is_ok());
+        assert!(matches!(s.check_range(0x3000, 10, Some((Opcode::Write, false))), Err(Error::PermissionDenied(_))));
+        assert!(matches!(s.check_range(0x1005, 10, None), Err(Error::AddressNotRegistered(_))));
+        assert!(s.register(&[reg(u64::MAX - 2, 10, Permission::GlobalReadWrite)]).is_err());
     }
 
     #[test]
     fn descriptor_round_trips_with_every_required_key() {
-        let s = LocalSegment::new(
-            "127.0.0.1:15000".into(),
-            "m".into(),
-            "127.0.0.1:15000".into(),
-            "{}".into(),
-        );
-        s.register(&[reg(0x1000, 8192, Permission::GlobalReadWrite)])
-            .expect("register");
+        let s = LocalSegment::new("127.0.0.1:15000".into(), "m".into(), "127.0.0.1:15000".into(), "{}".into());
+        s.register(&[reg(0x1000, 8192, Permission::GlobalReadWrite)]).expect("register");
         let json = s.descriptor_json();
         for key in [
             "\"addr\"",

@@ -17,9 +17,9 @@ impl Opcode {
         match v {
             0 => Ok(Opcode::Read),
             1 => Ok(Opcode::Write),
-            other => Err(Error::InvalidArgument(format!(
-                "opcode {other} is neither OPCODE_READ (0) nor OPCODE_WRITE (1)"
-            ))),
+            other => {
+                Err(Error::InvalidArgument(format!("opcode {other} is neither OPCODE_READ (0) nor OPCODE_WRITE (1)")))
+            }
         }
     }
 }
@@ -104,9 +104,7 @@ impl Permission {
             0 => Ok(Permission::LocalReadWrite),
             1 => Ok(Permission::GlobalReadOnly),
             2 => Ok(Permission::GlobalReadWrite),
-            other => Err(Error::InvalidArgument(format!(
-                "permission {other} is not one of PERM_* (0, 1, 2)"
-            ))),
+            other => Err(Error::InvalidArgument(format!("permission {other} is not one of PERM_* (0, 1, 2)"))),
         }
     }
 

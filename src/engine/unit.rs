@@ -87,11 +87,7 @@ impl Unit {
             members,
             attempt: AtomicU32::new(0),
             suspended: AtomicBool::new(false),
-            route: Mutex::new(Route {
-                candidates,
-                index: 0,
-                failovers: 0,
-            }),
+            route: Mutex::new(Route { candidates, index: 0, failovers: 0 }),
             failover,
         });
         for m in &unit.members {
@@ -113,10 +109,7 @@ impl Unit {
 
     /// A task for the current attempt.
     pub fn task(self: &Arc<Self>) -> Task {
-        Task {
-            unit: self.clone(),
-            attempt: self.attempt.load(Ordering::Acquire),
-        }
+        Task { unit: self.clone(), attempt: self.attempt.load(Ordering::Acquire) }
     }
 
     fn complete(&self, attempt: u32) {
@@ -178,12 +171,7 @@ impl Unit {
                 None
             }
         };
-        let reason = || {
-            self.members
-                .iter()
-                .find_map(|m| m.error())
-                .unwrap_or_else(|| "transfer failed".into())
-        };
+        let reason = || self.members.iter().find_map(|m| m.error()).unwrap_or_else(|| "transfer failed".into());
         match next {
             Some(kind) => {
                 self.attempt.fetch_add(1, Ordering::AcqRel);

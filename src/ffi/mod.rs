@@ -39,9 +39,7 @@ pub(crate) fn last_error() -> String {
 /// for `tent_last_error`, and a panic into the same error value instead of unwinding into C.
 macro_rules! guard {
     ($name:expr, $err:expr, $body:block) => {{
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(
-            || -> $crate::error::Result<_> { $body },
-        ));
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> $crate::error::Result<_> { $body }));
         match result {
             Ok(Ok(v)) => v,
             Ok(Err(e)) => {
@@ -108,19 +106,13 @@ pub(crate) fn engine(ptr: *mut c_void) -> Result<Arc<Engine>> {
     match lookup(ptr).as_deref() {
         Some(Handle::Ready(e)) => Ok(e.clone()),
         Some(Handle::Failed(why)) => Err(Error::Unavailable(why.clone())),
-        None => Err(Error::InvalidArgument(format!(
-            "{ptr:p} is not a live engine handle"
-        ))),
+        None => Err(Error::InvalidArgument(format!("{ptr:p} is not a live engine handle"))),
     }
 }
 
 /// Fails with a clear message when a pointer argument is NULL.
 pub(crate) fn non_null<T>(p: *const T, what: &str) -> Result<()> {
-    if p.is_null() {
-        Err(Error::InvalidArgument(format!("{what} is NULL")))
-    } else {
-        Ok(())
-    }
+    if p.is_null() { Err(Error::InvalidArgument(format!("{what} is NULL"))) } else { Ok(()) }
 }
 
 /// Reads a C string argument; NULL and invalid UTF-8 are invalid arguments.
@@ -131,18 +123,12 @@ pub(crate) unsafe fn c_str(p: *const c_char, what: &str) -> Result<String> {
     non_null(p, what)?;
     // SAFETY: non-NULL and NUL-terminated per the caller's contract.
     let s = unsafe { CStr::from_ptr(p) };
-    s.to_str()
-        .map(str::to_string)
-        .map_err(|_| Error::InvalidArgument(format!("{what} is not valid UTF-8")))
+    s.to_str().map(str::to_string).map_err(|_| Error::InvalidArgument(format!("{what} is not valid UTF-8")))
 }
 
 /// Reads a fixed `char[N]` field up to its first NUL (or all N bytes), lossily as UTF-8.
 pub(crate) fn fixed_str(buf: &[c_char]) -> String {
-    let bytes: Vec<u8> = buf
-        .iter()
-        .map(|&c| c as u8)
-        .take_while(|&b| b != 0)
-        .collect();
+    let bytes: Vec<u8> = buf.iter().map(|&c| c as u8).take_while(|&b| b != 0).collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
 

@@ -47,10 +47,7 @@ fn thread_config() -> Config {
 }
 
 fn status_out(st: (crate::engine::types::Status, u64)) -> tent_status {
-    tent_status {
-        status: st.0 as c_int,
-        transferred_bytes: st.1,
-    }
+    tent_status { status: st.0 as c_int, transferred_bytes: st.1 }
 }
 
 /// Converts a C request (copied, never kept). An out-of-range hint means "no hint", as upstream.
@@ -73,9 +70,7 @@ fn request_from_c(r: &tent_request) -> Result<Request> {
 unsafe fn requests(entries: *const tent_request, count: usize) -> Result<Vec<Request>> {
     non_null(entries, "entries")?;
     if count > (isize::MAX as usize) / std::mem::size_of::<tent_request>() {
-        return Err(Error::InvalidArgument(format!(
-            "count {count} is too large"
-        )));
+        return Err(Error::InvalidArgument(format!("count {count} is too large")));
     }
     // SAFETY: non-NULL and the caller promises `count` elements.
     let raw = unsafe { std::slice::from_raw_parts(entries, count) };
@@ -86,18 +81,10 @@ unsafe fn requests(entries: *const tent_request, count: usize) -> Result<Vec<Req
 fn options_from_c(o: &tent_memory_options) -> Result<MemoryOptions> {
     let location = fixed_str(&o.location);
     Ok(MemoryOptions {
-        location: if location.is_empty() {
-            "*".into()
-        } else {
-            location
-        },
+        location: if location.is_empty() { "*".into() } else { location },
         permission: Permission::from_c(o.permission)?,
-        transport: TransportKind::from_i32(o.transport_type).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "transport_type {} is out of range",
-                o.transport_type
-            ))
-        })?,
+        transport: TransportKind::from_i32(o.transport_type)
+            .ok_or_else(|| Error::InvalidArgument(format!("transport_type {} is out of range", o.transport_type)))?,
         shm_path: fixed_str(&o.shm_path),
         shm_offset: o.shm_offset,
         internal: o.internal != 0,
@@ -119,9 +106,7 @@ unsafe fn ranges(
         non_null(sizes, "sizes")?;
     }
     if count > (isize::MAX as usize) / 8 {
-        return Err(Error::InvalidArgument(format!(
-            "count {count} is too large"
-        )));
+        return Err(Error::InvalidArgument(format!("count {count} is too large")));
     }
     // SAFETY: non-NULL, `count` elements per the caller's contract.
     let a = unsafe { std::slice::from_raw_parts(addrs, count) };
@@ -131,10 +116,7 @@ unsafe fn ranges(
         // SAFETY: as above for sizes.
         Some(unsafe { std::slice::from_raw_parts(sizes, count) })
     };
-    Ok(a.iter()
-        .enumerate()
-        .map(|(i, p)| (*p as u64, s.map(|s| s[i] as u64).unwrap_or(0)))
-        .collect())
+    Ok(a.iter().enumerate().map(|(i, p)| (*p as u64, s.map(|s| s[i] as u64).unwrap_or(0))).collect())
 }
 
 /// Stores a config source for engines created later on this thread: JSON text, or the path of
@@ -208,11 +190,7 @@ pub extern "C" fn tent_destroy_engine(engine: tent_engine_t) {
 /// # Safety
 /// `buf` is NULL or valid for `buf_len` bytes.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn tent_segment_name(
-    engine: tent_engine_t,
-    buf: *mut c_char,
-    buf_len: usize,
-) -> c_int {
+pub unsafe extern "C" fn tent_segment_name(engine: tent_engine_t, buf: *mut c_char, buf_len: usize) -> c_int {
     guard!("tent_segment_name", -1, {
         let e = super::engine(engine)?;
         non_null(buf, "buf")?;
@@ -309,11 +287,7 @@ pub unsafe extern "C" fn tent_get_segment_info(
         }
         let arr = calloc_array::<tent_buffer_info>(n)?;
         for (i, b) in seg.buffers.iter().enumerate() {
-            let mut rec = tent_buffer_info {
-                base: b.base,
-                length: b.length,
-                location: [0; 64],
-            };
+            let mut rec = tent_buffer_info { base: b.base, length: b.length, location: [0; 64] };
             fill_fixed(&mut rec.location, &b.location);
             // SAFETY: arr holds n zeroed records and i < n.
             unsafe { arr.add(i).write(rec) };
@@ -362,10 +336,7 @@ pub unsafe extern "C" fn tent_allocate_memory(
         non_null(addr, "addr")?;
         // SAFETY: forwarded contract.
         let location = unsafe { c_str(location, "location") }?;
-        let opts = MemoryOptions {
-            location,
-            ..MemoryOptions::default()
-        };
+        let opts = MemoryOptions { location, ..MemoryOptions::default() };
         let (p, _) = e.allocate_memory(size, &opts)?;
         // SAFETY: checked non-NULL.
         unsafe { *addr = p as *mut c_void };
@@ -384,12 +355,7 @@ pub extern "C" fn tent_free_memory(engine: tent_engine_t, addr: *mut c_void) -> 
     })
 }
 
-fn register_one(
-    engine: tent_engine_t,
-    addr: *mut c_void,
-    size: usize,
-    opts: MemoryOptions,
-) -> Result<c_int> {
+fn register_one(engine: tent_engine_t, addr: *mut c_void, size: usize, opts: MemoryOptions) -> Result<c_int> {
     let e = super::engine(engine)?;
     non_null(addr, "addr")?;
     e.register_memory(&[(addr as u64, size as u64)], &opts)?;
@@ -399,24 +365,14 @@ fn register_one(
 /// Registers `[addr, addr+size)` readable and writable by peers. Registering the same range again
 /// only adds a reference.
 #[unsafe(no_mangle)]
-pub extern "C" fn tent_register_memory(
-    engine: tent_engine_t,
-    addr: *mut c_void,
-    size: usize,
-) -> c_int {
-    guard!("tent_register_memory", -1, {
-        register_one(engine, addr, size, MemoryOptions::default())
-    })
+pub extern "C" fn tent_register_memory(engine: tent_engine_t, addr: *mut c_void, size: usize) -> c_int {
+    guard!("tent_register_memory", -1, { register_one(engine, addr, size, MemoryOptions::default()) })
 }
 
 /// Drops one reference of a registration; `size == 0` matches any length at `addr`. Unknown
 /// ranges succeed (upstream behaviour).
 #[unsafe(no_mangle)]
-pub extern "C" fn tent_unregister_memory(
-    engine: tent_engine_t,
-    addr: *mut c_void,
-    size: usize,
-) -> c_int {
+pub extern "C" fn tent_unregister_memory(engine: tent_engine_t, addr: *mut c_void, size: usize) -> c_int {
     guard!("tent_unregister_memory", -1, {
         let e = super::engine(engine)?;
         non_null(addr, "addr")?;
@@ -433,9 +389,7 @@ pub extern "C" fn tent_allocate_batch(engine: tent_engine_t, batch_size: usize) 
         super::set_last_error("tent_allocate_batch", "engine is NULL");
         return u64::MAX;
     }
-    guard!("tent_allocate_batch", 0, {
-        super::engine(engine)?.allocate_batch(batch_size)
-    })
+    guard!("tent_allocate_batch", 0, { super::engine(engine)?.allocate_batch(batch_size) })
 }
 
 /// Frees a batch. A batch with pending tasks stays pollable and is reclaimed when they end.
@@ -525,10 +479,7 @@ pub unsafe extern "C" fn tent_send_notifs(
 /// # Safety
 /// `info` is NULL or writable.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn tent_recv_notifs(
-    engine: tent_engine_t,
-    info: *mut tent_notifi_info,
-) -> c_int {
+pub unsafe extern "C" fn tent_recv_notifs(engine: tent_engine_t, info: *mut tent_notifi_info) -> c_int {
     guard!("tent_recv_notifs", -1, {
         non_null(info, "info")?;
         // SAFETY: checked non-NULL.
@@ -602,11 +553,7 @@ pub unsafe extern "C" fn tent_task_status(
 /// Best-effort cancel of a task: a task that has not ended becomes CANCELED; an ended task stays
 /// as it is (returns 0).
 #[unsafe(no_mangle)]
-pub extern "C" fn tent_cancel_task(
-    engine: tent_engine_t,
-    batch_id: tent_batch_id_t,
-    task_id: usize,
-) -> c_int {
+pub extern "C" fn tent_cancel_task(engine: tent_engine_t, batch_id: tent_batch_id_t, task_id: usize) -> c_int {
     guard!("tent_cancel_task", -1, {
         super::engine(engine)?.cancel_task(batch_id, task_id)?;
         Ok(0)
@@ -635,9 +582,7 @@ pub unsafe extern "C" fn tent_overall_status(
 /// 1 when the engine started and can be used, 0 otherwise (including NULL and unknown handles).
 #[unsafe(no_mangle)]
 pub extern "C" fn tent_available(engine: tent_engine_t) -> c_int {
-    guard!("tent_available", 0, {
-        Ok(matches!(super::lookup(engine).as_deref(), Some(Handle::Ready(_))) as c_int)
-    })
+    guard!("tent_available", 0, { Ok(matches!(super::lookup(engine).as_deref(), Some(Handle::Ready(_))) as c_int) })
 }
 
 /// Registers memory with a caller-chosen `PERM_*` permission, enforced for every peer.
@@ -649,10 +594,7 @@ pub extern "C" fn tent_register_memory_with_perm(
     permission: c_int,
 ) -> c_int {
     guard!("tent_register_memory_with_perm", -1, {
-        let opts = MemoryOptions {
-            permission: Permission::from_c(permission)?,
-            ..MemoryOptions::default()
-        };
+        let opts = MemoryOptions { permission: Permission::from_c(permission)?, ..MemoryOptions::default() };
         register_one(engine, addr, size, opts)
     })
 }
@@ -673,10 +615,7 @@ pub unsafe extern "C" fn tent_register_memory_batch(
         let e = super::engine(engine)?;
         // SAFETY: forwarded contract.
         let r = unsafe { ranges(addrs, sizes, count, false) }?;
-        let opts = MemoryOptions {
-            permission: Permission::from_c(permission)?,
-            ..MemoryOptions::default()
-        };
+        let opts = MemoryOptions { permission: Permission::from_c(permission)?, ..MemoryOptions::default() };
         e.register_memory(&r, &opts)?;
         Ok(0)
     })

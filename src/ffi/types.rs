@@ -163,10 +163,7 @@ mod tests {
 
     #[test]
     fn layouts_match_upstream() {
-        assert_eq!(
-            (size_of::<tent_request>(), align_of::<tent_request>()),
-            (48, 8)
-        );
+        assert_eq!((size_of::<tent_request>(), align_of::<tent_request>()), (48, 8));
         assert_eq!(offset_of!(tent_request, source), 8);
         assert_eq!(offset_of!(tent_request, target_id), 16);
         assert_eq!(offset_of!(tent_request, target_offset), 24);

@@ -36,17 +36,11 @@ pub struct ShmParams {
 impl ShmParams {
     /// Reads the parameters (copy threads default to the CPU count, at most 8).
     pub fn from_config(cfg: &Config) -> ShmParams {
-        let cpus = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(2);
+        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
         ShmParams {
             cxl_mount_path: cfg.get_string("transports/shm/cxl_mount_path", ""),
-            copy_threads: cfg
-                .get_u64("transports/shm/copy_threads", cpus.min(8) as u64)
-                .clamp(1, 64) as usize,
-            chunk_size: cfg
-                .get_u64("transports/shm/chunk_size", 8 << 20)
-                .clamp(64 << 10, 1 << 30),
+            copy_threads: cfg.get_u64("transports/shm/copy_threads", cpus.min(8) as u64).clamp(1, 64) as usize,
+            chunk_size: cfg.get_u64("transports/shm/chunk_size", 8 << 20).clamp(64 << 10, 1 << 30),
         }
     }
 }
@@ -58,23 +52,15 @@ fn os_err(what: &str) -> Error {
 /// Opens (or creates) the object `name` under POSIX shm, or as a file under `dir` when set.
 fn open_object(dir: &str, name: &str, create: bool) -> Result<libc::c_int> {
     if name.is_empty() || name.contains('/') || name.len() > 200 {
-        return Err(Error::InvalidArgument(format!(
-            "invalid shm object name {name:?}"
-        )));
+        return Err(Error::InvalidArgument(format!("invalid shm object name {name:?}")));
     }
-    let flags = if create {
-        libc::O_CREAT | libc::O_EXCL | libc::O_RDWR
-    } else {
-        libc::O_RDWR
-    };
+    let flags = if create { libc::O_CREAT | libc::O_EXCL | libc::O_RDWR } else { libc::O_RDWR };
     let fd = if dir.is_empty() {
-        let c = CString::new(format!("/{name}"))
-            .map_err(|_| Error::InvalidArgument("NUL in shm name".into()))?;
+        let c = CString::new(format!("/{name}")).map_err(|_| Error::InvalidArgument("NUL in shm name".into()))?;
         // SAFETY: c is a valid NUL-terminated path; the result is checked.
         unsafe { libc::shm_open(c.as_ptr(), flags | libc::O_CLOEXEC, 0o600) }
     } else {
-        let c = CString::new(format!("{dir}/{name}"))
-            .map_err(|_| Error::InvalidArgument("NUL in path".into()))?;
+        let c = CString::new(format!("{dir}/{name}")).map_err(|_| Error::InvalidArgument("NUL in path".into()))?;
         // SAFETY: as above.
         unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC, 0o600) }
     };
@@ -100,10 +86,7 @@ pub fn unlink_object(dir: &str, name: &str) {
         }
     };
     if rc != 0 {
-        tracing::warn!(
-            "removing shm object {name} failed: {}",
-            std::io::Error::last_os_error()
-        );
+        tracing::warn!("removing shm object {name} failed: {}", std::io::Error::last_os_error());
     }
 }
 
@@ -114,11 +97,7 @@ pub fn create_object(dir: &str, size: usize) -> Result<(*mut u8, String)> {
         return Err(Error::InvalidArgument("cannot allocate 0 bytes".into()));
     }
     for _ in 0..8 {
-        let name = format!(
-            "mooncake_{}_{}",
-            std::process::id(),
-            crate::engine::memory::random_letters(8)
-        );
+        let name = format!("mooncake_{}_{}", std::process::id(), crate::engine::memory::random_letters(8));
         let fd = match open_object(dir, &name, true) {
             Ok(fd) => fd,
             Err(_) if std::io::Error::last_os_error().raw_os_error() == Some(libc::EEXIST) => {
@@ -135,14 +114,7 @@ pub fn create_object(dir: &str, size: usize) -> Result<(*mut u8, String)> {
                 unlink_object(dir, &name);
                 return Err(e);
             }
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                size,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            );
+            let p = libc::mmap(std::ptr::null_mut(), size, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0);
             libc::close(fd);
             p
         };
@@ -153,9 +125,7 @@ pub fn create_object(dir: &str, size: usize) -> Result<(*mut u8, String)> {
         }
         return Ok((ptr.cast(), name));
     }
-    Err(Error::Os(
-        "could not find a free shm object name after 8 tries".into(),
-    ))
+    Err(Error::Os("could not find a free shm object name after 8 tries".into()))
 }
 
 /// A peer's object mapped into this process; unmapped when the last user drops it.
@@ -177,10 +147,7 @@ impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: base/mapped come from one successful mmap, unmapped once here.
         if unsafe { libc::munmap(self.base.cast(), self.mapped) } != 0 {
-            tracing::warn!(
-                "munmap of a peer shm mapping failed: {}",
-                std::io::Error::last_os_error()
-            );
+            tracing::warn!("munmap of a peer shm mapping failed: {}", std::io::Error::last_os_error());
         }
     }
 }
@@ -222,12 +189,7 @@ impl Mapping {
         if p == libc::MAP_FAILED {
             return Err(os_err(&format!("mapping shm object {}", buf.shm_path)));
         }
-        Ok(Mapping {
-            base: p.cast(),
-            mapped,
-            delta,
-            length: buf.length,
-        })
+        Ok(Mapping { base: p.cast(), mapped, delta, length: buf.length })
     }
 
     /// The local address of `offset` bytes into the registered buffer.
@@ -270,28 +232,18 @@ impl ShmTransport {
         let mut workers = Vec::new();
         for i in 0..params.copy_threads {
             let q = queue.clone();
-            workers.push(
-                std::thread::Builder::new()
-                    .name(format!("tent-shm-{i}"))
-                    .spawn(move || {
-                        while let Some(c) = q.pop() {
-                            if !c.job.task.cancel_requested() {
-                                copy_chunk(&c);
-                            }
-                            if c.job.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-                                c.job.task.complete();
-                            }
-                        }
-                    })?,
-            );
+            workers.push(std::thread::Builder::new().name(format!("tent-shm-{i}")).spawn(move || {
+                while let Some(c) = q.pop() {
+                    if !c.job.task.cancel_requested() {
+                        copy_chunk(&c);
+                    }
+                    if c.job.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+                        c.job.task.complete();
+                    }
+                }
+            })?);
         }
-        Ok(ShmTransport {
-            params,
-            mappings: Mutex::new(HashMap::new()),
-            queue,
-            stopping,
-            workers: Mutex::new(workers),
-        })
+        Ok(ShmTransport { params, mappings: Mutex::new(HashMap::new()), queue, stopping, workers: Mutex::new(workers) })
     }
 
     /// The parameters in use.
@@ -343,17 +295,15 @@ impl Transport for ShmTransport {
         let mut chunks = Vec::new();
         for task in tasks {
             let r = *task.request();
-            let prepared = target
-                .find_buffer(r.target_offset, r.length, r.opcode, true)
-                .and_then(|buf| {
-                    if buf.shm_path.is_empty() {
-                        return Err(Error::NoTransport(format!(
-                            "the target buffer of segment {} has no shared-memory object",
-                            target.name
-                        )));
-                    }
-                    Ok((self.mapping(&target.name, buf)?, r.target_offset - buf.addr))
-                });
+            let prepared = target.find_buffer(r.target_offset, r.length, r.opcode, true).and_then(|buf| {
+                if buf.shm_path.is_empty() {
+                    return Err(Error::NoTransport(format!(
+                        "the target buffer of segment {} has no shared-memory object",
+                        target.name
+                    )));
+                }
+                Ok((self.mapping(&target.name, buf)?, r.target_offset - buf.addr))
+            });
             let (map, remote_off) = match prepared {
                 Ok(p) => p,
                 Err(e) => {
@@ -366,20 +316,11 @@ impl Transport for ShmTransport {
                 continue;
             }
             let n = r.length.div_ceil(self.params.chunk_size);
-            let job = Arc::new(Job {
-                task,
-                remaining: AtomicUsize::new(n as usize),
-            });
+            let job = Arc::new(Job { task, remaining: AtomicUsize::new(n as usize) });
             let mut off = 0;
             while off < r.length {
                 let len = (r.length - off).min(self.params.chunk_size);
-                chunks.push(Chunk {
-                    job: job.clone(),
-                    map: map.clone(),
-                    remote_off,
-                    offset: off,
-                    len,
-                });
+                chunks.push(Chunk { job: job.clone(), map: map.clone(), remote_off, offset: off, len });
                 off += len;
             }
         }
@@ -393,12 +334,7 @@ impl Transport for ShmTransport {
 
     fn segment_changed(&self, name: &str, desc: Option<&SegmentDesc>) {
         self.mappings.lock().retain(|(seg, addr, path), _| {
-            seg != name
-                || desc.is_some_and(|d| {
-                    d.buffers
-                        .iter()
-                        .any(|b| b.addr == *addr && b.shm_path == *path)
-                })
+            seg != name || desc.is_some_and(|d| d.buffers.iter().any(|b| b.addr == *addr && b.shm_path == *path))
         });
     }
 
@@ -448,26 +384,14 @@ mod tests {
         let m = Mapping::open("", &buf).expect("map with an unaligned offset");
         // SAFETY: the mapping covers the registered 4096 bytes.
         assert_eq!(unsafe { *m.at(0) }, 42);
-        let too_long = BufferDesc {
-            length: 2 << 20,
-            ..buf.clone()
-        };
-        assert!(
-            matches!(Mapping::open("", &too_long), Err(Error::Remote(_))),
-            "object shorter than the registration"
-        );
+        let too_long = BufferDesc { length: 2 << 20, ..buf.clone() };
+        assert!(matches!(Mapping::open("", &too_long), Err(Error::Remote(_))), "object shorter than the registration");
         drop(m);
         // SAFETY: p and size come from create_object.
         unsafe { libc::munmap(p.cast(), 1 << 20) };
         unlink_object("", &name);
         assert!(!std::path::Path::new(&format!("/dev/shm/{name}")).exists());
-        let missing = BufferDesc {
-            shm_path: name,
-            ..buf
-        };
-        assert!(
-            Mapping::open("", &missing).is_err(),
-            "a consumer never creates a missing object"
-        );
+        let missing = BufferDesc { shm_path: name, ..buf };
+        assert!(Mapping::open("", &missing).is_err(), "a consumer never creates a missing object");
     }
 }

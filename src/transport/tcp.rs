@@ -8,7 +8,7 @@
 //! peer (bounds, permission) fails the task at once.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -32,6 +32,11 @@ pub struct TcpParams {
     /// Worker threads, i.e. chunks in flight at once.
     pub max_concurrent_tasks: usize,
     pub chunk_size: u64,
+    /// Fault injection for tests (`transports/tcp/fault/fail_every_nth_chunk`, 0 = off): every
+    /// n-th chunk attempt fails as a transport error without touching the network.
+    pub fail_every_nth_chunk: u64,
+    /// Fault injection for tests (`transports/tcp/fault/refuse_submit`): submit itself fails.
+    pub refuse_submit: bool,
 }
 
 impl TcpParams {
@@ -39,38 +44,22 @@ impl TcpParams {
     /// chunks.
     pub fn from_config(cfg: &Config) -> TcpParams {
         TcpParams {
-            max_retry_count: cfg
-                .get_u64(
-                    keys::TCP_MAX_RETRY_COUNT.0,
-                    keys::TCP_MAX_RETRY_COUNT.1 as u64,
-                )
-                .min(100) as u32,
-            retry_base_delay_ms: cfg.get_u64(
-                keys::TCP_RETRY_BASE_DELAY_MS.0,
-                keys::TCP_RETRY_BASE_DELAY_MS.1 as u64,
-            ),
-            retry_max_delay_ms: cfg.get_u64(
-                keys::TCP_RETRY_MAX_DELAY_MS.0,
-                keys::TCP_RETRY_MAX_DELAY_MS.1 as u64,
-            ),
+            max_retry_count: cfg.get_u64(keys::TCP_MAX_RETRY_COUNT.0, keys::TCP_MAX_RETRY_COUNT.1 as u64).min(100)
+                as u32,
+            retry_base_delay_ms: cfg.get_u64(keys::TCP_RETRY_BASE_DELAY_MS.0, keys::TCP_RETRY_BASE_DELAY_MS.1 as u64),
+            retry_max_delay_ms: cfg.get_u64(keys::TCP_RETRY_MAX_DELAY_MS.0, keys::TCP_RETRY_MAX_DELAY_MS.1 as u64),
             max_concurrent_tasks: cfg
-                .get_u64(
-                    keys::TCP_MAX_CONCURRENT_TASKS.0,
-                    keys::TCP_MAX_CONCURRENT_TASKS.1 as u64,
-                )
+                .get_u64(keys::TCP_MAX_CONCURRENT_TASKS.0, keys::TCP_MAX_CONCURRENT_TASKS.1 as u64)
                 .clamp(1, 256) as usize,
-            chunk_size: cfg
-                .get_u64("transports/tcp/chunk_size", 4 << 20)
-                .clamp(4096, 1 << 30),
+            chunk_size: cfg.get_u64("transports/tcp/chunk_size", 4 << 20).clamp(4096, 1 << 30),
+            fail_every_nth_chunk: cfg.get_u64("transports/tcp/fault/fail_every_nth_chunk", 0),
+            refuse_submit: cfg.get_bool("transports/tcp/fault/refuse_submit", false),
         }
     }
 
     /// The delay before retry number `attempt` (0-based): base doubling up to the cap.
     pub fn backoff(&self, attempt: u32) -> Duration {
-        let ms = self
-            .retry_base_delay_ms
-            .saturating_mul(1u64 << attempt.min(30))
-            .min(self.retry_max_delay_ms);
+        let ms = self.retry_base_delay_ms.saturating_mul(1u64 << attempt.min(30)).min(self.retry_max_delay_ms);
         Duration::from_millis(ms)
     }
 }
@@ -107,18 +96,10 @@ impl TcpTransport {
         for i in 0..params.max_concurrent_tasks {
             let (q, c, s) = (queue.clone(), client.clone(), stopping.clone());
             workers.push(
-                std::thread::Builder::new()
-                    .name(format!("tent-tcp-{i}"))
-                    .spawn(move || worker(&q, &c, &s, params))?,
+                std::thread::Builder::new().name(format!("tent-tcp-{i}")).spawn(move || worker(&q, &c, &s, params))?,
             );
         }
-        Ok(TcpTransport {
-            client,
-            params,
-            queue,
-            stopping,
-            workers: Mutex::new(workers),
-        })
+        Ok(TcpTransport { client, params, queue, stopping, workers: Mutex::new(workers) })
     }
 
     /// The parameters in use.
@@ -137,37 +118,39 @@ fn worker(queue: &WorkQueue<Chunk>, client: &RpcClient, stopping: &AtomicBool, p
                 job.task.fail(e.to_string());
             }
         }
-        if job.remaining.fetch_sub(1, Ordering::AcqRel) == 1 && !job.failed.load(Ordering::Acquire)
-        {
+        if job.remaining.fetch_sub(1, Ordering::AcqRel) == 1 && !job.failed.load(Ordering::Acquire) {
             job.task.complete();
         }
     }
 }
 
 /// Moves one chunk, retrying transport errors with backoff; refusals are final.
-fn move_chunk(
-    client: &RpcClient,
-    chunk: &Chunk,
-    stopping: &AtomicBool,
-    p: TcpParams,
-) -> Result<()> {
+/// Counts chunk attempts for fault injection.
+static CHUNK_ATTEMPTS: AtomicU64 = AtomicU64::new(0);
+
+fn move_chunk(client: &RpcClient, chunk: &Chunk, stopping: &AtomicBool, p: TcpParams) -> Result<()> {
     let r = chunk.job.task.request();
     let remote = r.target_offset + chunk.offset;
     let local = (r.source + chunk.offset) as *mut u8;
     let mut attempt = 0u32;
     loop {
-        let result = match r.opcode {
-            Opcode::Write => {
-                // SAFETY: the engine checked that the source range is valid caller memory for the
-                // length of the request; this chunk lies inside it.
-                let data =
-                    unsafe { std::slice::from_raw_parts(local as *const u8, chunk.len as usize) };
-                client.send_data(&chunk.job.rpc_addr, remote, data)
-            }
-            Opcode::Read => {
-                // SAFETY: as above; the caller gave this memory as the READ destination.
-                let out = unsafe { std::slice::from_raw_parts_mut(local, chunk.len as usize) };
-                client.recv_data(&chunk.job.rpc_addr, remote, out)
+        let injected = p.fail_every_nth_chunk > 0
+            && (CHUNK_ATTEMPTS.fetch_add(1, Ordering::Relaxed) + 1) % p.fail_every_nth_chunk == 0;
+        let result = if injected {
+            Err(Error::Rpc("injected fault (transports/tcp/fault/fail_every_nth_chunk)".into()))
+        } else {
+            match r.opcode {
+                Opcode::Write => {
+                    // SAFETY: the engine checked that the source range is valid caller memory for the
+                    // length of the request; this chunk lies inside it.
+                    let data = unsafe { std::slice::from_raw_parts(local as *const u8, chunk.len as usize) };
+                    client.send_data(&chunk.job.rpc_addr, remote, data)
+                }
+                Opcode::Read => {
+                    // SAFETY: as above; the caller gave this memory as the READ destination.
+                    let out = unsafe { std::slice::from_raw_parts_mut(local, chunk.len as usize) };
+                    client.recv_data(&chunk.job.rpc_addr, remote, out)
+                }
             }
         };
         match result {
@@ -175,11 +158,7 @@ fn move_chunk(
             Err(e @ Error::Remote(_)) => return Err(e),
             Err(e) if attempt >= p.max_retry_count => return Err(e),
             Err(e) => {
-                tracing::debug!(
-                    "tcp chunk to {} failed (attempt {}): {e}",
-                    chunk.job.rpc_addr,
-                    attempt + 1
-                );
+                tracing::debug!("tcp chunk to {} failed (attempt {}): {e}", chunk.job.rpc_addr, attempt + 1);
                 // Sleep in short slices so shutdown is never held up by a backoff.
                 let mut left = p.backoff(attempt);
                 while !left.is_zero() {
@@ -202,6 +181,9 @@ impl Transport for TcpTransport {
     }
 
     fn submit(&self, target: &Arc<SegmentDesc>, tasks: Vec<Task>) -> Result<()> {
+        if self.params.refuse_submit {
+            return Err(Error::Rpc("injected fault (transports/tcp/fault/refuse_submit)".into()));
+        }
         let mut chunks = Vec::new();
         for task in tasks {
             let len = task.request().length;
@@ -219,11 +201,7 @@ impl Transport for TcpTransport {
             let mut off = 0;
             while off < len {
                 let l = (len - off).min(self.params.chunk_size);
-                chunks.push(Chunk {
-                    job: job.clone(),
-                    offset: off,
-                    len: l,
-                });
+                chunks.push(Chunk { job: job.clone(), offset: off, len: l });
                 off += l;
             }
         }
@@ -263,12 +241,7 @@ mod tests {
     fn defaults_and_overrides() {
         let p = TcpParams::from_config(&Config::new());
         assert_eq!(
-            (
-                p.max_retry_count,
-                p.retry_base_delay_ms,
-                p.retry_max_delay_ms,
-                p.max_concurrent_tasks
-            ),
+            (p.max_retry_count, p.retry_base_delay_ms, p.retry_max_delay_ms, p.max_concurrent_tasks),
             (3, 100, 2000, 16)
         );
         let mut c = Config::new();
@@ -278,12 +251,7 @@ mod tests {
         c.set_from_string("transports/tcp/max_concurrent_tasks", "32");
         let p = TcpParams::from_config(&c);
         assert_eq!(
-            (
-                p.max_retry_count,
-                p.retry_base_delay_ms,
-                p.retry_max_delay_ms,
-                p.max_concurrent_tasks
-            ),
+            (p.max_retry_count, p.retry_base_delay_ms, p.retry_max_delay_ms, p.max_concurrent_tasks),
             (5, 200, 4000, 32)
         );
     }

@@ -20,19 +20,10 @@ pub fn engine(extra: &[(&str, &str)]) -> Arc<Engine> {
 }
 
 /// A heap buffer registered with `e` (with `perm`), filled with `fill`.
-pub fn buffer(
-    e: &Engine,
-    len: usize,
-    fill: impl Fn(usize) -> u8,
-    perm: tent::engine::types::Permission,
-) -> Vec<u8> {
+pub fn buffer(e: &Engine, len: usize, fill: impl Fn(usize) -> u8, perm: tent::engine::types::Permission) -> Vec<u8> {
     let v: Vec<u8> = (0..len).map(fill).collect();
-    let opts = MemoryOptions {
-        permission: perm,
-        ..MemoryOptions::default()
-    };
-    e.register_memory(&[(v.as_ptr() as u64, len as u64)], &opts)
-        .expect("register");
+    let opts = MemoryOptions { permission: perm, ..MemoryOptions::default() };
+    e.register_memory(&[(v.as_ptr() as u64, len as u64)], &opts).expect("register");
     v
 }
 
@@ -67,10 +58,7 @@ pub fn wait(e: &Engine, b: u64, bound: Duration) -> Vec<(Status, u64)> {
         if st.iter().all(|(s, _)| *s != Status::Pending) {
             return st;
         }
-        assert!(
-            start.elapsed() < bound,
-            "tasks still pending after {bound:?}: {st:?}"
-        );
+        assert!(start.elapsed() < bound, "tasks still pending after {bound:?}: {st:?}");
         std::thread::sleep(Duration::from_millis(1));
     }
 }

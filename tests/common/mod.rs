@@ -9,10 +9,7 @@ use std::process::Command;
 pub fn lib_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
     // target/<profile>/deps/<test-binary>
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("profile dir")
-        .to_path_buf()
+    exe.parent().and_then(Path::parent).expect("profile dir").to_path_buf()
 }
 
 /// The crate root.
@@ -32,11 +29,7 @@ pub fn run(cmd: &mut Command) -> (bool, String) {
     match cmd.output() {
         Ok(o) => (
             o.status.success(),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            ),
+            format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)),
         ),
         Err(e) => (false, format!("could not run {cmd:?}: {e}")),
     }
