@@ -137,6 +137,8 @@ pub(super) struct DevState {
     pub lid: u16,
     pub port_active: bool,
     pub events: VecDeque<AsyncEvent>,
+    /// Fault injection: registrations on this NIC fail with ENOMEM.
+    pub fail_reg_mr: bool,
 }
 
 struct PdRec {
@@ -319,6 +321,7 @@ impl FabricState {
                     spec: d,
                     lid,
                     events: VecDeque::new(),
+                    fail_reg_mr: false,
                 },
             );
             devs.push(dev);
@@ -536,6 +539,14 @@ impl FabricState {
         }
     }
 
+    /// Number of MRs registered on device `dev`.
+    pub fn mr_count(&self, dev: u32) -> usize {
+        self.mrs
+            .values()
+            .filter(|m| self.pds.get(&m.pd).is_some_and(|p| p.dev == dev))
+            .count()
+    }
+
     // ----- PDs, MRs, CQs -----------------------------------------------------------------
 
     pub fn alloc_pd(&mut self, dev: u32) -> u32 {
@@ -563,8 +574,13 @@ impl FabricState {
     }
 
     pub fn reg_mr(&mut self, pd: u32, addr: u64, len: usize, access: Access) -> VerbsResult<u32> {
-        if !self.pds.contains_key(&pd) {
-            return Err(enodev("reg_mr"));
+        let dev = self.pds.get(&pd).ok_or_else(|| enodev("reg_mr"))?.dev;
+        if self.devices.get(&dev).is_some_and(|d| d.fail_reg_mr) {
+            return Err(VerbsError::new(
+                "reg_mr",
+                libc::ENOMEM,
+                "injected registration failure",
+            ));
         }
         let needs_local_write =
             access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC);

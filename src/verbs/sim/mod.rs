@@ -214,6 +214,28 @@ impl SimHost {
             .host_op(|st| st.device_fatal(self.inner.id, name))
     }
 
+    /// Makes memory registration on NIC `name` fail with ENOMEM (or work again).
+    pub fn set_reg_mr_fails(&self, name: &str, fails: bool) -> VerbsResult<()> {
+        self.inner.fabric.host_op(|st| {
+            let dev = st
+                .find_device(self.inner.id, name)
+                .ok_or_else(|| VerbsError::new("set_reg_mr_fails", libc::ENODEV, "no such NIC"))?;
+            if let Some(d) = st.devices.get_mut(&dev) {
+                d.fail_reg_mr = fails;
+            }
+            Ok(())
+        })
+    }
+
+    /// How many memory regions are registered on NIC `name` now.
+    pub fn mr_count(&self, name: &str) -> usize {
+        self.inner.fabric.host_op(|st| {
+            st.find_device(self.inner.id, name)
+                .map(|d| st.mr_count(d))
+                .unwrap_or(0)
+        })
+    }
+
     /// Kills the host: every QP, CQ, MR and PD it had vanishes at once and its NICs stop
     /// answering; peers' requests to it end in RETRY_EXC_ERR. Handles it gave out fail with
     /// ENODEV from now on.

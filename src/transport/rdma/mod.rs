@@ -1,0 +1,11 @@
+//! The RDMA transport. This build has its lowest layer, the per-NIC context; endpoints, the
+//! endpoint store and the worker lanes build on it.
+
+// Nothing here belongs in the C header that cbindgen generates from the crate.
+/// cbindgen:ignore
+pub mod context;
+
+pub use context::{
+    BufferRegistration, ContextLimits, ContextParams, ContextSet, ContextState, CqQuota,
+    RdmaContext,
+};
