@@ -441,7 +441,9 @@ fn registration_covers_every_enabled_nic_with_nic_indexed_keys() {
     assert_eq!(set.len(), 4);
     assert!(set.get(1).is_none());
     assert_eq!(set.nic_id("sim_mlx5_2"), Some(3));
-    set.get(2).unwrap().pause();
+    // A paused NIC still gets keys (its port will come back); a disabled one does not.
+    assert!(set.get(0).unwrap().pause());
+    set.get(2).unwrap().disable();
     let mut buf = vec![0u8; 1024];
     let access = access_for(Permission::GlobalReadWrite, false);
     // SAFETY: `buf` outlives `reg`, which is dropped at the end of this test before `buf`.
@@ -609,4 +611,48 @@ fn contexts_from_the_config_provider_reach_each_other() {
         sa.get(0).unwrap().gid().unwrap().gid,
         sb.get(0).unwrap().gid().unwrap().gid
     );
+}
+
+#[test]
+fn refresh_follows_contexts_that_come_and_go() {
+    let (_f, h) = host(2);
+    let set = ContextSet::open(
+        &h.provider(),
+        &names(&["sim_mlx5_0", "sim_mlx5_1"]),
+        &params(1),
+    )
+    .unwrap();
+    set.get(1).unwrap().disable();
+    let mut buf = vec![0u8; 128];
+    let (addr, len) = (buf.as_mut_ptr(), buf.len());
+    // SAFETY: `buf` outlives `reg`, which is dropped first at the end of the test.
+    let mut reg = unsafe { set.register(addr, len, Access::LOCAL_WRITE) }.unwrap();
+    assert_eq!((reg.registered_count(), reg.lkeys()[1]), (1, 0));
+    let old_key = reg.lkeys()[0];
+
+    set.get(1).unwrap().enable().unwrap();
+    set.get(0).unwrap().disable();
+    set.get(0).unwrap().enable().unwrap();
+    // SAFETY: same buffer, still alive.
+    unsafe { reg.refresh(&set, addr, len, Access::LOCAL_WRITE) }.unwrap();
+    assert_eq!(reg.registered_count(), 2);
+    assert_ne!(reg.lkeys()[1], 0, "the re-enabled NIC got a region");
+    assert_ne!(
+        reg.lkeys()[0],
+        old_key,
+        "a region on a PD from before the disable is replaced"
+    );
+    assert_eq!((h.mr_count("sim_mlx5_0"), h.mr_count("sim_mlx5_1")), (1, 1));
+
+    set.get(1).unwrap().disable();
+    // SAFETY: as above.
+    unsafe { reg.refresh(&set, addr, len, Access::LOCAL_WRITE) }.unwrap();
+    assert_eq!((reg.registered_count(), reg.lkeys()[1]), (1, 0));
+    assert_eq!(
+        h.mr_count("sim_mlx5_1"),
+        0,
+        "a disabled NIC's region is dropped"
+    );
+    drop(reg);
+    drop(buf);
 }

@@ -1019,3 +1019,73 @@ fn fail_every_nth_wr_config_knob_reaches_the_host() {
     let st: Vec<WcStatus> = poll_n(&a.cq, 2).iter().map(|w| w.status).collect();
     assert_eq!(st, vec![WcStatus::Success, WcStatus::RemOpErr]);
 }
+
+#[test]
+fn responder_qp_without_remote_rights_refuses() {
+    let (fabric, _ha, _hb, a, b) = sim_pair();
+    // b's QP accepts only READs, though its MR would allow WRITEs.
+    to_init(&a, all_access()).unwrap();
+    to_init(&b, Access::REMOTE_READ).unwrap();
+    a.qp.modify(&rtr(&a, b.qp.qpn(), b.gid, b.lid)).unwrap();
+    b.qp.modify(&rtr(&b, a.qp.qpn(), a.gid, a.lid)).unwrap();
+    a.qp.modify(&rts(14, 7, 7)).unwrap();
+    b.qp.modify(&rts(14, 7, 7)).unwrap();
+    let sg = [sge(&a, 0, 8)];
+    let read = SendWr {
+        wr_id: 1,
+        op: SendOp::RdmaRead {
+            remote_addr: b.mr.addr(),
+            rkey: b.mr.rkey(),
+        },
+        sg_list: &sg,
+        signaled: true,
+    };
+    a.qp.post_send(&[read]).unwrap();
+    assert_eq!(
+        poll_all(&a.cq)[0].status,
+        WcStatus::Success,
+        "READ is allowed"
+    );
+    a.qp.post_send(&[write_wr(&sg, 2, b.mr.addr(), b.mr.rkey())])
+        .unwrap();
+    assert_eq!(poll_all(&a.cq)[0].status, WcStatus::RemAccessErr);
+    assert_eq!(fabric.qp_state(b.qp.qpn()), Some(QpState::Err));
+}
+
+#[test]
+fn path_delay_holds_requests_in_order_until_due() {
+    let (fabric, ha, hb, a, b) = sim_pair();
+    connect(&a, &b);
+    fabric.set_path_delay(
+        ha.nic("sim_mlx5_0").unwrap(),
+        hb.nic("sim_mlx5_0").unwrap(),
+        Duration::from_millis(5),
+    );
+    let sg = [sge(&a, 0, 8)];
+    a.qp.post_send(&[write_wr(&sg, 1, b.mr.addr(), b.mr.rkey())])
+        .unwrap();
+    fabric.advance(Duration::from_millis(2));
+    a.qp.post_send(&[write_wr(&sg, 2, b.mr.addr(), b.mr.rkey())])
+        .unwrap();
+    fabric.advance(Duration::from_millis(3));
+    let ids: Vec<u64> = poll_all(&a.cq).iter().map(|w| w.wr_id).collect();
+    assert_eq!(ids, vec![1], "the second is due 2 ms later");
+    fabric.advance(Duration::from_millis(2));
+    assert_eq!(poll_all(&a.cq)[0].wr_id, 2);
+}
+
+#[test]
+fn sim_providers_share_the_fabric_clock() {
+    let (fabric, ha, _hb, _a, _b) = sim_pair();
+    let clock = ha.provider().clock();
+    let t0 = clock.now();
+    fabric.advance(Duration::from_secs(30));
+    assert_eq!(
+        clock.now() - t0,
+        Duration::from_secs(30),
+        "virtual time moves only when told"
+    );
+    let real = MonotonicClock;
+    let r0 = real.now();
+    assert!(real.now() >= r0);
+}

@@ -7,6 +7,9 @@
 //! instead of panicking. The layer holds no policy: clamps, GID choice and quotas belong to the
 //! RDMA context in `transport::rdma`.
 
+// Every unsafe block states why it is sound.
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 // cbindgen scans the whole crate for the C header; nothing in this layer belongs there.
 /// cbindgen:ignore
 pub mod ibverbs;
@@ -19,7 +22,9 @@ pub mod types;
 
 use std::sync::Arc;
 
-pub use provider::{Cq, CqOps, Device, DeviceOps, Mr, MrOps, Pd, PdOps, Provider, Qp, QpOps};
+pub use provider::{
+    Clock, Cq, CqOps, Device, DeviceOps, MonotonicClock, Mr, MrOps, Pd, PdOps, Provider, Qp, QpOps,
+};
 pub use types::*;
 
 use crate::config::Config;

@@ -5,9 +5,29 @@
 
 use std::any::Any;
 use std::os::fd::RawFd;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use super::types::*;
+
+/// A monotonic time source for timeouts that must move with the provider's notion of time:
+/// the sim's virtual clock in tests (so 10 s and 30 s timeouts pass in microseconds), the
+/// real clock otherwise.
+pub trait Clock: Send + Sync {
+    /// Time since an arbitrary fixed origin.
+    fn now(&self) -> Duration;
+}
+
+/// The process's monotonic clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MonotonicClock;
+
+impl Clock for MonotonicClock {
+    fn now(&self) -> Duration {
+        static ORIGIN: OnceLock<Instant> = OnceLock::new();
+        ORIGIN.get_or_init(Instant::now).elapsed()
+    }
+}
 
 /// A verbs implementation: real NICs (`ibverbs`) or the simulated fabric (`sim`).
 pub trait Provider: Send + Sync {
@@ -17,6 +37,10 @@ pub trait Provider: Send + Sync {
     fn device_names(&self) -> VerbsResult<Vec<String>>;
     /// Opens the device called `name`.
     fn open_device(&self, name: &str) -> VerbsResult<Box<dyn DeviceOps>>;
+    /// The clock the transport should measure its timeouts with.
+    fn clock(&self) -> Arc<dyn Clock> {
+        Arc::new(MonotonicClock)
+    }
 }
 
 /// An open device, as a provider implements it.

@@ -745,6 +745,16 @@ impl ContextSet {
             .position(|s| s.as_ref().is_some_and(|c| c.name() == name))
     }
 
+    /// Contexts holding resources (ENABLED or PAUSED), with their NicIDs. Buffers are
+    /// registered on all of them: a paused port comes back, and its keys must be ready then.
+    pub fn live(&self) -> impl Iterator<Item = (usize, &Arc<RdmaContext>)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref().map(|c| (i, c)))
+            .filter(|(_, c)| matches!(c.state(), ContextState::Enabled | ContextState::Paused))
+    }
+
     /// Contexts that are ENABLED now, with their NicIDs.
     pub fn enabled(&self) -> impl Iterator<Item = (usize, &Arc<RdmaContext>)> {
         self.slots
@@ -754,8 +764,8 @@ impl ContextSet {
             .filter(|(_, c)| c.state() == ContextState::Enabled)
     }
 
-    /// Registers a buffer on every ENABLED context. If any registration fails, those already
-    /// made are dropped (deregistered) and the error is returned.
+    /// Registers a buffer on every live (ENABLED or PAUSED) context. If any registration fails,
+    /// those already made are dropped (deregistered) and the error is returned.
     ///
     /// # Safety
     /// The memory must stay valid until the returned registration is dropped.
@@ -771,21 +781,67 @@ impl ContextSet {
             lkeys: vec![0; n],
             rkeys: vec![0; n],
         };
-        let targets: Vec<(usize, Arc<RdmaContext>)> =
-            self.enabled().map(|(i, c)| (i, c.clone())).collect();
-        if targets.is_empty() {
+        if self.live().next().is_none() {
             return Err(Error::Unavailable("no enabled RDMA context".into()));
         }
-        for (i, ctx) in targets {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { reg.refresh(self, addr, len, access)? };
+        Ok(reg)
+    }
+}
+
+impl BufferRegistration {
+    /// Brings the registration in line with the contexts after some were disabled, enabled
+    /// again or added: registers on live contexts that lack a region (or whose region belongs
+    /// to a PD from before a disable) and drops regions of contexts that are no longer live.
+    /// On failure the regions made by this call are dropped; earlier ones stay.
+    ///
+    /// # Safety
+    /// `addr..addr+len` must be the buffer this registration was made for and stay valid
+    /// until the registration is dropped.
+    pub unsafe fn refresh(
+        &mut self,
+        set: &ContextSet,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<()> {
+        let n = set.slots.len().max(self.mrs.len());
+        self.mrs.resize_with(n, || None);
+        self.lkeys.resize(n, 0);
+        self.rkeys.resize(n, 0);
+        let mut made = Vec::new();
+        for i in 0..n {
+            let live = set
+                .get(i)
+                .filter(|c| matches!(c.state(), ContextState::Enabled | ContextState::Paused));
+            let Some(ctx) = live else {
+                self.mrs[i] = None;
+                self.lkeys[i] = 0;
+                self.rkeys[i] = 0;
+                continue;
+            };
+            let current = match (&self.mrs[i], ctx.pd()) {
+                (Some(mr), Some(pd)) => Arc::ptr_eq(mr.pd(), &pd),
+                _ => false,
+            };
+            if current {
+                continue;
+            }
             // SAFETY: forwarded from this function's contract.
             match unsafe { ctx.register(addr, len, access) } {
                 Ok(mr) => {
-                    reg.lkeys[i] = mr.lkey();
-                    reg.rkeys[i] = mr.rkey();
-                    reg.mrs[i] = Some(mr);
+                    self.lkeys[i] = mr.lkey();
+                    self.rkeys[i] = mr.rkey();
+                    self.mrs[i] = Some(mr);
+                    made.push(i);
                 }
                 Err(e) => {
-                    // Dropping `reg` deregisters what succeeded so far.
+                    for j in made {
+                        self.mrs[j] = None;
+                        self.lkeys[j] = 0;
+                        self.rkeys[j] = 0;
+                    }
                     return Err(Error::Os(format!(
                         "registering {:#x}+{len} on {}: {e}",
                         addr as usize,
@@ -794,6 +850,6 @@ impl ContextSet {
                 }
             }
         }
-        Ok(reg)
+        Ok(())
     }
 }

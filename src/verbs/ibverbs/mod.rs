@@ -643,8 +643,7 @@ impl CqOps for IbvCq {
 
     fn poll(&self, out: &mut [Wc]) -> VerbsResult<usize> {
         const BATCH: usize = 64;
-        // SAFETY: plain-data structs; zeroed is valid.
-        let mut raw: [sys::ibv_wc; BATCH] = unsafe { std::mem::zeroed() };
+        let mut raw = std::mem::MaybeUninit::<[sys::ibv_wc; BATCH]>::uninit();
         let want = out.len().min(BATCH);
         // SAFETY: live CQ; the ops table of its context is rdma-core's stable inline ABI, and
         // `raw` has room for `want` entries.
@@ -654,13 +653,19 @@ impl CqOps for IbvCq {
                 .ops
                 .poll_cq
                 .ok_or_else(|| VerbsError::new("poll_cq", libc::ENOSYS, "no poll_cq op"))?;
-            poll(self.cq, want as c_int, raw.as_mut_ptr())
+            poll(
+                self.cq,
+                want as c_int,
+                raw.as_mut_ptr().cast::<sys::ibv_wc>(),
+            )
         };
         if n < 0 {
             return Err(VerbsError::new("poll_cq", libc::EIO, "poll_cq failed"));
         }
-        let n = n as usize;
-        for (o, w) in out.iter_mut().zip(raw.iter()).take(n) {
+        let n = (n as usize).min(want);
+        // SAFETY: the provider wrote the first `n` entries; only those are read.
+        let raw = unsafe { std::slice::from_raw_parts(raw.as_ptr().cast::<sys::ibv_wc>(), n) };
+        for (o, w) in out.iter_mut().zip(raw.iter()) {
             let opcode = match w.opcode {
                 0 => WcOpcode::Send,
                 1 => WcOpcode::RdmaWrite,
@@ -727,6 +732,20 @@ struct IbvQp {
 unsafe impl Send for IbvQp {}
 // SAFETY: as above.
 unsafe impl Sync for IbvQp {}
+
+/// All SGEs of a post, in order, as rdma-core structs.
+fn flat_sges<'a>(lists: impl Iterator<Item = &'a [Sge]> + Clone) -> Vec<sys::ibv_sge> {
+    let total = lists.clone().map(<[Sge]>::len).sum();
+    let mut v = Vec::with_capacity(total);
+    for l in lists {
+        v.extend(l.iter().map(|s| sys::ibv_sge {
+            addr: s.addr,
+            length: s.length,
+            lkey: s.lkey,
+        }));
+    }
+    v
+}
 
 // IBV_QP_* attribute mask bits.
 const M_STATE: c_int = 1;
@@ -844,28 +863,23 @@ impl QpOps for IbvQp {
         if wrs.is_empty() {
             return Ok(());
         }
-        let mut sges: Vec<Vec<sys::ibv_sge>> = wrs
-            .iter()
-            .map(|w| {
-                w.sg_list
-                    .iter()
-                    .map(|s| sys::ibv_sge {
-                        addr: s.addr,
-                        length: s.length,
-                        lkey: s.lkey,
-                    })
-                    .collect()
-            })
-            .collect();
-        // SAFETY: plain-data structs; zeroed then filled.
+        // One flat SGE array and one WR array per call: two allocations however many requests.
+        let mut sges = flat_sges(wrs.iter().map(|w| w.sg_list));
+        let sge_base = sges.as_mut_ptr();
+        let mut offset = 0usize;
         let mut raw: Vec<sys::ibv_send_wr> = (0..wrs.len())
-            .map(|_| unsafe { std::mem::zeroed() })
+            .map(|_| {
+                // SAFETY: a plain-data struct, for which all-zero is valid; filled below.
+                unsafe { std::mem::zeroed() }
+            })
             .collect();
         for (i, w) in wrs.iter().enumerate() {
             let r = &mut raw[i];
             r.wr_id = w.wr_id;
-            r.sg_list = sges[i].as_mut_ptr();
-            r.num_sge = sges[i].len() as c_int;
+            // SAFETY: `offset` stays within `sges`, which holds every request's SGEs in order.
+            r.sg_list = unsafe { sge_base.add(offset) };
+            r.num_sge = w.sg_list.len() as c_int;
+            offset += w.sg_list.len();
             r.send_flags = if w.signaled { 2 } else { 0 }; // IBV_SEND_SIGNALED
             match w.op {
                 SendOp::RdmaWrite { remote_addr, rkey } => {
@@ -917,27 +931,21 @@ impl QpOps for IbvQp {
         if wrs.is_empty() {
             return Ok(());
         }
-        let mut sges: Vec<Vec<sys::ibv_sge>> = wrs
-            .iter()
-            .map(|w| {
-                w.sg_list
-                    .iter()
-                    .map(|s| sys::ibv_sge {
-                        addr: s.addr,
-                        length: s.length,
-                        lkey: s.lkey,
-                    })
-                    .collect()
-            })
-            .collect();
+        let mut sges = flat_sges(wrs.iter().map(|w| w.sg_list));
+        let sge_base = sges.as_mut_ptr();
+        let mut offset = 0usize;
         let mut raw: Vec<sys::ibv_recv_wr> = wrs
             .iter()
-            .zip(sges.iter_mut())
-            .map(|(w, s)| sys::ibv_recv_wr {
-                wr_id: w.wr_id,
-                next: std::ptr::null_mut(),
-                sg_list: s.as_mut_ptr(),
-                num_sge: s.len() as c_int,
+            .map(|w| {
+                // SAFETY: `offset` stays within `sges` (every request's SGEs, in order).
+                let sg_list = unsafe { sge_base.add(offset) };
+                offset += w.sg_list.len();
+                sys::ibv_recv_wr {
+                    wr_id: w.wr_id,
+                    next: std::ptr::null_mut(),
+                    sg_list,
+                    num_sge: w.sg_list.len() as c_int,
+                }
             })
             .collect();
         let base = raw.as_mut_ptr();

@@ -1,7 +1,7 @@
 //! The state of a simulated fabric and the rules that act on it. Everything here runs under
 //! the fabric mutex; `unsafe` is limited to the memory copy of an executed request.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
@@ -179,6 +179,8 @@ struct PendingSend {
     op: SendOp,
     sges: Vec<Sge>,
     signaled: bool,
+    /// When it was posted, for injected path delays.
+    posted_at: Duration,
     /// When the first attempt found no responder (or an RNR), for the retry deadline.
     blocked_since: Option<Duration>,
 }
@@ -232,6 +234,10 @@ pub(super) struct FabricState {
     pub cqs: HashMap<u64, CqRec>,
     pub qps: HashMap<u32, QpRec>,
     pub dropped_paths: HashSet<(u32, u32)>,
+    /// Injected one-way latency per NIC pair: a request runs no earlier than this after posting.
+    pub path_delay: HashMap<(u32, u32), Duration>,
+    /// QPs in RTS with requests queued: the only ones pumping has to visit.
+    busy: BTreeSet<u32>,
     pub fail_nth: HashMap<u32, (u64, WcStatus)>,
     pub purge_on_destroy: bool,
 }
@@ -288,6 +294,8 @@ impl FabricState {
             cqs: HashMap::new(),
             qps: HashMap::new(),
             dropped_paths: HashSet::new(),
+            path_delay: HashMap::new(),
+            busy: BTreeSet::new(),
             fail_nth: HashMap::new(),
             purge_on_destroy: true,
         }
@@ -988,7 +996,12 @@ impl FabricState {
         Ok(())
     }
 
-    pub fn post_send(&mut self, qpn: u32, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
+    pub fn post_send(
+        &mut self,
+        qpn: u32,
+        wrs: &[SendWr<'_>],
+        now: Duration,
+    ) -> Result<(), PostError> {
         for (i, wr) in wrs.iter().enumerate() {
             let Some(q) = self.qps.get_mut(&qpn) else {
                 return Err(PostError {
@@ -1020,11 +1033,14 @@ impl FabricState {
                 op: wr.op,
                 sges: wr.sg_list.to_vec(),
                 signaled: wr.signaled || q.sq_sig_all,
+                posted_at: now,
                 blocked_since: None,
             });
             if q.state == QpState::Err {
                 // Posting in ERR is accepted and flushed.
                 self.qp_to_err(qpn);
+            } else {
+                self.busy.insert(qpn);
             }
         }
         Ok(())
@@ -1063,15 +1079,16 @@ impl FabricState {
 
     /// Runs every QP's send queue as far as it can go at time `now`.
     pub fn pump_all(&mut self, now: Duration) {
-        let mut busy: Vec<u32> = self
-            .qps
-            .iter()
-            .filter(|(_, q)| !q.sq.is_empty() && q.state == QpState::Rts)
-            .map(|(n, _)| *n)
-            .collect();
-        busy.sort_unstable();
+        let busy: Vec<u32> = self.busy.iter().copied().collect();
         for qpn in busy {
             self.pump_qp(qpn, now);
+            let done = self
+                .qps
+                .get(&qpn)
+                .is_none_or(|q| q.sq.is_empty() || q.state != QpState::Rts);
+            if done {
+                self.busy.remove(&qpn);
+            }
         }
     }
 
@@ -1142,7 +1159,7 @@ impl FabricState {
 
     /// The responder QP for requests of `qpn`, if a packet from it would be answered: the path
     /// is up, the target QP exists in RTR or RTS on the addressed NIC, and it points back.
-    fn responder(&self, qpn: u32) -> Option<u32> {
+    fn responder(&self, qpn: u32) -> Option<(u32, (u32, u32))> {
         let q = self.qps.get(&qpn)?;
         let dest = q.dest.as_ref()?;
         let local = self.devices.get(&q.dev)?;
@@ -1181,7 +1198,7 @@ impl FabricState {
             Some(g) => local.spec.gids.iter().flatten().any(|e| e.gid == g),
             None => back.dlid == local.lid,
         };
-        points_back.then_some(dest.dest_qpn)
+        points_back.then_some((dest.dest_qpn, key))
     }
 
     fn host_alive(&self, h: HostId) -> bool {
@@ -1239,6 +1256,7 @@ impl FabricState {
         let op = w.op;
         let sges = w.sges.clone();
         let since = w.blocked_since;
+        let posted_at = w.posted_at;
         let total: u64 = sges.iter().map(|s| u64::from(s.length)).sum();
         let local_need = match op {
             SendOp::RdmaRead { .. } => Access::LOCAL_WRITE,
@@ -1247,7 +1265,7 @@ impl FabricState {
         let Some(local) = self.check_local(pd, &sges, local_need) else {
             return Outcome::Failed(WcStatus::LocProtErr);
         };
-        let Some(rqpn) = self.responder(qpn) else {
+        let Some((rqpn, path)) = self.responder(qpn) else {
             return self.wait(
                 qpn,
                 now,
@@ -1256,6 +1274,11 @@ impl FabricState {
                 WcStatus::RetryExcErr,
             );
         };
+        if let Some(d) = self.path_delay.get(&path) {
+            if now < posted_at + *d {
+                return Outcome::Blocked;
+            }
+        }
         let (rpd, raccess, rmax_rd, rmin_rnr) = {
             let r = &self.qps[&rqpn];
             (r.pd, r.access, r.max_dest_rd_atomic, r.min_rnr_timer)

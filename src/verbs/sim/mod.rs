@@ -126,6 +126,22 @@ impl SimFabric {
         }
     }
 
+    /// Delays every request between two NICs by `delay` (zero removes the delay): a request
+    /// runs no earlier than `delay` after it was posted, keeping per-QP order.
+    pub fn set_path_delay(&self, a: SimNic, b: SimNic, delay: Duration) {
+        let key = if a.dev <= b.dev {
+            (a.dev, b.dev)
+        } else {
+            (b.dev, a.dev)
+        };
+        let mut st = self.state.lock();
+        if delay.is_zero() {
+            st.path_delay.remove(&key);
+        } else {
+            st.path_delay.insert(key, delay);
+        }
+    }
+
     /// Puts QP `qpn` in ERR (flushing it) and raises QP_FATAL on its device.
     pub fn qp_fatal(&self, qpn: u32) -> VerbsResult<()> {
         let mut st = self.state.lock();
@@ -158,6 +174,12 @@ impl SimFabric {
 
     fn host_op<T>(&self, f: impl FnOnce(&mut FabricState) -> T) -> T {
         f(&mut self.state.lock())
+    }
+}
+
+impl Clock for SimFabric {
+    fn now(&self) -> Duration {
+        SimFabric::now(self)
     }
 }
 
@@ -279,6 +301,10 @@ impl Provider for SimHost {
         self.inner
             .fabric
             .host_op(|st| st.device_names(self.inner.id))
+    }
+
+    fn clock(&self) -> Arc<dyn Clock> {
+        self.inner.fabric.clone()
     }
 
     fn open_device(&self, name: &str) -> VerbsResult<Box<dyn DeviceOps>> {
@@ -502,7 +528,7 @@ impl QpOps for SimQp {
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
         let now = self.host.fabric.now();
         let mut st = self.host.fabric.state.lock();
-        let r = st.post_send(self.qpn, wrs);
+        let r = st.post_send(self.qpn, wrs, now);
         st.pump_all(now);
         r
     }
