@@ -1089,3 +1089,106 @@ fn sim_providers_share_the_fabric_clock() {
     let r0 = real.now();
     assert!(real.now() >= r0);
 }
+
+fn readable(fd: std::os::fd::RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, zero timeout.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n == 1 && p.revents & libc::POLLIN != 0
+}
+
+#[test]
+fn async_fd_is_readable_exactly_while_events_are_pending() {
+    let (_f, ha, _hb, a, _b) = sim_pair();
+    let fd = a.dev.async_fd().expect("the sim has an async fd");
+    assert!(!readable(fd));
+    ha.set_port_active("sim_mlx5_0", false).unwrap();
+    ha.set_port_active("sim_mlx5_0", true).unwrap();
+    assert!(readable(fd));
+    assert_eq!(
+        a.dev.poll_async_event().unwrap().unwrap().kind,
+        AsyncEventKind::PortErr
+    );
+    assert!(readable(fd), "one more event pending");
+    assert_eq!(
+        a.dev.poll_async_event().unwrap().unwrap().kind,
+        AsyncEventKind::PortActive
+    );
+    assert!(!readable(fd));
+    assert!(a.dev.poll_async_event().unwrap().is_none());
+}
+
+#[test]
+fn gid_changes_are_visible_and_announced() {
+    let (_f, ha, _hb, a, _b) = sim_pair();
+    let spec = tent::verbs::sim::GidSpec {
+        gid: Gid::from_ipv4(std::net::Ipv4Addr::new(192, 0, 2, 7)),
+        gid_type: GidType::RoceV2,
+        netdev: Some("eth7".into()),
+    };
+    ha.set_gid("sim_mlx5_0", 5, Some(spec.clone())).unwrap();
+    let ev = a.dev.poll_async_event().unwrap().unwrap();
+    assert_eq!(
+        (ev.kind, ev.element),
+        (AsyncEventKind::GidChange, EventElement::Port(1))
+    );
+    assert_eq!(a.dev.query_gid(1, 5).unwrap().gid, spec.gid);
+    ha.set_gid("sim_mlx5_0", 5, None).unwrap();
+    assert_eq!(a.dev.query_gid(1, 5).unwrap_err().errno, libc::ENODATA);
+    assert!(ha.set_gid("sim_mlx5_0", 99, None).is_err());
+}
+
+#[test]
+fn threads_drive_a_realtime_fabric_concurrently() {
+    let fabric = SimFabric::new_realtime();
+    let ha = fabric.add_host(HostSpec::with_devices(1));
+    let hb = fabric.add_host(HostSpec::with_devices(1));
+    let (pa, pb) = (ha.provider(), hb.provider());
+    const PER_THREAD: u64 = 2000;
+    let workers: Vec<_> = (0..4u64)
+        .map(|t| {
+            let (pa, pb) = (pa.clone(), pb.clone());
+            std::thread::spawn(move || {
+                let mut a = side_on(&pa, "sim_mlx5_0", 64, all_access());
+                let b = side_on(&pb, "sim_mlx5_0", 64, all_access());
+                connect(&a, &b);
+                let deadline = std::time::Instant::now() + Duration::from_secs(20);
+                let (mut posted, mut done) = (0u64, 0u64);
+                let mut out = vec![Wc::EMPTY; 32];
+                while done < PER_THREAD {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "thread {t} stalled at {done}"
+                    );
+                    while posted < PER_THREAD && posted - done < 16 {
+                        let slot = (posted % 256) as usize * 8;
+                        a.buf[slot..slot + 8].copy_from_slice(&posted.to_le_bytes());
+                        let sg = [sge(&a, slot, 8)];
+                        let wr = write_wr(&sg, posted, b.mr.addr() + slot as u64, b.mr.rkey());
+                        if a.qp.post_send(&[wr]).is_err() {
+                            break;
+                        }
+                        posted += 1;
+                    }
+                    let n = a.cq.poll(&mut out).expect("poll");
+                    for w in &out[..n] {
+                        assert_eq!(w.status, WcStatus::Success);
+                        assert_eq!(w.wr_id, done, "per-QP completion order");
+                        done += 1;
+                    }
+                }
+                let last = PER_THREAD - 1;
+                let slot = (last % 256) as usize * 8;
+                assert_eq!(b.buf[slot..slot + 8], last.to_le_bytes());
+                let _ = &mut a;
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().expect("worker thread");
+    }
+}

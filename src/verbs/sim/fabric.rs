@@ -3,11 +3,70 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::net::Ipv4Addr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 use crate::verbs::types::*;
 
 pub(super) type HostId = u32;
+
+/// A NIC's pending async events plus an eventfd that is readable while any are pending, so
+/// the owner can wait with poll/epoll exactly as on the async fd of a real device.
+pub(super) struct EventQueue {
+    q: VecDeque<AsyncEvent>,
+    fd: Option<OwnedFd>,
+}
+
+impl EventQueue {
+    fn new() -> EventQueue {
+        // SAFETY: eventfd takes no pointers; a negative result is handled.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        let fd = (raw >= 0).then(|| {
+            // SAFETY: `raw` is a fresh descriptor owned by nobody else.
+            unsafe { OwnedFd::from_raw_fd(raw) }
+        });
+        EventQueue {
+            q: VecDeque::new(),
+            fd,
+        }
+    }
+
+    pub fn push(&mut self, ev: AsyncEvent) {
+        self.q.push_back(ev);
+        if let Some(fd) = &self.fd {
+            let one: u64 = 1;
+            // SAFETY: writes 8 bytes from a live u64 to an eventfd we own. A full counter
+            // (EAGAIN) only means it is already readable.
+            let _ = unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        }
+    }
+
+    pub fn pop(&mut self) -> Option<AsyncEvent> {
+        let ev = self.q.pop_front();
+        if self.q.is_empty() {
+            self.drain_fd();
+        }
+        ev
+    }
+
+    pub fn clear(&mut self) {
+        self.q.clear();
+        self.drain_fd();
+    }
+
+    fn drain_fd(&self) {
+        if let Some(fd) = &self.fd {
+            let mut v: u64 = 0;
+            // SAFETY: reads 8 bytes into a live u64 from a non-blocking eventfd we own; EAGAIN
+            // (nothing pending) is fine.
+            let _ = unsafe { libc::read(fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        }
+    }
+
+    pub fn raw_fd(&self) -> Option<RawFd> {
+        self.fd.as_ref().map(|f| f.as_raw_fd())
+    }
+}
 
 /// One GID table slot of a simulated NIC.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -136,7 +195,7 @@ pub(super) struct DevState {
     pub spec: DeviceSpec,
     pub lid: u16,
     pub port_active: bool,
-    pub events: VecDeque<AsyncEvent>,
+    pub events: EventQueue,
     /// Fault injection: registrations on this NIC fail with ENOMEM.
     pub fail_reg_mr: bool,
 }
@@ -328,7 +387,7 @@ impl FabricState {
                     port_active: d.port_active,
                     spec: d,
                     lid,
-                    events: VecDeque::new(),
+                    events: EventQueue::new(),
                     fail_reg_mr: false,
                 },
             );
@@ -458,7 +517,7 @@ impl FabricState {
             .ok_or_else(|| enodev("set_port"))?;
         if d.port_active != active {
             d.port_active = active;
-            d.events.push_back(AsyncEvent {
+            d.events.push(AsyncEvent {
                 kind: if active {
                     AsyncEventKind::PortActive
                 } else {
@@ -470,10 +529,35 @@ impl FabricState {
         Ok(())
     }
 
+    pub fn set_gid(
+        &mut self,
+        host: HostId,
+        name: &str,
+        index: u32,
+        entry: Option<GidSpec>,
+    ) -> VerbsResult<()> {
+        let dev = self.device_by_name(host, name, "set_gid")?;
+        let d = self
+            .devices
+            .get_mut(&dev)
+            .ok_or_else(|| enodev("set_gid"))?;
+        let slot = d
+            .spec
+            .gids
+            .get_mut(index as usize)
+            .ok_or_else(|| einval("set_gid", format!("index {index} is past the table")))?;
+        *slot = entry;
+        d.events.push(AsyncEvent {
+            kind: AsyncEventKind::GidChange,
+            element: EventElement::Port(1),
+        });
+        Ok(())
+    }
+
     pub fn device_fatal(&mut self, host: HostId, name: &str) -> VerbsResult<()> {
         let dev = self.device_by_name(host, name, "device_fatal")?;
         if let Some(d) = self.devices.get_mut(&dev) {
-            d.events.push_back(AsyncEvent {
+            d.events.push(AsyncEvent {
                 kind: AsyncEventKind::DeviceFatal,
                 element: EventElement::Device,
             });
@@ -679,7 +763,7 @@ impl FabricState {
             c.overflowed = true;
             let dev = c.dev;
             if let Some(d) = self.devices.get_mut(&dev) {
-                d.events.push_back(AsyncEvent {
+                d.events.push(AsyncEvent {
                     kind: AsyncEventKind::CqErr,
                     element: EventElement::Cq(cq),
                 });
@@ -988,7 +1072,7 @@ impl FabricState {
         let dev = self.qps.get(&qpn).ok_or_else(|| enodev("qp_fatal"))?.dev;
         self.qp_to_err(qpn);
         if let Some(d) = self.devices.get_mut(&dev) {
-            d.events.push_back(AsyncEvent {
+            d.events.push(AsyncEvent {
                 kind: AsyncEventKind::QpFatal,
                 element: EventElement::Qp(qpn),
             });

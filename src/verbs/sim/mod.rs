@@ -229,6 +229,14 @@ impl SimHost {
             .host_op(|st| st.set_port_active(self.inner.id, name, active))
     }
 
+    /// Fills (or empties, with `None`) slot `index` of NIC `name`'s GID table and raises
+    /// GID_CHANGE, as adding or removing an address on the netdev does.
+    pub fn set_gid(&self, name: &str, index: u32, entry: Option<GidSpec>) -> VerbsResult<()> {
+        self.inner
+            .fabric
+            .host_op(|st| st.set_gid(self.inner.id, name, index, entry))
+    }
+
     /// Raises DEVICE_FATAL on NIC `name` and moves all its QPs to ERR.
     pub fn device_fatal(&self, name: &str) -> VerbsResult<()> {
         self.inner
@@ -379,11 +387,13 @@ impl DeviceOps for SimDevice {
         let now = self.host.fabric.now();
         self.with("get_async_event", |st| {
             st.pump_all(now);
-            Ok(st
-                .devices
-                .get_mut(&self.dev)
-                .and_then(|d| d.events.pop_front()))
+            Ok(st.devices.get_mut(&self.dev).and_then(|d| d.events.pop()))
         })
+    }
+
+    fn async_fd(&self) -> Option<std::os::fd::RawFd> {
+        let st = self.host.fabric.state.lock();
+        st.devices.get(&self.dev).and_then(|d| d.events.raw_fd())
     }
 
     fn close(&self) -> VerbsResult<()> {
