@@ -1192,3 +1192,40 @@ fn threads_drive_a_realtime_fabric_concurrently() {
         w.join().expect("worker thread");
     }
 }
+
+#[test]
+fn engines_can_join_a_named_virtual_fabric_and_tests_reach_their_hosts() {
+    let fabric = SimFabric::new_virtual();
+    let name = format!("conformance-{}", std::process::id());
+    fabric.register_as(&name);
+    let mut cfg = tent::config::Config::new();
+    cfg.set(KEY_PROVIDER, serde_json::json!("sim"));
+    cfg.set(KEY_SIM_FABRIC, serde_json::json!(name));
+    let pa = provider_from_config(&cfg).unwrap();
+    let pb = provider_from_config(&cfg).unwrap();
+    let ha = SimHost::from_provider(&pa).expect("a sim provider");
+    assert!(Arc::ptr_eq(ha.fabric(), &fabric));
+    let a = side_on(&pa, "sim_mlx5_0", 64, all_access());
+    let b = side_on(&pb, "sim_mlx5_0", 64, all_access());
+    connect_with(&a, &b, 14, 7, 7);
+    SimHost::from_provider(&pb).unwrap().kill();
+    let sg = [sge(&a, 0, 8)];
+    a.qp.post_send(&[write_wr(&sg, 1, b.mr.addr(), b.mr.rkey())])
+        .unwrap();
+    fabric.advance(Duration::from_secs(1));
+    assert_eq!(
+        poll_all(&a.cq)[0].status,
+        WcStatus::RetryExcErr,
+        "virtual time drove the timeout"
+    );
+    assert_eq!(pa.clock().now(), fabric.now());
+
+    cfg.set(KEY_SIM_FABRIC, serde_json::json!("no-such-fabric"));
+    assert!(provider_from_config(&cfg).is_err());
+    drop((a, b, pa, pb, ha));
+    drop(fabric);
+    assert!(
+        SimFabric::lookup(&name).is_none(),
+        "the name lapses with the fabric"
+    );
+}

@@ -38,6 +38,11 @@ pub const KEY_PROVIDER: &str = "transports/rdma/provider";
 ///
 /// cbindgen:ignore
 pub const KEY_SIM_DEVICES: &str = "transports/rdma/sim/devices";
+/// Config key: the name of a registered [`sim::SimFabric`] to put the engine's host on
+/// (empty: the process-wide real-time fabric).
+///
+/// cbindgen:ignore
+pub const KEY_SIM_FABRIC: &str = "transports/rdma/sim/fabric";
 /// Config key: every N-th request executed by the simulated host fails (0 = never).
 ///
 /// cbindgen:ignore
@@ -65,8 +70,17 @@ pub fn provider_from_config(cfg: &Config) -> Result<Arc<dyn Provider>> {
                     "config key {KEY_SIM_FAIL_STATUS}: unknown status {status_name:?}"
                 ))
             })?;
-            let host =
-                sim::SimFabric::global().add_host(sim::HostSpec::with_devices(devices as usize));
+            let fabric_name = cfg.get_string(KEY_SIM_FABRIC, "");
+            let fabric = if fabric_name.is_empty() {
+                sim::SimFabric::global()
+            } else {
+                sim::SimFabric::lookup(&fabric_name).ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "config key {KEY_SIM_FABRIC}: no simulated fabric named {fabric_name:?}"
+                    ))
+                })?
+            };
+            let host = fabric.add_host(sim::HostSpec::with_devices(devices as usize));
             host.set_fail_every_nth_wr(nth, status);
             Ok(host.provider())
         }

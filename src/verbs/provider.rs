@@ -37,6 +37,9 @@ pub trait Provider: Send + Sync {
     fn device_names(&self) -> VerbsResult<Vec<String>>;
     /// Opens the device called `name`.
     fn open_device(&self, name: &str) -> VerbsResult<Box<dyn DeviceOps>>;
+    /// For callers that need the concrete provider (tests reaching a `SimHost` to inject
+    /// faults).
+    fn as_any(&self) -> &dyn Any;
     /// The clock the transport should measure its timeouts with.
     fn clock(&self) -> Arc<dyn Clock> {
         Arc::new(MonotonicClock)

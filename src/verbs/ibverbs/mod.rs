@@ -279,6 +279,10 @@ impl Provider for IbvProvider {
         "ibverbs"
     }
 
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
     fn device_names(&self) -> VerbsResult<Vec<String>> {
         self.lib.list()
     }

@@ -64,6 +64,22 @@ impl SimFabric {
         GLOBAL.get_or_init(SimFabric::new_realtime).clone()
     }
 
+    /// Makes this fabric findable as `name`, so engines configured with
+    /// `transports/rdma/sim/fabric = name` put their hosts on it (a test's virtual fabric). The
+    /// registry holds no strong reference: the name lapses when the fabric is dropped.
+    pub fn register_as(self: &Arc<Self>, name: &str) {
+        registry()
+            .lock()
+            .insert(name.to_string(), Arc::downgrade(self));
+    }
+
+    /// The fabric registered as `name`, if it is still alive.
+    pub fn lookup(name: &str) -> Option<Arc<SimFabric>> {
+        let mut reg = registry().lock();
+        reg.retain(|_, w| w.strong_count() > 0);
+        reg.get(name).and_then(std::sync::Weak::upgrade)
+    }
+
     /// Whether the clock is virtual.
     pub fn is_virtual(&self) -> bool {
         matches!(self.clock, ClockMode::Virtual(_))
@@ -183,6 +199,12 @@ impl Clock for SimFabric {
     }
 }
 
+fn registry() -> &'static Mutex<std::collections::HashMap<String, std::sync::Weak<SimFabric>>> {
+    static REG: OnceLock<Mutex<std::collections::HashMap<String, std::sync::Weak<SimFabric>>>> =
+        OnceLock::new();
+    REG.get_or_init(Default::default)
+}
+
 /// A NIC of a simulated host, for fault injection between NICs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SimNic {
@@ -203,6 +225,11 @@ struct HostHandle {
 }
 
 impl SimHost {
+    /// The host behind `provider`, when it is a sim provider.
+    pub fn from_provider(provider: &Arc<dyn Provider>) -> Option<SimHost> {
+        provider.as_any().downcast_ref::<SimHost>().cloned()
+    }
+
     /// Wraps this host as the provider the verbs wrappers and the RDMA context take.
     pub fn provider(&self) -> Arc<dyn Provider> {
         Arc::new(self.clone())
@@ -303,6 +330,10 @@ impl Drop for HostHandle {
 impl Provider for SimHost {
     fn name(&self) -> &'static str {
         "sim"
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
     }
 
     fn device_names(&self) -> VerbsResult<Vec<String>> {
