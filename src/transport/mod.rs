@@ -3,6 +3,8 @@
 //! The engine resolves the target descriptor and picks a transport; the transport ends every task
 //! it accepts with `TaskState::complete` or `TaskState::fail` within a bounded time.
 
+pub mod rdma;
+
 use std::sync::Arc;
 
 use crate::engine::segment::SegmentDesc;
