@@ -16,6 +16,8 @@ pub mod ffi;
 /// cbindgen:ignore
 pub mod log;
 /// cbindgen:ignore
+pub mod metrics;
+/// cbindgen:ignore
 pub mod transport;
 /// cbindgen:ignore
 pub mod verbs;

@@ -11,6 +11,8 @@ use parking_lot::{Mutex, RwLock};
 
 use super::types::{Request, Status};
 use crate::error::{Error, Result};
+use crate::metrics::{LOCAL_SLOT, Metrics};
+use std::time::Instant;
 
 /// Runs when the last task of a submit-with-notification ends.
 pub trait HookSink: Send + Sync {
@@ -66,6 +68,7 @@ struct BatchLife {
     pending: AtomicUsize,
     free_requested: AtomicBool,
     table: Weak<BatchTable>,
+    metrics: Arc<Metrics>,
 }
 
 impl BatchLife {
@@ -89,6 +92,10 @@ pub struct TaskState {
     transferred: AtomicU64,
     /// This task's own request length (what it reports when completed, even when merged).
     length: u64,
+    /// For metrics: the op, whether it targets the local segment, and when it was submitted.
+    write: bool,
+    local: bool,
+    submitted: Instant,
     cancel_requested: AtomicBool,
     error: Mutex<Option<String>>,
     life: Arc<BatchLife>,
@@ -165,7 +172,10 @@ impl TaskState {
         }
         self.transferred.store(bytes, Ordering::Release);
         self.status.store(status as i32, Ordering::Release);
-        self.unit.lock().take();
+        let unit = self.unit.lock().take();
+        let slot =
+            if self.local { LOCAL_SLOT } else { unit.and_then(|u| u.transport()).map(|k| k as usize).unwrap_or(0) };
+        self.life.metrics.task_ended(slot, self.write, status as i32, bytes, self.submitted.elapsed());
         if let Some(h) = &self.hook {
             h.task_ended(status);
         }
@@ -235,6 +245,9 @@ impl Batch {
                     status: AtomicI32::new(Status::Pending as i32),
                     transferred: AtomicU64::new(0),
                     length: r.length,
+                    write: r.opcode == super::types::Opcode::Write,
+                    local: r.target_id == 0,
+                    submitted: Instant::now(),
                     cancel_requested: AtomicBool::new(false),
                     error: Mutex::new(None),
                     life: self.life.clone(),
@@ -314,6 +327,7 @@ struct Slot {
 pub struct BatchTable {
     slots: Mutex<(Vec<Slot>, Vec<usize>)>,
     me: Weak<BatchTable>,
+    metrics: Arc<Metrics>,
 }
 
 fn split(id: u64) -> (usize, u32) {
@@ -323,7 +337,12 @@ fn split(id: u64) -> (usize, u32) {
 impl BatchTable {
     /// Creates an empty table.
     pub fn new() -> Arc<BatchTable> {
-        Arc::new_cyclic(|me| BatchTable { slots: Mutex::new((Vec::new(), Vec::new())), me: me.clone() })
+        BatchTable::with_metrics(Arc::new(Metrics::default()))
+    }
+
+    /// Creates an empty table whose tasks report to `metrics` when they end.
+    pub fn with_metrics(metrics: Arc<Metrics>) -> Arc<BatchTable> {
+        Arc::new_cyclic(|me| BatchTable { slots: Mutex::new((Vec::new(), Vec::new())), me: me.clone(), metrics })
     }
 
     /// Allocates a batch for up to `capacity` tasks and returns its id (never 0 or u64::MAX).
@@ -354,6 +373,7 @@ impl BatchTable {
             pending: AtomicUsize::new(0),
             free_requested: AtomicBool::new(false),
             table: self.me.clone(),
+            metrics: self.metrics.clone(),
         });
         slot.batch = Some(Arc::new(Batch { capacity, tasks: RwLock::new(Vec::new()), life }));
         Ok(id)

@@ -24,6 +24,7 @@ use crate::control::client::{ClientTimeouts, RpcClient};
 use crate::control::queue::WorkQueue;
 use crate::control::server::{Refusal, RpcHandler, RpcServer};
 use crate::error::{Error, Result};
+use crate::metrics::{Metrics, MetricsServer};
 use crate::transport::Transport;
 use crate::transport::shm::{self, ShmParams, ShmTransport};
 use crate::transport::tcp::{TcpParams, TcpTransport};
@@ -113,6 +114,9 @@ pub struct Engine {
     batches: Arc<BatchTable>,
     allocations: Mutex<HashMap<u64, Allocation>>,
     dispatcher: Arc<Dispatcher>,
+    metrics: Arc<Metrics>,
+    /// The HTTP endpoint when `metrics/enabled` is set and its port could be bound.
+    metrics_server: Option<MetricsServer>,
     shm_dir: String,
     server: RpcServer,
     /// Units waiting for the progress worker's failover decision (`enable_progress_worker`).
@@ -202,6 +206,7 @@ impl Engine {
             Arc::new(LocalSegment::new(name.clone(), memory::machine_id(), rpc_addr.clone(), memory::topology_json()));
         let client = Arc::new(RpcClient::new(timeouts));
         let remote = Arc::new(Remote::new(client.clone(), name.clone(), rpc_addr));
+        let metrics = Arc::new(Metrics::default());
         let mut transports: Vec<Arc<dyn Transport>> = Vec::new();
         let shm_params = ShmParams::from_config(&config);
         let shm_dir = shm_params.cxl_mount_path.clone();
@@ -209,12 +214,17 @@ impl Engine {
             transports.push(Arc::new(ShmTransport::new(shm_params)?));
         }
         if config.get_bool(keys::TCP_ENABLE.0, keys::TCP_ENABLE.1) {
-            transports.push(Arc::new(TcpTransport::new(client.clone(), TcpParams::from_config(&config))?));
+            transports.push(Arc::new(TcpTransport::new(
+                client.clone(),
+                TcpParams::from_config(&config),
+                metrics.clone(),
+            )?));
         }
         let progress = config
             .get_bool(keys::ENABLE_PROGRESS_WORKER.0, keys::ENABLE_PROGRESS_WORKER.1)
             .then(|| Arc::new(WorkQueue::<Arc<Unit>>::default()));
         let failover = Arc::new(FailoverConfig {
+            metrics: metrics.clone(),
             budget: config.get_u64(keys::MAX_FAILOVER_ATTEMPTS.0, keys::MAX_FAILOVER_ATTEMPTS.1 as u64).min(64) as u32,
             on_poll: config.get_bool(keys::ENABLE_AUTO_FAILOVER_ON_POLL.0, keys::ENABLE_AUTO_FAILOVER_ON_POLL.1),
             progress: progress.clone(),
@@ -259,13 +269,23 @@ impl Engine {
                 r.publish_update();
             }
         })?;
+        let metrics_server = config
+            .get_bool(keys::METRICS_ENABLED.0, keys::METRICS_ENABLED.1)
+            .then(|| {
+                let host = config.get_string("metrics/http_host", "0.0.0.0");
+                let port = config.get_u64("metrics/http_port", 9100).min(65535) as u16;
+                MetricsServer::start(&host, port, metrics.clone())
+            })
+            .flatten();
         let engine = Arc::new(Engine {
             config,
             ip,
             port,
             local,
             remote,
-            batches: BatchTable::new(),
+            batches: BatchTable::with_metrics(metrics.clone()),
+            metrics_server,
+            metrics,
             allocations: Mutex::new(HashMap::new()),
             dispatcher,
             shm_dir,
@@ -681,6 +701,16 @@ impl Engine {
     /// How many units of work were handed to the transport of `kind` (failovers included).
     pub fn units_submitted(&self, kind: TransportKind) -> u64 {
         self.dispatcher.submitted(kind)
+    }
+
+    /// This engine's counters.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Where the metrics endpoint listens, when it runs.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics_server.as_ref().map(|s| s.addr())
     }
 
     /// The transports loaded in this engine.

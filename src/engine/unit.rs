@@ -23,6 +23,8 @@ pub struct FailoverConfig {
     pub on_poll: bool,
     /// The progress worker's queue when `enable_progress_worker` is set.
     pub progress: Option<Arc<WorkQueue<Arc<Unit>>>>,
+    /// Where failovers are counted.
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 struct Route {
@@ -174,6 +176,7 @@ impl Unit {
         let reason = || self.members.iter().find_map(|m| m.error()).unwrap_or_else(|| "transfer failed".into());
         match next {
             Some(kind) => {
+                self.failover.metrics.failover();
                 self.attempt.fetch_add(1, Ordering::AcqRel);
                 let mut resumed = false;
                 for m in &self.members {

@@ -21,6 +21,7 @@ use crate::engine::segment::SegmentDesc;
 use crate::engine::types::{Opcode, TransportKind};
 use crate::engine::unit::Task;
 use crate::error::{Error, Result};
+use crate::metrics::Metrics;
 use crate::transport::Transport;
 
 /// Tunables read from `transports/tcp/*`.
@@ -89,14 +90,16 @@ pub struct TcpTransport {
 
 impl TcpTransport {
     /// Starts the worker pool.
-    pub fn new(client: Arc<RpcClient>, params: TcpParams) -> Result<TcpTransport> {
+    pub fn new(client: Arc<RpcClient>, params: TcpParams, metrics: Arc<Metrics>) -> Result<TcpTransport> {
         let queue = Arc::new(WorkQueue::<Chunk>::default());
         let stopping = Arc::new(AtomicBool::new(false));
         let mut workers = Vec::new();
         for i in 0..params.max_concurrent_tasks {
-            let (q, c, s) = (queue.clone(), client.clone(), stopping.clone());
+            let (q, c, s, m) = (queue.clone(), client.clone(), stopping.clone(), metrics.clone());
             workers.push(
-                std::thread::Builder::new().name(format!("tent-tcp-{i}")).spawn(move || worker(&q, &c, &s, params))?,
+                std::thread::Builder::new()
+                    .name(format!("tent-tcp-{i}"))
+                    .spawn(move || worker(&q, &c, &s, params, &m))?,
             );
         }
         Ok(TcpTransport { client, params, queue, stopping, workers: Mutex::new(workers) })
@@ -108,11 +111,11 @@ impl TcpTransport {
     }
 }
 
-fn worker(queue: &WorkQueue<Chunk>, client: &RpcClient, stopping: &AtomicBool, p: TcpParams) {
+fn worker(queue: &WorkQueue<Chunk>, client: &RpcClient, stopping: &AtomicBool, p: TcpParams, metrics: &Metrics) {
     while let Some(chunk) = queue.pop() {
         let job = &chunk.job;
         if !job.failed.load(Ordering::Acquire) && !job.task.cancel_requested() {
-            if let Err(e) = move_chunk(client, &chunk, stopping, p) {
+            if let Err(e) = move_chunk(client, &chunk, stopping, p, metrics) {
                 job.failed.store(true, Ordering::Release);
                 tracing::debug!("tcp transfer to {} failed: {e}", job.rpc_addr);
                 job.task.fail(e.to_string());
@@ -128,7 +131,7 @@ fn worker(queue: &WorkQueue<Chunk>, client: &RpcClient, stopping: &AtomicBool, p
 /// Counts chunk attempts for fault injection.
 static CHUNK_ATTEMPTS: AtomicU64 = AtomicU64::new(0);
 
-fn move_chunk(client: &RpcClient, chunk: &Chunk, stopping: &AtomicBool, p: TcpParams) -> Result<()> {
+fn move_chunk(client: &RpcClient, chunk: &Chunk, stopping: &AtomicBool, p: TcpParams, metrics: &Metrics) -> Result<()> {
     let r = chunk.job.task.request();
     let remote = r.target_offset + chunk.offset;
     let local = (r.source + chunk.offset) as *mut u8;
@@ -159,6 +162,7 @@ fn move_chunk(client: &RpcClient, chunk: &Chunk, stopping: &AtomicBool, p: TcpPa
             Err(e) if attempt >= p.max_retry_count => return Err(e),
             Err(e) => {
                 tracing::debug!("tcp chunk to {} failed (attempt {}): {e}", chunk.job.rpc_addr, attempt + 1);
+                metrics.retry(TransportKind::Tcp as usize);
                 // Sleep in short slices so shutdown is never held up by a backoff.
                 let mut left = p.backoff(attempt);
                 while !left.is_zero() {

@@ -8,7 +8,4 @@
 /// cbindgen:ignore
 pub mod context;
 
-pub use context::{
-    BufferRegistration, ContextLimits, ContextParams, ContextSet, ContextState, CqQuota,
-    RdmaContext,
-};
+pub use context::{BufferRegistration, ContextLimits, ContextParams, ContextSet, ContextState, CqQuota, RdmaContext};
