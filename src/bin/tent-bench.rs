@@ -1,0 +1,506 @@
+//! tent-bench: throughput and latency of the transfer engine, driven through the public C API
+//! (`tent_*`), with the options and columns of upstream's `tebench` where they apply.
+//!
+//! Roles: `--role=target` serves a buffer and prints its segment name; `--target_seg_name=NAME`
+//! runs the initiator against such a target; with neither, target and initiator run in one
+//! process (a quick local measurement). `--compare` adds, for the same sizes and in the same run,
+//! the plain reference for the transport (a single-stream loopback socket copy for TCP, memcpy for
+//! SHM and sim RDMA) and the ratio. `--check_consistency` verifies every byte moved.
+
+use std::ffi::{CStr, CString, c_void};
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tent::ffi::tent::*;
+use tent::ffi::types::*;
+
+#[derive(Debug, Clone)]
+struct Opts {
+    role: String,
+    target_seg_name: String,
+    xport_type: String,
+    rdma_provider: String,
+    op_type: String,
+    check_consistency: bool,
+    total_buffer_size: usize,
+    start_block_size: usize,
+    max_block_size: usize,
+    start_batch_size: usize,
+    max_batch_size: usize,
+    start_num_threads: usize,
+    max_num_threads: usize,
+    duration: f64,
+    metadata_type: String,
+    metadata_url_list: String,
+    rpc_server_hostname: String,
+    rpc_server_port: u16,
+    compare: bool,
+}
+
+const USAGE: &str = "usage: tent-bench [--role=target | --target_seg_name=NAME] [--xport_type=tcp|shm|rdma] \
+[--rdma_provider=sim|ibverbs] [--op_type=read|write|mix] [--check_consistency] [--total_buffer_size=BYTES] \
+[--start_block_size=B] [--max_block_size=B] [--start_batch_size=N] [--max_batch_size=N] [--start_num_threads=N] \
+[--max_num_threads=N] [--duration=SECONDS] [--metadata_type=p2p|etcd|redis|http] [--metadata_url_list=URLS] \
+[--rpc_server_hostname=IP] [--rpc_server_port=PORT] [--compare]";
+
+fn parse_size(v: &str) -> Option<usize> {
+    let v = v.trim();
+    let (num, mul) = match v.chars().last()? {
+        'k' | 'K' => (&v[..v.len() - 1], 1 << 10),
+        'm' | 'M' => (&v[..v.len() - 1], 1 << 20),
+        'g' | 'G' => (&v[..v.len() - 1], 1 << 30),
+        _ => (v, 1),
+    };
+    num.parse::<usize>().ok()?.checked_mul(mul)
+}
+
+fn parse_args() -> Result<Opts, String> {
+    let mut o = Opts {
+        role: String::new(),
+        target_seg_name: String::new(),
+        xport_type: "tcp".into(),
+        rdma_provider: "sim".into(),
+        op_type: "write".into(),
+        check_consistency: false,
+        total_buffer_size: 256 << 20,
+        start_block_size: 4096,
+        max_block_size: 64 << 20,
+        start_batch_size: 1,
+        max_batch_size: 1,
+        start_num_threads: 1,
+        max_num_threads: 1,
+        duration: 2.0,
+        metadata_type: "p2p".into(),
+        metadata_url_list: String::new(),
+        rpc_server_hostname: "127.0.0.1".into(),
+        rpc_server_port: 0,
+        compare: false,
+    };
+    for a in std::env::args().skip(1) {
+        if a == "--bench" {
+            continue; // passed by `cargo bench`
+        }
+        let a = a.trim_start_matches('-');
+        let (k, v) = a.split_once('=').unwrap_or((a, "true"));
+        let size = || parse_size(v).ok_or(format!("--{k}: not a size: {v}"));
+        let num = || v.parse::<usize>().map_err(|_| format!("--{k}: not a number: {v}"));
+        let flag = || matches!(v, "true" | "1" | "yes");
+        match k {
+            "role" | "mode" => o.role = v.into(),
+            "target_seg_name" => o.target_seg_name = v.into(),
+            "xport_type" => o.xport_type = v.into(),
+            "rdma_provider" => o.rdma_provider = v.into(),
+            "op_type" => o.op_type = v.into(),
+            "check_consistency" => o.check_consistency = flag(),
+            "total_buffer_size" => o.total_buffer_size = size()?,
+            "start_block_size" => o.start_block_size = size()?,
+            "max_block_size" => o.max_block_size = size()?,
+            "start_batch_size" => o.start_batch_size = num()?,
+            "max_batch_size" => o.max_batch_size = num()?,
+            "start_num_threads" => o.start_num_threads = num()?,
+            "max_num_threads" => o.max_num_threads = num()?,
+            "duration" => o.duration = v.parse().map_err(|_| format!("--duration: not a number: {v}"))?,
+            "metadata_type" => o.metadata_type = v.into(),
+            "metadata_url_list" => o.metadata_url_list = v.into(),
+            "rpc_server_hostname" => o.rpc_server_hostname = v.into(),
+            "rpc_server_port" => o.rpc_server_port = v.parse().map_err(|_| format!("--rpc_server_port: {v}"))?,
+            "compare" => o.compare = flag(),
+            "help" | "h" => return Err(USAGE.into()),
+            _ => return Err(format!("unknown option --{k}\n{USAGE}")),
+        }
+    }
+    if !matches!(o.xport_type.as_str(), "tcp" | "shm" | "rdma") {
+        return Err(format!("--xport_type must be tcp, shm or rdma, not {}", o.xport_type));
+    }
+    if !matches!(o.op_type.as_str(), "read" | "write" | "mix") {
+        return Err(format!("--op_type must be read, write or mix, not {}", o.op_type));
+    }
+    if o.start_block_size == 0 || o.start_batch_size == 0 || o.start_num_threads == 0 || o.total_buffer_size == 0 {
+        return Err("sizes, batch sizes and thread counts must be at least 1".into());
+    }
+    Ok(o)
+}
+
+fn set(k: &str, v: &str) {
+    let (k, v) = (CString::new(k).unwrap_or_default(), CString::new(v).unwrap_or_default());
+    // SAFETY: both are valid NUL-terminated strings.
+    unsafe { tent_set_config(k.as_ptr(), v.as_ptr()) };
+}
+
+fn last_error() -> String {
+    let mut buf = [0 as std::ffi::c_char; 512];
+    // SAFETY: buf has 512 bytes.
+    unsafe { tent_last_error(buf.as_mut_ptr(), buf.len()) };
+    // SAFETY: tent_last_error NUL-terminates within the buffer.
+    unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned()
+}
+
+/// Creates an engine configured for `o` (only the benchmarked transport enabled).
+fn start_engine(o: &Opts) -> Result<tent_engine_t, String> {
+    set("rpc_server_hostname", &o.rpc_server_hostname);
+    set("rpc_server_port", &o.rpc_server_port.to_string());
+    set("log_level", "warning");
+    set("metadata_type", &o.metadata_type);
+    set("metadata_servers", &o.metadata_url_list);
+    set("transports/tcp/enable", if o.xport_type == "tcp" { "true" } else { "false" });
+    set("transports/shm/enable", if o.xport_type == "shm" { "true" } else { "false" });
+    set("transports/rdma/enable", if o.xport_type == "rdma" { "true" } else { "false" });
+    set("transports/rdma/provider", &o.rdma_provider);
+    let e = tent_create_engine();
+    if tent_available(e) != 1 {
+        return Err(format!("engine failed to start: {}", last_error()));
+    }
+    Ok(e)
+}
+
+/// Allocates and registers `len` bytes the way the transport needs (an shm object for SHM).
+fn buffer(e: tent_engine_t, o: &Opts, len: usize) -> Result<*mut u8, String> {
+    let mut opts: tent_memory_options_t = tent_memory_options {
+        location: [0; 64],
+        permission: PERM_GLOBAL_READ_WRITE,
+        transport_type: if o.xport_type == "shm" { TRANSPORT_SHM } else { TRANSPORT_UNSPEC },
+        shm_path: [0; 256],
+        shm_offset: 0,
+        internal: 0,
+    };
+    opts.location[0] = b'*' as std::ffi::c_char;
+    let mut p: *mut c_void = std::ptr::null_mut();
+    // SAFETY: valid engine, out-pointer and options.
+    if unsafe { tent_allocate_memory_ex(e, &mut p, len, &mut opts) } != 0 {
+        return Err(format!("allocating {len} bytes failed: {}", last_error()));
+    }
+    opts.transport_type = TRANSPORT_UNSPEC;
+    // SAFETY: p is the block just allocated; opts carries the shm name written back for SHM.
+    if unsafe { tent_register_memory_ex(e, p, len, &mut opts) } != 0 {
+        return Err(format!("registering {len} bytes failed: {}", last_error()));
+    }
+    Ok(p.cast())
+}
+
+/// The deterministic content of byte `off` for generation `seed`, filled 8 bytes at a time.
+fn fill(buf: &mut [u8], off: u64, seed: u64) {
+    for (i, chunk) in buf.chunks_mut(8).enumerate() {
+        let w = ((off / 8 + i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ seed).to_le_bytes();
+        chunk.copy_from_slice(&w[..chunk.len()]);
+    }
+}
+
+fn segment_name(e: tent_engine_t) -> String {
+    let mut buf = [0 as std::ffi::c_char; 256];
+    // SAFETY: buf has 256 bytes.
+    unsafe { tent_segment_name(e, buf.as_mut_ptr(), buf.len()) };
+    // SAFETY: NUL-terminated by tent_segment_name.
+    unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned()
+}
+
+struct Target {
+    handle: u64,
+    base: u64,
+    len: usize,
+}
+
+fn open_target(e: tent_engine_t, name: &str) -> Result<Target, String> {
+    let c = CString::new(name).map_err(|_| "bad segment name")?;
+    let mut handle = 0u64;
+    // SAFETY: valid engine, out-pointer and name.
+    if unsafe { tent_open_segment(e, &mut handle, c.as_ptr()) } != 0 {
+        return Err(format!("cannot open segment {name}: {}", last_error()));
+    }
+    let mut info = tent_segment_info { r#type: 0, num_buffers: 0, buffers: std::ptr::null_mut() };
+    // SAFETY: valid engine and out-struct; freed below.
+    if unsafe { tent_get_segment_info(e, handle, &mut info) } != 0 || info.num_buffers < 1 {
+        return Err(format!("segment {name} has no buffer: {}", last_error()));
+    }
+    // SAFETY: num_buffers >= 1, so buffers[0] exists.
+    let first = unsafe { *info.buffers };
+    // SAFETY: filled by tent_get_segment_info.
+    unsafe { tent_free_segment_info(&mut info) };
+    Ok(Target { handle, base: first.base, len: first.length as usize })
+}
+
+/// One measured case.
+struct CaseResult {
+    bytes: u64,
+    secs: f64,
+    lat_us: Vec<f64>,
+    mismatches: u64,
+}
+
+/// Runs one case: `threads` threads each moving `batch` requests of `block` bytes per round for
+/// `duration`, through `e` against `t`.
+#[allow(clippy::too_many_arguments)]
+fn run_case(
+    e: tent_engine_t,
+    o: &Opts,
+    t: &Target,
+    local: *mut u8,
+    verify: *mut u8,
+    block: usize,
+    batch: usize,
+    threads: usize,
+) -> CaseResult {
+    let region = block * batch;
+    let deadline = Instant::now() + Duration::from_secs_f64(o.duration.max(0.01));
+    let (e_addr, local_addr, verify_addr) = (e as usize, local as usize, verify as usize);
+    let results: Vec<(u64, Vec<f64>, u64)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|ti| {
+                s.spawn(move || {
+                    let e = e_addr as tent_engine_t;
+                    let mut lat = Vec::new();
+                    let (mut bytes, mut bad) = (0u64, 0u64);
+                    let slots = (t.len / threads / region).max(1);
+                    let mut round = 0u64;
+                    while Instant::now() < deadline {
+                        let slot = (round as usize) % slots;
+                        let remote_off = (ti * (t.len / threads) + slot * region) as u64;
+                        let lo = ti * region;
+                        // SAFETY: local and verify hold threads * region bytes; each thread
+                        // uses its own region.
+                        let (lbuf, vbuf) = unsafe {
+                            (
+                                std::slice::from_raw_parts_mut((local_addr as *mut u8).add(lo), region),
+                                std::slice::from_raw_parts_mut((verify_addr as *mut u8).add(lo), region),
+                            )
+                        };
+                        let seed = round.wrapping_mul(0x5851_f42d) ^ ti as u64 ^ 1;
+                        let ops: &[i32] = match o.op_type.as_str() {
+                            "read" => &[OPCODE_READ],
+                            "write" if o.check_consistency => &[OPCODE_WRITE, OPCODE_READ],
+                            "write" => &[OPCODE_WRITE],
+                            _ => &[OPCODE_WRITE, OPCODE_READ],
+                        };
+                        if o.check_consistency && ops[0] == OPCODE_WRITE {
+                            fill(lbuf, remote_off, seed);
+                        }
+                        for &op in ops {
+                            let dst =
+                                if op == OPCODE_READ && ops.len() > 1 { vbuf.as_mut_ptr() } else { lbuf.as_mut_ptr() };
+                            let mut reqs: Vec<tent_request_t> = (0..batch)
+                                .map(|i| tent_request {
+                                    opcode: op,
+                                    // SAFETY: i * block < region.
+                                    source: unsafe { dst.add(i * block) }.cast(),
+                                    target_id: t.handle,
+                                    target_offset: t.base + remote_off + (i * block) as u64,
+                                    length: block as u64,
+                                    priority: 0,
+                                    transport_hint: 0,
+                                })
+                                .collect();
+                            let start = Instant::now();
+                            let id = tent_allocate_batch(e, batch);
+                            // SAFETY: valid engine; reqs is an array of `batch` requests.
+                            let rc = unsafe { tent_submit(e, id, reqs.as_mut_ptr(), batch) };
+                            let mut st = tent_status { status: STATUS_PENDING, transferred_bytes: 0 };
+                            while rc == 0 && st.status == STATUS_PENDING {
+                                // SAFETY: valid engine and out-pointer.
+                                if unsafe { tent_overall_status(e, id, &mut st) } != 0 {
+                                    break;
+                                }
+                                if st.status == STATUS_PENDING {
+                                    std::thread::yield_now();
+                                }
+                            }
+                            lat.push(start.elapsed().as_secs_f64() * 1e6);
+                            tent_free_batch(e, id);
+                            if rc != 0 || st.status != STATUS_COMPLETED {
+                                bad += region as u64;
+                                continue;
+                            }
+                            bytes += region as u64;
+                        }
+                        if o.check_consistency {
+                            let mut expect = vec![0u8; region];
+                            match o.op_type.as_str() {
+                                "read" => {
+                                    fill(&mut expect, remote_off, 0);
+                                    bad += lbuf.iter().zip(&expect).filter(|(a, b)| a != b).count() as u64;
+                                }
+                                _ => bad += vbuf.iter().zip(lbuf.iter()).filter(|(a, b)| a != b).count() as u64,
+                            }
+                        }
+                        round += 1;
+                    }
+                    (bytes, lat, bad)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or((0, Vec::new(), 1))).collect()
+    });
+    let secs = o.duration.max(0.01);
+    let mut r = CaseResult { bytes: 0, secs, lat_us: Vec::new(), mismatches: 0 };
+    for (b, l, m) in results {
+        r.bytes += b;
+        r.lat_us.extend(l);
+        r.mismatches += m;
+    }
+    r.lat_us.sort_by(|a, b| a.total_cmp(b));
+    r
+}
+
+fn pct(v: &[f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v[((v.len() as f64 * p).ceil() as usize).clamp(1, v.len()) - 1]
+}
+
+/// The plain reference for the same bytes per round: a loopback socket copy (TCP) or memcpy.
+fn reference(o: &Opts, region: usize) -> f64 {
+    let deadline = Instant::now() + Duration::from_secs_f64(o.duration.max(0.01));
+    let src = vec![7u8; region];
+    let mut dst = vec![0u8; region];
+    let start = Instant::now();
+    let mut moved = 0u64;
+    if o.xport_type == "tcp" {
+        let Ok(l) = TcpListener::bind("127.0.0.1:0") else { return 0.0 };
+        let Ok(addr) = l.local_addr() else { return 0.0 };
+        let stop = AtomicBool::new(false);
+        let got = AtomicU64::new(0);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                if let Ok((mut c, _)) = l.accept() {
+                    while let Ok(n) = c.read(&mut dst) {
+                        if n == 0 {
+                            break;
+                        }
+                        got.fetch_add(n as u64, Ordering::Relaxed);
+                    }
+                }
+            });
+            if let Ok(mut c) = TcpStream::connect(addr) {
+                let _ = c.set_nodelay(true);
+                while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
+                    if c.write_all(&src).is_err() {
+                        stop.store(true, Ordering::Relaxed);
+                    }
+                }
+            }
+        });
+        moved = got.load(Ordering::Relaxed);
+    } else {
+        while Instant::now() < deadline {
+            dst.copy_from_slice(std::hint::black_box(&src));
+            moved += region as u64;
+        }
+    }
+    moved as f64 / start.elapsed().as_secs_f64() / 1e9
+}
+
+fn sweep(start: usize, max: usize) -> Vec<usize> {
+    let mut v = Vec::new();
+    let mut x = start;
+    while x <= max.max(start) {
+        v.push(x);
+        x = match x.checked_mul(2) {
+            Some(n) => n,
+            None => break,
+        };
+    }
+    v
+}
+
+fn run_initiator(o: &Opts, e: tent_engine_t, target: &Target) -> Result<u64, String> {
+    let max_region = o.max_block_size.min(target.len) * o.max_batch_size * o.max_num_threads;
+    let local_len = max_region.min(o.total_buffer_size).max(o.start_block_size);
+    let local = buffer(e, o, local_len)?;
+    let verify = buffer(e, o, local_len)?;
+    print!(
+        "{:>12} {:>6} {:>7} {:>10} {:>13} {:>11} {:>11}",
+        "BlkSize (B)", "Batch", "Threads", "BW (GB/s)", "Avg Lat (us)", "P99 (us)", "P999 (us)"
+    );
+    if o.compare {
+        print!(" {:>10} {:>7}", "Ref (GB/s)", "Ratio");
+    }
+    println!();
+    let mut mismatches = 0;
+    let started = Instant::now();
+    for threads in sweep(o.start_num_threads, o.max_num_threads) {
+        for batch in sweep(o.start_batch_size, o.max_batch_size) {
+            for block in sweep(o.start_block_size, o.max_block_size) {
+                let region = block * batch;
+                if region * threads > local_len || region * threads > target.len {
+                    continue;
+                }
+                let r = run_case(e, o, target, local, verify, block, batch, threads);
+                mismatches += r.mismatches;
+                let bw = r.bytes as f64 / r.secs / 1e9;
+                let avg = if r.lat_us.is_empty() { 0.0 } else { r.lat_us.iter().sum::<f64>() / r.lat_us.len() as f64 };
+                print!(
+                    "{block:>12} {batch:>6} {threads:>7} {bw:>10.3} {avg:>13.1} {:>11.1} {:>11.1}",
+                    pct(&r.lat_us, 0.99),
+                    pct(&r.lat_us, 0.999)
+                );
+                if o.compare {
+                    let rf = reference(o, region);
+                    print!(" {rf:>10.3} {:>7.2}", if rf > 0.0 { bw / rf } else { 0.0 });
+                }
+                println!();
+                if started.elapsed() > Duration::from_secs(10) {
+                    eprintln!("... {:.0} s elapsed", started.elapsed().as_secs_f64());
+                }
+            }
+        }
+    }
+    if o.check_consistency {
+        println!("consistency check: {mismatches} mismatched bytes");
+    }
+    Ok(mismatches)
+}
+
+fn main() -> ExitCode {
+    let o = match parse_args() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = (|| -> Result<u64, String> {
+        if o.role == "target" {
+            let e = start_engine(&o)?;
+            let p = buffer(e, &o, o.total_buffer_size)?;
+            // SAFETY: p holds total_buffer_size bytes.
+            fill(unsafe { std::slice::from_raw_parts_mut(p, o.total_buffer_size) }, 0, 0);
+            let name = segment_name(e);
+            println!("target segment: {name}");
+            println!("run the initiator with: tent-bench --target_seg_name={name} --xport_type={}", o.xport_type);
+            let _ = std::io::stdout().flush();
+            let end = (o.duration > 0.0).then(|| Instant::now() + Duration::from_secs_f64(o.duration));
+            while end.is_none_or(|t| Instant::now() < t) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            tent_destroy_engine(e);
+            return Ok(0);
+        }
+        let initiator = start_engine(&o)?;
+        if !o.target_seg_name.is_empty() {
+            let t = open_target(initiator, &o.target_seg_name)?;
+            let r = run_initiator(&o, initiator, &t);
+            tent_destroy_engine(initiator);
+            return r;
+        }
+        // Local mode: a target engine in this process.
+        let target = start_engine(&o)?;
+        let p = buffer(target, &o, o.total_buffer_size)?;
+        // SAFETY: p holds total_buffer_size bytes.
+        fill(unsafe { std::slice::from_raw_parts_mut(p, o.total_buffer_size) }, 0, 0);
+        let t = open_target(initiator, &segment_name(target))?;
+        let r = run_initiator(&o, initiator, &t);
+        tent_destroy_engine(initiator);
+        tent_destroy_engine(target);
+        r
+    })();
+    match result {
+        Ok(0) => ExitCode::SUCCESS,
+        Ok(_) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("tent-bench: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
