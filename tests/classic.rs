@@ -1,0 +1,79 @@
+//! The classic Mooncake C API and its three kinds of callers: C and C++ programs linked against
+//! libtent.so, programs that dlopen the library under each of its names, and Go programs through
+//! cgo (run when `go` is installed; scripts/setup.sh installs it).
+
+mod common;
+
+use std::process::Command;
+
+use common::{build_c, out_dir, root, run, run_c};
+
+#[test]
+fn committed_classic_header_is_current() {
+    let generated = include_str!(concat!(env!("OUT_DIR"), "/transfer_engine_c.h"));
+    let committed = std::fs::read_to_string(root().join("include/transfer_engine_c.h"))
+        .expect("committed classic header");
+    assert!(
+        generated == committed,
+        "include/transfer_engine_c.h is stale: run `TENT_UPDATE_HEADERS=1 cargo build` and commit it"
+    );
+}
+
+/// Compiles a probe that includes `headers` (each twice, in the given order) with warnings as
+/// errors, as C11 or C++17.
+fn compile_probe(name: &str, headers: &[&str], cxx: bool) {
+    let dir = out_dir("classic_headers");
+    let src = dir.join(format!("{name}.{}", if cxx { "cpp" } else { "c" }));
+    let mut text = String::new();
+    for _ in 0..2 {
+        for h in headers {
+            text.push_str(&format!("#include \"{h}\"\n"));
+        }
+    }
+    text.push_str(
+        "int main(void) { segment_id_t s = LOCAL_SEGMENT; batch_id_t b = INVALID_BATCH;\n\
+         transfer_engine_t e = 0; (void)s; (void)b; (void)e; return OPCODE_WRITE - 1; }\n",
+    );
+    std::fs::write(&src, text).expect("write probe");
+    let mut cmd = Command::new(if cxx { "g++" } else { "gcc" });
+    cmd.arg(if cxx { "-std=c++17" } else { "-std=c11" })
+        .args(["-Wall", "-Wextra", "-Werror", "-pedantic", "-fsyntax-only"])
+        .arg("-I")
+        .arg(root().join("include"))
+        .arg(&src);
+    if !cxx {
+        cmd.arg("-Wstrict-prototypes");
+    }
+    let (ok, out) = run(&mut cmd);
+    assert!(ok, "{name} does not compile:\n{out}");
+}
+
+#[test]
+fn classic_header_compiles_alone_and_with_the_tent_header() {
+    for cxx in [false, true] {
+        let tag = if cxx { "cxx" } else { "c" };
+        compile_probe(&format!("alone_{tag}"), &["transfer_engine_c.h"], cxx);
+        compile_probe(
+            &format!("tent_first_{tag}"),
+            &["tent/transfer_engine.h", "transfer_engine_c.h"],
+            cxx,
+        );
+        compile_probe(
+            &format!("classic_first_{tag}"),
+            &["transfer_engine_c.h", "tent/transfer_engine.h"],
+            cxx,
+        );
+    }
+}
+
+#[test]
+fn classic_api_c_program() {
+    let exe = build_c(
+        "classic_api",
+        &[root().join("c_tests/classic_api.c")],
+        false,
+        &[],
+    );
+    let out = run_c(&exe, &[]);
+    assert!(out.contains(", 0 failed"), "{out}");
+}
