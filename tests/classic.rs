@@ -6,7 +6,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{build_c, out_dir, root, run, run_c};
+use common::{build_c, lib_dir, out_dir, root, run, run_c};
 
 #[test]
 fn committed_classic_header_is_current() {
@@ -76,4 +76,85 @@ fn classic_api_c_program() {
     );
     let out = run_c(&exe, &[]);
     assert!(out.contains(", 0 failed"), "{out}");
+}
+
+#[test]
+fn cxx17_program_with_both_headers_and_the_wrapper() {
+    let exe = build_c(
+        "classic_cpp",
+        &[root().join("c_tests/classic_cpp.cpp")],
+        true,
+        &[],
+    );
+    let out = run_c(&exe, &[]);
+    assert!(out.contains(", 0 failed"), "{out}");
+}
+
+/// The names of the functions a generated header declares (its declarations start at column 0
+/// with the return type; everything else there is a comment, a preprocessor line or a type).
+fn declared_functions(header: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(root().join("include").join(header)).expect("header");
+    text.lines()
+        .filter(|l| {
+            l.contains('(')
+                && !l.starts_with([' ', '#', '/', '*', '}'])
+                && !l.starts_with("typedef")
+                && !l.starts_with("extern")
+        })
+        .filter_map(|l| {
+            let head = &l[..l.find('(')?];
+            let name = head.rsplit([' ', '*']).next()?;
+            (!name.is_empty()).then(|| name.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn dlopen_under_every_library_name_resolves_every_declared_function() {
+    let mut names = declared_functions("tent/transfer_engine.h");
+    assert_eq!(names.len(), 35, "tent_* functions: {names:?}");
+    let classic = declared_functions("transfer_engine_c.h");
+    assert_eq!(classic.len(), 27, "classic functions: {classic:?}");
+    names.extend(classic);
+    let list = out_dir("dlopen").join("functions.txt");
+    std::fs::write(&list, names.join("\n")).expect("write function list");
+    // --as-needed drops the -ltent that build_c adds: the program must load the library itself.
+    let exe = build_c(
+        "dlopen_all",
+        &[root().join("c_tests/dlopen_all.c")],
+        false,
+        &["-Wl,--as-needed", "-ldl"],
+    );
+    let (_, ldd) = run(Command::new("ldd").arg(&exe));
+    assert!(
+        !ldd.contains("libtent"),
+        "dlopen_all is linked to the library:\n{ldd}"
+    );
+    for lib in ["libtent.so", "libtent_shared.so", "libtransfer_engine.so"] {
+        let path = lib_dir().join(lib);
+        let (ok, out) = run(Command::new(&exe)
+            .env("MC_LOG_LEVEL", "error")
+            .arg(&path)
+            .arg(&list)
+            .arg(names.len().to_string()));
+        println!("{lib}: {out}");
+        assert!(ok && out.contains(", 0 failed"), "{lib}:\n{out}");
+    }
+}
+
+#[test]
+fn library_exports_exactly_the_declared_functions() {
+    let mut declared = declared_functions("tent/transfer_engine.h");
+    declared.extend(declared_functions("transfer_engine_c.h"));
+    declared.sort();
+    let (ok, out) = run(Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(lib_dir().join("libtent.so")));
+    assert!(ok, "nm failed:\n{out}");
+    let mut exported: Vec<String> = out
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2).map(str::to_string))
+        .collect();
+    exported.sort();
+    assert_eq!(exported, declared);
 }
