@@ -39,6 +39,7 @@ _Static_assert(STATUS_WAITING == 0 && STATUS_PENDING == 1 && STATUS_INVALID == 2
 
 /* Upstream's include/error.h values. */
 #define ERR_INVALID_ARGUMENT (-1)
+#define ERR_TOO_MANY_REQUESTS (-2)
 #define ERR_ADDRESS_NOT_REGISTERED (-3)
 
 static transfer_engine_t start(void) {
@@ -241,7 +242,7 @@ int main(void) {
     CHECK_EQ(submitTransferWithNotify(a, bid, &r, 1, null_note), ERR_INVALID_ARGUMENT);
     struct transfer_request five[5];
     for (int i = 0; i < 5; ++i) five[i] = r;
-    CHECK(submitTransfer(a, bid, five, 5) < 0); /* more than the batch's 4 */
+    CHECK_EQ(submitTransfer(a, bid, five, 5), ERR_TOO_MANY_REQUESTS); /* more than the batch's 4 */
     CHECK_EQ(submitTransfer(a, bid, &r, 1), 0);
     CHECK_EQ(wait_task(a, bid, 0), STATUS_COMPLETED);
     CHECK_EQ(freeBatchID(a, bid), 0);

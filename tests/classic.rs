@@ -158,3 +158,57 @@ fn library_exports_exactly_the_declared_functions() {
     exported.sort();
     assert_eq!(exported, declared);
 }
+
+/// Builds the Go program in `go/<dir>` with cgo against libtent.so and runs it. Go's cache and
+/// path live under target/ (so builds work as root in CI and leave nothing in $HOME), and module
+/// downloads are off: the programs use only the standard library. Skips, saying why, only when
+/// `go` is not installed.
+fn go_program(dir: &str) {
+    if Command::new("go").arg("version").output().is_err() {
+        println!("skipping go/{dir}: `go` is not installed (scripts/setup.sh installs golang-go)");
+        return;
+    }
+    let work = out_dir("go");
+    let lib = lib_dir();
+    let exe = work.join(dir);
+    let mut build = Command::new("go");
+    build
+        .current_dir(root().join("go"))
+        .args(["build", "-o"])
+        .arg(&exe)
+        .arg(format!("./{dir}"))
+        .env("GOCACHE", work.join("cache"))
+        .env("GOPATH", work.join("path"))
+        .env("GOPROXY", "off")
+        .env("GOFLAGS", "")
+        .env("GOTOOLCHAIN", "local")
+        .env("CGO_ENABLED", "1")
+        .env(
+            "CGO_LDFLAGS",
+            format!("-L{0} -Wl,-rpath,{0}", lib.display()),
+        );
+    let (ok, out) = run(&mut build);
+    assert!(ok, "go build ./{dir} failed:\n{out}");
+    let mut vet = Command::new("go");
+    vet.current_dir(root().join("go"))
+        .args(["vet", &format!("./{dir}")])
+        .envs(build.get_envs().filter_map(|(k, v)| Some((k, v?))));
+    let (ok, out) = run(&mut vet);
+    assert!(ok, "go vet ./{dir} failed:\n{out}");
+    // cgocheck=2 also checks every pointer the program hands to C against cgo's rules.
+    let (ok, out) = run(Command::new(&exe)
+        .env("GODEBUG", "cgocheck=2")
+        .env("MC_LOG_LEVEL", "error"));
+    println!("{out}");
+    assert!(ok && out.contains(", ok"), "go/{dir} failed:\n{out}");
+}
+
+#[test]
+fn go_program_on_the_classic_api_like_the_p2p_store() {
+    go_program("classic_p2p");
+}
+
+#[test]
+fn go_program_on_the_tent_api() {
+    go_program("tent_api");
+}
