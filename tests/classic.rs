@@ -64,6 +64,12 @@ fn classic_header_compiles_alone_and_with_the_tent_header() {
             cxx,
         );
     }
+    // The C++ wrapper, pedantic, with the classic header after it.
+    compile_probe(
+        "wrapper_cxx",
+        &["tent/tent.hpp", "transfer_engine_c.h"],
+        true,
+    );
 }
 
 #[test]

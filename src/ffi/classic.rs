@@ -8,6 +8,7 @@
 //! with `tent_last_error`. No call crashes on NULL, made-up or destroyed handles.
 
 use std::ffi::{c_char, c_int, c_void};
+use std::sync::atomic::AtomicU8;
 
 use super::classic_types::*;
 use super::{Handle, c_str, calloc_array, fill_fixed, guard, non_null, write_c_string};
@@ -242,8 +243,9 @@ pub unsafe extern "C" fn getLocalIpAndPort(
 }
 
 /// One non-NULL token per transport kind: callers only compare the result with NULL, and the
-/// engine loads its transports itself.
-static TRANSPORT_TOKENS: [u8; 3] = [0; 3];
+/// engine loads its transports itself. Atomics keep the tokens in writable memory, so even a
+/// caller that wrote through one would not fault.
+static TRANSPORT_TOKENS: [AtomicU8; 3] = [AtomicU8::new(0), AtomicU8::new(0), AtomicU8::new(0)];
 
 /// Returns a non-NULL handle when transport `proto` ("tcp", "rdma" or "shm") is available in this
 /// engine, else NULL with the reason logged. `args` may be NULL or a NULL-terminated array; a
@@ -291,7 +293,7 @@ pub unsafe extern "C" fn installTransport(
                     "transport {proto} is not available in this engine"
                 )));
             }
-            Ok(TRANSPORT_TOKENS[slot..].as_ptr() as *mut c_void)
+            Ok(TRANSPORT_TOKENS[slot].as_ptr().cast::<c_void>())
         })();
         match r {
             Ok(p) => Ok(p),
