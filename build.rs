@@ -14,10 +14,12 @@ fn main() {
 
     println!("cargo:rerun-if-changed=src");
     println!("cargo:rerun-if-changed=cbindgen.toml");
+    println!("cargo:rerun-if-changed=cbindgen-classic.toml");
     println!("cargo:rerun-if-env-changed=TENT_UPDATE_HEADERS");
 
     let update = env::var_os("TENT_UPDATE_HEADERS").is_some();
     generate(&crate_dir, &out_dir, "cbindgen.toml", "transfer_engine.h", "include/tent/transfer_engine.h", update);
+    generate_classic(&crate_dir, &out_dir, update);
 
     // The cdylib carries a soname so that programs linked against any of its names record one
     // stable dependency.
@@ -32,6 +34,33 @@ fn generate(crate_dir: &Path, out_dir: &Path, config: &str, out_name: &str, comm
         .with_config(cfg)
         .generate()
         .expect("cbindgen generates the header");
+    write_header(bindings, crate_dir, out_dir, out_name, committed, update);
+}
+
+/// Generates include/transfer_engine_c.h (upstream's classic API) from the two classic source
+/// files only; `src/ffi/mod.rs` hides them from the crate-wide pass that writes the TENT header.
+fn generate_classic(crate_dir: &Path, out_dir: &Path, update: bool) {
+    let cfg =
+        cbindgen::Config::from_file(crate_dir.join("cbindgen-classic.toml")).expect("cbindgen-classic.toml parses");
+    let bindings = cbindgen::Builder::new()
+        .with_src(crate_dir.join("src/ffi/classic_types.rs"))
+        .with_src(crate_dir.join("src/ffi/classic.rs"))
+        .with_config(cfg)
+        .generate()
+        .expect("cbindgen generates the classic header");
+    write_header(bindings, crate_dir, out_dir, "transfer_engine_c.h", "include/transfer_engine_c.h", update);
+}
+
+/// Writes a generated header to `OUT_DIR` and, when asked (or when it is missing), refreshes the
+/// committed copy.
+fn write_header(
+    bindings: cbindgen::Bindings,
+    crate_dir: &Path,
+    out_dir: &Path,
+    out_name: &str,
+    committed: &str,
+    update: bool,
+) {
     let out = out_dir.join(out_name);
     bindings.write_to_file(&out);
     let committed = crate_dir.join(committed);

@@ -722,6 +722,21 @@ impl Engine {
     pub fn nic_load_stats(&self) -> Vec<NicLoad> {
         Vec::new()
     }
+
+    /// Fetches the descriptor of an opened segment again instead of using the cached copy (the
+    /// classic `openSegmentNoCache`); an unknown handle or an unreachable peer is an error.
+    pub fn refresh_segment(&self, handle: u64) -> Result<()> {
+        if handle == 0 {
+            return Ok(());
+        }
+        self.remote.descriptor(handle, true).map(|_| ())
+    }
+
+    /// Drops every cached remote descriptor, so the next use of each segment fetches it again
+    /// (the classic `syncSegmentCache`).
+    pub fn sync_segment_cache(&self) {
+        self.remote.invalidate_all();
+    }
 }
 
 impl Drop for Engine {

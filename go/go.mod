@@ -1,0 +1,3 @@
+module tent-rs/go
+
+go 1.19

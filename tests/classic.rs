@@ -1,0 +1,178 @@
+//! The classic Mooncake C API and its three kinds of callers: C and C++ programs linked against
+//! libtent.so, programs that dlopen the library under each of its names, and Go programs through
+//! cgo (run when `go` is installed; scripts/setup.sh installs it).
+
+mod common;
+
+use std::process::Command;
+
+use common::{build_c, lib_dir, out_dir, root, run, run_c};
+
+#[test]
+fn committed_classic_header_is_current() {
+    let generated = include_str!(concat!(env!("OUT_DIR"), "/transfer_engine_c.h"));
+    let committed =
+        std::fs::read_to_string(root().join("include/transfer_engine_c.h")).expect("committed classic header");
+    assert!(
+        generated == committed,
+        "include/transfer_engine_c.h is stale: run `TENT_UPDATE_HEADERS=1 cargo build` and commit it"
+    );
+}
+
+/// Compiles a probe that includes `headers` (each twice, in the given order) with warnings as
+/// errors, as C11 or C++17.
+fn compile_probe(name: &str, headers: &[&str], cxx: bool) {
+    let dir = out_dir("classic_headers");
+    let src = dir.join(format!("{name}.{}", if cxx { "cpp" } else { "c" }));
+    let mut text = String::new();
+    for _ in 0..2 {
+        for h in headers {
+            text.push_str(&format!("#include \"{h}\"\n"));
+        }
+    }
+    text.push_str(
+        "int main(void) { segment_id_t s = LOCAL_SEGMENT; batch_id_t b = INVALID_BATCH;\n\
+         transfer_engine_t e = 0; (void)s; (void)b; (void)e; return OPCODE_WRITE - 1; }\n",
+    );
+    std::fs::write(&src, text).expect("write probe");
+    let mut cmd = Command::new(if cxx { "g++" } else { "gcc" });
+    cmd.arg(if cxx { "-std=c++17" } else { "-std=c11" })
+        .args(["-Wall", "-Wextra", "-Werror", "-pedantic", "-fsyntax-only"])
+        .arg("-I")
+        .arg(root().join("include"))
+        .arg(&src);
+    if !cxx {
+        cmd.arg("-Wstrict-prototypes");
+    }
+    let (ok, out) = run(&mut cmd);
+    assert!(ok, "{name} does not compile:\n{out}");
+}
+
+#[test]
+fn classic_header_compiles_alone_and_with_the_tent_header() {
+    for cxx in [false, true] {
+        let tag = if cxx { "cxx" } else { "c" };
+        compile_probe(&format!("alone_{tag}"), &["transfer_engine_c.h"], cxx);
+        compile_probe(&format!("tent_first_{tag}"), &["tent/transfer_engine.h", "transfer_engine_c.h"], cxx);
+        compile_probe(&format!("classic_first_{tag}"), &["transfer_engine_c.h", "tent/transfer_engine.h"], cxx);
+    }
+    // The C++ wrapper, pedantic, with the classic header after it.
+    compile_probe("wrapper_cxx", &["tent/tent.hpp", "transfer_engine_c.h"], true);
+}
+
+#[test]
+fn classic_api_c_program() {
+    let exe = build_c("classic_api", &[root().join("c_tests/classic_api.c")], false, &[]);
+    let out = run_c(&exe, &[]);
+    assert!(out.contains(", 0 failed"), "{out}");
+}
+
+#[test]
+fn cxx17_program_with_both_headers_and_the_wrapper() {
+    let exe = build_c("classic_cpp", &[root().join("c_tests/classic_cpp.cpp")], true, &[]);
+    let out = run_c(&exe, &[]);
+    assert!(out.contains(", 0 failed"), "{out}");
+}
+
+/// The names of the functions a generated header declares (its declarations start at column 0
+/// with the return type; everything else there is a comment, a preprocessor line or a type).
+fn declared_functions(header: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(root().join("include").join(header)).expect("header");
+    text.lines()
+        .filter(|l| {
+            l.contains('(')
+                && !l.starts_with([' ', '#', '/', '*', '}'])
+                && !l.starts_with("typedef")
+                && !l.starts_with("extern")
+        })
+        .filter_map(|l| {
+            let head = &l[..l.find('(')?];
+            let name = head.rsplit([' ', '*']).next()?;
+            (!name.is_empty()).then(|| name.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn dlopen_under_every_library_name_resolves_every_declared_function() {
+    let mut names = declared_functions("tent/transfer_engine.h");
+    assert_eq!(names.len(), 35, "tent_* functions: {names:?}");
+    let classic = declared_functions("transfer_engine_c.h");
+    assert_eq!(classic.len(), 27, "classic functions: {classic:?}");
+    names.extend(classic);
+    let list = out_dir("dlopen").join("functions.txt");
+    std::fs::write(&list, names.join("\n")).expect("write function list");
+    // --as-needed drops the -ltent that build_c adds: the program must load the library itself.
+    let exe = build_c("dlopen_all", &[root().join("c_tests/dlopen_all.c")], false, &["-Wl,--as-needed", "-ldl"]);
+    let (_, ldd) = run(Command::new("ldd").arg(&exe));
+    assert!(!ldd.contains("libtent"), "dlopen_all is linked to the library:\n{ldd}");
+    for lib in ["libtent.so", "libtent_shared.so", "libtransfer_engine.so"] {
+        let path = lib_dir().join(lib);
+        let (ok, out) =
+            run(Command::new(&exe).env("MC_LOG_LEVEL", "error").arg(&path).arg(&list).arg(names.len().to_string()));
+        println!("{lib}: {out}");
+        assert!(ok && out.contains(", 0 failed"), "{lib}:\n{out}");
+    }
+}
+
+#[test]
+fn library_exports_exactly_the_declared_functions() {
+    let mut declared = declared_functions("tent/transfer_engine.h");
+    declared.extend(declared_functions("transfer_engine_c.h"));
+    declared.sort();
+    let (ok, out) = run(Command::new("nm").args(["-D", "--defined-only"]).arg(lib_dir().join("libtent.so")));
+    assert!(ok, "nm failed:\n{out}");
+    let mut exported: Vec<String> =
+        out.lines().filter_map(|l| l.split_whitespace().nth(2).map(str::to_string)).collect();
+    exported.sort();
+    assert_eq!(exported, declared);
+}
+
+/// Builds the Go program in `go/<dir>` with cgo against libtent.so and runs it. Go's cache and
+/// path live under target/ (so builds work as root in CI and leave nothing in $HOME), and module
+/// downloads are off: the programs use only the standard library. Skips, saying why, only when
+/// `go` is not installed.
+fn go_program(dir: &str) {
+    if Command::new("go").arg("version").output().is_err() {
+        println!("skipping go/{dir}: `go` is not installed (scripts/setup.sh installs golang-go)");
+        return;
+    }
+    let work = out_dir("go");
+    let lib = lib_dir();
+    let exe = work.join(dir);
+    let mut build = Command::new("go");
+    build
+        .current_dir(root().join("go"))
+        .args(["build", "-o"])
+        .arg(&exe)
+        .arg(format!("./{dir}"))
+        .env("GOCACHE", work.join("cache"))
+        .env("GOPATH", work.join("path"))
+        .env("GOPROXY", "off")
+        .env("GOFLAGS", "")
+        .env("GOTOOLCHAIN", "local")
+        .env("CGO_ENABLED", "1")
+        .env("CGO_LDFLAGS", format!("-L{0} -Wl,-rpath,{0}", lib.display()));
+    let (ok, out) = run(&mut build);
+    assert!(ok, "go build ./{dir} failed:\n{out}");
+    let mut vet = Command::new("go");
+    vet.current_dir(root().join("go"))
+        .args(["vet", &format!("./{dir}")])
+        .envs(build.get_envs().filter_map(|(k, v)| Some((k, v?))));
+    let (ok, out) = run(&mut vet);
+    assert!(ok, "go vet ./{dir} failed:\n{out}");
+    // cgocheck=2 also checks every pointer the program hands to C against cgo's rules.
+    let (ok, out) = run(Command::new(&exe).env("GODEBUG", "cgocheck=2").env("MC_LOG_LEVEL", "error"));
+    println!("{out}");
+    assert!(ok && out.contains(", ok"), "go/{dir} failed:\n{out}");
+}
+
+#[test]
+fn go_program_on_the_classic_api_like_the_p2p_store() {
+    go_program("classic_p2p");
+}
+
+#[test]
+fn go_program_on_the_tent_api() {
+    go_program("tent_api");
+}
