@@ -97,6 +97,7 @@ const LEGACY_ENV: &[(&str, &str)] = &[
     ("MC_CUSTOM_TOPO_JSON", "topology/custom_json_path"),
     ("MC_TENT_RPC_THREADS", "rpc_server_threads"),
     ("MC_LOG_LEVEL", "log_level"),
+    ("MC_TENT_AUTH_TOKEN", "rpc_auth_token"),
 ];
 
 /// Environment variables holding a comma list that becomes a string array.

@@ -190,3 +190,49 @@ fn replies_match_by_sequence_under_pipelining() {
         assert_eq!(read_reply(&mut s, seq).0, 0);
     }
 }
+
+#[test]
+fn auth_token_gates_every_request() {
+    let tok = ("rpc_auth_token", "s3cret-token");
+    let a = engine(&[tok]);
+    let b = engine(&[tok]);
+    let plain = engine(&[]);
+    let wrong = engine(&[("rpc_auth_token", "guess")]);
+    let peer = buffer(&b, 4096, |_| 0, Permission::GlobalReadWrite);
+    // Same token: descriptors and data flow.
+    let h = a.open_segment(b.segment_name()).expect("open");
+    assert_eq!(a.segment_info(h).expect("authenticated").buffers.len(), 1);
+    let src = buffer(&a, 4096, |i| i as u8, Permission::GlobalReadWrite);
+    let st = common::engines::run(
+        &a,
+        &[common::engines::req(tent::engine::types::Opcode::Write, src.as_ptr() as u64, h, peer.as_ptr() as u64, 4096)],
+        Duration::from_secs(30),
+    );
+    assert_eq!(st[0].0, tent::engine::types::Status::Completed);
+    assert!(peer[..] == src[..]);
+    // No token or a wrong one: refused.
+    let h = plain.open_segment(b.segment_name()).expect("open");
+    assert!(plain.segment_info(h).is_err());
+    let h = wrong.open_segment(b.segment_name()).expect("open");
+    assert!(wrong.segment_info(h).is_err());
+    // A raw request before authenticating gets an error and the connection is closed.
+    let mut s = connect(b.rpc_port());
+    let (err, body, _) = call(&mut s, 0, msg::GET_SEGMENT_DESC, &[]);
+    assert_eq!(err, frame::ERR_HANDLER);
+    assert!(frame::decode_string(&body).contains("authentication required"));
+    assert!(closed(&mut s));
+    // A replayed answer from another connection does not work: a fresh challenge each time.
+    let mut s = connect(b.rpc_port());
+    let (_, _, n1) = call(&mut s, 0, msg::AUTH_CHALLENGE, &[]);
+    assert_eq!(n1.len(), 32);
+    let good = tent::control::auth::respond(b"s3cret-token", &n1);
+    assert_eq!(call(&mut s, 1, msg::AUTH_RESPONSE, &good).0, 0);
+    assert_eq!(call(&mut s, 2, msg::PROBE, &[]).0, 0, "authenticated");
+    let mut s2 = connect(b.rpc_port());
+    let (_, _, n2) = call(&mut s2, 0, msg::AUTH_CHALLENGE, &[]);
+    assert_ne!(n1, n2);
+    assert_eq!(call(&mut s2, 1, msg::AUTH_RESPONSE, &good).0, frame::ERR_HANDLER, "replay refused");
+    // A client with a token still talks to a server without one.
+    let h = a.open_segment(plain.segment_name()).expect("open");
+    assert!(a.segment_info(h).is_ok());
+}

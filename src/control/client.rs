@@ -43,6 +43,8 @@ pub struct RpcClient {
     active: Mutex<HashMap<u64, TcpStream>>,
     next_id: std::sync::atomic::AtomicU64,
     aborted: std::sync::atomic::AtomicBool,
+    /// `rpc_auth_token`: when set, each new connection answers the server's challenge first.
+    token: Option<Vec<u8>>,
 }
 
 /// Removes a connection from the active set when a call ends, however it ends.
@@ -71,7 +73,49 @@ impl RpcClient {
             active: Mutex::new(HashMap::new()),
             next_id: std::sync::atomic::AtomicU64::new(0),
             aborted: std::sync::atomic::AtomicBool::new(false),
+            token: None,
         }
+    }
+
+    /// Sets the token used to authenticate new connections (None: no authentication).
+    pub fn with_token(mut self, token: Option<Vec<u8>>) -> RpcClient {
+        self.token = token;
+        self
+    }
+
+    /// Runs the challenge-response on a fresh connection. A server without a token answers the
+    /// challenge with nothing, and then nothing more is needed.
+    fn authenticate(&self, addr: &str, c: &mut Conn, token: &[u8]) -> Result<()> {
+        let nonce = Self::raw_call(c, msg::AUTH_CHALLENGE, &[]).map_err(|e| rpc_err(addr, format!("auth: {e}")))?;
+        if nonce.is_empty() {
+            return Ok(());
+        }
+        let answer = super::auth::respond(token, &nonce);
+        Self::raw_call(c, msg::AUTH_RESPONSE, &answer)
+            .map(|_| ())
+            .map_err(|e| Error::Remote(format!("{addr}: authentication refused: {e}")))
+    }
+
+    /// One small request/response on `c` (used before the connection enters the pool).
+    fn raw_call(c: &mut Conn, id: i32, payload: &[u8]) -> std::result::Result<Vec<u8>, String> {
+        let seq = c.seq;
+        c.seq = c.seq.wrapping_add(1);
+        let mut req = frame::encode_request(seq, id, payload.len() as u32, frame::MSG_TYPE_TENT_RS).to_vec();
+        req.extend_from_slice(payload);
+        c.stream.write_all(&req).map_err(|e| e.to_string())?;
+        let mut hdr = [0u8; frame::RESPONSE_HEADER_LEN];
+        c.stream.read_exact(&mut hdr).map_err(|e| e.to_string())?;
+        let h = frame::parse_response_header(&hdr);
+        if h.seq != seq || h.body_len > 4096 || h.attach_len > 4096 {
+            return Err("malformed reply".into());
+        }
+        let mut body = vec![0u8; h.body_len as usize];
+        let mut att = vec![0u8; h.attach_len as usize];
+        c.stream.read_exact(&mut body).and_then(|_| c.stream.read_exact(&mut att)).map_err(|e| e.to_string())?;
+        if h.err_code != 0 {
+            return Err(frame::decode_string(&body));
+        }
+        Ok(att)
     }
 
     fn connect(&self, addr: &str) -> Result<Conn> {
@@ -84,7 +128,11 @@ impl RpcClient {
                     let _ = s.set_nodelay(true);
                     s.set_read_timeout(Some(self.timeouts.request)).map_err(|e| rpc_err(addr, e))?;
                     s.set_write_timeout(Some(self.timeouts.request)).map_err(|e| rpc_err(addr, e))?;
-                    return Ok(Conn { stream: s, seq: 0 });
+                    let mut c = Conn { stream: s, seq: 0 };
+                    if let Some(token) = &self.token {
+                        self.authenticate(addr, &mut c, token)?;
+                    }
+                    return Ok(c);
                 }
                 Err(e) => last = Some(e),
             }

@@ -50,6 +50,10 @@ pub mod msg {
     pub const UNPIN: i32 = 9;
     pub const SUBSCRIBE_SEGMENT_UPDATE: i32 = 10;
     pub const NOTIFY_SEGMENT_UPDATED: i32 = 11;
+    /// tent-rs: asks for an authentication challenge (a 32-byte nonce; empty = no auth needed).
+    pub const AUTH_CHALLENGE: i32 = 100;
+    /// tent-rs: answers the challenge with HMAC-SHA256(token, label || nonce).
+    pub const AUTH_RESPONSE: i32 = 101;
 }
 
 /// A parsed request header.

@@ -63,8 +63,8 @@ pub struct RpcServer {
     stopping: Arc<AtomicBool>,
     waker: UnixStream,
     threads: Mutex<Vec<JoinHandle<()>>>,
-    control: Arc<WorkQueue<TcpStream>>,
-    data: Arc<WorkQueue<TcpStream>>,
+    control: Arc<WorkQueue<Conn>>,
+    data: Arc<WorkQueue<Conn>>,
 }
 
 struct Shared {
@@ -72,9 +72,11 @@ struct Shared {
     active: Mutex<Vec<(usize, TcpStream)>>,
     handler: Arc<dyn RpcHandler>,
     stopping: Arc<AtomicBool>,
-    returns: Mutex<mpsc::Sender<TcpStream>>,
+    returns: Mutex<mpsc::Sender<Conn>>,
     waker: UnixStream,
     request_timeout: Duration,
+    /// When set, a connection must authenticate (challenge-response) before any request.
+    token: Option<Vec<u8>>,
 }
 
 impl RpcServer {
@@ -86,12 +88,14 @@ impl RpcServer {
         control_threads: usize,
         data_threads: usize,
         request_timeout: Duration,
+        token: Option<Vec<u8>>,
     ) -> Result<RpcServer> {
+        let auth_required = token.is_some();
         listener.set_nonblocking(true)?;
         let (wake_rx, wake_tx) = UnixStream::pair()?;
         wake_rx.set_nonblocking(true)?;
         wake_tx.set_nonblocking(true)?;
-        let (ret_tx, ret_rx) = mpsc::channel::<TcpStream>();
+        let (ret_tx, ret_rx) = mpsc::channel::<Conn>();
         let stopping = Arc::new(AtomicBool::new(false));
         let shared = Arc::new(Shared {
             active: Mutex::new(Vec::new()),
@@ -100,9 +104,10 @@ impl RpcServer {
             returns: Mutex::new(ret_tx),
             waker: wake_tx.try_clone()?,
             request_timeout,
+            token,
         });
-        let control = Arc::new(WorkQueue::<TcpStream>::default());
-        let data = Arc::new(WorkQueue::<TcpStream>::default());
+        let control = Arc::new(WorkQueue::<Conn>::default());
+        let data = Arc::new(WorkQueue::<Conn>::default());
         let mut threads = Vec::new();
         for (i, (q, n)) in
             [(control.clone(), control_threads.max(1)), (data.clone(), data_threads.max(1))].into_iter().enumerate()
@@ -121,7 +126,7 @@ impl RpcServer {
         threads.push(
             std::thread::Builder::new()
                 .name("tent-rpc-reactor".into())
-                .spawn(move || reactor(listener, wake_rx, ret_rx, &c, &d, &s, request_timeout))?,
+                .spawn(move || reactor(listener, wake_rx, ret_rx, &c, &d, &s, request_timeout, auth_required))?,
         );
         Ok(RpcServer { shared, stopping, waker: wake_tx, threads: Mutex::new(threads), control, data })
     }
@@ -148,8 +153,17 @@ impl Drop for RpcServer {
 }
 
 /// An idle connection as the reactor tracks it.
+/// A connection and its authentication state.
+pub struct Conn {
+    stream: TcpStream,
+    /// True once the peer proved it knows `rpc_auth_token` (always true without a token).
+    authed: bool,
+    /// The challenge sent to the peer, while authentication is in progress.
+    nonce: Option<[u8; 32]>,
+}
+
 struct Idle {
-    c: TcpStream,
+    c: Conn,
     /// Set while only part of a request header has arrived.
     partial_since: Option<Instant>,
     /// While set and in the future, the connection is not polled (a partial header is re-checked
@@ -169,11 +183,12 @@ enum Waiting {
 fn reactor(
     listener: TcpListener,
     wake: UnixStream,
-    returns: mpsc::Receiver<TcpStream>,
-    control: &WorkQueue<TcpStream>,
-    data: &WorkQueue<TcpStream>,
+    returns: mpsc::Receiver<Conn>,
+    control: &WorkQueue<Conn>,
+    data: &WorkQueue<Conn>,
     stopping: &AtomicBool,
     request_timeout: Duration,
+    auth_required: bool,
 ) {
     let mut idle: Vec<Idle> = Vec::new();
     let mut fds: Vec<libc::pollfd> = Vec::new();
@@ -191,7 +206,7 @@ fn reactor(
                     timeout_ms = timeout_ms.min((t - now).as_millis() as i32 + 1);
                     -1
                 }
-                _ => e.c.as_raw_fd(),
+                _ => e.c.stream.as_raw_fd(),
             };
             fds.push(libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
         }
@@ -218,7 +233,12 @@ fn reactor(
             if !polled && !due {
                 continue;
             }
-            match waiting(&idle[i].c) {
+            let state = match waiting(&idle[i].c.stream) {
+                // Until it authenticated, everything a connection sends is a control message.
+                Waiting::Data if !idle[i].c.authed => Waiting::Control,
+                w => w,
+            };
+            match state {
                 Waiting::Nothing => idle[i].recheck_at = None,
                 Waiting::Partial => {
                     let since = *idle[i].partial_since.get_or_insert(now);
@@ -253,6 +273,7 @@ fn reactor(
                             continue;
                         }
                         let _ = c.set_nodelay(true);
+                        let c = Conn { stream: c, authed: !auth_required, nonce: None };
                         idle.push(Idle { c, partial_since: None, recheck_at: None });
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -303,20 +324,20 @@ fn waiting(c: &TcpStream) -> Waiting {
     if is_data { Waiting::Data } else { Waiting::Control }
 }
 
-fn worker(shared: &Shared, queue: &WorkQueue<TcpStream>) {
+fn worker(shared: &Shared, queue: &WorkQueue<Conn>) {
     while let Some(mut c) = queue.pop() {
         if shared.stopping.load(Ordering::SeqCst) {
             break;
         }
-        let _ = c.set_read_timeout(Some(shared.request_timeout));
-        let _ = c.set_write_timeout(Some(shared.request_timeout));
-        let key = c.as_raw_fd() as usize;
-        if let Ok(clone) = c.try_clone() {
+        let _ = c.stream.set_read_timeout(Some(shared.request_timeout));
+        let _ = c.stream.set_write_timeout(Some(shared.request_timeout));
+        let key = c.stream.as_raw_fd() as usize;
+        if let Ok(clone) = c.stream.try_clone() {
             shared.active.lock().push((key, clone));
         }
         if shared.stopping.load(Ordering::SeqCst) {
             // `stop` may have drained the active list just before this connection joined it.
-            let _ = c.shutdown(std::net::Shutdown::Both);
+            let _ = c.stream.shutdown(std::net::Shutdown::Both);
         }
         let served = serve_one(shared, &mut c);
         shared.active.lock().retain(|(k, _)| *k != key);
@@ -328,7 +349,7 @@ fn worker(shared: &Shared, queue: &WorkQueue<TcpStream>) {
             }
             Err(reason) => {
                 if !reason.is_empty() {
-                    let peer = c.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+                    let peer = c.stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
                     tracing::warn!("rpc server: closing connection from {peer}: {reason}");
                 }
             }
@@ -337,7 +358,8 @@ fn worker(shared: &Shared, queue: &WorkQueue<TcpStream>) {
 }
 
 /// Serves one request. `Err("")` means the peer closed the connection; other errors are logged.
-fn serve_one(shared: &Shared, c: &mut TcpStream) -> std::result::Result<(), String> {
+fn serve_one(shared: &Shared, conn: &mut Conn) -> std::result::Result<(), String> {
+    let Conn { stream: c, authed, nonce } = conn;
     let mut hdr = [0u8; frame::REQUEST_HEADER_LEN];
     match c.read(&mut hdr[..1]) {
         Ok(0) => return Err(String::new()),
@@ -366,6 +388,29 @@ fn serve_one(shared: &Shared, c: &mut TcpStream) -> std::result::Result<(), Stri
         }
         Err(FrameError::Close(why)) => return Err(why),
     };
+    if !*authed {
+        let token = shared.token.as_deref().unwrap_or_default();
+        if h.attach_len > 64 {
+            return Err("unauthenticated request with a large attachment".into());
+        }
+        let mut att = vec![0u8; h.attach_len as usize];
+        c.read_exact(&mut att).map_err(|e| format!("truncated attachment: {e}"))?;
+        match (id, nonce.take()) {
+            (msg::AUTH_CHALLENGE, _) => {
+                let fresh = super::auth::nonce();
+                *nonce = Some(fresh);
+                return reply(c, h.seq, &fresh);
+            }
+            (msg::AUTH_RESPONSE, Some(sent)) if super::auth::verify(token, &sent, &att) => {
+                *authed = true;
+                return reply(c, h.seq, &[]);
+            }
+            _ => {
+                let _ = reply_err(c, frame::ERR_HANDLER, "authentication required (rpc_auth_token)");
+                return Err("request before authentication, or a wrong token".into());
+            }
+        }
+    }
     // tent-rs clients ask for refusals as err_code replies; upstream clients get in-band text.
     let rust_peer = h.msg_type == frame::MSG_TYPE_TENT_RS;
     let refuse = |c: &mut TcpStream, text: &str| -> std::result::Result<(), String> {

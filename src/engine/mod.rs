@@ -204,7 +204,9 @@ impl Engine {
         let name = rpc_addr.clone();
         let local =
             Arc::new(LocalSegment::new(name.clone(), memory::machine_id(), rpc_addr.clone(), memory::topology_json()));
-        let client = Arc::new(RpcClient::new(timeouts));
+        // With rpc_auth_token (or MC_TENT_AUTH_TOKEN) set, every connection must authenticate.
+        let token = config.get_str("rpc_auth_token").filter(|t| !t.is_empty()).map(String::into_bytes);
+        let client = Arc::new(RpcClient::new(timeouts).with_token(token.clone()));
         let remote = Arc::new(Remote::new(client.clone(), name.clone(), rpc_addr));
         let metrics = Arc::new(Metrics::default());
         let mut transports: Vec<Arc<dyn Transport>> = Vec::new();
@@ -259,7 +261,7 @@ impl Engine {
             None => None,
         };
         let view = Arc::new(ServerView { local: local.clone(), remote: remote.clone() });
-        let server = RpcServer::start(listener, view, threads, data_threads, timeouts.request)?;
+        let server = RpcServer::start(listener, view, threads, data_threads, timeouts.request, token)?;
         let (tx, rx) = mpsc::channel::<()>();
         let r = remote.clone();
         let publisher = std::thread::Builder::new().name("tent-publish".into()).spawn(move || {
