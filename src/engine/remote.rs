@@ -13,11 +13,14 @@ use super::segment::{SegmentDesc, SegmentTable};
 use super::types::Notification;
 use crate::control::client::RpcClient;
 use crate::control::frame::msg;
+use crate::control::metadata::{MetadataStore, segment_key};
 use crate::error::{Error, Result};
 
 /// Remote segments of one engine.
 pub struct Remote {
     pub client: Arc<RpcClient>,
+    /// Where descriptors are looked up: the owner itself (p2p) or a central store.
+    store: Arc<dyn MetadataStore>,
     pub segments: SegmentTable,
     cache: Mutex<HashMap<u64, Arc<SegmentDesc>>>,
     /// Peers that asked for `NotifySegmentUpdated` (their rpc addresses).
@@ -29,9 +32,15 @@ pub struct Remote {
 
 impl Remote {
     /// Creates the remote-segment state of an engine named `local_name`.
-    pub fn new(client: Arc<RpcClient>, local_name: String, local_rpc_addr: String) -> Remote {
+    pub fn new(
+        client: Arc<RpcClient>,
+        store: Arc<dyn MetadataStore>,
+        local_name: String,
+        local_rpc_addr: String,
+    ) -> Remote {
         Remote {
             client,
+            store,
             segments: SegmentTable::default(),
             cache: Mutex::new(HashMap::new()),
             subscribers: Mutex::new(HashSet::new()),
@@ -41,8 +50,9 @@ impl Remote {
         }
     }
 
-    /// The descriptor of segment `handle`, from the cache unless `refresh`. A miss fetches it with
-    /// `GetSegmentDesc` and subscribes to the peer's updates.
+    /// The descriptor of segment `handle`, from the cache unless `refresh`. A miss fetches it
+    /// through the metadata store (`GetSegmentDesc` to the owner in p2p mode) and subscribes to
+    /// the peer's updates.
     pub fn descriptor(&self, handle: u64, refresh: bool) -> Result<Arc<SegmentDesc>> {
         let name = self
             .segments
@@ -53,13 +63,11 @@ impl Remote {
                 return Ok(d.clone());
             }
         }
-        let reply = self.client.call(&name, msg::GET_SEGMENT_DESC, &[])?;
-        if reply.is_empty() {
-            return Err(Error::Metadata(format!("segment {name} not found")));
-        }
-        let text = std::str::from_utf8(&reply)
-            .map_err(|_| Error::Metadata(format!("segment {name}: descriptor is not UTF-8")))?;
-        let desc = Arc::new(SegmentDesc::from_json(text)?);
+        let text = self
+            .store
+            .get(&segment_key(&name))?
+            .ok_or_else(|| Error::Metadata(format!("segment {name} not found")))?;
+        let desc = Arc::new(SegmentDesc::from_json(&text)?);
         // Only cache while the handle is still open (a concurrent close wins).
         if self.segments.name_of(handle).as_deref() == Some(name.as_str()) {
             self.cache.lock().insert(handle, desc.clone());
