@@ -5,6 +5,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
@@ -26,6 +27,10 @@ pub struct Remote {
     /// Peers that asked for `NotifySegmentUpdated` (their rpc addresses).
     subscribers: Mutex<HashSet<String>>,
     notifications: Mutex<VecDeque<Notification>>,
+    /// Owners (rpc addresses) this engine has subscribed to.
+    subscribed_to: Mutex<HashSet<String>>,
+    /// Bumped by every change notification, so a fetch that raced one is not cached.
+    epoch: AtomicU64,
     local_name: String,
     local_rpc_addr: String,
 }
@@ -45,6 +50,8 @@ impl Remote {
             cache: Mutex::new(HashMap::new()),
             subscribers: Mutex::new(HashSet::new()),
             notifications: Mutex::new(VecDeque::new()),
+            subscribed_to: Mutex::new(HashSet::new()),
+            epoch: AtomicU64::new(0),
             local_name,
             local_rpc_addr,
         }
@@ -52,7 +59,8 @@ impl Remote {
 
     /// The descriptor of segment `handle`, from the cache unless `refresh`. A miss fetches it
     /// through the metadata store (`GetSegmentDesc` to the owner in p2p mode) and subscribes to
-    /// the peer's updates.
+    /// the peer's updates; the first subscription to a peer is followed by a second read, so a
+    /// change that raced the subscription is not missed.
     pub fn descriptor(&self, handle: u64, refresh: bool) -> Result<Arc<SegmentDesc>> {
         let name = self
             .segments
@@ -63,26 +71,44 @@ impl Remote {
                 return Ok(d.clone());
             }
         }
-        let text = self
-            .store
-            .get(&segment_key(&name))?
-            .ok_or_else(|| Error::Metadata(format!("segment {name} not found")))?;
-        let desc = Arc::new(SegmentDesc::from_json(&text)?);
-        // Only cache while the handle is still open (a concurrent close wins).
-        if self.segments.name_of(handle).as_deref() == Some(name.as_str()) {
-            self.cache.lock().insert(handle, desc.clone());
-        }
+        // A change notification that arrives while we fetch may be about what we are fetching:
+        // then the result is returned but not cached.
+        let epoch = self.epoch.load(Ordering::Acquire);
+        let mut desc = self.fetch(&name)?;
         if !desc.rpc_server_addr.is_empty() && !self.local_rpc_addr.is_empty() {
+            let addr = desc.rpc_server_addr.clone();
+            let first = self.subscribed_to.lock().insert(addr.clone());
             let me = serde_json::Value::String(self.local_rpc_addr.clone()).to_string();
-            if let Err(e) = self.client.call(
-                &desc.rpc_server_addr,
-                msg::SUBSCRIBE_SEGMENT_UPDATE,
-                me.as_bytes(),
-            ) {
-                tracing::debug!("subscribing to updates of {name} failed: {e}");
+            match self
+                .client
+                .call(&addr, msg::SUBSCRIBE_SEGMENT_UPDATE, me.as_bytes())
+            {
+                // A change the owner made after our read but before it knew us was announced to
+                // its subscribers without us, so read once more now that it does.
+                Ok(_) if first => desc = self.fetch(&name)?,
+                Ok(_) => {}
+                Err(e) => {
+                    self.subscribed_to.lock().remove(&addr);
+                    tracing::debug!("subscribing to updates of {name} failed: {e}");
+                }
             }
         }
+        // Only cache while the handle is still open (a concurrent close wins).
+        if self.segments.name_of(handle).as_deref() == Some(name.as_str())
+            && self.epoch.load(Ordering::Acquire) == epoch
+        {
+            self.cache.lock().insert(handle, desc.clone());
+        }
         Ok(desc)
+    }
+
+    /// Reads and parses the descriptor of segment `name` from the metadata store.
+    fn fetch(&self, name: &str) -> Result<Arc<SegmentDesc>> {
+        let text = self
+            .store
+            .get(&segment_key(name))?
+            .ok_or_else(|| Error::Metadata(format!("segment {name} not found")))?;
+        Ok(Arc::new(SegmentDesc::from_json(&text)?))
     }
 
     /// Forgets the cached descriptor of one handle.
@@ -92,6 +118,7 @@ impl Remote {
 
     /// Forgets every cached descriptor (a peer said its segment changed).
     pub fn invalidate_all(&self) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
         self.cache.lock().clear();
     }
 
