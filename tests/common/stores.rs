@@ -189,9 +189,13 @@ impl Etcd {
     /// Starts etcd; `None` when the binary is missing and skipping is allowed.
     pub fn start() -> Option<Etcd> {
         binary("etcd")?;
+        let client_port = free_port();
+        let peer_port = std::iter::repeat_with(free_port)
+            .find(|&p| p != client_port)
+            .expect("a second free port");
         let mut e = Etcd {
-            client_port: free_port(),
-            peer_port: free_port(),
+            client_port,
+            peer_port,
             dir: scratch("etcd"),
             child: None,
         };

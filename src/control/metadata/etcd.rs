@@ -15,14 +15,19 @@ use super::http::{base64_decode, base64_encode, request};
 use super::{MetadataStore, with_retries};
 use crate::error::{Error, Result};
 
-/// Splits `host:port` lists separated by `,` or `;` (`http://` accepted, as etcd clients do).
+/// Splits `host:port` lists separated by `,` or `;` (an `http://` or `etcd://` prefix is
+/// accepted).
 pub fn parse_servers(servers: &str) -> Result<Vec<String>> {
     let list: Vec<String> = servers
         .split([',', ';'])
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(|s| {
-            let s = s.strip_prefix("http://").unwrap_or(s).trim_end_matches('/');
+            let s = s
+                .strip_prefix("http://")
+                .or_else(|| s.strip_prefix("etcd://"))
+                .unwrap_or(s)
+                .trim_end_matches('/');
             if s.starts_with("https://") {
                 return Err(Error::InvalidArgument(format!(
                     "etcd server {s:?}: TLS is not supported"
@@ -230,8 +235,8 @@ mod tests {
     #[test]
     fn server_lists_split_on_commas_and_semicolons() {
         assert_eq!(
-            parse_servers("a:1, http://b:2/;c:3").unwrap(),
-            vec!["a:1", "b:2", "c:3"]
+            parse_servers("a:1, http://b:2/;c:3;etcd://d:4").unwrap(),
+            vec!["a:1", "b:2", "c:3", "d:4"]
         );
         assert!(parse_servers("").is_err());
         assert!(parse_servers("nohostport").is_err());
