@@ -1,8 +1,10 @@
-//! The control plane: addresses, upstream-compatible RPC framing, the RPC server and client.
+//! The control plane: addresses, upstream-compatible RPC framing, the RPC server and client,
+//! and the metadata stores where segment descriptors are published.
 
 pub mod addr;
 pub mod auth;
 pub mod client;
 pub mod frame;
+pub mod metadata;
 pub mod queue;
 pub mod server;

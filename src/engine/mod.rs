@@ -21,6 +21,7 @@ use parking_lot::Mutex;
 use crate::config::{Config, keys};
 use crate::control::addr;
 use crate::control::client::{ClientTimeouts, RpcClient};
+use crate::control::metadata::{self, KeepAlive, Publication, StoreSettings};
 use crate::control::queue::WorkQueue;
 use crate::control::server::{Refusal, RpcHandler, RpcServer};
 use crate::error::{Error, Result};
@@ -46,6 +47,33 @@ pub fn effective_config(explicit: Config) -> Config {
         }
     }
     cfg
+}
+
+/// The metadata store settings of `config`: `metadata_type` (p2p, redis, etcd, http),
+/// `metadata_servers`, `metadata_ttl_secs` (default 30), `metadata_timeout_ms` (default 3000)
+/// and, for Redis, `MC_REDIS_*` from the environment.
+fn metadata_settings(config: &Config, kind: &str) -> Result<StoreSettings> {
+    if !matches!(kind, "p2p" | "redis" | "etcd" | "http") {
+        return Err(Error::InvalidArgument(format!("metadata_type {kind:?} is not one of p2p, redis, etcd, http")));
+    }
+    let redis_auth = if kind == "redis" { metadata::redis::RedisAuth::from_env()? } else { Default::default() };
+    Ok(StoreSettings {
+        kind: kind.to_string(),
+        servers: config.get_string(keys::METADATA_SERVERS.0, keys::METADATA_SERVERS.1),
+        ttl: Duration::from_secs(config.get_u64("metadata_ttl_secs", 30).max(1)),
+        timeout: Duration::from_millis(config.get_u64("metadata_timeout_ms", 3000).max(1)),
+        redis_auth,
+    })
+}
+
+/// The segment name: `ip:port` in p2p mode (a configured name is ignored, as upstream), else
+/// `local_segment_name`, or `segment_noname_` and 8 random letters when that is empty.
+fn segment_name_for(config: &Config, kind: &str, rpc_addr: &str) -> String {
+    if kind == "p2p" {
+        return rpc_addr.to_string();
+    }
+    let configured = config.get_string(keys::LOCAL_SEGMENT_NAME.0, keys::LOCAL_SEGMENT_NAME.1);
+    if configured.trim().is_empty() { format!("segment_noname_{}", memory::random_letters(8)) } else { configured }
 }
 
 /// Options of an allocation or registration (the engine-side `tent_memory_options`).
@@ -125,6 +153,10 @@ pub struct Engine {
     /// Wakes the publisher thread after the buffer list changed; dropping it stops the thread.
     publish: Mutex<Option<mpsc::Sender<()>>>,
     publisher: Mutex<Option<JoinHandle<()>>>,
+    /// This engine's descriptor in the metadata store (a no-op in p2p mode).
+    publication: Arc<Publication>,
+    /// Refreshes the descriptor's TTL or lease in central modes; dropping it joins its thread.
+    keepalive: Mutex<Option<KeepAlive>>,
 }
 
 /// The RPC server's view of the engine. It holds only shared pieces, never the engine itself,
@@ -179,11 +211,7 @@ impl Engine {
     pub fn new(config: Config) -> Result<Arc<Engine>> {
         crate::log::init(&config.get_string(keys::LOG_LEVEL.0, keys::LOG_LEVEL.1));
         let metadata_type = config.get_string(keys::METADATA_TYPE.0, keys::METADATA_TYPE.1);
-        if metadata_type != "p2p" {
-            return Err(Error::NotImplemented(format!(
-                "metadata_type {metadata_type:?}: only \"p2p\" is supported by this build"
-            )));
-        }
+        let store_settings = metadata_settings(&config, &metadata_type)?;
         let port = config
             .get_i64_checked(keys::RPC_SERVER_PORT.0, keys::RPC_SERVER_PORT.1, 0, 65535)
             .map_err(Error::InvalidArgument)? as u16;
@@ -201,13 +229,18 @@ impl Engine {
         let listener = addr::bind_rpc_listener(port, ip.is_ipv6())?;
         let port = listener.local_addr().map_err(Error::from)?.port();
         let rpc_addr = addr::host_port(&ip, port);
-        let name = rpc_addr.clone();
+        let name = segment_name_for(&config, &metadata_type, &rpc_addr);
         let local =
             Arc::new(LocalSegment::new(name.clone(), memory::machine_id(), rpc_addr.clone(), memory::topology_json()));
         // With rpc_auth_token (or MC_TENT_AUTH_TOKEN) set, every connection must authenticate.
         let token = config.get_str("rpc_auth_token").filter(|t| !t.is_empty()).map(String::into_bytes);
         let client = Arc::new(RpcClient::new(timeouts).with_token(token.clone()));
-        let remote = Arc::new(Remote::new(client.clone(), name.clone(), rpc_addr));
+        let store = metadata::open(&store_settings, client.clone())?;
+        let publication = {
+            let l = local.clone();
+            Arc::new(Publication::new(store.clone(), &name, Box::new(move || l.descriptor_json())))
+        };
+        let remote = Arc::new(Remote::new(client.clone(), store.clone(), name.clone(), rpc_addr));
         let metrics = Arc::new(Metrics::default());
         let mut transports: Vec<Arc<dyn Transport>> = Vec::new();
         let shm_params = ShmParams::from_config(&config);
@@ -262,12 +295,27 @@ impl Engine {
         };
         let view = Arc::new(ServerView { local: local.clone(), remote: remote.clone() });
         let server = RpcServer::start(listener, view, threads, data_threads, timeouts.request, token)?;
+        // Central stores: the descriptor is written before the engine counts as started; the
+        // RPC server and transports are dropped again if that fails.
+        publication
+            .publish()
+            .map_err(|e| Error::Metadata(format!("cannot publish segment {name} to the {metadata_type} store: {e}")))?;
+        let keepalive = if store.needs_keep_alive() {
+            Some(KeepAlive::start(publication.clone(), store_settings.ttl)?)
+        } else {
+            None
+        };
         let (tx, rx) = mpsc::channel::<()>();
         let r = remote.clone();
+        let p = publication.clone();
         let publisher = std::thread::Builder::new().name("tent-publish".into()).spawn(move || {
             while rx.recv().is_ok() {
-                // Coalesce bursts of changes into one round of updates.
+                // Coalesce bursts of changes into one round of updates. The store is written
+                // before subscribers are told, so their refetch sees the change.
                 while rx.try_recv().is_ok() {}
+                if let Err(e) = p.publish() {
+                    tracing::warn!("segment descriptor not published (retried later): {e}");
+                }
                 r.publish_update();
             }
         })?;
@@ -296,6 +344,8 @@ impl Engine {
             progress_worker: Mutex::new(progress_worker),
             publish: Mutex::new(Some(tx)),
             publisher: Mutex::new(Some(publisher)),
+            publication,
+            keepalive: Mutex::new(keepalive),
         });
         tracing::info!("transfer engine {name} started");
         Ok(engine)
@@ -755,6 +805,11 @@ impl Drop for Engine {
         drop(self.publish.lock().take());
         if let Some(p) = self.publisher.lock().take() {
             let _ = p.join();
+        }
+        // No write can follow now: stop the keep-alive, then delete the key (clean shutdown).
+        drop(self.keepalive.lock().take());
+        if let Err(e) = self.publication.remove() {
+            tracing::warn!("segment {} not deleted from the metadata store: {e}", self.local.name);
         }
         self.batches.clear();
         let allocations: Vec<(u64, Allocation)> = self.allocations.lock().drain().collect();

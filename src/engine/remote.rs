@@ -5,6 +5,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
@@ -13,16 +14,23 @@ use super::segment::{SegmentDesc, SegmentTable};
 use super::types::Notification;
 use crate::control::client::RpcClient;
 use crate::control::frame::msg;
+use crate::control::metadata::{MetadataStore, segment_key};
 use crate::error::{Error, Result};
 
 /// Remote segments of one engine.
 pub struct Remote {
     pub client: Arc<RpcClient>,
+    /// Where descriptors are looked up: the owner itself (p2p) or a central store.
+    store: Arc<dyn MetadataStore>,
     pub segments: SegmentTable,
     cache: Mutex<HashMap<u64, Arc<SegmentDesc>>>,
     /// Peers that asked for `NotifySegmentUpdated` (their rpc addresses).
     subscribers: Mutex<HashSet<String>>,
     notifications: Mutex<VecDeque<Notification>>,
+    /// Owners (rpc addresses) this engine has subscribed to.
+    subscribed_to: Mutex<HashSet<String>>,
+    /// Bumped by every change notification, so a fetch that raced one is not cached.
+    epoch: AtomicU64,
     local_name: String,
     local_rpc_addr: String,
     /// Told about every freshly fetched descriptor (`Some`) and every closed segment (`None`).
@@ -34,13 +42,21 @@ pub type FetchHook = Box<dyn Fn(&str, Option<&SegmentDesc>) + Send + Sync>;
 
 impl Remote {
     /// Creates the remote-segment state of an engine named `local_name`.
-    pub fn new(client: Arc<RpcClient>, local_name: String, local_rpc_addr: String) -> Remote {
+    pub fn new(
+        client: Arc<RpcClient>,
+        store: Arc<dyn MetadataStore>,
+        local_name: String,
+        local_rpc_addr: String,
+    ) -> Remote {
         Remote {
             client,
+            store,
             segments: SegmentTable::default(),
             cache: Mutex::new(HashMap::new()),
             subscribers: Mutex::new(HashSet::new()),
             notifications: Mutex::new(VecDeque::new()),
+            subscribed_to: Mutex::new(HashSet::new()),
+            epoch: AtomicU64::new(0),
             local_name,
             local_rpc_addr,
             on_fetch: Mutex::new(None),
@@ -58,8 +74,10 @@ impl Remote {
         }
     }
 
-    /// The descriptor of segment `handle`, from the cache unless `refresh`. A miss fetches it with
-    /// `GetSegmentDesc` and subscribes to the peer's updates.
+    /// The descriptor of segment `handle`, from the cache unless `refresh`. A miss fetches it
+    /// through the metadata store (`GetSegmentDesc` to the owner in p2p mode) and subscribes to
+    /// the peer's updates; the first subscription to a peer is followed by a second read, so a
+    /// change that raced the subscription is not missed.
     pub fn descriptor(&self, handle: u64, refresh: bool) -> Result<Arc<SegmentDesc>> {
         let name = self
             .segments
@@ -70,25 +88,40 @@ impl Remote {
                 return Ok(d.clone());
             }
         }
-        let reply = self.client.call(&name, msg::GET_SEGMENT_DESC, &[])?;
-        if reply.is_empty() {
-            return Err(Error::Metadata(format!("segment {name} not found")));
-        }
-        let text = std::str::from_utf8(&reply)
-            .map_err(|_| Error::Metadata(format!("segment {name}: descriptor is not UTF-8")))?;
-        let desc = Arc::new(SegmentDesc::from_json(text)?);
-        self.changed(&name, Some(&desc));
-        // Only cache while the handle is still open (a concurrent close wins).
-        if self.segments.name_of(handle).as_deref() == Some(name.as_str()) {
-            self.cache.lock().insert(handle, desc.clone());
-        }
+        // A change notification that arrives while we fetch may be about what we are fetching:
+        // then the result is returned but not cached.
+        let epoch = self.epoch.load(Ordering::Acquire);
+        let mut desc = self.fetch(&name)?;
         if !desc.rpc_server_addr.is_empty() && !self.local_rpc_addr.is_empty() {
+            let addr = desc.rpc_server_addr.clone();
+            let first = self.subscribed_to.lock().insert(addr.clone());
             let me = serde_json::Value::String(self.local_rpc_addr.clone()).to_string();
-            if let Err(e) = self.client.call(&desc.rpc_server_addr, msg::SUBSCRIBE_SEGMENT_UPDATE, me.as_bytes()) {
-                tracing::debug!("subscribing to updates of {name} failed: {e}");
+            match self.client.call(&addr, msg::SUBSCRIBE_SEGMENT_UPDATE, me.as_bytes()) {
+                // A change the owner made after our read but before it knew us was announced to
+                // its subscribers without us, so read once more now that it does.
+                Ok(_) if first => desc = self.fetch(&name)?,
+                Ok(_) => {}
+                Err(e) => {
+                    self.subscribed_to.lock().remove(&addr);
+                    tracing::debug!("subscribing to updates of {name} failed: {e}");
+                }
             }
         }
+        self.changed(&name, Some(&desc));
+        // Only cache while the handle is still open (a concurrent close wins).
+        if self.segments.name_of(handle).as_deref() == Some(name.as_str())
+            && self.epoch.load(Ordering::Acquire) == epoch
+        {
+            self.cache.lock().insert(handle, desc.clone());
+        }
         Ok(desc)
+    }
+
+    /// Reads and parses the descriptor of segment `name` from the metadata store.
+    fn fetch(&self, name: &str) -> Result<Arc<SegmentDesc>> {
+        let text =
+            self.store.get(&segment_key(name))?.ok_or_else(|| Error::Metadata(format!("segment {name} not found")))?;
+        Ok(Arc::new(SegmentDesc::from_json(&text)?))
     }
 
     /// Forgets the cached descriptor of one handle.
@@ -98,6 +131,7 @@ impl Remote {
 
     /// Forgets every cached descriptor (a peer said its segment changed).
     pub fn invalidate_all(&self) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
         self.cache.lock().clear();
     }
 

@@ -74,3 +74,4 @@ pub fn run_c(exe: &Path, envs: &[(&str, &str)]) -> String {
 }
 
 pub mod engines;
+pub mod stores;

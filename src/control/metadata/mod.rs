@@ -1,0 +1,341 @@
+//! Where segment descriptors are published and looked up.
+//!
+//! In `p2p` mode nothing is stored centrally: a lookup asks the owner over RPC. In `redis`,
+//! `etcd` and `http` mode the key `mooncake/tent/<segment name>` holds the descriptor JSON,
+//! as upstream, but (unlike upstream) bound to a TTL or lease that the owner keeps alive, so a
+//! crashed process's key disappears instead of lingering forever.
+
+pub mod etcd;
+pub mod http;
+pub mod http_store;
+pub mod p2p;
+pub mod redis;
+
+use std::sync::{Arc, mpsc};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::control::client::RpcClient;
+use crate::error::{Error, Result};
+
+/// The store key of a segment, as upstream names it.
+pub fn segment_key(name: &str) -> String {
+    format!("mooncake/tent/{name}")
+}
+
+/// A key-value store holding segment descriptors.
+pub trait MetadataStore: Send + Sync {
+    /// The backend's name (`p2p`, `redis`, `etcd`, `http`), for messages.
+    fn kind(&self) -> &'static str;
+    /// Reads `key`: `Ok(None)` when it does not exist, an error when the store cannot answer.
+    fn get(&self, key: &str) -> Result<Option<String>>;
+    /// Writes `value` under `key`, bound to this store's TTL or lease where it has one.
+    fn put(&self, key: &str, value: &str) -> Result<()>;
+    /// Removes `key`; removing a missing key is not an error.
+    fn delete(&self, key: &str) -> Result<()>;
+    /// Extends the life of `key`, which this store last wrote with `value`, by another TTL; it
+    /// writes `value` again when the store lost the key (for example after a restart).
+    fn keep_alive(&self, key: &str, value: &str) -> Result<()>;
+    /// Whether keys expire unless kept alive (then [`KeepAlive`] must run).
+    fn needs_keep_alive(&self) -> bool;
+}
+
+/// The stores and their settings, from the config and the environment.
+#[derive(Clone, Debug)]
+pub struct StoreSettings {
+    /// `metadata_type`: `p2p`, `redis`, `etcd` or `http`.
+    pub kind: String,
+    /// `metadata_servers`.
+    pub servers: String,
+    /// `metadata_ttl_secs`: how long a key outlives its last keep-alive.
+    pub ttl: Duration,
+    /// How long one request to the store may take.
+    pub timeout: Duration,
+    /// Redis AUTH / SELECT (from `MC_REDIS_*`).
+    pub redis_auth: redis::RedisAuth,
+}
+
+/// Opens the store named by `settings.kind` and checks that it answers (for central stores).
+/// `client` serves p2p lookups. An unknown kind or an unreachable store is an error that says
+/// which.
+pub fn open(settings: &StoreSettings, client: Arc<RpcClient>) -> Result<Arc<dyn MetadataStore>> {
+    let store: Arc<dyn MetadataStore> = match settings.kind.as_str() {
+        "p2p" => return Ok(Arc::new(p2p::P2pStore::new(client))),
+        "redis" => Arc::new(redis::RedisStore::new(
+            &settings.servers,
+            settings.redis_auth.clone(),
+            settings.ttl,
+            settings.timeout,
+        )?),
+        "etcd" => Arc::new(etcd::EtcdStore::new(&settings.servers, settings.ttl, settings.timeout)?),
+        "http" => Arc::new(http_store::HttpStore::new(&settings.servers, settings.timeout)?),
+        other => {
+            return Err(Error::InvalidArgument(format!(
+                "metadata_type {other:?} is not one of p2p, redis, etcd, http"
+            )));
+        }
+    };
+    // A probe read so that a wrong address or password fails the start with its reason.
+    store.get(&segment_key("__tent_probe__")).map_err(|e| {
+        Error::Metadata(format!("{} metadata store at {:?} is unreachable: {e}", settings.kind, settings.servers))
+    })?;
+    Ok(store)
+}
+
+/// Runs `op` up to `attempts` times with a short growing pause, returning the first success or
+/// the last error. Used for store requests so a blip (a restart, a dropped connection) does not
+/// fail a lookup outright.
+pub fn with_retries<T>(attempts: u32, mut op: impl FnMut() -> Result<T>) -> Result<T> {
+    let mut pause = Duration::from_millis(50);
+    let mut n = 1;
+    loop {
+        match op() {
+            Ok(v) => return Ok(v),
+            Err(e) if n >= attempts => return Err(e),
+            Err(e) => {
+                tracing::debug!("metadata request failed (attempt {n} of {attempts}): {e}");
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(500));
+                n += 1;
+            }
+        }
+    }
+}
+
+/// What the store holds for this engine, written only under the publication lock.
+struct Written {
+    /// The value last written successfully.
+    value: Option<Arc<String>>,
+    /// A write failed since, so the next keep-alive writes the current descriptor.
+    dirty: bool,
+    /// The key was deleted at shutdown: nothing may write it again.
+    removed: bool,
+}
+
+/// This engine's descriptor in the store. Every write reads the newest descriptor while holding
+/// one lock, so writes are serialised and an older snapshot can never overwrite a newer one.
+pub struct Publication {
+    store: Arc<dyn MetadataStore>,
+    key: String,
+    source: Box<dyn Fn() -> Arc<String> + Send + Sync>,
+    written: Mutex<Written>,
+}
+
+impl Publication {
+    /// Prepares publishing the descriptor returned by `source` under the key of segment `name`.
+    pub fn new(
+        store: Arc<dyn MetadataStore>,
+        name: &str,
+        source: Box<dyn Fn() -> Arc<String> + Send + Sync>,
+    ) -> Publication {
+        Publication {
+            store,
+            key: segment_key(name),
+            source,
+            written: Mutex::new(Written { value: None, dirty: false, removed: false }),
+        }
+    }
+
+    /// The store this publication writes to.
+    pub fn store(&self) -> &Arc<dyn MetadataStore> {
+        &self.store
+    }
+
+    /// Writes the current descriptor. On failure the next keep-alive tries again.
+    pub fn publish(&self) -> Result<()> {
+        let mut w = self.written.lock();
+        self.write_current(&mut w)
+    }
+
+    fn write_current(&self, w: &mut Written) -> Result<()> {
+        if w.removed {
+            return Ok(());
+        }
+        let value = (self.source)();
+        if w.value.as_ref() == Some(&value) && !w.dirty {
+            return Ok(());
+        }
+        match self.store.put(&self.key, &value) {
+            Ok(()) => {
+                w.value = Some(value);
+                w.dirty = false;
+                Ok(())
+            }
+            Err(e) => {
+                w.dirty = true;
+                Err(e)
+            }
+        }
+    }
+
+    /// Refreshes the key's TTL or lease; rewrites the descriptor when an earlier write failed.
+    pub fn keep_alive(&self) -> Result<()> {
+        let mut w = self.written.lock();
+        if w.removed {
+            return Ok(());
+        }
+        match w.value.clone() {
+            Some(v) if !w.dirty => self.store.keep_alive(&self.key, &v).inspect_err(|_| {
+                // The store may have lost the key; the next round writes it afresh.
+                w.dirty = true;
+            }),
+            _ => self.write_current(&mut w),
+        }
+    }
+
+    /// Deletes the key (clean shutdown); later publishes and keep-alives do nothing.
+    pub fn remove(&self) -> Result<()> {
+        let mut w = self.written.lock();
+        w.removed = true;
+        if w.value.is_none() && !w.dirty {
+            return Ok(());
+        }
+        self.store.delete(&self.key)
+    }
+}
+
+/// The background thread that keeps a publication's TTL or lease alive. Dropping it stops and
+/// joins the thread.
+pub struct KeepAlive {
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl KeepAlive {
+    /// Starts refreshing `publication` every `ttl / 3` (at least every 100 ms).
+    pub fn start(publication: Arc<Publication>, ttl: Duration) -> Result<KeepAlive> {
+        let interval = (ttl / 3).max(Duration::from_millis(100));
+        let (tx, rx) = mpsc::channel::<()>();
+        let thread = std::thread::Builder::new().name("tent-meta-keepalive".into()).spawn(move || {
+            let mut failing = false;
+            while let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(interval) {
+                match publication.keep_alive() {
+                    Ok(()) if failing => {
+                        failing = false;
+                        tracing::info!("metadata store reachable again; descriptor refreshed");
+                    }
+                    Ok(()) => {}
+                    Err(e) if !failing => {
+                        failing = true;
+                        tracing::warn!("keeping the segment descriptor alive failed: {e}");
+                    }
+                    Err(e) => tracing::debug!("metadata keep-alive still failing: {e}"),
+                }
+            }
+        })?;
+        Ok(KeepAlive { stop: Some(tx), thread: Some(thread) })
+    }
+}
+
+impl Drop for KeepAlive {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    /// An in-memory store that records the order of writes.
+    #[derive(Default)]
+    struct Memory {
+        map: Mutex<HashMap<String, String>>,
+        fail: Mutex<bool>,
+        log: Mutex<Vec<String>>,
+    }
+
+    impl MetadataStore for Memory {
+        fn kind(&self) -> &'static str {
+            "memory"
+        }
+        fn get(&self, key: &str) -> Result<Option<String>> {
+            Ok(self.map.lock().get(key).cloned())
+        }
+        fn put(&self, key: &str, value: &str) -> Result<()> {
+            if *self.fail.lock() {
+                return Err(Error::Metadata("down".into()));
+            }
+            self.log.lock().push(format!("put {value}"));
+            self.map.lock().insert(key.into(), value.into());
+            Ok(())
+        }
+        fn delete(&self, key: &str) -> Result<()> {
+            self.log.lock().push("delete".into());
+            self.map.lock().remove(key);
+            Ok(())
+        }
+        fn keep_alive(&self, _key: &str, _value: &str) -> Result<()> {
+            if *self.fail.lock() {
+                return Err(Error::Metadata("down".into()));
+            }
+            self.log.lock().push("keepalive".into());
+            Ok(())
+        }
+        fn needs_keep_alive(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn publication_writes_newest_retries_after_failure_and_stops_after_remove() {
+        let store = Arc::new(Memory::default());
+        let current = Arc::new(Mutex::new(Arc::new("v1".to_string())));
+        let c = current.clone();
+        let p = Publication::new(store.clone(), "seg", Box::new(move || c.lock().clone()));
+        p.publish().unwrap();
+        p.publish().unwrap(); // unchanged: not written twice
+        p.keep_alive().unwrap();
+        *store.fail.lock() = true;
+        *current.lock() = Arc::new("v2".into());
+        assert!(p.publish().is_err());
+        assert!(p.keep_alive().is_err());
+        *store.fail.lock() = false;
+        p.keep_alive().unwrap(); // rewrites the newest descriptor
+        assert_eq!(store.map.lock().get("mooncake/tent/seg").map(String::as_str), Some("v2"));
+        p.remove().unwrap();
+        *current.lock() = Arc::new("v3".into());
+        p.publish().unwrap();
+        p.keep_alive().unwrap();
+        assert_eq!(*store.log.lock(), vec!["put v1", "keepalive", "put v2", "delete"]);
+        assert!(store.map.lock().is_empty());
+    }
+
+    #[test]
+    fn retries_stop_at_the_first_success_or_after_the_last_attempt() {
+        let mut n = 0;
+        let r: Result<u32> = with_retries(3, || {
+            n += 1;
+            if n < 2 { Err(Error::Metadata("x".into())) } else { Ok(n) }
+        });
+        assert_eq!(r, Ok(2));
+        let mut m = 0;
+        let r: Result<()> = with_retries(3, || {
+            m += 1;
+            Err(Error::Metadata("x".into()))
+        });
+        assert!(r.is_err());
+        assert_eq!(m, 3);
+    }
+
+    #[test]
+    fn keep_alive_thread_refreshes_and_is_joined_on_drop() {
+        let store = Arc::new(Memory::default());
+        let p = Arc::new(Publication::new(store.clone(), "seg", Box::new(|| Arc::new("v".to_string()))));
+        p.publish().unwrap();
+        let k = KeepAlive::start(p.clone(), Duration::from_millis(300)).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !store.log.lock().iter().any(|l| l == "keepalive") {
+            assert!(std::time::Instant::now() < deadline, "no keep-alive ran");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        drop(k);
+        assert_eq!(Arc::strong_count(&p), 1, "the thread still holds the publication");
+    }
+}
