@@ -6,7 +6,7 @@
 # what is missing.
 set -euo pipefail
 
-packages=(gcc g++ make pkg-config libibverbs-dev librdmacm-dev libclang-dev golang-go redis-server etcd-server)
+packages=(gcc g++ make pkg-config libibverbs-dev librdmacm-dev libclang-dev golang-go redis-server etcd-server valgrind)
 missing=()
 for p in "${packages[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -222,6 +222,11 @@ impl Config {
             return Err(format!("config is empty: {json_err}"));
         }
         if path.is_file() {
+            // A config file is small; refusing huge ones keeps a wrong path from eating memory.
+            const MAX_CONFIG_FILE: u64 = 64 << 20;
+            if std::fs::metadata(path).map(|m| m.len()).unwrap_or(0) > MAX_CONFIG_FILE {
+                return Err(format!("config file {} is larger than {MAX_CONFIG_FILE} bytes", path.display()));
+            }
             let contents = std::fs::read_to_string(path)
                 .map_err(|e| format!("config is neither valid JSON nor a readable file: {}: {e}", path.display()))?;
             return serde_json::from_str::<Value>(&contents)

@@ -536,8 +536,30 @@ fn serve_recv_data(
     }
 }
 
+/// A decoded `Notify` payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotifyMessage {
+    pub name: String,
+    pub msg: String,
+    /// tent-rs extension: the sender's segment name.
+    pub sender: Option<String>,
+}
+
+/// Decodes a `Notify` payload: JSON `{"name":…, "msg":…}` (extra keys ignored).
+pub fn parse_notification(att: &[u8]) -> std::result::Result<NotifyMessage, String> {
+    let v = serde_json::from_slice::<serde_json::Value>(att).map_err(|e| format!("malformed JSON: {e}"))?;
+    match (v.get("name").and_then(|n| n.as_str()), v.get("msg").and_then(|m| m.as_str())) {
+        (Some(name), Some(msg)) => Ok(NotifyMessage {
+            name: name.to_string(),
+            msg: msg.to_string(),
+            sender: v.get("sender").and_then(|s| s.as_str()).map(str::to_string),
+        }),
+        _ => Err("no string name and msg".into()),
+    }
+}
+
 /// Decodes a JSON string attachment.
-fn json_string(att: &[u8]) -> std::result::Result<String, String> {
+pub fn json_string(att: &[u8]) -> std::result::Result<String, String> {
     serde_json::from_slice::<String>(att).map_err(|e| format!("invalid JSON string: {e}"))
 }
 
@@ -548,15 +570,9 @@ fn control_message(shared: &Shared, id: i32, att: &[u8]) -> std::result::Result<
         msg::BOOTSTRAP_RDMA => Ok(h.bootstrap_rdma(att)),
         msg::NOTIFY => {
             // Malformed notifications are dropped with a success reply, as upstream does.
-            match serde_json::from_slice::<serde_json::Value>(att) {
-                Ok(v) => match (v.get("name").and_then(|n| n.as_str()), v.get("msg").and_then(|m| m.as_str())) {
-                    (Some(name), Some(m)) => {
-                        let sender = v.get("sender").and_then(|s| s.as_str()).map(str::to_string);
-                        h.notify(name.to_string(), m.to_string(), sender);
-                    }
-                    _ => tracing::warn!("dropping a notification without name and msg"),
-                },
-                Err(e) => tracing::warn!("dropping a malformed notification: {e}"),
+            match parse_notification(att) {
+                Ok(n) => h.notify(n.name, n.msg, n.sender),
+                Err(e) => tracing::warn!("dropping a notification: {e}"),
             }
             Ok(Vec::new())
         }

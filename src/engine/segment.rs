@@ -68,9 +68,12 @@ impl SegmentDesc {
     /// Serialises in upstream's shape: sorted keys, no indentation, every required key present.
     pub fn to_json(&self) -> String {
         let mut detail = self.detail_extra.clone();
-        detail.insert("buffers".into(), serde_json::to_value(&self.buffers).unwrap_or(Value::Array(vec![])));
-        detail.insert("devices".into(), Value::Array(self.devices.clone()));
-        detail.entry("device_attrs").or_insert_with(|| Value::Object(Default::default()));
+        // A file segment's detail (its files) is kept verbatim in `detail_extra`.
+        if self.kind == "memory" {
+            detail.insert("buffers".into(), serde_json::to_value(&self.buffers).unwrap_or(Value::Array(vec![])));
+            detail.insert("devices".into(), Value::Array(self.devices.clone()));
+            detail.entry("device_attrs").or_insert_with(|| Value::Object(Default::default()));
+        }
         let mut top = serde_json::Map::new();
         top.insert("name".into(), Value::String(self.name.clone()));
         top.insert("type".into(), Value::String(self.kind.clone()));
@@ -103,18 +106,22 @@ impl SegmentDesc {
             .and_then(Value::as_object)
             .cloned()
             .ok_or_else(|| bad("missing object field \"detail\""))?;
-        let buffers = match detail.remove("buffers") {
-            Some(b) if kind == "memory" => {
-                serde_json::from_value::<Vec<BufferDesc>>(b).map_err(|e| bad(&format!("buffers: {e}")))?
-            }
-            Some(_) => Vec::new(),
-            None if kind == "memory" => return Err(bad("missing \"detail.buffers\"")),
-            None => Vec::new(),
-        };
-        let devices = match detail.remove("devices") {
-            Some(Value::Array(d)) => d,
-            Some(_) => return Err(bad("\"detail.devices\" is not an array")),
-            None => Vec::new(),
+        let (buffers, devices) = if kind == "memory" {
+            let buffers = match detail.remove("buffers") {
+                Some(b) => serde_json::from_value::<Vec<BufferDesc>>(b).map_err(|e| bad(&format!("buffers: {e}")))?,
+                None => return Err(bad("missing \"detail.buffers\"")),
+            };
+            let devices = match detail.remove("devices") {
+                Some(Value::Array(d)) => d,
+                Some(_) => return Err(bad("\"detail.devices\" is not an array")),
+                None => Vec::new(),
+            };
+            // Upstream requires device_attrs; we accept its absence and hold the normal form.
+            detail.entry("device_attrs").or_insert_with(|| Value::Object(Default::default()));
+            (buffers, devices)
+        } else {
+            // Other segment kinds (files) are not served here; their detail is kept verbatim.
+            (Vec::new(), Vec::new())
         };
         Ok(SegmentDesc {
             name,

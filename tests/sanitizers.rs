@@ -1,0 +1,54 @@
+//! The C tests again, with the C side built under AddressSanitizer + UndefinedBehaviorSanitizer,
+//! and under valgrind memcheck: zero errors allowed.
+
+mod common;
+
+use std::process::Command;
+
+use common::{build_c, root, run};
+
+const PROGRAMS: [&str; 5] = ["bad_input", "local_transfer", "config_loading", "tcp_two_process", "shm_two_process"];
+
+fn sanitized(name: &str) -> std::path::PathBuf {
+    build_c(
+        &format!("{name}-asan"),
+        &[root().join("c_tests").join(format!("{name}.c"))],
+        false,
+        &["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"],
+    )
+}
+
+#[test]
+fn c_tests_are_clean_under_asan_and_ubsan() {
+    for name in PROGRAMS {
+        let exe = sanitized(name);
+        // Leak checking covers the C side's allocations (records, segment info) that callers
+        // must free; the library's own process-lifetime registries are not C allocations.
+        let (ok, out) = run(Command::new(&exe)
+            .env("MC_LOG_LEVEL", "error")
+            .env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0:exitcode=97")
+            .env("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1"));
+        println!("{out}");
+        assert!(ok, "{name} under ASan/UBSan:\n{out}");
+        assert!(out.contains(", 0 failed"), "{out}");
+        assert!(!out.contains("runtime error"), "UBSan report in {name}:\n{out}");
+    }
+}
+
+#[test]
+fn c_tests_are_clean_under_valgrind() {
+    if Command::new("valgrind").arg("--version").output().is_err() {
+        // scripts/setup.sh installs valgrind; without it this test cannot run.
+        panic!("valgrind is not installed (run scripts/setup.sh)");
+    }
+    for name in ["bad_input", "local_transfer"] {
+        let exe = build_c(&format!("{name}-vg"), &[root().join("c_tests").join(format!("{name}.c"))], false, &[]);
+        let (ok, out) = run(Command::new("valgrind")
+            .args(["--error-exitcode=99", "--leak-check=full", "--errors-for-leak-kinds=definite", "--quiet"])
+            .arg(&exe)
+            .env("MC_LOG_LEVEL", "error"));
+        println!("{out}");
+        assert!(ok, "{name} under valgrind:\n{out}");
+        assert!(out.contains(", 0 failed"), "{out}");
+    }
+}
