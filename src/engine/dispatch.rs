@@ -22,6 +22,9 @@ pub struct Dispatcher {
     pub merge: bool,
     /// Units handed to each transport (by `TRANSPORT_*` value), failovers included.
     pub submitted: [AtomicU64; 13],
+    /// Descriptor cache: a failed attempt drops the target's cached descriptor, so later requests
+    /// see the peer as it is now (it may have restarted or re-registered).
+    pub remote: Arc<super::remote::Remote>,
 }
 
 impl Dispatcher {
@@ -188,6 +191,7 @@ impl Dispatcher {
     /// ends its tasks FAILED when none is left or the budget is spent.
     pub fn fail_over(&self, unit: &Arc<Unit>) {
         if let Some((kind, task)) = unit.fail_over() {
+            self.remote.invalidate(unit.request.target_id);
             let desc = unit.target.clone();
             self.submit(kind, &desc, vec![task]);
         }

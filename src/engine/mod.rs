@@ -272,6 +272,7 @@ impl Engine {
             failover,
             merge: config.get_bool(keys::MERGE_REQUESTS.0, keys::MERGE_REQUESTS.1),
             submitted: Default::default(),
+            remote: remote.clone(),
         });
         // Transports drop per-segment state (e.g. shm mappings) when a peer's descriptor changes.
         let weak = Arc::downgrade(&dispatcher);

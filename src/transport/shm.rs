@@ -132,6 +132,9 @@ pub fn create_object(dir: &str, size: usize) -> Result<(*mut u8, String)> {
 struct Mapping {
     base: *mut u8,
     mapped: usize,
+    /// The object, kept open to notice when its owner removes it (link count 0): then the peer
+    /// freed the memory or restarted, and copying into the orphan would lose the data silently.
+    fd: libc::c_int,
     /// Where the registered buffer starts inside the mapping (page alignment of shm_offset).
     delta: usize,
     length: u64,
@@ -149,6 +152,8 @@ impl Drop for Mapping {
         if unsafe { libc::munmap(self.base.cast(), self.mapped) } != 0 {
             tracing::warn!("munmap of a peer shm mapping failed: {}", std::io::Error::last_os_error());
         }
+        // SAFETY: fd was opened by `open` and is closed once, here.
+        unsafe { libc::close(self.fd) };
     }
 }
 
@@ -160,6 +165,7 @@ impl Mapping {
         let offset = buf.shm_offset;
         let aligned = offset & !(page - 1);
         let delta = (offset - aligned) as usize;
+        // SAFETY: `stat` is plain old data; all-zero is a valid value.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: fd is open; st is a valid out-parameter.
         let rc = unsafe { libc::fstat(fd, &mut st) };
@@ -173,23 +179,32 @@ impl Mapping {
             )));
         }
         let mapped = delta + buf.length as usize;
-        // SAFETY: fd is open and large enough (checked); the result is checked; fd closed after.
+        // SAFETY: fd is open and large enough (checked); the result is checked.
         let p = unsafe {
-            let p = libc::mmap(
+            libc::mmap(
                 std::ptr::null_mut(),
                 mapped,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
                 fd,
                 aligned as libc::off_t,
-            );
-            libc::close(fd);
-            p
+            )
         };
         if p == libc::MAP_FAILED {
-            return Err(os_err(&format!("mapping shm object {}", buf.shm_path)));
+            let e = os_err(&format!("mapping shm object {}", buf.shm_path));
+            // SAFETY: fd is ours.
+            unsafe { libc::close(fd) };
+            return Err(e);
         }
-        Ok(Mapping { base: p.cast(), mapped, delta, length: buf.length })
+        Ok(Mapping { base: p.cast(), mapped, fd, delta, length: buf.length })
+    }
+
+    /// False once the owner removed the object (it freed the memory or restarted).
+    fn alive(&self) -> bool {
+        // SAFETY: `stat` is plain old data; all-zero is a valid value.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fd is open for the life of the mapping; st is a valid out-parameter.
+        unsafe { libc::fstat(self.fd, &mut st) == 0 && st.st_nlink > 0 }
     }
 
     /// The local address of `offset` bytes into the registered buffer.
@@ -258,13 +273,23 @@ impl ShmTransport {
 
     fn mapping(&self, segment: &str, buf: &BufferDesc) -> Result<Arc<Mapping>> {
         let key = (segment.to_string(), buf.addr, buf.shm_path.clone());
-        if let Some(m) = self.mappings.lock().get(&key) {
-            if m.length >= buf.length {
-                return Ok(m.clone());
+        {
+            let mut maps = self.mappings.lock();
+            if let Some(m) = maps.get(&key) {
+                if m.length >= buf.length && m.alive() {
+                    return Ok(m.clone());
+                }
+                maps.remove(&key);
             }
         }
         // Map outside the lock; two racing mappers keep the first inserted.
         let m = Arc::new(Mapping::open(&self.params.cxl_mount_path, buf)?);
+        if !m.alive() {
+            return Err(Error::Remote(format!(
+                "the peer removed shm object {} (it freed the memory or restarted)",
+                buf.shm_path
+            )));
+        }
         Ok(self.mappings.lock().entry(key).or_insert(m).clone())
     }
 }
