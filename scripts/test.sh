@@ -6,4 +6,7 @@ cd "$(dirname "$0")/.."
 source scripts/setup.sh
 cargo fmt --check
 cargo clippy --all-targets -- -D warnings
+# `cargo test` builds the library as an rlib only; the C, C++, Go and dlopen tests link the
+# cdylib (libtent.so), so build every target first.
+cargo build --all-targets
 cargo test --all-targets

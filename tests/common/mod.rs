@@ -40,6 +40,11 @@ pub fn run(cmd: &mut Command) -> (bool, String) {
 pub fn build_c(name: &str, sources: &[PathBuf], cxx: bool, extra: &[&str]) -> PathBuf {
     let exe = out_dir("c").join(name);
     let lib = lib_dir();
+    assert!(
+        lib.join("libtent.so").exists(),
+        "{} has no libtent.so: run `cargo build` before `cargo test` (scripts/test.sh does)",
+        lib.display()
+    );
     let mut cmd = Command::new(if cxx { "g++" } else { "gcc" });
     cmd.args(if cxx { ["-std=c++17"] } else { ["-std=c11"] })
         .args(["-Wall", "-Wextra", "-Werror", "-g", "-O1"])
