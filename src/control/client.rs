@@ -59,6 +59,16 @@ impl Drop for ActiveGuard<'_> {
     }
 }
 
+/// Reads an upstream server's in-band refusal text (at most 4 KiB kept, the rest drained).
+fn in_band_refusal(s: &mut TcpStream, h: &frame::ResponseHeader, addr: &str) -> Error {
+    let n = h.attach_len.min(4096);
+    let mut text = vec![0u8; n as usize];
+    if let Err(e) = s.read_exact(&mut text).and_then(|_| frame::discard(s, (h.attach_len - n) as u64)) {
+        return rpc_err(addr, format!("truncated refusal: {e}"));
+    }
+    Error::Remote(format!("{addr}: {}", String::from_utf8_lossy(&text)))
+}
+
 /// How a call failed.
 fn rpc_err(addr: &str, what: impl std::fmt::Display) -> Error {
     Error::Rpc(format!("{addr}: {what}"))
@@ -274,11 +284,7 @@ impl RpcClient {
                     return Ok(());
                 }
                 // An upstream server reports refusals in-band, as text.
-                let n = h.attach_len.min(4096);
-                let mut text = vec![0u8; n as usize];
-                s.read_exact(&mut text).map_err(|e| rpc_err(addr, e))?;
-                frame::discard(s, (h.attach_len - n) as u64).map_err(|e| rpc_err(addr, e))?;
-                Err(Error::Remote(format!("{addr}: {}", String::from_utf8_lossy(&text))))
+                Err(in_band_refusal(s, h, addr))
             },
         )
     }
@@ -301,11 +307,7 @@ impl RpcClient {
                     return Ok(());
                 }
                 // Anything else is an in-band refusal from an upstream server, never data.
-                let n = h.attach_len.min(4096);
-                let mut text = vec![0u8; n as usize];
-                s.read_exact(&mut text).map_err(|e| rpc_err(addr, e))?;
-                frame::discard(s, (h.attach_len - n) as u64).map_err(|e| rpc_err(addr, e))?;
-                Err(Error::Remote(format!("{addr}: {}", String::from_utf8_lossy(&text))))
+                Err(in_band_refusal(s, h, addr))
             },
         )
     }

@@ -304,6 +304,26 @@ pub unsafe extern "C" fn uninstallTransport(engine: transfer_engine_t, proto: *c
     })
 }
 
+/// Opens `segment_name` and fetches its descriptor, from the cache unless `refresh`.
+///
+/// # Safety
+/// `segment_name` is NULL or a NUL-terminated string.
+unsafe fn open_classic(engine: transfer_engine_t, segment_name: *const c_char, refresh: bool) -> Result<segment_id_t> {
+    let e = super::engine(engine)?;
+    // SAFETY: forwarded contract.
+    let name = unsafe { c_str(segment_name, "segment_name") }?;
+    if name.is_empty() {
+        return Err(Error::InvalidArgument("segment_name is empty".into()));
+    }
+    let handle = e.open_segment(&name)?;
+    if refresh {
+        e.refresh_segment(handle)?;
+    } else {
+        e.segment_info(handle)?;
+    }
+    classic_handle(handle)
+}
+
 /// Opens a segment by name and fetches its descriptor (cached for later calls); returns its
 /// handle (0 for this engine's own name) or a negative code when the peer cannot be reached.
 ///
@@ -311,21 +331,9 @@ pub unsafe extern "C" fn uninstallTransport(engine: transfer_engine_t, proto: *c
 /// `segment_name` is NULL or a NUL-terminated string.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn openSegment(engine: transfer_engine_t, segment_name: *const c_char) -> segment_id_t {
+    // SAFETY: forwarded contract.
     guard!("openSegment", ERR_CONTEXT, {
-        classic_code(
-            "openSegment",
-            (|| {
-                let e = super::engine(engine)?;
-                // SAFETY: forwarded contract.
-                let name = unsafe { c_str(segment_name, "segment_name") }?;
-                if name.is_empty() {
-                    return Err(Error::InvalidArgument("segment_name is empty".into()));
-                }
-                let handle = e.open_segment(&name)?;
-                e.segment_info(handle)?;
-                classic_handle(handle)
-            })(),
-        )
+        classic_code("openSegment", unsafe { open_classic(engine, segment_name, false) })
     })
 }
 
@@ -335,21 +343,9 @@ pub unsafe extern "C" fn openSegment(engine: transfer_engine_t, segment_name: *c
 /// `segment_name` is NULL or a NUL-terminated string.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn openSegmentNoCache(engine: transfer_engine_t, segment_name: *const c_char) -> segment_id_t {
+    // SAFETY: forwarded contract.
     guard!("openSegmentNoCache", ERR_CONTEXT, {
-        classic_code(
-            "openSegmentNoCache",
-            (|| {
-                let e = super::engine(engine)?;
-                // SAFETY: forwarded contract.
-                let name = unsafe { c_str(segment_name, "segment_name") }?;
-                if name.is_empty() {
-                    return Err(Error::InvalidArgument("segment_name is empty".into()));
-                }
-                let handle = e.open_segment(&name)?;
-                e.refresh_segment(handle)?;
-                classic_handle(handle)
-            })(),
-        )
+        classic_code("openSegmentNoCache", unsafe { open_classic(engine, segment_name, true) })
     })
 }
 
