@@ -3,7 +3,7 @@
 //! `cargo bench --bench shm_loopback` moves 256 MiB between two engines over SHM in 1 MiB
 //! requests (WRITE and READ) and as one 256 MiB request, and copies 256 MiB with one memcpy;
 //! each is repeated and the medians and ratios are printed. Under `cargo test` it runs once with
-//! 16 MiB as a smoke test. Options: `--size-mib N`, `--rounds N`.
+//! 16 MiB as a smoke test. Options: `--size-mib N`, `--rounds N`, `--copy-threads N`.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,6 +14,9 @@ use tent::engine::{Engine, MemoryOptions, effective_config};
 
 fn engine() -> Arc<Engine> {
     let mut cfg = Config::new();
+    if let Some(n) = arg("--copy-threads") {
+        cfg.set_from_string("transports/shm/copy_threads", &n.to_string());
+    }
     cfg.set_from_string("rpc_server_hostname", "127.0.0.1");
     cfg.set_from_string("log_level", "warning");
     cfg.set_from_string("transports/shm/enable", "true");
@@ -49,7 +52,7 @@ fn pass(e: &Engine, h: u64, op: Opcode, local: u64, remote: u64, len: usize, req
             break;
         }
         assert_eq!(s, Status::Pending, "transfer failed");
-        std::thread::yield_now();
+        std::thread::sleep(std::time::Duration::from_micros(20));
     }
     let t = start.elapsed().as_secs_f64();
     e.free_batch(b).expect("free");
