@@ -296,13 +296,21 @@ fn run_case(
                             // SAFETY: valid engine; reqs is an array of `batch` requests.
                             let rc = unsafe { tent_submit(e, id, reqs.as_mut_ptr(), batch) };
                             let mut st = tent_status { status: STATUS_PENDING, transferred_bytes: 0 };
+                            let mut polls = 0u32;
                             while rc == 0 && st.status == STATUS_PENDING {
                                 // SAFETY: valid engine and out-pointer.
                                 if unsafe { tent_overall_status(e, id, &mut st) } != 0 {
                                     break;
                                 }
+                                // Poll hot at first (small transfers end in microseconds), then
+                                // back off so the poller does not take a core from the engine.
+                                polls += 1;
                                 if st.status == STATUS_PENDING {
-                                    std::thread::yield_now();
+                                    if polls < 64 {
+                                        std::thread::yield_now();
+                                    } else {
+                                        std::thread::sleep(Duration::from_micros(20));
+                                    }
                                 }
                             }
                             lat.push(start.elapsed().as_secs_f64() * 1e6);

@@ -216,6 +216,11 @@ impl Mapping {
 
 type MapKey = (String, u64, String);
 
+/// Requests up to this size are copied on the submitting thread.
+const INLINE_MAX: u64 = 64 << 10;
+/// At most this many bytes are copied on the submitting thread per submit call.
+const INLINE_BUDGET: u64 = 1 << 20;
+
 struct Job {
     task: Task,
     remaining: AtomicUsize,
@@ -318,6 +323,7 @@ impl Transport for ShmTransport {
 
     fn submit(&self, target: &Arc<SegmentDesc>, tasks: Vec<Task>) -> Result<()> {
         let mut chunks = Vec::new();
+        let mut inline_budget = INLINE_BUDGET;
         for task in tasks {
             let r = *task.request();
             let prepared = target.find_buffer(r.target_offset, r.length, r.opcode, true).and_then(|buf| {
@@ -338,6 +344,15 @@ impl Transport for ShmTransport {
             };
             if r.length == 0 {
                 task.complete();
+                continue;
+            }
+            // Small copies are cheaper than waking a copy thread: do them here, up to a bounded
+            // amount per submit so a large batch never holds the caller for long.
+            if r.length <= INLINE_MAX && inline_budget >= r.length {
+                inline_budget -= r.length;
+                let job = Arc::new(Job { task, remaining: AtomicUsize::new(1) });
+                copy_chunk(&Chunk { job: job.clone(), map, remote_off, offset: 0, len: r.length });
+                job.task.complete();
                 continue;
             }
             let n = r.length.div_ceil(self.params.chunk_size);
