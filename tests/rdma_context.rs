@@ -12,10 +12,7 @@ use tent::verbs::sim::{DeviceSpec, GidSpec, HostSpec, SimFabric, SimHost};
 use tent::verbs::*;
 
 fn params(lanes: usize) -> ContextParams {
-    ContextParams {
-        num_lanes: lanes,
-        ..ContextParams::default()
-    }
+    ContextParams { num_lanes: lanes, ..ContextParams::default() }
 }
 
 fn host(n: usize) -> (Arc<SimFabric>, SimHost) {
@@ -34,18 +31,11 @@ fn names(v: &[&str]) -> Vec<String> {
 fn whitelist_wins_over_blacklist_and_blacklist_removes() {
     let all = names(&["mlx5_0", "mlx5_1", "mlx5_2"]);
     assert_eq!(
-        filter_devices(
-            &all,
-            &names(&["mlx5_2", "mlx5_0", "nope"]),
-            &names(&["mlx5_0"])
-        ),
+        filter_devices(&all, &names(&["mlx5_2", "mlx5_0", "nope"]), &names(&["mlx5_0"])),
         names(&["mlx5_0", "mlx5_2"]),
         "whitelist keeps device order and ignores the blacklist"
     );
-    assert_eq!(
-        filter_devices(&all, &[], &names(&["mlx5_1"])),
-        names(&["mlx5_0", "mlx5_2"])
-    );
+    assert_eq!(filter_devices(&all, &[], &names(&["mlx5_1"])), names(&["mlx5_0", "mlx5_2"]));
     assert_eq!(filter_devices(&all, &[], &[]), all);
 }
 
@@ -58,26 +48,16 @@ fn select_devices_reads_mc_te_filters_and_skips_inactive_ports() {
         "MC_TE_FILTERS_EXCLUDE" => Some("sim_mlx5_1, sim_mlx5_3".into()),
         _ => None,
     });
-    assert_eq!(
-        select_devices(&p, &cfg, 1).unwrap(),
-        names(&["sim_mlx5_0", "sim_mlx5_2"])
-    );
+    assert_eq!(select_devices(&p, &cfg, 1).unwrap(), names(&["sim_mlx5_0", "sim_mlx5_2"]));
     cfg.apply_env_with(&|k| match k {
         "MC_TE_FILTERS" => Some("sim_mlx5_3,sim_mlx5_1".into()),
         _ => None,
     });
-    assert_eq!(
-        select_devices(&p, &cfg, 1).unwrap(),
-        names(&["sim_mlx5_1", "sim_mlx5_3"])
-    );
+    assert_eq!(select_devices(&p, &cfg, 1).unwrap(), names(&["sim_mlx5_1", "sim_mlx5_3"]));
     h.set_port_active("sim_mlx5_1", false).unwrap();
     assert_eq!(select_devices(&p, &cfg, 1).unwrap(), names(&["sim_mlx5_3"]));
     let (_f2, empty) = host(0);
-    assert!(
-        select_devices(&empty.provider(), &Config::new(), 1)
-            .unwrap()
-            .is_empty()
-    );
+    assert!(select_devices(&empty.provider(), &Config::new(), 1).unwrap().is_empty());
 }
 
 // ----- parameters ------------------------------------------------------------------------------
@@ -86,33 +66,15 @@ fn select_devices_reads_mc_te_filters_and_skips_inactive_ports() {
 fn lane_knobs_follow_precedence_and_must_agree() {
     let cfg = |v: serde_json::Value| Config::from_value(v);
     assert_eq!(lanes_from_config(&Config::new()).unwrap(), 6);
+    assert_eq!(lanes_from_config(&cfg(json!({"transports":{"rdma":{"num_lanes":2}}}))).unwrap(), 2);
+    assert_eq!(lanes_from_config(&cfg(json!({"transports":{"rdma":{"workers":{"num_workers":3}}}}))).unwrap(), 3);
     assert_eq!(
-        lanes_from_config(&cfg(json!({"transports":{"rdma":{"num_lanes":2}}}))).unwrap(),
-        2
-    );
-    assert_eq!(
-        lanes_from_config(&cfg(
-            json!({"transports":{"rdma":{"workers":{"num_workers":3}}}})
-        ))
-        .unwrap(),
-        3
-    );
-    assert_eq!(
-        lanes_from_config(&cfg(
-            json!({"transports":{"rdma":{"num_lanes":4,"device":{"num_cq_list":4}}}})
-        ))
-        .unwrap(),
+        lanes_from_config(&cfg(json!({"transports":{"rdma":{"num_lanes":4,"device":{"num_cq_list":4}}}}))).unwrap(),
         4
     );
-    let e = lanes_from_config(&cfg(
-        json!({"transports":{"rdma":{"num_lanes":1,"endpoint":{"qp_mul_factor":2}}}}),
-    ))
-    .unwrap_err();
-    assert!(
-        e.to_string()
-            .contains("Inconsistent RDMA lane configuration"),
-        "{e}"
-    );
+    let e = lanes_from_config(&cfg(json!({"transports":{"rdma":{"num_lanes":1,"endpoint":{"qp_mul_factor":2}}}})))
+        .unwrap_err();
+    assert!(e.to_string().contains("Inconsistent RDMA lane configuration"), "{e}");
     assert!(lanes_from_config(&cfg(json!({"transports":{"rdma":{"num_lanes":0}}}))).is_err());
 }
 
@@ -126,14 +88,7 @@ fn context_params_read_config_and_reject_bad_values() {
         "endpoint": {"path_mtu": 1000, "max_sge": 2, "max_qp_wr": 64}}}}));
     let p = ContextParams::from_config(&c).unwrap();
     assert_eq!(
-        (
-            p.num_lanes,
-            p.gid_index,
-            p.max_cqe,
-            p.path_mtu,
-            p.max_sge,
-            p.max_qp_wr
-        ),
+        (p.num_lanes, p.gid_index, p.max_cqe, p.path_mtu, p.max_sge, p.max_qp_wr),
         (2, 3, 128, Mtu::Mtu512, 2, 64)
     );
     let bad = Config::from_value(json!({"transports":{"rdma":{"device":{"port": 0}}}}));
@@ -166,24 +121,9 @@ fn clamps_are_per_device_and_leave_params_alone() {
     let set = ContextSet::open(&p, &names(&["small_0", "big_0"]), &prm).unwrap();
     let small = set.get(0).unwrap().limits().unwrap();
     let big = set.get(1).unwrap().limits().unwrap();
-    assert_eq!(
-        (
-            small.max_cqe,
-            small.path_mtu,
-            small.max_sge,
-            small.max_qp_wr
-        ),
-        (100, Mtu::Mtu1024, 2, 64)
-    );
-    assert_eq!(
-        (big.max_cqe, big.path_mtu, big.max_sge, big.max_qp_wr),
-        (4096, Mtu::Mtu4096, 4, 256)
-    );
-    assert_eq!(
-        set.get(0).unwrap().params(),
-        &prm,
-        "shared parameters are not mutated"
-    );
+    assert_eq!((small.max_cqe, small.path_mtu, small.max_sge, small.max_qp_wr), (100, Mtu::Mtu1024, 2, 64));
+    assert_eq!((big.max_cqe, big.path_mtu, big.max_sge, big.max_qp_wr), (4096, Mtu::Mtu4096, 4, 256));
+    assert_eq!(set.get(0).unwrap().params(), &prm, "shared parameters are not mutated");
     assert!(set.get(0).unwrap().cq(0).unwrap().capacity() >= 100);
 }
 
@@ -191,42 +131,23 @@ fn clamps_are_per_device_and_leave_params_alone() {
 fn open_fails_on_missing_device_bad_port_or_too_few_cqs() {
     let f = SimFabric::new_virtual();
     let h = f.add_host(HostSpec {
-        devices: vec![DeviceSpec {
-            max_cq: 3,
-            ..DeviceSpec::roce("tiny_0", Ipv4Addr::new(192, 168, 8, 1), "eth0")
-        }],
+        devices: vec![DeviceSpec { max_cq: 3, ..DeviceSpec::roce("tiny_0", Ipv4Addr::new(192, 168, 8, 1), "eth0") }],
     });
     let p = h.provider();
     let e = RdmaContext::open(&p, "mlx5_7", &params(1)).err().unwrap();
     assert!(e.to_string().contains("No matched device"), "{e}");
-    let e = RdmaContext::open(
-        &p,
-        "tiny_0",
-        &ContextParams {
-            port: 2,
-            ..params(1)
-        },
-    )
-    .err()
-    .unwrap();
+    let e = RdmaContext::open(&p, "tiny_0", &ContextParams { port: 2, ..params(1) }).err().unwrap();
     assert!(e.to_string().contains("port 2"), "{e}");
     // 3 lanes + the notification CQ need 4 CQs.
     assert!(RdmaContext::open(&p, "tiny_0", &params(3)).is_err());
     assert!(RdmaContext::open(&p, "tiny_0", &params(2)).is_ok());
     let (_f, empty) = host(0);
-    let e = RdmaContext::open(&empty.provider(), "x", &params(1))
-        .err()
-        .unwrap();
+    let e = RdmaContext::open(&empty.provider(), "x", &params(1)).err().unwrap();
     assert!(e.to_string().contains("No RDMA devices"), "{e}");
 }
 
 fn entry(index: u32, gid: Gid, t: GidType, netdev: Option<&str>) -> GidEntry {
-    GidEntry {
-        index,
-        gid,
-        gid_type: t,
-        netdev: netdev.map(str::to_string),
-    }
+    GidEntry { index, gid, gid_type: t, netdev: netdev.map(str::to_string) }
 }
 
 fn v4(a: u8, b: u8, c: u8, d: u8) -> Gid {
@@ -251,31 +172,15 @@ fn gid_auto_pick_covers_every_branch() {
         entry(2, v4(192, 168, 1, 5), RoceV1, Some("eth0")),
         entry(3, v4(192, 168, 1, 5), RoceV2, Some("eth0")),
     ];
-    assert_eq!(
-        pick_best_gid(&t),
-        Some(3),
-        "10/8 counts as overlay, v1 is no candidate"
-    );
+    assert_eq!(pick_best_gid(&t), Some(3), "10/8 counts as overlay, v1 is no candidate");
     // 2. only overlays: the first overlay candidate (netdev name or address range).
-    let t = [
-        entry(0, v4(192, 168, 1, 5), RoceV2, Some("flannel.1")),
-        entry(1, v4(172, 17, 0, 2), RoceV2, Some("eth0")),
-    ];
+    let t =
+        [entry(0, v4(192, 168, 1, 5), RoceV2, Some("flannel.1")), entry(1, v4(172, 17, 0, 2), RoceV2, Some("eth0"))];
     assert_eq!(pick_best_gid(&t), Some(0));
-    let t = [
-        entry(4, v4(100, 64, 3, 2), RoceV2, Some("eth1")),
-        entry(5, v4(1, 2, 3, 4), RoceV2, None),
-    ];
-    assert_eq!(
-        pick_best_gid(&t),
-        Some(4),
-        "an overlay candidate beats one without a netdev"
-    );
+    let t = [entry(4, v4(100, 64, 3, 2), RoceV2, Some("eth1")), entry(5, v4(1, 2, 3, 4), RoceV2, None)];
+    assert_eq!(pick_best_gid(&t), Some(4), "an overlay candidate beats one without a netdev");
     // 3. candidates without a netdev.
-    let t = [
-        entry(0, link_local(), RoceV2, Some("eth0")),
-        entry(2, v4(192, 168, 0, 9), RoceV2, None),
-    ];
+    let t = [entry(0, link_local(), RoceV2, Some("eth0")), entry(2, v4(192, 168, 0, 9), RoceV2, None)];
     assert_eq!(pick_best_gid(&t), Some(2));
     // IB GIDs are candidates.
     let t = [entry(0, link_local(), Ib, None)];
@@ -287,10 +192,7 @@ fn gid_auto_pick_covers_every_branch() {
         entry(2, link_local(), RoceV2, Some("eth0")),
     ];
     assert_eq!(pick_best_gid(&t), Some(1));
-    assert_eq!(
-        pick_best_gid(&[entry(0, Gid::default(), RoceV2, None)]),
-        None
-    );
+    assert_eq!(pick_best_gid(&[entry(0, Gid::default(), RoceV2, None)]), None);
     assert_eq!(pick_best_gid(&[]), None);
     assert!(is_overlay_netdev("tunl0") && is_overlay_netdev("cni0") && !is_overlay_netdev("tunl1"));
 }
@@ -300,63 +202,19 @@ fn context_picks_or_checks_the_gid_index() {
     let f = SimFabric::new_virtual();
     let mut nic = DeviceSpec::roce("g_0", Ipv4Addr::new(192, 168, 9, 1), "eth0");
     // Put an overlay-address RoCE v2 GID first so the pick has to skip it.
-    nic.gids[4] = Some(GidSpec {
-        gid: v4(10, 1, 1, 1),
-        gid_type: GidType::RoceV2,
-        netdev: Some("eth0".into()),
-    });
+    nic.gids[4] = Some(GidSpec { gid: v4(10, 1, 1, 1), gid_type: GidType::RoceV2, netdev: Some("eth0".into()) });
     let h = f.add_host(HostSpec { devices: vec![nic] });
     let p = h.provider();
     let auto = RdmaContext::open(&p, "g_0", &params(1)).unwrap();
     assert_eq!(auto.gid().unwrap().index, 3);
-    let fixed = RdmaContext::open(
-        &p,
-        "g_0",
-        &ContextParams {
-            gid_index: 1,
-            ..params(1)
-        },
-    )
-    .unwrap();
-    assert_eq!(
-        fixed.gid().unwrap().index,
-        1,
-        "a user choice is kept, with warnings only"
-    );
-    assert!(
-        RdmaContext::open(
-            &p,
-            "g_0",
-            &ContextParams {
-                gid_index: 6,
-                ..params(1)
-            }
-        )
-        .is_err(),
-        "empty slot"
-    );
-    assert!(
-        RdmaContext::open(
-            &p,
-            "g_0",
-            &ContextParams {
-                gid_index: 8,
-                ..params(1)
-            }
-        )
-        .is_err(),
-        "past the table"
-    );
-    let empty_table = DeviceSpec {
-        gids: vec![None, None],
-        ..DeviceSpec::roce("e_0", Ipv4Addr::new(192, 168, 9, 2), "eth0")
-    };
-    let h2 = f.add_host(HostSpec {
-        devices: vec![empty_table],
-    });
-    let e = RdmaContext::open(&h2.provider(), "e_0", &params(1))
-        .err()
-        .unwrap();
+    let fixed = RdmaContext::open(&p, "g_0", &ContextParams { gid_index: 1, ..params(1) }).unwrap();
+    assert_eq!(fixed.gid().unwrap().index, 1, "a user choice is kept, with warnings only");
+    assert!(RdmaContext::open(&p, "g_0", &ContextParams { gid_index: 6, ..params(1) }).is_err(), "empty slot");
+    assert!(RdmaContext::open(&p, "g_0", &ContextParams { gid_index: 8, ..params(1) }).is_err(), "past the table");
+    let empty_table =
+        DeviceSpec { gids: vec![None, None], ..DeviceSpec::roce("e_0", Ipv4Addr::new(192, 168, 9, 2), "eth0") };
+    let h2 = f.add_host(HostSpec { devices: vec![empty_table] });
+    let e = RdmaContext::open(&h2.provider(), "e_0", &params(1)).err().unwrap();
     assert!(e.to_string().contains("GID_NOT_FOUND"), "{e}");
 }
 
@@ -412,15 +270,7 @@ fn cq_quota_never_overshoots() {
     assert_eq!(q.used(), 0);
 
     let (_f, h) = host(1);
-    let ctx = RdmaContext::open(
-        &h.provider(),
-        "sim_mlx5_0",
-        &ContextParams {
-            max_cqe: 50,
-            ..params(2)
-        },
-    )
-    .unwrap();
+    let ctx = RdmaContext::open(&h.provider(), "sim_mlx5_0", &ContextParams { max_cqe: 50, ..params(2) }).unwrap();
     assert_eq!(ctx.cq_quota(1).unwrap().limit(), 50);
     assert!(ctx.cq_quota(2).is_none());
 }
@@ -432,12 +282,7 @@ fn registration_covers_every_enabled_nic_with_nic_indexed_keys() {
     let (f, h) = host(3);
     let p = h.provider();
     // NicID 1 names a NIC this host does not have: its slot stays empty.
-    let set = ContextSet::open(
-        &p,
-        &names(&["sim_mlx5_0", "missing", "sim_mlx5_1", "sim_mlx5_2"]),
-        &params(1),
-    )
-    .unwrap();
+    let set = ContextSet::open(&p, &names(&["sim_mlx5_0", "missing", "sim_mlx5_1", "sim_mlx5_2"]), &params(1)).unwrap();
     assert_eq!(set.len(), 4);
     assert!(set.get(1).is_none());
     assert_eq!(set.nic_id("sim_mlx5_2"), Some(3));
@@ -448,22 +293,11 @@ fn registration_covers_every_enabled_nic_with_nic_indexed_keys() {
     let access = access_for(Permission::GlobalReadWrite, false);
     // SAFETY: `buf` outlives `reg`, which is dropped at the end of this test before `buf`.
     let reg = unsafe { set.register(buf.as_mut_ptr(), buf.len(), access) }.unwrap();
-    assert_eq!(
-        reg.registered_count(),
-        2,
-        "paused and missing NICs are skipped"
-    );
+    assert_eq!(reg.registered_count(), 2, "paused and missing NICs are skipped");
     assert_eq!(reg.lkeys()[1], 0);
     assert_eq!(reg.rkeys()[2], 0);
     assert!(reg.rkeys()[0] != 0 && reg.rkeys()[3] != 0 && reg.rkeys()[0] != reg.rkeys()[3]);
-    assert_eq!(
-        (
-            h.mr_count("sim_mlx5_0"),
-            h.mr_count("sim_mlx5_1"),
-            h.mr_count("sim_mlx5_2")
-        ),
-        (1, 0, 1)
-    );
+    assert_eq!((h.mr_count("sim_mlx5_0"), h.mr_count("sim_mlx5_1"), h.mr_count("sim_mlx5_2")), (1, 0, 1));
 
     // The keys work: a peer host WRITEs into the buffer through NIC 3's rkey.
     let peer = f.add_host(HostSpec::with_devices(1));
@@ -479,13 +313,7 @@ fn registration_covers_every_enabled_nic_with_nic_indexed_keys() {
             &c.cq(0).unwrap(),
             &c.cq(0).unwrap(),
             &QpInit {
-                caps: QpCaps {
-                    max_send_wr: 4,
-                    max_recv_wr: 4,
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                    max_inline_data: 0,
-                },
+                caps: QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
                 sq_sig_all: true,
             },
         )
@@ -493,12 +321,7 @@ fn registration_covers_every_enabled_nic_with_nic_indexed_keys() {
     };
     let (qa, qb) = (mk_qp(&pctx), mk_qp(lctx));
     for (q, c, peer_q, peer_c) in [(&qa, &pctx, &qb, lctx), (&qb, lctx, &qa, &pctx)] {
-        q.modify(&QpTransition::ToInit {
-            pkey_index: 0,
-            port: 1,
-            access,
-        })
-        .unwrap();
+        q.modify(&QpTransition::ToInit { pkey_index: 0, port: 1, access }).unwrap();
         let g = peer_c.gid().unwrap();
         q.modify(&QpTransition::ToRtr {
             av: AddressVector {
@@ -524,26 +347,13 @@ fn registration_covers_every_enabled_nic_with_nic_indexed_keys() {
         .unwrap();
     }
     for q in [&qa, &qb] {
-        q.modify(&QpTransition::ToRts {
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            sq_psn: 0,
-            max_rd_atomic: 16,
-        })
-        .unwrap();
+        q.modify(&QpTransition::ToRts { timeout: 14, retry_cnt: 7, rnr_retry: 7, sq_psn: 0, max_rd_atomic: 16 })
+            .unwrap();
     }
-    let sg = [Sge {
-        addr: smr.addr(),
-        length: src.len() as u32,
-        lkey: smr.lkey(),
-    }];
+    let sg = [Sge { addr: smr.addr(), length: src.len() as u32, lkey: smr.lkey() }];
     qa.post_send(&[SendWr {
         wr_id: 1,
-        op: SendOp::RdmaWrite {
-            remote_addr: buf.as_ptr() as u64 + 100,
-            rkey: reg.rkeys()[3],
-        },
+        op: SendOp::RdmaWrite { remote_addr: buf.as_ptr() as u64 + 100, rkey: reg.rkeys()[3] },
         sg_list: &sg,
         signaled: true,
     }])
@@ -554,23 +364,14 @@ fn registration_covers_every_enabled_nic_with_nic_indexed_keys() {
     drop((qa, qb, smr));
     drop(reg);
     assert_eq!(&buf[100..111], b"registered!");
-    assert_eq!(
-        h.mr_count("sim_mlx5_0") + h.mr_count("sim_mlx5_2"),
-        0,
-        "dropping deregisters everywhere"
-    );
+    assert_eq!(h.mr_count("sim_mlx5_0") + h.mr_count("sim_mlx5_2"), 0, "dropping deregisters everywhere");
 }
 
 #[test]
 fn partial_registration_failure_rolls_back() {
     let (_f, h) = host(3);
     let p = h.provider();
-    let set = ContextSet::open(
-        &p,
-        &names(&["sim_mlx5_0", "sim_mlx5_1", "sim_mlx5_2"]),
-        &params(1),
-    )
-    .unwrap();
+    let set = ContextSet::open(&p, &names(&["sim_mlx5_0", "sim_mlx5_1", "sim_mlx5_2"]), &params(1)).unwrap();
     h.set_reg_mr_fails("sim_mlx5_2", true).unwrap();
     let mut buf = vec![0u8; 256];
     // SAFETY: `buf` outlives the attempt; nothing stays registered after it fails.
@@ -589,9 +390,7 @@ fn partial_registration_failure_rolls_back() {
 #[test]
 fn a_set_with_no_usable_device_is_an_error() {
     let (_f, h) = host(1);
-    let e = ContextSet::open(&h.provider(), &names(&["a", "b"]), &params(1))
-        .err()
-        .unwrap();
+    let e = ContextSet::open(&h.provider(), &names(&["a", "b"]), &params(1)).err().unwrap();
     assert!(e.to_string().contains("device not found"), "{e}");
 }
 
@@ -607,21 +406,13 @@ fn contexts_from_the_config_provider_reach_each_other() {
     let sa = ContextSet::open(&pa, &select_devices(&pa, &cfg, 1).unwrap(), &prm).unwrap();
     let sb = ContextSet::open(&pb, &select_devices(&pb, &cfg, 1).unwrap(), &prm).unwrap();
     assert_eq!((sa.enabled().count(), sb.enabled().count()), (2, 2));
-    assert_ne!(
-        sa.get(0).unwrap().gid().unwrap().gid,
-        sb.get(0).unwrap().gid().unwrap().gid
-    );
+    assert_ne!(sa.get(0).unwrap().gid().unwrap().gid, sb.get(0).unwrap().gid().unwrap().gid);
 }
 
 #[test]
 fn refresh_follows_contexts_that_come_and_go() {
     let (_f, h) = host(2);
-    let set = ContextSet::open(
-        &h.provider(),
-        &names(&["sim_mlx5_0", "sim_mlx5_1"]),
-        &params(1),
-    )
-    .unwrap();
+    let set = ContextSet::open(&h.provider(), &names(&["sim_mlx5_0", "sim_mlx5_1"]), &params(1)).unwrap();
     set.get(1).unwrap().disable();
     let mut buf = vec![0u8; 128];
     let (addr, len) = (buf.as_mut_ptr(), buf.len());
@@ -637,22 +428,14 @@ fn refresh_follows_contexts_that_come_and_go() {
     unsafe { reg.refresh(&set, addr, len, Access::LOCAL_WRITE) }.unwrap();
     assert_eq!(reg.registered_count(), 2);
     assert_ne!(reg.lkeys()[1], 0, "the re-enabled NIC got a region");
-    assert_ne!(
-        reg.lkeys()[0],
-        old_key,
-        "a region on a PD from before the disable is replaced"
-    );
+    assert_ne!(reg.lkeys()[0], old_key, "a region on a PD from before the disable is replaced");
     assert_eq!((h.mr_count("sim_mlx5_0"), h.mr_count("sim_mlx5_1")), (1, 1));
 
     set.get(1).unwrap().disable();
     // SAFETY: as above.
     unsafe { reg.refresh(&set, addr, len, Access::LOCAL_WRITE) }.unwrap();
     assert_eq!((reg.registered_count(), reg.lkeys()[1]), (1, 0));
-    assert_eq!(
-        h.mr_count("sim_mlx5_1"),
-        0,
-        "a disabled NIC's region is dropped"
-    );
+    assert_eq!(h.mr_count("sim_mlx5_1"), 0, "a disabled NIC's region is dropped");
     drop(reg);
     drop(buf);
 }

@@ -26,13 +26,7 @@ struct Side {
 }
 
 fn caps() -> QpCaps {
-    QpCaps {
-        max_send_wr: 16,
-        max_recv_wr: 16,
-        max_send_sge: 4,
-        max_recv_sge: 4,
-        max_inline_data: 0,
-    }
+    QpCaps { max_send_wr: 16, max_recv_wr: 16, max_send_sge: 4, max_recv_sge: 4, max_inline_data: 0 }
 }
 
 fn pick_gid(dev: &Device) -> (u8, Gid) {
@@ -49,33 +43,14 @@ fn side_on(provider: &Arc<dyn Provider>, name: &str, cqe: u32, access: Access) -
     let dev = Device::open(provider, name).expect("open device");
     let pd = Pd::alloc(&dev).expect("pd");
     let cq = Cq::create(&dev, cqe, 0).expect("cq");
-    let qp = Qp::create(
-        &pd,
-        &cq,
-        &cq,
-        &QpInit {
-            caps: caps(),
-            sq_sig_all: false,
-        },
-    )
-    .expect("qp");
+    let qp = Qp::create(&pd, &cq, &cq, &QpInit { caps: caps(), sq_sig_all: false }).expect("qp");
     let mut buf = vec![0u8; BUF];
     // SAFETY: `buf` moves into the Side with `mr`; moving a Vec does not move its heap block,
     // it is never resized, and `Side` drops `mr` before `buf`.
     let mr = unsafe { Mr::register(&pd, buf.as_mut_ptr(), BUF, access) }.expect("reg_mr");
     let (gid_index, gid) = pick_gid(&dev);
     let lid = dev.query_port(1).expect("port").lid;
-    Side {
-        dev,
-        pd,
-        cq,
-        qp,
-        mr,
-        buf,
-        gid_index,
-        gid,
-        lid,
-    }
+    Side { dev, pd, cq, qp, mr, buf, gid_index, gid, lid }
 }
 
 fn all_access() -> Access {
@@ -83,11 +58,7 @@ fn all_access() -> Access {
 }
 
 fn to_init(s: &Side, access: Access) -> VerbsResult<()> {
-    s.qp.modify(&QpTransition::ToInit {
-        pkey_index: 0,
-        port: 1,
-        access,
-    })
+    s.qp.modify(&QpTransition::ToInit { pkey_index: 0, port: 1, access })
 }
 
 fn rtr(s: &Side, peer_qpn: u32, peer_gid: Gid, peer_lid: u16) -> QpTransition {
@@ -115,23 +86,15 @@ fn rtr(s: &Side, peer_qpn: u32, peer_gid: Gid, peer_lid: u16) -> QpTransition {
 }
 
 fn rts(timeout: u8, retry_cnt: u8, rnr_retry: u8) -> QpTransition {
-    QpTransition::ToRts {
-        timeout,
-        retry_cnt,
-        rnr_retry,
-        sq_psn: 0,
-        max_rd_atomic: 16,
-    }
+    QpTransition::ToRts { timeout, retry_cnt, rnr_retry, sq_psn: 0, max_rd_atomic: 16 }
 }
 
 fn connect_with(a: &Side, b: &Side, timeout: u8, retry: u8, rnr: u8) {
     for s in [a, b] {
         to_init(s, all_access()).expect("to init");
     }
-    a.qp.modify(&rtr(a, b.qp.qpn(), b.gid, b.lid))
-        .expect("a rtr");
-    b.qp.modify(&rtr(b, a.qp.qpn(), a.gid, a.lid))
-        .expect("b rtr");
+    a.qp.modify(&rtr(a, b.qp.qpn(), b.gid, b.lid)).expect("a rtr");
+    b.qp.modify(&rtr(b, a.qp.qpn(), a.gid, a.lid)).expect("b rtr");
     a.qp.modify(&rts(timeout, retry, rnr)).expect("a rts");
     b.qp.modify(&rts(timeout, retry, rnr)).expect("b rts");
 }
@@ -141,20 +104,11 @@ fn connect(a: &Side, b: &Side) {
 }
 
 fn sge(s: &Side, off: usize, len: u32) -> Sge {
-    Sge {
-        addr: s.mr.addr() + off as u64,
-        length: len,
-        lkey: s.mr.lkey(),
-    }
+    Sge { addr: s.mr.addr() + off as u64, length: len, lkey: s.mr.lkey() }
 }
 
 fn write_wr(sg: &[Sge], wr_id: u64, remote_addr: u64, rkey: u32) -> SendWr<'_> {
-    SendWr {
-        wr_id,
-        op: SendOp::RdmaWrite { remote_addr, rkey },
-        sg_list: sg,
-        signaled: true,
-    }
+    SendWr { wr_id, op: SendOp::RdmaWrite { remote_addr, rkey }, sg_list: sg, signaled: true }
 }
 
 fn poll_all(cq: &Cq) -> Vec<Wc> {
@@ -186,10 +140,7 @@ fn sim_bench() -> (Arc<SimFabric>, Bench) {
     let a = fabric.add_host(HostSpec::with_devices(1)).provider();
     let b = fabric.add_host(HostSpec::with_devices(1)).provider();
     let bench: Bench = Box::new(move |cqe| {
-        (
-            side_on(&a, "sim_mlx5_0", cqe, all_access()),
-            side_on(&b, "sim_mlx5_0", cqe, all_access()),
-        )
+        (side_on(&a, "sim_mlx5_0", cqe, all_access()), side_on(&b, "sim_mlx5_0", cqe, all_access()))
     });
     (fabric, bench)
 }
@@ -203,12 +154,7 @@ fn hw_bench() -> Option<Bench> {
         }
     };
     let name = p.device_names().ok()?.into_iter().next()?;
-    Some(Box::new(move |cqe| {
-        (
-            side_on(&p, &name, cqe, all_access()),
-            side_on(&p, &name, cqe, all_access()),
-        )
-    }))
+    Some(Box::new(move |cqe| (side_on(&p, &name, cqe, all_access()), side_on(&p, &name, cqe, all_access()))))
 }
 
 fn each_bench(check: impl Fn(&Bench)) {
@@ -231,47 +177,20 @@ fn qp_state_machine_follows_the_rc_table() {
         // RESET -> ERR, RTR and RTS are illegal.
         assert_eq!(errno_of(a.qp.modify(&QpTransition::ToErr)), libc::EINVAL);
         assert_eq!(errno_of(a.qp.modify(&rts(14, 7, 7))), libc::EINVAL);
-        assert_eq!(
-            errno_of(a.qp.modify(&rtr(&a, b.qp.qpn(), b.gid, b.lid))),
-            libc::EINVAL
-        );
-        assert_eq!(
-            a.qp.state().unwrap(),
-            QpState::Reset,
-            "failed modify changes nothing"
-        );
+        assert_eq!(errno_of(a.qp.modify(&rtr(&a, b.qp.qpn(), b.gid, b.lid))), libc::EINVAL);
+        assert_eq!(a.qp.state().unwrap(), QpState::Reset, "failed modify changes nothing");
         to_init(&a, all_access()).unwrap();
         to_init(&a, all_access()).expect("INIT -> INIT is legal");
-        assert_eq!(
-            errno_of(a.qp.modify(&rts(14, 7, 7))),
-            libc::EINVAL,
-            "INIT -> RTS"
-        );
+        assert_eq!(errno_of(a.qp.modify(&rts(14, 7, 7))), libc::EINVAL, "INIT -> RTS");
         a.qp.modify(&rtr(&a, b.qp.qpn(), b.gid, b.lid)).unwrap();
-        assert_eq!(
-            errno_of(a.qp.modify(&rtr(&a, b.qp.qpn(), b.gid, b.lid))),
-            libc::EINVAL,
-            "RTR -> RTR"
-        );
-        assert_eq!(
-            errno_of(to_init(&a, all_access())),
-            libc::EINVAL,
-            "RTR -> INIT"
-        );
+        assert_eq!(errno_of(a.qp.modify(&rtr(&a, b.qp.qpn(), b.gid, b.lid))), libc::EINVAL, "RTR -> RTR");
+        assert_eq!(errno_of(to_init(&a, all_access())), libc::EINVAL, "RTR -> INIT");
         assert_eq!(a.qp.state().unwrap(), QpState::Rtr);
         a.qp.modify(&rts(14, 7, 7)).unwrap();
         assert_eq!(a.qp.state().unwrap(), QpState::Rts);
-        assert_eq!(
-            errno_of(a.qp.modify(&rts(14, 7, 7))),
-            libc::EINVAL,
-            "RTS -> RTS with RTR->RTS attrs"
-        );
+        assert_eq!(errno_of(a.qp.modify(&rts(14, 7, 7))), libc::EINVAL, "RTS -> RTS with RTR->RTS attrs");
         a.qp.modify(&QpTransition::ToErr).unwrap();
-        assert_eq!(
-            errno_of(to_init(&a, all_access())),
-            libc::EINVAL,
-            "ERR -> INIT"
-        );
+        assert_eq!(errno_of(to_init(&a, all_access())), libc::EINVAL, "ERR -> INIT");
         a.qp.modify(&QpTransition::ToReset).unwrap();
         to_init(&a, all_access()).expect("ERR -> RESET -> INIT");
     });
@@ -284,10 +203,7 @@ fn posting_before_rts_is_rejected_and_recv_needs_init() {
         let sg = [sge(&a, 0, 8)];
         let wr = [write_wr(&sg, 1, b.mr.addr(), b.mr.rkey())];
         let rsg = [sge(&a, 0, 8)];
-        let recv = [RecvWr {
-            wr_id: 9,
-            sg_list: &rsg,
-        }];
+        let recv = [RecvWr { wr_id: 9, sg_list: &rsg }];
         let e = a.qp.post_send(&wr).expect_err("RESET");
         assert_eq!(e.index, 0);
         assert!(e.errno == libc::EINVAL || e.errno == libc::ENOMEM, "{e}");
@@ -315,10 +231,7 @@ fn write_and_read_move_bytes_and_complete_in_order() {
             write_wr(&g, 10, b.mr.addr() + 50, b.mr.rkey()),
             SendWr {
                 wr_id: 11,
-                op: SendOp::RdmaRead {
-                    remote_addr: b.mr.addr() + 100,
-                    rkey: b.mr.rkey(),
-                },
+                op: SendOp::RdmaRead { remote_addr: b.mr.addr() + 100, rkey: b.mr.rkey() },
                 sg_list: &s,
                 signaled: true,
             },
@@ -343,31 +256,19 @@ fn bad_lkey_is_loc_prot_and_flushes_the_rest_in_order() {
     each_bench(|bench| {
         let (a, b) = bench(64);
         connect(&a, &b);
-        let bad = [Sge {
-            addr: a.mr.addr(),
-            length: 8,
-            lkey: a.mr.lkey() ^ 0x5a5a_0000,
-        }];
+        let bad = [Sge { addr: a.mr.addr(), length: 8, lkey: a.mr.lkey() ^ 0x5a5a_0000 }];
         let good = [sge(&a, 0, 8)];
         let wrs = [
             write_wr(&bad, 1, b.mr.addr(), b.mr.rkey()),
-            SendWr {
-                signaled: false,
-                ..write_wr(&good, 2, b.mr.addr(), b.mr.rkey())
-            },
+            SendWr { signaled: false, ..write_wr(&good, 2, b.mr.addr(), b.mr.rkey()) },
             write_wr(&good, 3, b.mr.addr(), b.mr.rkey()),
         ];
-        a.qp.post_send(&wrs)
-            .expect("keys are not checked at post time");
+        a.qp.post_send(&wrs).expect("keys are not checked at post time");
         let wcs = poll_n(&a.cq, 3);
         let got: Vec<(u64, WcStatus)> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
         assert_eq!(
             got,
-            vec![
-                (1, WcStatus::LocProtErr),
-                (2, WcStatus::WrFlushErr),
-                (3, WcStatus::WrFlushErr)
-            ],
+            vec![(1, WcStatus::LocProtErr), (2, WcStatus::WrFlushErr), (3, WcStatus::WrFlushErr)],
             "the unsignaled request still gets a flush completion"
         );
         assert!(wcs.iter().all(|w| w.qp_num == a.qp.qpn()));
@@ -379,18 +280,9 @@ fn bad_lkey_is_loc_prot_and_flushes_the_rest_in_order() {
 fn remote_key_bounds_and_access_errors_are_rem_access() {
     type Case = Box<dyn Fn(&Side, &Side) -> (u64, u32, u32)>;
     let cases: Vec<(&str, Case)> = vec![
-        (
-            "bad rkey",
-            Box::new(|_a, b| (b.mr.addr(), b.mr.rkey() ^ 0x0101_0000, 8)),
-        ),
-        (
-            "past the end",
-            Box::new(|_a, b| (b.mr.addr() + BUF as u64 - 4, b.mr.rkey(), 8)),
-        ),
-        (
-            "below the start",
-            Box::new(|_a, b| (b.mr.addr() - 8, b.mr.rkey(), 8)),
-        ),
+        ("bad rkey", Box::new(|_a, b| (b.mr.addr(), b.mr.rkey() ^ 0x0101_0000, 8))),
+        ("past the end", Box::new(|_a, b| (b.mr.addr() + BUF as u64 - 4, b.mr.rkey(), 8))),
+        ("below the start", Box::new(|_a, b| (b.mr.addr() - 8, b.mr.rkey(), 8))),
     ];
     for (what, case) in &cases {
         each_bench(|bench| {
@@ -402,11 +294,7 @@ fn remote_key_bounds_and_access_errors_are_rem_access() {
             let wcs = poll_n(&a.cq, 1);
             assert_eq!(wcs.len(), 1, "{what}");
             assert_eq!(wcs[0].status, WcStatus::RemAccessErr, "{what}");
-            assert_eq!(
-                a.qp.state().unwrap(),
-                QpState::Err,
-                "{what}: requester to ERR"
-            );
+            assert_eq!(a.qp.state().unwrap(), QpState::Err, "{what}: requester to ERR");
         });
     }
 }
@@ -426,16 +314,10 @@ fn sim_pair() -> (Arc<SimFabric>, SimHost, SimHost, Side, Side) {
 fn responder_errors_put_the_responder_in_err_too() {
     let (fabric, _ha, hb, a, _b) = sim_pair();
     // A responder MR without REMOTE_WRITE: the WRITE is refused and both QPs end in ERR.
-    let b2 = side_on(
-        &hb.provider(),
-        "sim_mlx5_0",
-        64,
-        Access::LOCAL_WRITE | Access::REMOTE_READ,
-    );
+    let b2 = side_on(&hb.provider(), "sim_mlx5_0", 64, Access::LOCAL_WRITE | Access::REMOTE_READ);
     connect(&a, &b2);
     let sg = [sge(&a, 0, 8)];
-    a.qp.post_send(&[write_wr(&sg, 1, b2.mr.addr(), b2.mr.rkey())])
-        .unwrap();
+    a.qp.post_send(&[write_wr(&sg, 1, b2.mr.addr(), b2.mr.rkey())]).unwrap();
     assert_eq!(poll_all(&a.cq)[0].status, WcStatus::RemAccessErr);
     assert_eq!(fabric.qp_state(b2.qp.qpn()), Some(QpState::Err));
 }
@@ -449,10 +331,7 @@ fn read_into_memory_without_local_write_is_loc_prot() {
     ro.qp
         .post_send(&[SendWr {
             wr_id: 5,
-            op: SendOp::RdmaRead {
-                remote_addr: b.mr.addr(),
-                rkey: b.mr.rkey(),
-            },
+            op: SendOp::RdmaRead { remote_addr: b.mr.addr(), rkey: b.mr.rkey() },
             sg_list: &sg,
             signaled: true,
         }])
@@ -483,20 +362,11 @@ fn vanished_responder_gives_retry_exceeded_after_the_budget() {
     // 4.096 us * 2^14 * (7 + 1) = 536.870912 ms.
     let budget = Duration::from_nanos(4096 * (1 << 14) * 8);
     fabric.advance(budget - Duration::from_micros(1));
-    assert!(
-        poll_all(&a.cq).is_empty(),
-        "nothing before the budget is spent"
-    );
+    assert!(poll_all(&a.cq).is_empty(), "nothing before the budget is spent");
     assert_eq!(a.qp.state().unwrap(), QpState::Rts);
     fabric.advance(Duration::from_micros(1));
-    let got: Vec<(u64, WcStatus)> = poll_all(&a.cq)
-        .iter()
-        .map(|w| (w.wr_id, w.status))
-        .collect();
-    assert_eq!(
-        got,
-        vec![(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)]
-    );
+    let got: Vec<(u64, WcStatus)> = poll_all(&a.cq).iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(got, vec![(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)]);
     assert_eq!(a.qp.state().unwrap(), QpState::Err);
 }
 
@@ -506,8 +376,7 @@ fn timeout_zero_waits_forever() {
     connect_with(&a, &b, 0, 7, 7);
     b.qp.modify(&QpTransition::ToReset).unwrap();
     let sg = [sge(&a, 0, 8)];
-    a.qp.post_send(&[write_wr(&sg, 1, b.mr.addr(), b.mr.rkey())])
-        .unwrap();
+    a.qp.post_send(&[write_wr(&sg, 1, b.mr.addr(), b.mr.rkey())]).unwrap();
     fabric.advance(Duration::from_secs(3600));
     assert!(poll_all(&a.cq).is_empty());
     a.qp.modify(&QpTransition::ToErr).unwrap();
@@ -525,8 +394,7 @@ fn responder_that_points_elsewhere_is_unreachable() {
     b.qp.modify(&rtr(&b, c.qp.qpn(), c.gid, c.lid)).unwrap();
     a.qp.modify(&rts(8, 1, 7)).unwrap();
     let sg = [sge(&a, 0, 8)];
-    a.qp.post_send(&[write_wr(&sg, 1, b.mr.addr(), b.mr.rkey())])
-        .unwrap();
+    a.qp.post_send(&[write_wr(&sg, 1, b.mr.addr(), b.mr.rkey())]).unwrap();
     fabric.advance(Duration::from_millis(10));
     assert_eq!(poll_all(&a.cq)[0].status, WcStatus::RetryExcErr);
 }
@@ -535,49 +403,20 @@ fn responder_that_points_elsewhere_is_unreachable() {
 fn err_flushes_sends_and_receives_in_order_and_posting_in_err_flushes() {
     let (fabric, _ha, _hb, a, b) = sim_pair();
     connect(&a, &b);
-    fabric.set_path_dropped(
-        _ha.nic("sim_mlx5_0").unwrap(),
-        _hb.nic("sim_mlx5_0").unwrap(),
-        true,
-    );
+    fabric.set_path_dropped(_ha.nic("sim_mlx5_0").unwrap(), _hb.nic("sim_mlx5_0").unwrap(), true);
     let sg = [sge(&a, 0, 8)];
-    let wrs: Vec<SendWr> = (1..=4)
-        .map(|i| SendWr {
-            signaled: i % 2 == 0,
-            ..write_wr(&sg, i, b.mr.addr(), b.mr.rkey())
-        })
-        .collect();
+    let wrs: Vec<SendWr> =
+        (1..=4).map(|i| SendWr { signaled: i % 2 == 0, ..write_wr(&sg, i, b.mr.addr(), b.mr.rkey()) }).collect();
     a.qp.post_send(&wrs).unwrap();
     let rsg = [sge(&a, 512, 64)];
-    a.qp.post_recv(&[
-        RecvWr {
-            wr_id: 100,
-            sg_list: &rsg,
-        },
-        RecvWr {
-            wr_id: 101,
-            sg_list: &rsg,
-        },
-    ])
-    .unwrap();
+    a.qp.post_recv(&[RecvWr { wr_id: 100, sg_list: &rsg }, RecvWr { wr_id: 101, sg_list: &rsg }]).unwrap();
     assert!(poll_all(&a.cq).is_empty(), "blocked on the dropped path");
     a.qp.modify(&QpTransition::ToErr).unwrap();
-    let got: Vec<(u64, WcStatus)> = poll_all(&a.cq)
-        .iter()
-        .map(|w| (w.wr_id, w.status))
-        .collect();
-    let flushed = |ids: &[u64]| {
-        ids.iter()
-            .map(|i| (*i, WcStatus::WrFlushErr))
-            .collect::<Vec<_>>()
-    };
+    let got: Vec<(u64, WcStatus)> = poll_all(&a.cq).iter().map(|w| (w.wr_id, w.status)).collect();
+    let flushed = |ids: &[u64]| ids.iter().map(|i| (*i, WcStatus::WrFlushErr)).collect::<Vec<_>>();
     assert_eq!(got, flushed(&[1, 2, 3, 4, 100, 101]));
-    a.qp.post_send(&[write_wr(&sg, 9, 0, 0)])
-        .expect("posting in ERR is accepted");
-    let got: Vec<(u64, WcStatus)> = poll_all(&a.cq)
-        .iter()
-        .map(|w| (w.wr_id, w.status))
-        .collect();
+    a.qp.post_send(&[write_wr(&sg, 9, 0, 0)]).expect("posting in ERR is accepted");
+    let got: Vec<(u64, WcStatus)> = poll_all(&a.cq).iter().map(|w| (w.wr_id, w.status)).collect();
     assert_eq!(got, flushed(&[9]));
 }
 
@@ -591,17 +430,12 @@ fn cq_overflow_raises_cq_err_and_breaks_the_cq() {
     assert_eq!(a.cq.capacity(), 3, "2^k - 1 >= requested");
     connect(&a, &b);
     let sg = [sge(&a, 0, 8)];
-    let wrs: Vec<SendWr> = (0..5)
-        .map(|i| write_wr(&sg, i, b.mr.addr(), b.mr.rkey()))
-        .collect();
+    let wrs: Vec<SendWr> = (0..5).map(|i| write_wr(&sg, i, b.mr.addr(), b.mr.rkey())).collect();
     a.qp.post_send(&wrs).unwrap();
     let ev = a.dev.poll_async_event().unwrap().expect("CQ_ERR event");
     assert_eq!(ev.kind, AsyncEventKind::CqErr);
     assert_eq!(ev.element, EventElement::Cq(a.cq.handle()));
-    assert!(
-        a.dev.poll_async_event().unwrap().is_none(),
-        "one event per overrun"
-    );
+    assert!(a.dev.poll_async_event().unwrap().is_none(), "one event per overrun");
     let mut out = [Wc::EMPTY; 8];
     assert!(a.cq.poll(&mut out).is_err(), "an overrun CQ is unusable");
 }
@@ -613,40 +447,22 @@ fn send_without_recv_follows_rnr_rules() {
     connect_with(&a, &b, 14, 7, 7);
     a.buf[..5].copy_from_slice(b"hello");
     let sg = [sge(&a, 0, 5)];
-    a.qp.post_send(&[SendWr {
-        wr_id: 1,
-        op: SendOp::SendWithImm { imm: 0xabcd },
-        sg_list: &sg,
-        signaled: true,
-    }])
-    .unwrap();
+    a.qp.post_send(&[SendWr { wr_id: 1, op: SendOp::SendWithImm { imm: 0xabcd }, sg_list: &sg, signaled: true }])
+        .unwrap();
     fabric.advance(Duration::from_secs(60));
     assert!(poll_all(&a.cq).is_empty());
     let rsg = [sge(&b, 1000, 64)];
-    b.qp.post_recv(&[RecvWr {
-        wr_id: 77,
-        sg_list: &rsg,
-    }])
-    .unwrap();
+    b.qp.post_recv(&[RecvWr { wr_id: 77, sg_list: &rsg }]).unwrap();
     assert_eq!(poll_all(&a.cq)[0].status, WcStatus::Success);
     let r = poll_all(&b.cq);
-    assert_eq!(
-        (r[0].wr_id, r[0].opcode, r[0].byte_len, r[0].imm),
-        (77, WcOpcode::Recv, 5, Some(0xabcd))
-    );
+    assert_eq!((r[0].wr_id, r[0].opcode, r[0].byte_len, r[0].imm), (77, WcOpcode::Recv, 5, Some(0xabcd)));
     assert_eq!(&b.buf[1000..1005], b"hello");
     let _ = &mut b;
 
     // rnr_retry 1 with the responder's min_rnr_timer 12 (0.64 ms): fails after 2 * 0.64 ms.
     let (fabric, _ha, _hb, a, b) = sim_pair();
     connect_with(&a, &b, 14, 7, 1);
-    a.qp.post_send(&[SendWr {
-        wr_id: 2,
-        op: SendOp::Send,
-        sg_list: &sg_of(&a),
-        signaled: true,
-    }])
-    .unwrap();
+    a.qp.post_send(&[SendWr { wr_id: 2, op: SendOp::Send, sg_list: &sg_of(&a), signaled: true }]).unwrap();
     fabric.advance(Duration::from_micros(1279));
     assert!(poll_all(&a.cq).is_empty());
     fabric.advance(Duration::from_micros(1));
@@ -663,19 +479,9 @@ fn too_small_receive_fails_both_sides() {
     let (fabric, _ha, _hb, a, b) = sim_pair();
     connect(&a, &b);
     let rsg = [sge(&b, 0, 2)];
-    b.qp.post_recv(&[RecvWr {
-        wr_id: 5,
-        sg_list: &rsg,
-    }])
-    .unwrap();
+    b.qp.post_recv(&[RecvWr { wr_id: 5, sg_list: &rsg }]).unwrap();
     let sg = [sge(&a, 0, 8)];
-    a.qp.post_send(&[SendWr {
-        wr_id: 1,
-        op: SendOp::Send,
-        sg_list: &sg,
-        signaled: true,
-    }])
-    .unwrap();
+    a.qp.post_send(&[SendWr { wr_id: 1, op: SendOp::Send, sg_list: &sg, signaled: true }]).unwrap();
     assert_eq!(poll_all(&a.cq)[0].status, WcStatus::RemInvReqErr);
     assert_eq!(poll_all(&b.cq)[0].status, WcStatus::LocLenErr);
     assert_eq!(fabric.qp_state(b.qp.qpn()), Some(QpState::Err));
@@ -687,19 +493,11 @@ fn port_down_and_up_raise_events_and_drop_traffic() {
     connect_with(&a, &b, 8, 1, 7);
     ha.set_port_active("sim_mlx5_0", false).unwrap();
     let ev = a.dev.poll_async_event().unwrap().unwrap();
-    assert_eq!(
-        (ev.kind, ev.element),
-        (AsyncEventKind::PortErr, EventElement::Port(1))
-    );
+    assert_eq!((ev.kind, ev.element), (AsyncEventKind::PortErr, EventElement::Port(1)));
     assert_eq!(a.dev.query_port(1).unwrap().state, PortState::Down);
-    assert_eq!(
-        a.qp.state().unwrap(),
-        QpState::Rts,
-        "port down does not error QPs"
-    );
+    assert_eq!(a.qp.state().unwrap(), QpState::Rts, "port down does not error QPs");
     let sg = [sge(&a, 0, 8)];
-    a.qp.post_send(&[write_wr(&sg, 1, b.mr.addr(), b.mr.rkey())])
-        .unwrap();
+    a.qp.post_send(&[write_wr(&sg, 1, b.mr.addr(), b.mr.rkey())]).unwrap();
     fabric.advance(Duration::from_millis(3));
     assert_eq!(poll_all(&a.cq)[0].status, WcStatus::RetryExcErr);
     ha.set_port_active("sim_mlx5_0", true).unwrap();
@@ -713,25 +511,15 @@ fn qp_fatal_and_device_fatal_flush_and_report() {
     let (fabric, ha, _hb, a, b) = sim_pair();
     connect(&a, &b);
     let rsg = [sge(&a, 0, 8)];
-    a.qp.post_recv(&[RecvWr {
-        wr_id: 3,
-        sg_list: &rsg,
-    }])
-    .unwrap();
+    a.qp.post_recv(&[RecvWr { wr_id: 3, sg_list: &rsg }]).unwrap();
     fabric.qp_fatal(a.qp.qpn()).unwrap();
     let ev = a.dev.poll_async_event().unwrap().unwrap();
-    assert_eq!(
-        (ev.kind, ev.element),
-        (AsyncEventKind::QpFatal, EventElement::Qp(a.qp.qpn()))
-    );
+    assert_eq!((ev.kind, ev.element), (AsyncEventKind::QpFatal, EventElement::Qp(a.qp.qpn())));
     assert_eq!(poll_all(&a.cq)[0].status, WcStatus::WrFlushErr);
     assert_eq!(a.qp.state().unwrap(), QpState::Err);
 
     ha.device_fatal("sim_mlx5_0").unwrap();
-    assert_eq!(
-        a.dev.poll_async_event().unwrap().unwrap().kind,
-        AsyncEventKind::DeviceFatal
-    );
+    assert_eq!(a.dev.poll_async_event().unwrap().unwrap().kind, AsyncEventKind::DeviceFatal);
 }
 
 #[test]
@@ -740,37 +528,20 @@ fn injected_failures_hit_exactly_the_chosen_requests() {
     connect(&a, &b);
     fabric.fail_nth_wr(a.qp.qpn(), 2, WcStatus::RemOpErr);
     let sg = [sge(&a, 0, 8)];
-    let wrs: Vec<SendWr> = (1..=3)
-        .map(|i| write_wr(&sg, i, b.mr.addr(), b.mr.rkey()))
-        .collect();
+    let wrs: Vec<SendWr> = (1..=3).map(|i| write_wr(&sg, i, b.mr.addr(), b.mr.rkey())).collect();
     a.qp.post_send(&wrs).unwrap();
-    let got: Vec<(u64, WcStatus)> = poll_all(&a.cq)
-        .iter()
-        .map(|w| (w.wr_id, w.status))
-        .collect();
-    assert_eq!(
-        got,
-        vec![
-            (1, WcStatus::Success),
-            (2, WcStatus::RemOpErr),
-            (3, WcStatus::WrFlushErr)
-        ]
-    );
+    let got: Vec<(u64, WcStatus)> = poll_all(&a.cq).iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(got, vec![(1, WcStatus::Success), (2, WcStatus::RemOpErr), (3, WcStatus::WrFlushErr)]);
 
     // The host-wide knob: every 3rd request of the host fails.
     let (_f2, ha2, _hb2, a2, b2) = sim_pair();
     connect(&a2, &b2);
     ha2.set_fail_every_nth_wr(3, WcStatus::RetryExcErr);
     let sg2 = [sge(&a2, 0, 8)];
-    let wrs: Vec<SendWr> = (1..=3)
-        .map(|i| write_wr(&sg2, i, b2.mr.addr(), b2.mr.rkey()))
-        .collect();
+    let wrs: Vec<SendWr> = (1..=3).map(|i| write_wr(&sg2, i, b2.mr.addr(), b2.mr.rkey())).collect();
     a2.qp.post_send(&wrs).unwrap();
     let st: Vec<WcStatus> = poll_all(&a2.cq).iter().map(|w| w.status).collect();
-    assert_eq!(
-        st,
-        vec![WcStatus::Success, WcStatus::Success, WcStatus::RetryExcErr]
-    );
+    assert_eq!(st, vec![WcStatus::Success, WcStatus::Success, WcStatus::RetryExcErr]);
     drop(ha);
 }
 
@@ -783,8 +554,7 @@ fn killed_host_vanishes_and_restarts_with_new_qp_numbers() {
     hb.kill();
     assert_eq!(b.qp.state().map_err(|e| e.errno), Err(libc::ENODEV));
     let sg = [sge(&a, 0, 8)];
-    a.qp.post_send(&[write_wr(&sg, 1, b.mr.addr(), b.mr.rkey())])
-        .unwrap();
+    a.qp.post_send(&[write_wr(&sg, 1, b.mr.addr(), b.mr.rkey())]).unwrap();
     fabric.advance(Duration::from_millis(3));
     assert_eq!(poll_all(&a.cq)[0].status, WcStatus::RetryExcErr);
     drop(b); // old handles fail to destroy, which is logged, not a panic
@@ -803,15 +573,10 @@ fn stalled_completions_are_held_until_released() {
     a.buf[..3].copy_from_slice(b"xyz");
     fabric.stall_cq(a.cq.handle(), true).unwrap();
     let sg = [sge(&a, 0, 3)];
-    a.qp.post_send(&[write_wr(&sg, 1, b.mr.addr(), b.mr.rkey())])
-        .unwrap();
+    a.qp.post_send(&[write_wr(&sg, 1, b.mr.addr(), b.mr.rkey())]).unwrap();
     fabric.advance(Duration::from_secs(30));
     assert!(poll_all(&a.cq).is_empty());
-    assert_eq!(
-        &b.buf[..3],
-        b"xyz",
-        "the data moved; only the completion is held"
-    );
+    assert_eq!(&b.buf[..3], b"xyz", "the data moved; only the completion is held");
     fabric.stall_cq(a.cq.handle(), false).unwrap();
     assert_eq!(poll_all(&a.cq)[0].wr_id, 1);
     let _ = &mut a;
@@ -822,25 +587,12 @@ fn full_send_queue_is_enomem_and_unsignaled_slots_return_on_poll() {
     let (_f, _ha, _hb, a, b) = sim_pair();
     connect(&a, &b);
     let sg = [sge(&a, 0, 8)];
-    let unsignaled: Vec<SendWr> = (0..16)
-        .map(|i| SendWr {
-            signaled: false,
-            ..write_wr(&sg, i, b.mr.addr(), b.mr.rkey())
-        })
-        .collect();
+    let unsignaled: Vec<SendWr> =
+        (0..16).map(|i| SendWr { signaled: false, ..write_wr(&sg, i, b.mr.addr(), b.mr.rkey()) }).collect();
     a.qp.post_send(&unsignaled).unwrap();
-    assert!(
-        poll_all(&a.cq).is_empty(),
-        "unsignaled successes produce nothing"
-    );
-    let e =
-        a.qp.post_send(&[write_wr(&sg, 99, b.mr.addr(), b.mr.rkey())])
-            .unwrap_err();
-    assert_eq!(
-        (e.index, e.errno),
-        (0, libc::ENOMEM),
-        "slots are held until a CQE is polled"
-    );
+    assert!(poll_all(&a.cq).is_empty(), "unsignaled successes produce nothing");
+    let e = a.qp.post_send(&[write_wr(&sg, 99, b.mr.addr(), b.mr.rkey())]).unwrap_err();
+    assert_eq!((e.index, e.errno), (0, libc::ENOMEM), "slots are held until a CQE is polled");
 }
 
 #[test]
@@ -857,11 +609,7 @@ fn partial_post_reports_the_first_rejected_request() {
     let e = a.qp.post_send(&wrs).unwrap_err();
     assert_eq!((e.index, e.errno), (1, libc::EINVAL));
     let ids: Vec<u64> = poll_all(&a.cq).iter().map(|w| w.wr_id).collect();
-    assert_eq!(
-        ids,
-        vec![1],
-        "requests before the bad one run, those after it do not"
-    );
+    assert_eq!(ids, vec![1], "requests before the bad one run, those after it do not");
 }
 
 #[test]
@@ -871,22 +619,11 @@ fn destroy_purges_completions_unless_asked_not_to() {
         fabric.set_purge_on_destroy(purge);
         let x = side_on(&ha.provider(), "sim_mlx5_0", 64, all_access());
         // A second QP on a's CQ so the CQ outlives the destroyed QP.
-        let qp2 = Qp::create(
-            &a.pd,
-            &a.cq,
-            &a.cq,
-            &QpInit {
-                caps: caps(),
-                sq_sig_all: true,
-            },
-        )
-        .unwrap();
+        let qp2 = Qp::create(&a.pd, &a.cq, &a.cq, &QpInit { caps: caps(), sq_sig_all: true }).unwrap();
         let s2 = Side { qp: qp2, ..x };
         connect(&s2, &b);
         let sg = [sge(&s2, 0, 8)];
-        s2.qp
-            .post_send(&[write_wr(&sg, 1, b.mr.addr(), b.mr.rkey())])
-            .unwrap();
+        s2.qp.post_send(&[write_wr(&sg, 1, b.mr.addr(), b.mr.rkey())]).unwrap();
         let Side { qp, .. } = s2;
         drop(qp);
         assert_eq!(poll_all(&a.cq).len(), usize::from(!purge), "purge={purge}");
@@ -900,10 +637,7 @@ fn hosts_have_unique_names_lids_and_roce_v2_ipv4_gids() {
     let h2 = fabric.add_host(HostSpec::with_devices(2));
     let p1 = h1.provider();
     let p2 = h2.provider();
-    assert_eq!(
-        p1.device_names().unwrap(),
-        vec!["sim_mlx5_0", "sim_mlx5_1", "sim_mlx5_2"]
-    );
+    assert_eq!(p1.device_names().unwrap(), vec!["sim_mlx5_0", "sim_mlx5_1", "sim_mlx5_2"]);
     let mut lids = std::collections::HashSet::new();
     let mut gids = std::collections::HashSet::new();
     for (p, n) in [(&p1, 3), (&p2, 2)] {
@@ -933,48 +667,28 @@ fn roce_rtr_needs_a_grh_and_a_populated_sgid() {
     }
     assert_eq!(errno_of(a.qp.modify(&t)), libc::EINVAL);
     if let QpTransition::ToRtr { av, .. } = &mut t {
-        av.grh = Some(GlobalRoute {
-            dgid: b.gid,
-            flow_label: 0,
-            sgid_index: 6,
-            hop_limit: 1,
-            traffic_class: 0,
-        });
+        av.grh = Some(GlobalRoute { dgid: b.gid, flow_label: 0, sgid_index: 6, hop_limit: 1, traffic_class: 0 });
     }
     assert_eq!(errno_of(a.qp.modify(&t)), libc::EINVAL);
     assert_eq!(a.qp.state().unwrap(), QpState::Init);
     // Attribute ranges the sim checks like rxe does (hardware drivers may mask instead).
     a.qp.modify(&rtr(&a, b.qp.qpn(), b.gid, b.lid)).unwrap();
-    assert_eq!(
-        errno_of(a.qp.modify(&rts(32, 7, 7))),
-        libc::EINVAL,
-        "timeout > 31"
-    );
-    assert_eq!(
-        errno_of(a.qp.modify(&rts(14, 8, 7))),
-        libc::EINVAL,
-        "3-bit retry count"
-    );
+    assert_eq!(errno_of(a.qp.modify(&rts(32, 7, 7))), libc::EINVAL, "timeout > 31");
+    assert_eq!(errno_of(a.qp.modify(&rts(14, 8, 7))), libc::EINVAL, "3-bit retry count");
     assert_eq!(a.qp.state().unwrap(), QpState::Rtr);
 }
 
 #[test]
 fn realtime_fabric_times_out_on_the_wall_clock() {
     let fabric = SimFabric::new_realtime();
-    let a = side_on(
-        &fabric.add_host(HostSpec::with_devices(1)).provider(),
-        "sim_mlx5_0",
-        64,
-        all_access(),
-    );
+    let a = side_on(&fabric.add_host(HostSpec::with_devices(1)).provider(), "sim_mlx5_0", 64, all_access());
     let hb = fabric.add_host(HostSpec::with_devices(1));
     let b = side_on(&hb.provider(), "sim_mlx5_0", 64, all_access());
     // timeout 8, retry 1: 4.096 us * 256 * 2 ~= 2.1 ms of real time.
     connect_with(&a, &b, 8, 1, 7);
     hb.kill();
     let sg = [sge(&a, 0, 8)];
-    a.qp.post_send(&[write_wr(&sg, 1, b.mr.addr(), b.mr.rkey())])
-        .unwrap();
+    a.qp.post_send(&[write_wr(&sg, 1, b.mr.addr(), b.mr.rkey())]).unwrap();
     let wcs = poll_n(&a.cq, 1);
     assert_eq!(wcs.first().map(|w| w.status), Some(WcStatus::RetryExcErr));
 }
@@ -988,16 +702,8 @@ fn provider_from_config_builds_sim_hosts() {
     assert_eq!(p.name(), "sim");
     assert_eq!(p.device_names().unwrap().len(), 3);
     let q = provider_from_config(&cfg).unwrap();
-    let g1 = Device::open(&p, "sim_mlx5_0")
-        .unwrap()
-        .query_gid(1, 3)
-        .unwrap()
-        .gid;
-    let g2 = Device::open(&q, "sim_mlx5_0")
-        .unwrap()
-        .query_gid(1, 3)
-        .unwrap()
-        .gid;
+    let g1 = Device::open(&p, "sim_mlx5_0").unwrap().query_gid(1, 3).unwrap().gid;
+    let g2 = Device::open(&q, "sim_mlx5_0").unwrap().query_gid(1, 3).unwrap().gid;
     assert_ne!(g1, g2, "each engine gets its own host");
     cfg.set(KEY_PROVIDER, serde_json::json!("rxe"));
     assert!(provider_from_config(&cfg).is_err());
@@ -1019,11 +725,7 @@ fn fail_every_nth_wr_config_knob_reaches_the_host() {
     let b = side_on(&pb, "sim_mlx5_0", 64, all_access());
     connect(&a, &b);
     let sg = [sge(&a, 0, 8)];
-    a.qp.post_send(&[
-        write_wr(&sg, 1, b.mr.addr(), b.mr.rkey()),
-        write_wr(&sg, 2, b.mr.addr(), b.mr.rkey()),
-    ])
-    .unwrap();
+    a.qp.post_send(&[write_wr(&sg, 1, b.mr.addr(), b.mr.rkey()), write_wr(&sg, 2, b.mr.addr(), b.mr.rkey())]).unwrap();
     let st: Vec<WcStatus> = poll_n(&a.cq, 2).iter().map(|w| w.status).collect();
     assert_eq!(st, vec![WcStatus::Success, WcStatus::RemOpErr]);
 }
@@ -1041,21 +743,13 @@ fn responder_qp_without_remote_rights_refuses() {
     let sg = [sge(&a, 0, 8)];
     let read = SendWr {
         wr_id: 1,
-        op: SendOp::RdmaRead {
-            remote_addr: b.mr.addr(),
-            rkey: b.mr.rkey(),
-        },
+        op: SendOp::RdmaRead { remote_addr: b.mr.addr(), rkey: b.mr.rkey() },
         sg_list: &sg,
         signaled: true,
     };
     a.qp.post_send(&[read]).unwrap();
-    assert_eq!(
-        poll_all(&a.cq)[0].status,
-        WcStatus::Success,
-        "READ is allowed"
-    );
-    a.qp.post_send(&[write_wr(&sg, 2, b.mr.addr(), b.mr.rkey())])
-        .unwrap();
+    assert_eq!(poll_all(&a.cq)[0].status, WcStatus::Success, "READ is allowed");
+    a.qp.post_send(&[write_wr(&sg, 2, b.mr.addr(), b.mr.rkey())]).unwrap();
     assert_eq!(poll_all(&a.cq)[0].status, WcStatus::RemAccessErr);
     assert_eq!(fabric.qp_state(b.qp.qpn()), Some(QpState::Err));
 }
@@ -1064,17 +758,11 @@ fn responder_qp_without_remote_rights_refuses() {
 fn path_delay_holds_requests_in_order_until_due() {
     let (fabric, ha, hb, a, b) = sim_pair();
     connect(&a, &b);
-    fabric.set_path_delay(
-        ha.nic("sim_mlx5_0").unwrap(),
-        hb.nic("sim_mlx5_0").unwrap(),
-        Duration::from_millis(5),
-    );
+    fabric.set_path_delay(ha.nic("sim_mlx5_0").unwrap(), hb.nic("sim_mlx5_0").unwrap(), Duration::from_millis(5));
     let sg = [sge(&a, 0, 8)];
-    a.qp.post_send(&[write_wr(&sg, 1, b.mr.addr(), b.mr.rkey())])
-        .unwrap();
+    a.qp.post_send(&[write_wr(&sg, 1, b.mr.addr(), b.mr.rkey())]).unwrap();
     fabric.advance(Duration::from_millis(2));
-    a.qp.post_send(&[write_wr(&sg, 2, b.mr.addr(), b.mr.rkey())])
-        .unwrap();
+    a.qp.post_send(&[write_wr(&sg, 2, b.mr.addr(), b.mr.rkey())]).unwrap();
     fabric.advance(Duration::from_millis(3));
     let ids: Vec<u64> = poll_all(&a.cq).iter().map(|w| w.wr_id).collect();
     assert_eq!(ids, vec![1], "the second is due 2 ms later");
@@ -1088,25 +776,13 @@ fn sim_providers_share_the_fabric_clock() {
     let clock = ha.provider().clock();
     let t0 = clock.now();
     fabric.advance(Duration::from_secs(30));
-    assert_eq!(
-        clock.now() - t0,
-        Duration::from_secs(30),
-        "virtual time moves only when told"
-    );
+    assert_eq!(clock.now() - t0, Duration::from_secs(30), "virtual time moves only when told");
     let other = SimFabric::new_virtual().add_host(HostSpec::with_devices(1));
-    assert_eq!(
-        other.provider().clock().now(),
-        Duration::ZERO,
-        "each fabric has its own clock"
-    );
+    assert_eq!(other.provider().clock().now(), Duration::ZERO, "each fabric has its own clock");
 }
 
 fn readable(fd: std::os::fd::RawFd) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
     // SAFETY: one valid pollfd, zero timeout.
     let n = unsafe { libc::poll(&mut p, 1, 0) };
     n == 1 && p.revents & libc::POLLIN != 0
@@ -1120,15 +796,9 @@ fn async_fd_is_readable_exactly_while_events_are_pending() {
     ha.set_port_active("sim_mlx5_0", false).unwrap();
     ha.set_port_active("sim_mlx5_0", true).unwrap();
     assert!(readable(fd));
-    assert_eq!(
-        a.dev.poll_async_event().unwrap().unwrap().kind,
-        AsyncEventKind::PortErr
-    );
+    assert_eq!(a.dev.poll_async_event().unwrap().unwrap().kind, AsyncEventKind::PortErr);
     assert!(readable(fd), "one more event pending");
-    assert_eq!(
-        a.dev.poll_async_event().unwrap().unwrap().kind,
-        AsyncEventKind::PortActive
-    );
+    assert_eq!(a.dev.poll_async_event().unwrap().unwrap().kind, AsyncEventKind::PortActive);
     assert!(!readable(fd));
     assert!(a.dev.poll_async_event().unwrap().is_none());
 }
@@ -1143,10 +813,7 @@ fn gid_changes_are_visible_and_announced() {
     };
     ha.set_gid("sim_mlx5_0", 5, Some(spec.clone())).unwrap();
     let ev = a.dev.poll_async_event().unwrap().unwrap();
-    assert_eq!(
-        (ev.kind, ev.element),
-        (AsyncEventKind::GidChange, EventElement::Port(1))
-    );
+    assert_eq!((ev.kind, ev.element), (AsyncEventKind::GidChange, EventElement::Port(1)));
     assert_eq!(a.dev.query_gid(1, 5).unwrap().gid, spec.gid);
     ha.set_gid("sim_mlx5_0", 5, None).unwrap();
     assert_eq!(a.dev.query_gid(1, 5).unwrap_err().errno, libc::ENODATA);
@@ -1171,10 +838,7 @@ fn threads_drive_a_realtime_fabric_concurrently() {
                 let (mut posted, mut done) = (0u64, 0u64);
                 let mut out = vec![Wc::EMPTY; 32];
                 while done < PER_THREAD {
-                    assert!(
-                        std::time::Instant::now() < deadline,
-                        "thread {t} stalled at {done}"
-                    );
+                    assert!(std::time::Instant::now() < deadline, "thread {t} stalled at {done}");
                     while posted < PER_THREAD && posted - done < 16 {
                         let slot = (posted % 256) as usize * 8;
                         a.buf[slot..slot + 8].copy_from_slice(&posted.to_le_bytes());
@@ -1221,22 +885,14 @@ fn engines_can_join_a_named_virtual_fabric_and_tests_reach_their_hosts() {
     connect_with(&a, &b, 14, 7, 7);
     SimHost::from_provider(&pb).unwrap().kill();
     let sg = [sge(&a, 0, 8)];
-    a.qp.post_send(&[write_wr(&sg, 1, b.mr.addr(), b.mr.rkey())])
-        .unwrap();
+    a.qp.post_send(&[write_wr(&sg, 1, b.mr.addr(), b.mr.rkey())]).unwrap();
     fabric.advance(Duration::from_secs(1));
-    assert_eq!(
-        poll_all(&a.cq)[0].status,
-        WcStatus::RetryExcErr,
-        "virtual time drove the timeout"
-    );
+    assert_eq!(poll_all(&a.cq)[0].status, WcStatus::RetryExcErr, "virtual time drove the timeout");
     assert_eq!(pa.clock().now(), fabric.now());
 
     cfg.set(KEY_SIM_FABRIC, serde_json::json!("no-such-fabric"));
     assert!(provider_from_config(&cfg).is_err());
     drop((a, b, pa, pb, ha));
     drop(fabric);
-    assert!(
-        SimFabric::lookup(&name).is_none(),
-        "the name lapses with the fabric"
-    );
+    assert!(SimFabric::lookup(&name).is_none(), "the name lapses with the fabric");
 }

@@ -22,29 +22,16 @@ fn needed(path: &Path) -> Option<Vec<String>> {
     };
     assert!(out.status.success(), "readelf -d {} failed", path.display());
     let text = String::from_utf8_lossy(&out.stdout);
-    Some(
-        text.lines()
-            .filter(|l| l.contains("(NEEDED)"))
-            .map(|l| l.to_string())
-            .collect(),
-    )
+    Some(text.lines().filter(|l| l.contains("(NEEDED)")).map(|l| l.to_string()).collect())
 }
 
 fn assert_no_rdma_core(path: &Path) {
     let Some(libs) = needed(path) else {
         return;
     };
-    assert!(
-        libs.iter().any(|l| l.contains("libc.so")),
-        "readelf output of {} looks wrong: {libs:?}",
-        path.display()
-    );
+    assert!(libs.iter().any(|l| l.contains("libc.so")), "readelf output of {} looks wrong: {libs:?}", path.display());
     for l in &libs {
-        assert!(
-            !l.contains("libibverbs") && !l.contains("librdmacm"),
-            "{} needs rdma-core: {l}",
-            path.display()
-        );
+        assert!(!l.contains("libibverbs") && !l.contains("librdmacm"), "{} needs rdma-core: {l}", path.display());
     }
 }
 

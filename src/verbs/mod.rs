@@ -22,9 +22,7 @@ pub mod types;
 
 use std::sync::Arc;
 
-pub use provider::{
-    Clock, Cq, CqOps, Device, DeviceOps, MonotonicClock, Mr, MrOps, Pd, PdOps, Provider, Qp, QpOps,
-};
+pub use provider::{Clock, Cq, CqOps, Device, DeviceOps, MonotonicClock, Mr, MrOps, Pd, PdOps, Provider, Qp, QpOps};
 pub use types::*;
 
 use crate::config::Config;
@@ -60,15 +58,11 @@ pub fn provider_from_config(cfg: &Config) -> Result<Arc<dyn Provider>> {
     match name.trim().to_ascii_lowercase().as_str() {
         "ibverbs" => Ok(Arc::new(ibverbs::IbvProvider::load()?)),
         "sim" => {
-            let devices = cfg
-                .get_i64_checked(KEY_SIM_DEVICES, 1, 0, 15)
-                .map_err(Error::InvalidArgument)?;
+            let devices = cfg.get_i64_checked(KEY_SIM_DEVICES, 1, 0, 15).map_err(Error::InvalidArgument)?;
             let nth = cfg.get_u64(KEY_SIM_FAIL_EVERY_NTH_WR, 0);
             let status_name = cfg.get_string(KEY_SIM_FAIL_STATUS, "RETRY_EXC_ERR");
             let status = WcStatus::from_name(&status_name).ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "config key {KEY_SIM_FAIL_STATUS}: unknown status {status_name:?}"
-                ))
+                Error::InvalidArgument(format!("config key {KEY_SIM_FAIL_STATUS}: unknown status {status_name:?}"))
             })?;
             let fabric_name = cfg.get_string(KEY_SIM_FABRIC, "");
             let fabric = if fabric_name.is_empty() {

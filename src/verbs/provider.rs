@@ -77,20 +77,10 @@ pub trait PdOps: Send + Sync {
     /// # Safety
     /// `addr..addr+len` must stay valid memory until the returned region is deregistered: the
     /// NIC (or the sim) reads and writes it whenever peers or local requests say so.
-    unsafe fn reg_mr(
-        &self,
-        addr: *mut u8,
-        len: usize,
-        access: Access,
-    ) -> VerbsResult<Box<dyn MrOps>>;
+    unsafe fn reg_mr(&self, addr: *mut u8, len: usize, access: Access) -> VerbsResult<Box<dyn MrOps>>;
     /// Creates an RC QP in RESET whose completions go to `send_cq` and `recv_cq` (objects of
     /// the same provider).
-    fn create_qp(
-        &self,
-        send_cq: &dyn CqOps,
-        recv_cq: &dyn CqOps,
-        init: &QpInit,
-    ) -> VerbsResult<Box<dyn QpOps>>;
+    fn create_qp(&self, send_cq: &dyn CqOps, recv_cq: &dyn CqOps, init: &QpInit) -> VerbsResult<Box<dyn QpOps>>;
     /// Frees the PD. Called once, by [`Pd`]'s `Drop`.
     fn dealloc(&self) -> VerbsResult<()>;
 }
@@ -147,10 +137,7 @@ impl Device {
     /// Opens device `name` of `provider`.
     pub fn open(provider: &Arc<dyn Provider>, name: &str) -> VerbsResult<Arc<Device>> {
         let ops = provider.open_device(name)?;
-        Ok(Arc::new(Device {
-            ops,
-            provider: provider.clone(),
-        }))
+        Ok(Arc::new(Device { ops, provider: provider.clone() }))
     }
 
     /// The device name.
@@ -181,9 +168,7 @@ impl Device {
     /// The populated slots of `port`'s GID table, in index order.
     pub fn gid_table(&self, port: u8) -> VerbsResult<Vec<GidEntry>> {
         let attr = self.query_port(port)?;
-        Ok((0..attr.gid_tbl_len)
-            .filter_map(|i| self.query_gid(port, i).ok())
-            .collect())
+        Ok((0..attr.gid_tbl_len).filter_map(|i| self.query_gid(port, i).ok()).collect())
     }
 
     /// Next async event, without blocking.
@@ -215,10 +200,7 @@ impl Pd {
     /// Allocates a PD on `device`.
     pub fn alloc(device: &Arc<Device>) -> VerbsResult<Arc<Pd>> {
         let ops = device.ops.alloc_pd()?;
-        Ok(Arc::new(Pd {
-            ops,
-            device: device.clone(),
-        }))
+        Ok(Arc::new(Pd { ops, device: device.clone() }))
     }
 
     /// The device.
@@ -245,10 +227,7 @@ impl Cq {
     /// Creates a CQ with at least `cqe` entries.
     pub fn create(device: &Arc<Device>, cqe: u32, comp_vector: u32) -> VerbsResult<Arc<Cq>> {
         let ops = device.ops.create_cq(cqe, comp_vector)?;
-        Ok(Arc::new(Cq {
-            ops,
-            device: device.clone(),
-        }))
+        Ok(Arc::new(Cq { ops, device: device.clone() }))
     }
 
     /// Moves up to `out.len()` completions into `out` and returns how many; never blocks. An
@@ -296,22 +275,11 @@ impl Mr {
     /// # Safety
     /// The memory must stay valid until the region is dropped: the NIC (or the sim) reads and
     /// writes it on behalf of local requests and of peers holding the rkey.
-    pub unsafe fn register(
-        pd: &Arc<Pd>,
-        addr: *mut u8,
-        len: usize,
-        access: Access,
-    ) -> VerbsResult<Mr> {
+    pub unsafe fn register(pd: &Arc<Pd>, addr: *mut u8, len: usize, access: Access) -> VerbsResult<Mr> {
         // SAFETY: the caller upholds the validity contract documented above, which is the one
         // `PdOps::reg_mr` requires.
         let ops = unsafe { pd.ops.reg_mr(addr, len, access)? };
-        Ok(Mr {
-            ops,
-            pd: pd.clone(),
-            addr: addr as u64,
-            len,
-            access,
-        })
+        Ok(Mr { ops, pd: pd.clone(), addr: addr as u64, len, access })
     }
 
     /// Key for local SGEs.
@@ -353,12 +321,7 @@ impl Mr {
 impl Drop for Mr {
     fn drop(&mut self) {
         if let Err(e) = self.ops.dereg() {
-            tracing::warn!(
-                "deregistering {:#x}+{} on {}: {e}",
-                self.addr,
-                self.len,
-                self.pd.device.name()
-            );
+            tracing::warn!("deregistering {:#x}+{} on {}: {e}", self.addr, self.len, self.pd.device.name());
         }
     }
 }
@@ -373,21 +336,9 @@ pub struct Qp {
 
 impl Qp {
     /// Creates an RC QP in RESET.
-    pub fn create(
-        pd: &Arc<Pd>,
-        send_cq: &Arc<Cq>,
-        recv_cq: &Arc<Cq>,
-        init: &QpInit,
-    ) -> VerbsResult<Arc<Qp>> {
-        let ops = pd
-            .ops
-            .create_qp(send_cq.ops.as_ref(), recv_cq.ops.as_ref(), init)?;
-        Ok(Arc::new(Qp {
-            ops,
-            pd: pd.clone(),
-            send_cq: send_cq.clone(),
-            recv_cq: recv_cq.clone(),
-        }))
+    pub fn create(pd: &Arc<Pd>, send_cq: &Arc<Cq>, recv_cq: &Arc<Cq>, init: &QpInit) -> VerbsResult<Arc<Qp>> {
+        let ops = pd.ops.create_qp(send_cq.ops.as_ref(), recv_cq.ops.as_ref(), init)?;
+        Ok(Arc::new(Qp { ops, pd: pd.clone(), send_cq: send_cq.clone(), recv_cq: recv_cq.clone() }))
     }
 
     /// The QP number.
@@ -439,11 +390,7 @@ impl Qp {
 impl Drop for Qp {
     fn drop(&mut self) {
         if let Err(e) = self.ops.destroy() {
-            tracing::warn!(
-                "destroying QP {} on {}: {e}",
-                self.ops.qpn(),
-                self.pd.device.name()
-            );
+            tracing::warn!("destroying QP {} on {}: {e}", self.ops.qpn(), self.pd.device.name());
         }
     }
 }

@@ -18,24 +18,14 @@ pub struct VerbsError {
 impl VerbsError {
     /// Builds an error for `op` with `errno` and a message.
     pub fn new(op: &'static str, errno: i32, detail: impl Into<String>) -> VerbsError {
-        VerbsError {
-            op,
-            errno,
-            detail: detail.into(),
-        }
+        VerbsError { op, errno, detail: detail.into() }
     }
 }
 
 impl fmt::Display for VerbsError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.errno != 0 {
-            write!(
-                f,
-                "{} failed: {} ({})",
-                self.op,
-                self.detail,
-                std::io::Error::from_raw_os_error(self.errno)
-            )
+            write!(f, "{} failed: {} ({})", self.op, self.detail, std::io::Error::from_raw_os_error(self.errno))
         } else {
             write!(f, "{} failed: {}", self.op, self.detail)
         }
@@ -65,12 +55,7 @@ pub struct PostError {
 
 impl fmt::Display for PostError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "post rejected at request {}: {}",
-            self.index,
-            std::io::Error::from_raw_os_error(self.errno)
-        )
+        write!(f, "post rejected at request {}: {}", self.index, std::io::Error::from_raw_os_error(self.errno))
     }
 }
 

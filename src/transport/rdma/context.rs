@@ -16,9 +16,7 @@ use parking_lot::RwLock;
 use crate::config::Config;
 use crate::engine::types::Permission;
 use crate::error::{Error, Result};
-use crate::verbs::{
-    Access, AsyncEvent, Cq, Device, GidEntry, GidType, Mr, Mtu, Pd, PortAttr, PortState, Provider,
-};
+use crate::verbs::{Access, AsyncEvent, Cq, Device, GidEntry, GidType, Mr, Mtu, Pd, PortAttr, PortState, Provider};
 
 /// Config key: the device whitelist (`MC_TE_FILTERS`). When non-empty, only these devices are
 /// used and the blacklist is ignored.
@@ -63,8 +61,7 @@ impl Default for ContextParams {
 }
 
 fn ranged(cfg: &Config, key: &str, default: i64, min: i64, max: i64) -> Result<i64> {
-    cfg.get_i64_checked(key, default, min, max)
-        .map_err(Error::InvalidArgument)
+    cfg.get_i64_checked(key, default, min, max).map_err(Error::InvalidArgument)
 }
 
 /// The lane count with upstream's precedence and consistency rule: `num_lanes`, else the
@@ -108,16 +105,8 @@ impl ContextParams {
             num_lanes: lanes_from_config(cfg)?,
             port: ranged(cfg, "transports/rdma/device/port", 1, 1, 255)? as u8,
             gid_index: ranged(cfg, "transports/rdma/device/gid_index", -1, -1, 65535)? as i32,
-            max_cqe: ranged(
-                cfg,
-                "transports/rdma/device/max_cqe",
-                4096,
-                1,
-                i32::MAX as i64,
-            )? as u32,
-            path_mtu: Mtu::from_config_bytes(
-                cfg.get_i64("transports/rdma/endpoint/path_mtu", 4096),
-            ),
+            max_cqe: ranged(cfg, "transports/rdma/device/max_cqe", 4096, 1, i32::MAX as i64)? as u32,
+            path_mtu: Mtu::from_config_bytes(cfg.get_i64("transports/rdma/endpoint/path_mtu", 4096)),
             max_sge: ranged(cfg, "transports/rdma/endpoint/max_sge", 4, 1, 1024)? as u32,
             max_qp_wr: ranged(cfg, "transports/rdma/endpoint/max_qp_wr", 256, 1, 1 << 20)? as u32,
             verbose: cfg.get_bool("verbose", d.verbose),
@@ -140,11 +129,7 @@ pub struct ContextLimits {
 
 /// Clamps `p` to the device and port: fails when the device has fewer CQs than the lanes plus
 /// the notification CQ.
-pub fn clamp_to_device(
-    p: &ContextParams,
-    dev: &crate::verbs::DeviceAttr,
-    port: &PortAttr,
-) -> Result<ContextLimits> {
+pub fn clamp_to_device(p: &ContextParams, dev: &crate::verbs::DeviceAttr, port: &PortAttr) -> Result<ContextLimits> {
     if p.num_lanes as u64 + 1 > u64::from(dev.max_cq) {
         return Err(Error::InvalidArgument(format!(
             "{} lanes need {} CQs but the device has {}",
@@ -166,21 +151,11 @@ pub fn clamp_to_device(
 pub fn filter_devices(names: &[String], whitelist: &[String], blacklist: &[String]) -> Vec<String> {
     if !whitelist.is_empty() {
         if !blacklist.is_empty() {
-            tracing::warn!(
-                "both an RDMA whitelist and a blacklist are set; the blacklist is ignored"
-            );
+            tracing::warn!("both an RDMA whitelist and a blacklist are set; the blacklist is ignored");
         }
-        names
-            .iter()
-            .filter(|n| whitelist.contains(n))
-            .cloned()
-            .collect()
+        names.iter().filter(|n| whitelist.contains(n)).cloned().collect()
     } else {
-        names
-            .iter()
-            .filter(|n| !blacklist.contains(n))
-            .cloned()
-            .collect()
+        names.iter().filter(|n| !blacklist.contains(n)).cloned().collect()
     }
 }
 
@@ -204,11 +179,7 @@ pub fn select_devices(provider: &Arc<dyn Provider>, cfg: &Config, port: u8) -> R
             }
         })
         .collect();
-    Ok(filter_devices(
-        &usable,
-        &cfg.get_str_list(KEY_WHITELIST),
-        &cfg.get_str_list(KEY_BLACKLIST),
-    ))
+    Ok(filter_devices(&usable, &cfg.get_str_list(KEY_WHITELIST), &cfg.get_str_list(KEY_BLACKLIST)))
 }
 
 const OVERLAY_PREFIXES: [&str; 5] = ["flannel", "cni", "calico", "vxlan", "docker"];
@@ -222,9 +193,7 @@ pub fn is_overlay_netdev(name: &str) -> bool {
 /// RoCE fabrics on 10.x land here too; they still work, only at a lower priority.
 pub fn is_overlay_ipv4(ip: Ipv4Addr) -> bool {
     let o = ip.octets();
-    o[0] == 10
-        || (o[0] == 172 && (16..32).contains(&o[1]))
-        || (o[0] == 100 && (64..128).contains(&o[1]))
+    o[0] == 10 || (o[0] == 172 && (16..32).contains(&o[1])) || (o[0] == 100 && (64..128).contains(&o[1]))
 }
 
 /// Upstream's GID auto-pick over a port's populated slots. Candidates are RoCE v2 IPv4-mapped
@@ -233,14 +202,10 @@ pub fn is_overlay_ipv4(ip: Ipv4Addr) -> bool {
 /// non-zero GID of any type. `None` when nothing qualifies.
 pub fn pick_best_gid(table: &[GidEntry]) -> Option<u32> {
     let candidate = |e: &&GidEntry| {
-        !e.gid.is_zero()
-            && ((e.gid_type == GidType::RoceV2 && e.gid.ipv4().is_some())
-                || e.gid_type == GidType::Ib)
+        !e.gid.is_zero() && ((e.gid_type == GidType::RoceV2 && e.gid.ipv4().is_some()) || e.gid_type == GidType::Ib)
     };
-    let overlay = |e: &GidEntry| {
-        e.netdev.as_deref().is_some_and(is_overlay_netdev)
-            || e.gid.ipv4().is_some_and(is_overlay_ipv4)
-    };
+    let overlay =
+        |e: &GidEntry| e.netdev.as_deref().is_some_and(is_overlay_netdev) || e.gid.ipv4().is_some_and(is_overlay_ipv4);
     let cands: Vec<&GidEntry> = table.iter().filter(candidate).collect();
     cands
         .iter()
@@ -286,28 +251,19 @@ pub struct CqQuota {
 impl CqQuota {
     /// A quota of `limit` entries.
     pub fn new(limit: u32) -> CqQuota {
-        CqQuota {
-            limit,
-            used: AtomicU32::new(0),
-        }
+        CqQuota { limit, used: AtomicU32::new(0) }
     }
 
     /// Reserves `n` entries; false (and nothing reserved) when they do not fit.
     pub fn reserve(&self, n: u32) -> bool {
         self.used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
-                u.checked_add(n).filter(|t| *t <= self.limit)
-            })
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| u.checked_add(n).filter(|t| *t <= self.limit))
             .is_ok()
     }
 
     /// Returns `n` entries, never below zero.
     pub fn release(&self, n: u32) {
-        let _ = self
-            .used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
-                Some(u.saturating_sub(n))
-            });
+        let _ = self.used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| Some(u.saturating_sub(n)));
     }
 
     /// Entries reserved now.
@@ -345,11 +301,7 @@ pub struct RdmaContext {
 impl RdmaContext {
     /// Constructs a context for device `name` (UNINIT -> DISABLED) and enables it. The whole
     /// open fails when enabling fails.
-    pub fn open(
-        provider: &Arc<dyn Provider>,
-        name: &str,
-        params: &ContextParams,
-    ) -> Result<Arc<RdmaContext>> {
+    pub fn open(provider: &Arc<dyn Provider>, name: &str, params: &ContextParams) -> Result<Arc<RdmaContext>> {
         let ctx = Arc::new(RdmaContext {
             name: name.to_string(),
             provider: provider.clone(),
@@ -357,8 +309,7 @@ impl RdmaContext {
             state: AtomicU8::new(ContextState::Uninit as u8),
             res: RwLock::new(None),
         });
-        ctx.state
-            .store(ContextState::Disabled as u8, Ordering::Release);
+        ctx.state.store(ContextState::Disabled as u8, Ordering::Release);
         ctx.enable()?;
         Ok(ctx)
     }
@@ -386,25 +337,14 @@ impl RdmaContext {
         match self.state() {
             ContextState::Enabled | ContextState::Paused => return Ok(()),
             ContextState::Uninit => {
-                return Err(Error::Internal(format!(
-                    "context {} was never constructed",
-                    self.name
-                )));
+                return Err(Error::Internal(format!("context {} was never constructed", self.name)));
             }
             ContextState::Disabled => {}
         }
         let r = self.create_resources()?;
-        let active = r
-            .device
-            .query_port(self.params.port)
-            .map(|p| p.state == PortState::Active)
-            .unwrap_or(false);
+        let active = r.device.query_port(self.params.port).map(|p| p.state == PortState::Active).unwrap_or(false);
         *res = Some(r);
-        let st = if active {
-            ContextState::Enabled
-        } else {
-            ContextState::Paused
-        };
+        let st = if active { ContextState::Enabled } else { ContextState::Paused };
         self.state.store(st as u8, Ordering::Release);
         Ok(())
     }
@@ -416,10 +356,7 @@ impl RdmaContext {
             return Err(Error::Unavailable("No RDMA devices found".into()));
         }
         if !names.iter().any(|n| n == &self.name) {
-            return Err(Error::InvalidArgument(format!(
-                "No matched device found in this server: {}",
-                self.name
-            )));
+            return Err(Error::InvalidArgument(format!("No matched device found in this server: {}", self.name)));
         }
         let device = Device::open(&self.provider, &self.name)?;
         let dev_attr = device.query_device()?;
@@ -451,40 +388,22 @@ impl RdmaContext {
             cqs.push(Cq::create(&device, limits.max_cqe, lane as u32)?);
         }
         let notify_cq = Cq::create(&device, limits.max_cqe, p.num_lanes as u32)?;
-        let quotas = (0..p.num_lanes)
-            .map(|_| Arc::new(CqQuota::new(limits.max_cqe)))
-            .collect();
-        Ok(Resources {
-            lid: port.lid,
-            device,
-            pd,
-            cqs,
-            quotas,
-            notify_cq,
-            gid,
-            limits,
-        })
+        let quotas = (0..p.num_lanes).map(|_| Arc::new(CqQuota::new(limits.max_cqe))).collect();
+        Ok(Resources { lid: port.lid, device, pd, cqs, quotas, notify_cq, gid, limits })
     }
 
     fn choose_gid(&self, device: &Device, port: &PortAttr) -> Result<GidEntry> {
         let p = &self.params;
         if p.gid_index < 0 {
             let table = device.gid_table(p.port)?;
-            let idx = pick_best_gid(&table).ok_or_else(|| {
-                Error::InvalidArgument(format!("{}: no usable GID (GID_NOT_FOUND)", self.name))
-            })?;
+            let idx = pick_best_gid(&table)
+                .ok_or_else(|| Error::InvalidArgument(format!("{}: no usable GID (GID_NOT_FOUND)", self.name)))?;
             let e = table
                 .into_iter()
                 .find(|e| e.index == idx)
                 .ok_or_else(|| Error::Internal("picked GID vanished".into()))?;
-            if e.netdev.as_deref().is_some_and(is_overlay_netdev)
-                || e.gid.ipv4().is_some_and(is_overlay_ipv4)
-            {
-                tracing::warn!(
-                    "{}: best GID {} is on an overlay network",
-                    self.name,
-                    e.index
-                );
+            if e.netdev.as_deref().is_some_and(is_overlay_netdev) || e.gid.ipv4().is_some_and(is_overlay_ipv4) {
+                tracing::warn!("{}: best GID {} is on an overlay network", self.name, e.index);
             }
             return Ok(e);
         }
@@ -495,27 +414,19 @@ impl RdmaContext {
                 self.name, port.gid_tbl_len
             )));
         }
-        let e = device.query_gid(p.port, idx).map_err(|e| {
-            Error::InvalidArgument(format!("{}: GID {idx} cannot be read: {e}", self.name))
-        })?;
+        let e = device
+            .query_gid(p.port, idx)
+            .map_err(|e| Error::InvalidArgument(format!("{}: GID {idx} cannot be read: {e}", self.name)))?;
         if e.gid.is_zero() {
-            return Err(Error::InvalidArgument(format!(
-                "{}: GID {idx} is empty",
-                self.name
-            )));
+            return Err(Error::InvalidArgument(format!("{}: GID {idx} is empty", self.name)));
         }
         if e.netdev.is_none() {
             tracing::warn!("{}: GID {idx} has no network device", self.name);
         } else if e.netdev.as_deref().is_some_and(is_overlay_netdev) {
             tracing::warn!("{}: GID {idx} is on an overlay device", self.name);
         }
-        if !(e.gid_type == GidType::Ib || (e.gid_type == GidType::RoceV2 && e.gid.ipv4().is_some()))
-        {
-            tracing::warn!(
-                "{}: GID {idx} has a non-optimal type {:?}",
-                self.name,
-                e.gid_type
-            );
+        if !(e.gid_type == GidType::Ib || (e.gid_type == GidType::RoceV2 && e.gid.ipv4().is_some())) {
+            tracing::warn!("{}: GID {idx} has a non-optimal type {:?}", self.name, e.gid_type);
         }
         if e.gid.ipv4().is_some_and(is_overlay_ipv4) {
             tracing::warn!("{}: GID {idx} is in an overlay IP range", self.name);
@@ -529,8 +440,7 @@ impl RdmaContext {
         let mut res = self.res.write();
         *res = None;
         if self.state() != ContextState::Uninit {
-            self.state
-                .store(ContextState::Disabled as u8, Ordering::Release);
+            self.state.store(ContextState::Disabled as u8, Ordering::Release);
         }
     }
 
@@ -655,15 +565,9 @@ pub fn access_for(perm: Permission, relaxed_ordering: bool) -> Access {
     let base = match perm {
         Permission::LocalReadWrite => Access::LOCAL_WRITE,
         Permission::GlobalReadOnly => Access::LOCAL_WRITE | Access::REMOTE_READ,
-        Permission::GlobalReadWrite => {
-            Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE
-        }
+        Permission::GlobalReadWrite => Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
     };
-    if relaxed_ordering {
-        base | Access::RELAXED_ORDERING
-    } else {
-        base
-    }
+    if relaxed_ordering { base | Access::RELAXED_ORDERING } else { base }
 }
 
 /// Every NIC's context, indexed by NicID (the position in the topology's NIC list). A NIC whose
@@ -700,11 +604,7 @@ impl BufferRegistration {
 impl ContextSet {
     /// Opens one context per name (NicID = position). Failures are logged and leave an empty
     /// slot; it is an error only when no context came up.
-    pub fn open(
-        provider: &Arc<dyn Provider>,
-        names: &[String],
-        params: &ContextParams,
-    ) -> Result<ContextSet> {
+    pub fn open(provider: &Arc<dyn Provider>, names: &[String], params: &ContextParams) -> Result<ContextSet> {
         let slots: Vec<Option<Arc<RdmaContext>>> = names
             .iter()
             .map(|n| match RdmaContext::open(provider, n, params) {
@@ -716,9 +616,7 @@ impl ContextSet {
             })
             .collect();
         if slots.iter().all(Option::is_none) {
-            return Err(Error::NoTransport(
-                "no RDMA device could be opened (device not found)".into(),
-            ));
+            return Err(Error::NoTransport("no RDMA device could be opened (device not found)".into()));
         }
         Ok(ContextSet { slots })
     }
@@ -740,9 +638,7 @@ impl ContextSet {
 
     /// The NicID of device `name`.
     pub fn nic_id(&self, name: &str) -> Option<usize> {
-        self.slots
-            .iter()
-            .position(|s| s.as_ref().is_some_and(|c| c.name() == name))
+        self.slots.iter().position(|s| s.as_ref().is_some_and(|c| c.name() == name))
     }
 
     /// Contexts holding resources (ENABLED or PAUSED), with their NicIDs. Buffers are
@@ -769,18 +665,9 @@ impl ContextSet {
     ///
     /// # Safety
     /// The memory must stay valid until the returned registration is dropped.
-    pub unsafe fn register(
-        &self,
-        addr: *mut u8,
-        len: usize,
-        access: Access,
-    ) -> Result<BufferRegistration> {
+    pub unsafe fn register(&self, addr: *mut u8, len: usize, access: Access) -> Result<BufferRegistration> {
         let n = self.slots.len();
-        let mut reg = BufferRegistration {
-            mrs: (0..n).map(|_| None).collect(),
-            lkeys: vec![0; n],
-            rkeys: vec![0; n],
-        };
+        let mut reg = BufferRegistration { mrs: (0..n).map(|_| None).collect(), lkeys: vec![0; n], rkeys: vec![0; n] };
         if self.live().next().is_none() {
             return Err(Error::Unavailable("no enabled RDMA context".into()));
         }
@@ -799,22 +686,14 @@ impl BufferRegistration {
     /// # Safety
     /// `addr..addr+len` must be the buffer this registration was made for and stay valid
     /// until the registration is dropped.
-    pub unsafe fn refresh(
-        &mut self,
-        set: &ContextSet,
-        addr: *mut u8,
-        len: usize,
-        access: Access,
-    ) -> Result<()> {
+    pub unsafe fn refresh(&mut self, set: &ContextSet, addr: *mut u8, len: usize, access: Access) -> Result<()> {
         let n = set.slots.len().max(self.mrs.len());
         self.mrs.resize_with(n, || None);
         self.lkeys.resize(n, 0);
         self.rkeys.resize(n, 0);
         let mut made = Vec::new();
         for i in 0..n {
-            let live = set
-                .get(i)
-                .filter(|c| matches!(c.state(), ContextState::Enabled | ContextState::Paused));
+            let live = set.get(i).filter(|c| matches!(c.state(), ContextState::Enabled | ContextState::Paused));
             let Some(ctx) = live else {
                 self.mrs[i] = None;
                 self.lkeys[i] = 0;
@@ -842,11 +721,7 @@ impl BufferRegistration {
                         self.lkeys[j] = 0;
                         self.rkeys[j] = 0;
                     }
-                    return Err(Error::Os(format!(
-                        "registering {:#x}+{len} on {}: {e}",
-                        addr as usize,
-                        ctx.name()
-                    )));
+                    return Err(Error::Os(format!("registering {:#x}+{len} on {}: {e}", addr as usize, ctx.name())));
                 }
             }
         }

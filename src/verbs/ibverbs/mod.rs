@@ -26,8 +26,7 @@ type CloseDevice = unsafe extern "C" fn(*mut sys::ibv_context) -> c_int;
 type QueryDevice = unsafe extern "C" fn(*mut sys::ibv_context, *mut sys::ibv_device_attr) -> c_int;
 type QueryPort = unsafe extern "C" fn(*mut sys::ibv_context, u8, *mut sys::ibv_port_attr) -> c_int;
 type QueryGid = unsafe extern "C" fn(*mut sys::ibv_context, u8, c_int, *mut sys::ibv_gid) -> c_int;
-type QueryGidEx =
-    unsafe extern "C" fn(*mut sys::ibv_context, u32, u32, *mut RawGidEntry, u32, usize) -> c_int;
+type QueryGidEx = unsafe extern "C" fn(*mut sys::ibv_context, u32, u32, *mut RawGidEntry, u32, usize) -> c_int;
 type AllocPd = unsafe extern "C" fn(*mut sys::ibv_context) -> *mut sys::ibv_pd;
 type DeallocPd = unsafe extern "C" fn(*mut sys::ibv_pd) -> c_int;
 type CreateCq = unsafe extern "C" fn(
@@ -38,19 +37,13 @@ type CreateCq = unsafe extern "C" fn(
     c_int,
 ) -> *mut sys::ibv_cq;
 type DestroyCq = unsafe extern "C" fn(*mut sys::ibv_cq) -> c_int;
-type CreateQp =
-    unsafe extern "C" fn(*mut sys::ibv_pd, *mut sys::ibv_qp_init_attr) -> *mut sys::ibv_qp;
+type CreateQp = unsafe extern "C" fn(*mut sys::ibv_pd, *mut sys::ibv_qp_init_attr) -> *mut sys::ibv_qp;
 type DestroyQp = unsafe extern "C" fn(*mut sys::ibv_qp) -> c_int;
 type ModifyQp = unsafe extern "C" fn(*mut sys::ibv_qp, *mut sys::ibv_qp_attr, c_int) -> c_int;
-type QueryQp = unsafe extern "C" fn(
-    *mut sys::ibv_qp,
-    *mut sys::ibv_qp_attr,
-    c_int,
-    *mut sys::ibv_qp_init_attr,
-) -> c_int;
+type QueryQp =
+    unsafe extern "C" fn(*mut sys::ibv_qp, *mut sys::ibv_qp_attr, c_int, *mut sys::ibv_qp_init_attr) -> c_int;
 type RegMr = unsafe extern "C" fn(*mut sys::ibv_pd, *mut c_void, usize, c_int) -> *mut sys::ibv_mr;
-type RegMrIova2 =
-    unsafe extern "C" fn(*mut sys::ibv_pd, *mut c_void, usize, u64, u32) -> *mut sys::ibv_mr;
+type RegMrIova2 = unsafe extern "C" fn(*mut sys::ibv_pd, *mut c_void, usize, u64, u32) -> *mut sys::ibv_mr;
 type DeregMr = unsafe extern "C" fn(*mut sys::ibv_mr) -> c_int;
 type GetAsyncEvent = unsafe extern "C" fn(*mut sys::ibv_context, *mut RawAsyncEvent) -> c_int;
 type AckAsyncEvent = unsafe extern "C" fn(*mut RawAsyncEvent);
@@ -111,11 +104,7 @@ fn dl_error() -> String {
     // this thread; it is copied out at once.
     unsafe {
         let e = libc::dlerror();
-        if e.is_null() {
-            "unknown error".to_string()
-        } else {
-            CStr::from_ptr(e).to_string_lossy().into_owned()
-        }
+        if e.is_null() { "unknown error".to_string() } else { CStr::from_ptr(e).to_string_lossy().into_owned() }
     }
 }
 
@@ -178,10 +167,7 @@ impl IbvLib {
             // which holds because this is the first use of the library in the process.
             let rc = unsafe { fork_init() };
             if rc != 0 {
-                tracing::warn!(
-                    "ibv_fork_init failed: {}",
-                    std::io::Error::from_raw_os_error(rc)
-                );
+                tracing::warn!("ibv_fork_init failed: {}", std::io::Error::from_raw_os_error(rc));
             }
         }
         Ok(lib)
@@ -214,11 +200,7 @@ impl IbvLib {
             let name = unsafe { (self.get_device_name)(dev) };
             if !name.is_null() {
                 // SAFETY: non-NULL NUL-terminated string from libibverbs.
-                names.push(
-                    unsafe { CStr::from_ptr(name) }
-                        .to_string_lossy()
-                        .into_owned(),
-                );
+                names.push(unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned());
             }
         }
         // SAFETY: `list` came from ibv_get_device_list and is freed once.
@@ -247,31 +229,15 @@ impl IbvProvider {
 
 fn errno_of(rc: c_int) -> i32 {
     // Verbs return either a positive errno or -1 with errno set.
-    if rc > 0 {
-        rc
-    } else {
-        std::io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EIO)
-    }
+    if rc > 0 { rc } else { std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO) }
 }
 
 fn check(op: &'static str, rc: c_int) -> VerbsResult<()> {
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(VerbsError::new(op, errno_of(rc), "verbs call failed"))
-    }
+    if rc == 0 { Ok(()) } else { Err(VerbsError::new(op, errno_of(rc), "verbs call failed")) }
 }
 
 fn last_err(op: &'static str) -> VerbsError {
-    VerbsError::new(
-        op,
-        std::io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EIO),
-        "verbs call returned NULL",
-    )
+    VerbsError::new(op, std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO), "verbs call returned NULL")
 }
 
 impl Provider for IbvProvider {
@@ -314,11 +280,7 @@ impl Provider for IbvProvider {
         // SAFETY: freed once; an opened context does not depend on the list.
         unsafe { (lib.free_device_list)(list) };
         if !found {
-            return Err(VerbsError::new(
-                "open_device",
-                libc::ENODEV,
-                format!("no device named {name}"),
-            ));
+            return Err(VerbsError::new("open_device", libc::ENODEV, format!("no device named {name}")));
         }
         if let Some(e) = open_err {
             return Err(e);
@@ -332,11 +294,7 @@ impl Provider for IbvProvider {
                 libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
             }
         }
-        Ok(Box::new(IbvDevice {
-            lib,
-            ctx,
-            name: name.to_string(),
-        }))
+        Ok(Box::new(IbvDevice { lib, ctx, name: name.to_string() }))
     }
 }
 
@@ -362,10 +320,7 @@ fn gid_type_from_sysfs(dev: &str, port: u8, index: u32) -> GidType {
 
 fn netdev_from_sysfs(dev: &str, port: u8, index: u32) -> Option<String> {
     let p = format!("/sys/class/infiniband/{dev}/ports/{port}/gid_attrs/ndevs/{index}");
-    std::fs::read_to_string(p)
-        .ok()
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
+    std::fs::read_to_string(p).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
 }
 
 impl DeviceOps for IbvDevice {
@@ -377,9 +332,7 @@ impl DeviceOps for IbvDevice {
         // SAFETY: plain-data struct; all-zero is a valid value.
         let mut a: sys::ibv_device_attr = unsafe { std::mem::zeroed() };
         // SAFETY: live context and a valid out-pointer.
-        check("query_device", unsafe {
-            (self.lib.query_device)(self.ctx, &mut a)
-        })?;
+        check("query_device", unsafe { (self.lib.query_device)(self.ctx, &mut a) })?;
         let u = |v: c_int| v.max(0) as u32;
         Ok(DeviceAttr {
             max_cqe: u(a.max_cqe),
@@ -397,9 +350,7 @@ impl DeviceOps for IbvDevice {
         // SAFETY: plain-data struct; zeroed as rdma-core's inline wrapper does.
         let mut a: sys::ibv_port_attr = unsafe { std::mem::zeroed() };
         // SAFETY: live context and a valid out-pointer.
-        check("query_port", unsafe {
-            (self.lib.query_port)(self.ctx, port, &mut a)
-        })?;
+        check("query_port", unsafe { (self.lib.query_port)(self.ctx, port, &mut a) })?;
         let state = match a.state {
             1 => PortState::Down,
             2 => PortState::Init,
@@ -413,11 +364,7 @@ impl DeviceOps for IbvDevice {
             active_mtu: Mtu::from_ibv(a.active_mtu).unwrap_or(Mtu::Mtu1024),
             lid: a.lid,
             gid_tbl_len: a.gid_tbl_len.max(0) as u32,
-            link_layer: if a.link_layer == 2 {
-                LinkLayer::Ethernet
-            } else {
-                LinkLayer::InfiniBand
-            },
+            link_layer: if a.link_layer == 2 { LinkLayer::Ethernet } else { LinkLayer::InfiniBand },
         })
     }
 
@@ -426,16 +373,7 @@ impl DeviceOps for IbvDevice {
             // SAFETY: plain-data struct.
             let mut e: RawGidEntry = unsafe { std::mem::zeroed() };
             // SAFETY: live context, valid out-pointer of the size passed.
-            let rc = unsafe {
-                q(
-                    self.ctx,
-                    u32::from(port),
-                    index,
-                    &mut e,
-                    0,
-                    std::mem::size_of::<RawGidEntry>(),
-                )
-            };
+            let rc = unsafe { q(self.ctx, u32::from(port), index, &mut e, 0, std::mem::size_of::<RawGidEntry>()) };
             check("query_gid_ex", rc)?;
             let gid_type = match e.gid_type {
                 0 => GidType::Ib,
@@ -452,17 +390,11 @@ impl DeviceOps for IbvDevice {
         // SAFETY: plain-data union.
         let mut g: sys::ibv_gid = unsafe { std::mem::zeroed() };
         // SAFETY: live context, valid out-pointer.
-        check("query_gid", unsafe {
-            (self.lib.query_gid)(self.ctx, port, index as c_int, &mut g)
-        })?;
+        check("query_gid", unsafe { (self.lib.query_gid)(self.ctx, port, index as c_int, &mut g) })?;
         // SAFETY: every bit pattern is a valid `raw` byte array.
         let gid = Gid(unsafe { g.raw });
         if gid.is_zero() {
-            return Err(VerbsError::new(
-                "query_gid",
-                libc::ENODATA,
-                "empty GID slot",
-            ));
+            return Err(VerbsError::new("query_gid", libc::ENODATA, "empty GID slot"));
         }
         Ok(GidEntry {
             index,
@@ -499,10 +431,7 @@ impl DeviceOps for IbvDevice {
     }
 
     fn poll_async_event(&self) -> VerbsResult<Option<AsyncEvent>> {
-        let mut ev = RawAsyncEvent {
-            element: std::ptr::null_mut(),
-            event_type: 0,
-        };
+        let mut ev = RawAsyncEvent { element: std::ptr::null_mut(), event_type: 0 };
         // SAFETY: live context whose async_fd is non-blocking (set at open); valid out-pointer.
         let rc = unsafe { (self.lib.get_async_event)(self.ctx, &mut ev) };
         if rc != 0 {
@@ -549,19 +478,12 @@ unsafe impl Send for IbvPd {}
 unsafe impl Sync for IbvPd {}
 
 impl PdOps for IbvPd {
-    unsafe fn reg_mr(
-        &self,
-        addr: *mut u8,
-        len: usize,
-        access: Access,
-    ) -> VerbsResult<Box<dyn MrOps>> {
+    unsafe fn reg_mr(&self, addr: *mut u8, len: usize, access: Access) -> VerbsResult<Box<dyn MrOps>> {
         let mr = match self.lib.reg_mr_iova2 {
             // SAFETY: live PD; the caller guarantees the memory stays valid while registered.
             Some(f) => unsafe { f(self.pd, addr.cast(), len, addr as u64, access.0) },
             // SAFETY: as above; optional flags are dropped for the old entry point.
-            None => unsafe {
-                (self.lib.reg_mr)(self.pd, addr.cast(), len, (access.0 & 0xffff) as c_int)
-            },
+            None => unsafe { (self.lib.reg_mr)(self.pd, addr.cast(), len, (access.0 & 0xffff) as c_int) },
         };
         if mr.is_null() {
             return Err(last_err("reg_mr"));
@@ -569,12 +491,7 @@ impl PdOps for IbvPd {
         Ok(Box::new(IbvMr { lib: self.lib, mr }))
     }
 
-    fn create_qp(
-        &self,
-        send_cq: &dyn CqOps,
-        recv_cq: &dyn CqOps,
-        init: &QpInit,
-    ) -> VerbsResult<Box<dyn QpOps>> {
+    fn create_qp(&self, send_cq: &dyn CqOps, recv_cq: &dyn CqOps, init: &QpInit) -> VerbsResult<Box<dyn QpOps>> {
         let scq = send_cq
             .as_any()
             .downcast_ref::<IbvCq>()
@@ -608,11 +525,7 @@ impl PdOps for IbvPd {
             max_recv_sge: a.cap.max_recv_sge,
             max_inline_data: a.cap.max_inline_data,
         };
-        Ok(Box::new(IbvQp {
-            lib: self.lib,
-            qp,
-            caps,
-        }))
+        Ok(Box::new(IbvQp { lib: self.lib, qp, caps }))
     }
 
     fn dealloc(&self) -> VerbsResult<()> {
@@ -653,15 +566,8 @@ impl CqOps for IbvCq {
         // `raw` has room for `want` entries.
         let n = unsafe {
             let ctx = (*self.cq).context;
-            let poll = (*ctx)
-                .ops
-                .poll_cq
-                .ok_or_else(|| VerbsError::new("poll_cq", libc::ENOSYS, "no poll_cq op"))?;
-            poll(
-                self.cq,
-                want as c_int,
-                raw.as_mut_ptr().cast::<sys::ibv_wc>(),
-            )
+            let poll = (*ctx).ops.poll_cq.ok_or_else(|| VerbsError::new("poll_cq", libc::ENOSYS, "no poll_cq op"))?;
+            poll(self.cq, want as c_int, raw.as_mut_ptr().cast::<sys::ibv_wc>())
         };
         if n < 0 {
             return Err(VerbsError::new("poll_cq", libc::EIO, "poll_cq failed"));
@@ -686,8 +592,7 @@ impl CqOps for IbvCq {
                 qp_num: w.qp_num,
                 vendor_err: w.vendor_err,
                 // SAFETY: the union holds imm_data when IBV_WC_WITH_IMM is set.
-                imm: with_imm
-                    .then(|| u32::from_be(unsafe { w.imm_data_invalidated_rkey_union.imm_data })),
+                imm: with_imm.then(|| u32::from_be(unsafe { w.imm_data_invalidated_rkey_union.imm_data })),
             };
         }
         Ok(n)
@@ -742,11 +647,7 @@ fn flat_sges<'a>(lists: impl Iterator<Item = &'a [Sge]> + Clone) -> Vec<sys::ibv
     let total = lists.clone().map(<[Sge]>::len).sum();
     let mut v = Vec::with_capacity(total);
     for l in lists {
-        v.extend(l.iter().map(|s| sys::ibv_sge {
-            addr: s.addr,
-            length: s.length,
-            lkey: s.lkey,
-        }));
+        v.extend(l.iter().map(|s| sys::ibv_sge { addr: s.addr, length: s.length, lkey: s.lkey }));
     }
     v
 }
@@ -783,24 +684,13 @@ impl QpOps for IbvQp {
         let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = t.target() as u32;
         let mask = match t {
-            QpTransition::ToInit {
-                pkey_index,
-                port,
-                access,
-            } => {
+            QpTransition::ToInit { pkey_index, port, access } => {
                 a.pkey_index = *pkey_index;
                 a.port_num = *port;
                 a.qp_access_flags = access.0;
                 M_STATE | M_PKEY | M_PORT | M_ACCESS
             }
-            QpTransition::ToRtr {
-                av,
-                path_mtu,
-                dest_qpn,
-                rq_psn,
-                max_dest_rd_atomic,
-                min_rnr_timer,
-            } => {
+            QpTransition::ToRtr { av, path_mtu, dest_qpn, rq_psn, max_dest_rd_atomic, min_rnr_timer } => {
                 a.path_mtu = *path_mtu as u32;
                 a.dest_qp_num = *dest_qpn;
                 a.rq_psn = *rq_psn;
@@ -821,13 +711,7 @@ impl QpOps for IbvQp {
                 }
                 M_STATE | M_AV | M_PATH_MTU | M_DEST_QPN | M_RQ_PSN | M_MAX_DEST_RD | M_MIN_RNR
             }
-            QpTransition::ToRts {
-                timeout,
-                retry_cnt,
-                rnr_retry,
-                sq_psn,
-                max_rd_atomic,
-            } => {
+            QpTransition::ToRts { timeout, retry_cnt, rnr_retry, sq_psn, max_rd_atomic } => {
                 a.timeout = *timeout;
                 a.retry_cnt = *retry_cnt;
                 a.rnr_retry = *rnr_retry;
@@ -838,9 +722,7 @@ impl QpOps for IbvQp {
             QpTransition::ToErr | QpTransition::ToReset => M_STATE,
         };
         // SAFETY: live QP, attribute struct filled for exactly the bits in `mask`.
-        check("modify_qp", unsafe {
-            (self.lib.modify_qp)(self.qp, &mut a, mask)
-        })
+        check("modify_qp", unsafe { (self.lib.modify_qp)(self.qp, &mut a, mask) })
     }
 
     fn state(&self) -> VerbsResult<QpState> {
@@ -849,9 +731,7 @@ impl QpOps for IbvQp {
         // SAFETY: as above.
         let mut i: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
         // SAFETY: live QP and valid out-pointers.
-        check("query_qp", unsafe {
-            (self.lib.query_qp)(self.qp, &mut a, M_STATE, &mut i)
-        })?;
+        check("query_qp", unsafe { (self.lib.query_qp)(self.qp, &mut a, M_STATE, &mut i) })?;
         Ok(match a.qp_state {
             0 => QpState::Reset,
             1 => QpState::Init,
@@ -925,10 +805,7 @@ impl QpOps for IbvQp {
             // SAFETY: `bad` points into `raw` when set.
             unsafe { bad.offset_from(base) }.max(0) as usize
         };
-        Err(PostError {
-            index,
-            errno: errno_of(rc),
-        })
+        Err(PostError { index, errno: errno_of(rc) })
     }
 
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
@@ -975,10 +852,7 @@ impl QpOps for IbvQp {
             // SAFETY: `bad` points into `raw` when set.
             unsafe { bad.offset_from(base) }.max(0) as usize
         };
-        Err(PostError {
-            index,
-            errno: errno_of(rc),
-        })
+        Err(PostError { index, errno: errno_of(rc) })
     }
 
     fn destroy(&self) -> VerbsResult<()> {

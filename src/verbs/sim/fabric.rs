@@ -25,10 +25,7 @@ impl EventQueue {
             // SAFETY: `raw` is a fresh descriptor owned by nobody else.
             unsafe { OwnedFd::from_raw_fd(raw) }
         });
-        EventQueue {
-            q: VecDeque::new(),
-            fd,
-        }
+        EventQueue { q: VecDeque::new(), fd }
     }
 
     pub fn push(&mut self, ev: AsyncEvent) {
@@ -112,13 +109,7 @@ impl DeviceSpec {
         ll[8] = 0x02;
         ll[12..].copy_from_slice(&ip.octets());
         let nd = Some(netdev.to_string());
-        let slot = |gid, gid_type| {
-            Some(GidSpec {
-                gid,
-                gid_type,
-                netdev: nd.clone(),
-            })
-        };
+        let slot = |gid, gid_type| Some(GidSpec { gid, gid_type, netdev: nd.clone() });
         let mut gids = vec![
             slot(Gid(ll), GidType::RoceV1),
             slot(Gid(ll), GidType::RoceV2),
@@ -152,9 +143,7 @@ impl HostSpec {
     /// joins (see [`HostSpec::roce_for_host`]).
     pub fn with_devices(n: usize) -> HostSpec {
         HostSpec {
-            devices: (0..n)
-                .map(|i| DeviceSpec::roce(&format!("sim_mlx5_{i}"), Ipv4Addr::UNSPECIFIED, ""))
-                .collect(),
+            devices: (0..n).map(|i| DeviceSpec::roce(&format!("sim_mlx5_{i}"), Ipv4Addr::UNSPECIFIED, "")).collect(),
         }
     }
 
@@ -163,18 +152,11 @@ impl HostSpec {
     /// picker does not treat as an overlay network) and netdev `simeth<h>_<i>`.
     fn roce_for_host(mut self, h: u32) -> HostSpec {
         for (i, d) in self.devices.iter_mut().enumerate() {
-            let unset = d
-                .gids
-                .iter()
-                .flatten()
-                .any(|g| g.gid.ipv4() == Some(Ipv4Addr::UNSPECIFIED));
+            let unset = d.gids.iter().flatten().any(|g| g.gid.ipv4() == Some(Ipv4Addr::UNSPECIFIED));
             if unset {
                 let base = u32::from(Ipv4Addr::new(198, 18, 0, 0));
                 let ip = Ipv4Addr::from(base + (h % 8192) * 16 + (i as u32 % 15) + 1);
-                *d = DeviceSpec {
-                    gids: DeviceSpec::roce(&d.name, ip, &format!("simeth{h}_{i}")).gids,
-                    ..d.clone()
-                };
+                *d = DeviceSpec { gids: DeviceSpec::roce(&d.name, ip, &format!("simeth{h}_{i}")).gids, ..d.clone() };
             }
         }
         self
@@ -323,9 +305,8 @@ fn retry_budget(timeout: u8, retry_cnt: u8) -> Option<Duration> {
 /// The RNR timer encoding (IBTA table 45) in microseconds.
 fn rnr_wait(code: u8) -> Duration {
     const US: [u64; 32] = [
-        655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920, 2560, 3840,
-        5120, 7680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840,
-        245_760, 327_680, 491_520,
+        655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920, 2560, 3840, 5120, 7680, 10_240,
+        15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840, 245_760, 327_680, 491_520,
     ];
     Duration::from_micros(US[usize::from(code & 31)])
 }
@@ -409,33 +390,19 @@ impl FabricState {
 
     pub fn find_device(&self, host: HostId, name: &str) -> Option<u32> {
         let h = self.hosts.get(&host)?;
-        h.devices
-            .iter()
-            .copied()
-            .find(|d| self.devices.get(d).is_some_and(|s| s.spec.name == name))
+        h.devices.iter().copied().find(|d| self.devices.get(d).is_some_and(|s| s.spec.name == name))
     }
 
     pub fn device_names(&self, host: HostId) -> VerbsResult<Vec<String>> {
-        let h = self
-            .hosts
-            .get(&host)
-            .filter(|h| h.alive)
-            .ok_or_else(|| enodev("get_device_list"))?;
-        Ok(h.devices
-            .iter()
-            .filter_map(|d| self.devices.get(d).map(|s| s.spec.name.clone()))
-            .collect())
+        let h = self.hosts.get(&host).filter(|h| h.alive).ok_or_else(|| enodev("get_device_list"))?;
+        Ok(h.devices.iter().filter_map(|d| self.devices.get(d).map(|s| s.spec.name.clone())).collect())
     }
 
     pub fn open_device(&self, host: HostId, name: &str) -> VerbsResult<(u32, u32)> {
-        let h = self
-            .hosts
-            .get(&host)
-            .filter(|h| h.alive)
-            .ok_or_else(|| enodev("open_device"))?;
-        let dev = self.find_device(host, name).ok_or_else(|| {
-            VerbsError::new("open_device", libc::ENODEV, format!("no device {name}"))
-        })?;
+        let h = self.hosts.get(&host).filter(|h| h.alive).ok_or_else(|| enodev("open_device"))?;
+        let dev = self
+            .find_device(host, name)
+            .ok_or_else(|| VerbsError::new("open_device", libc::ENODEV, format!("no device {name}")))?;
         Ok((dev, h.boot))
     }
 
@@ -448,8 +415,7 @@ impl FabricState {
     }
 
     fn device_by_name(&self, host: HostId, name: &str, op: &'static str) -> VerbsResult<u32> {
-        self.find_device(host, name)
-            .ok_or_else(|| VerbsError::new(op, libc::ENODEV, format!("no device {name}")))
+        self.find_device(host, name).ok_or_else(|| VerbsError::new(op, libc::ENODEV, format!("no device {name}")))
     }
 
     pub fn device_attr(&self, dev: u32) -> DeviceAttr {
@@ -472,11 +438,7 @@ impl FabricState {
         }
         let d = &self.devices[&dev];
         Ok(PortAttr {
-            state: if d.port_active {
-                PortState::Active
-            } else {
-                PortState::Down
-            },
+            state: if d.port_active { PortState::Active } else { PortState::Down },
             max_mtu: Mtu::Mtu4096,
             active_mtu: d.spec.active_mtu,
             lid: d.lid,
@@ -491,83 +453,44 @@ impl FabricState {
         }
         let d = &self.devices[&dev];
         match d.spec.gids.get(index as usize) {
-            None => Err(einval(
-                "query_gid",
-                format!("index {index} is past the table"),
-            )),
-            Some(None) => Err(VerbsError::new(
-                "query_gid",
-                libc::ENODATA,
-                "empty GID slot",
-            )),
-            Some(Some(g)) => Ok(GidEntry {
-                index,
-                gid: g.gid,
-                gid_type: g.gid_type,
-                netdev: g.netdev.clone(),
-            }),
+            None => Err(einval("query_gid", format!("index {index} is past the table"))),
+            Some(None) => Err(VerbsError::new("query_gid", libc::ENODATA, "empty GID slot")),
+            Some(Some(g)) => Ok(GidEntry { index, gid: g.gid, gid_type: g.gid_type, netdev: g.netdev.clone() }),
         }
     }
 
     pub fn set_port_active(&mut self, host: HostId, name: &str, active: bool) -> VerbsResult<()> {
         let dev = self.device_by_name(host, name, "set_port")?;
-        let d = self
-            .devices
-            .get_mut(&dev)
-            .ok_or_else(|| enodev("set_port"))?;
+        let d = self.devices.get_mut(&dev).ok_or_else(|| enodev("set_port"))?;
         if d.port_active != active {
             d.port_active = active;
             d.events.push(AsyncEvent {
-                kind: if active {
-                    AsyncEventKind::PortActive
-                } else {
-                    AsyncEventKind::PortErr
-                },
+                kind: if active { AsyncEventKind::PortActive } else { AsyncEventKind::PortErr },
                 element: EventElement::Port(1),
             });
         }
         Ok(())
     }
 
-    pub fn set_gid(
-        &mut self,
-        host: HostId,
-        name: &str,
-        index: u32,
-        entry: Option<GidSpec>,
-    ) -> VerbsResult<()> {
+    pub fn set_gid(&mut self, host: HostId, name: &str, index: u32, entry: Option<GidSpec>) -> VerbsResult<()> {
         let dev = self.device_by_name(host, name, "set_gid")?;
-        let d = self
-            .devices
-            .get_mut(&dev)
-            .ok_or_else(|| enodev("set_gid"))?;
+        let d = self.devices.get_mut(&dev).ok_or_else(|| enodev("set_gid"))?;
         let slot = d
             .spec
             .gids
             .get_mut(index as usize)
             .ok_or_else(|| einval("set_gid", format!("index {index} is past the table")))?;
         *slot = entry;
-        d.events.push(AsyncEvent {
-            kind: AsyncEventKind::GidChange,
-            element: EventElement::Port(1),
-        });
+        d.events.push(AsyncEvent { kind: AsyncEventKind::GidChange, element: EventElement::Port(1) });
         Ok(())
     }
 
     pub fn device_fatal(&mut self, host: HostId, name: &str) -> VerbsResult<()> {
         let dev = self.device_by_name(host, name, "device_fatal")?;
         if let Some(d) = self.devices.get_mut(&dev) {
-            d.events.push(AsyncEvent {
-                kind: AsyncEventKind::DeviceFatal,
-                element: EventElement::Device,
-            });
+            d.events.push(AsyncEvent { kind: AsyncEventKind::DeviceFatal, element: EventElement::Device });
         }
-        let qpns: Vec<u32> = self
-            .qps
-            .iter()
-            .filter(|(_, q)| q.dev == dev)
-            .map(|(n, _)| *n)
-            .collect();
+        let qpns: Vec<u32> = self.qps.iter().filter(|(_, q)| q.dev == dev).map(|(n, _)| *n).collect();
         for qpn in qpns {
             self.qp_to_err(qpn);
         }
@@ -576,19 +499,10 @@ impl FabricState {
 
     /// Drops every object of `host`'s devices.
     fn wipe_host_objects(&mut self, host: HostId) {
-        let devs: HashSet<u32> = self
-            .hosts
-            .get(&host)
-            .map(|h| h.devices.iter().copied().collect())
-            .unwrap_or_default();
+        let devs: HashSet<u32> = self.hosts.get(&host).map(|h| h.devices.iter().copied().collect()).unwrap_or_default();
         self.qps.retain(|_, q| !devs.contains(&q.dev));
         self.cqs.retain(|_, c| !devs.contains(&c.dev));
-        let pds: HashSet<u32> = self
-            .pds
-            .iter()
-            .filter(|(_, p)| devs.contains(&p.dev))
-            .map(|(id, _)| *id)
-            .collect();
+        let pds: HashSet<u32> = self.pds.iter().filter(|(_, p)| devs.contains(&p.dev)).map(|(id, _)| *id).collect();
         self.mrs.retain(|_, m| !pds.contains(&m.pd));
         self.pds.retain(|id, _| !pds.contains(id));
         for d in &devs {
@@ -633,10 +547,7 @@ impl FabricState {
 
     /// Number of MRs registered on device `dev`.
     pub fn mr_count(&self, dev: u32) -> usize {
-        self.mrs
-            .values()
-            .filter(|m| self.pds.get(&m.pd).is_some_and(|p| p.dev == dev))
-            .count()
+        self.mrs.values().filter(|m| self.pds.get(&m.pd).is_some_and(|p| p.dev == dev)).count()
     }
 
     // ----- PDs, MRs, CQs -----------------------------------------------------------------
@@ -655,11 +566,7 @@ impl FabricState {
         // The RAII wrappers keep children from outliving the PD, so this only fires when the
         // wrappers are bypassed; hardware answers EBUSY too.
         if self.mrs.values().any(|m| m.pd == pd) || self.qps.values().any(|q| q.pd == pd) {
-            return Err(VerbsError::new(
-                "dealloc_pd",
-                libc::EBUSY,
-                "PD still in use",
-            ));
+            return Err(VerbsError::new("dealloc_pd", libc::EBUSY, "PD still in use"));
         }
         self.pds.remove(&pd);
         Ok(())
@@ -668,19 +575,11 @@ impl FabricState {
     pub fn reg_mr(&mut self, pd: u32, addr: u64, len: usize, access: Access) -> VerbsResult<u32> {
         let dev = self.pds.get(&pd).ok_or_else(|| enodev("reg_mr"))?.dev;
         if self.devices.get(&dev).is_some_and(|d| d.fail_reg_mr) {
-            return Err(VerbsError::new(
-                "reg_mr",
-                libc::ENOMEM,
-                "injected registration failure",
-            ));
+            return Err(VerbsError::new("reg_mr", libc::ENOMEM, "injected registration failure"));
         }
-        let needs_local_write =
-            access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC);
+        let needs_local_write = access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC);
         if needs_local_write && !access.contains(Access::LOCAL_WRITE) {
-            return Err(einval(
-                "reg_mr",
-                "REMOTE_WRITE/REMOTE_ATOMIC require LOCAL_WRITE",
-            ));
+            return Err(einval("reg_mr", "REMOTE_WRITE/REMOTE_ATOMIC require LOCAL_WRITE"));
         }
         if addr == 0 && len > 0 {
             return Err(einval("reg_mr", "NULL address"));
@@ -691,23 +590,12 @@ impl FabricState {
         let index = self.next_key_index;
         self.next_key_index = (self.next_key_index + 1) & 0x00ff_ffff;
         let key = (index << 8) | self.random_byte();
-        self.mrs.insert(
-            key,
-            MrRec {
-                pd,
-                addr,
-                len,
-                access,
-            },
-        );
+        self.mrs.insert(key, MrRec { pd, addr, len, access });
         Ok(key)
     }
 
     pub fn dereg_mr(&mut self, key: u32) -> VerbsResult<()> {
-        self.mrs
-            .remove(&key)
-            .map(|_| ())
-            .ok_or_else(|| enodev("dereg_mr"))
+        self.mrs.remove(&key).map(|_| ()).ok_or_else(|| enodev("dereg_mr"))
     }
 
     pub fn create_cq(&mut self, dev: u32, cqe: u32) -> VerbsResult<(u64, u32)> {
@@ -719,16 +607,7 @@ impl FabricState {
         let capacity = ((u64::from(cqe) + 1).next_power_of_two() - 1).min(u64::from(max)) as u32;
         let id = self.next_cq;
         self.next_cq += 1;
-        self.cqs.insert(
-            id,
-            CqRec {
-                dev,
-                capacity,
-                entries: VecDeque::new(),
-                overflowed: false,
-                stalled: false,
-            },
-        );
+        self.cqs.insert(id, CqRec { dev, capacity, entries: VecDeque::new(), overflowed: false, stalled: false });
         Ok((id, capacity))
     }
 
@@ -736,16 +615,8 @@ impl FabricState {
         if !self.cqs.contains_key(&cq) {
             return Err(enodev("destroy_cq"));
         }
-        if self
-            .qps
-            .values()
-            .any(|q| q.send_cq == cq || q.recv_cq == cq)
-        {
-            return Err(VerbsError::new(
-                "destroy_cq",
-                libc::EBUSY,
-                "CQ still in use",
-            ));
+        if self.qps.values().any(|q| q.send_cq == cq || q.recv_cq == cq) {
+            return Err(VerbsError::new("destroy_cq", libc::EBUSY, "CQ still in use"));
         }
         self.cqs.remove(&cq);
         Ok(())
@@ -763,10 +634,7 @@ impl FabricState {
             c.overflowed = true;
             let dev = c.dev;
             if let Some(d) = self.devices.get_mut(&dev) {
-                d.events.push(AsyncEvent {
-                    kind: AsyncEventKind::CqErr,
-                    element: EventElement::Cq(cq),
-                });
+                d.events.push(AsyncEvent { kind: AsyncEventKind::CqErr, element: EventElement::Cq(cq) });
             }
             return;
         }
@@ -805,13 +673,7 @@ impl FabricState {
 
     // ----- QPs ---------------------------------------------------------------------------
 
-    pub fn create_qp(
-        &mut self,
-        pd: u32,
-        send_cq: u64,
-        recv_cq: u64,
-        init: &QpInit,
-    ) -> VerbsResult<(u32, QpCaps)> {
+    pub fn create_qp(&mut self, pd: u32, send_cq: u64, recv_cq: u64, init: &QpInit) -> VerbsResult<(u32, QpCaps)> {
         let dev = self.pds.get(&pd).ok_or_else(|| enodev("create_qp"))?.dev;
         for cq in [send_cq, recv_cq] {
             match self.cqs.get(&cq) {
@@ -829,16 +691,9 @@ impl FabricState {
             || c.max_recv_sge > attr.max_sge
             || c.max_inline_data > 512
         {
-            return Err(einval(
-                "create_qp",
-                format!("capacities {c:?} exceed the device limits"),
-            ));
+            return Err(einval("create_qp", format!("capacities {c:?} exceed the device limits")));
         }
-        let caps = QpCaps {
-            max_send_sge: c.max_send_sge.max(1),
-            max_recv_sge: c.max_recv_sge.max(1),
-            ..c
-        };
+        let caps = QpCaps { max_send_sge: c.max_send_sge.max(1), max_recv_sge: c.max_recv_sge.max(1), ..c };
         let qpn = loop {
             let n = self.next_qpn;
             self.next_qpn = (self.next_qpn + 1) & 0x00ff_ffff;
@@ -899,47 +754,27 @@ impl FabricState {
             (q.state, q.dev)
         };
         if !t.is_legal_from(cur) {
-            return Err(einval(
-                "modify_qp",
-                format!("illegal transition {cur:?} -> {:?}", t.target()),
-            ));
+            return Err(einval("modify_qp", format!("illegal transition {cur:?} -> {:?}", t.target())));
         }
         let attr = self.device_attr(dev);
         let port = self.port_attr(dev, 1)?;
         // Validate everything before changing anything: modify is all-or-nothing.
         match t {
-            QpTransition::ToInit {
-                pkey_index,
-                port: p,
-                access,
-            } => {
+            QpTransition::ToInit { pkey_index, port: p, access } => {
                 if *p == 0 || *p > attr.phys_port_cnt {
                     return Err(einval("modify_qp", format!("port {p} does not exist")));
                 }
                 if *pkey_index >= 128 {
                     return Err(einval("modify_qp", "pkey_index out of range"));
                 }
-                let allowed = Access::LOCAL_WRITE
-                    | Access::REMOTE_WRITE
-                    | Access::REMOTE_READ
-                    | Access::REMOTE_ATOMIC;
+                let allowed = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
                 if !allowed.contains(*access) {
                     return Err(einval("modify_qp", "unsupported access flags"));
                 }
             }
-            QpTransition::ToRtr {
-                av,
-                path_mtu,
-                dest_qpn,
-                max_dest_rd_atomic,
-                min_rnr_timer,
-                ..
-            } => {
+            QpTransition::ToRtr { av, path_mtu, dest_qpn, max_dest_rd_atomic, min_rnr_timer, .. } => {
                 if av.port == 0 || av.port > attr.phys_port_cnt {
-                    return Err(einval(
-                        "modify_qp",
-                        format!("AV port {} does not exist", av.port),
-                    ));
+                    return Err(einval("modify_qp", format!("AV port {} does not exist", av.port)));
                 }
                 if *path_mtu > port.max_mtu {
                     return Err(einval("modify_qp", "path_mtu above the port's max MTU"));
@@ -948,10 +783,7 @@ impl FabricState {
                     return Err(einval("modify_qp", "dest_qpn wider than 24 bits"));
                 }
                 if u32::from(*max_dest_rd_atomic) > attr.max_qp_rd_atom {
-                    return Err(einval(
-                        "modify_qp",
-                        "max_dest_rd_atomic above the device limit",
-                    ));
+                    return Err(einval("modify_qp", "max_dest_rd_atomic above the device limit"));
                 }
                 if *min_rnr_timer > 31 {
                     return Err(einval("modify_qp", "min_rnr_timer above 31"));
@@ -961,23 +793,14 @@ impl FabricState {
                         return Err(einval("modify_qp", "RoCE needs a GRH in the AV"));
                     }
                     (Some(g), _) => {
-                        if self
-                            .gid_entry(dev, av.port, u32::from(g.sgid_index))
-                            .is_err()
-                        {
+                        if self.gid_entry(dev, av.port, u32::from(g.sgid_index)).is_err() {
                             return Err(einval("modify_qp", "sgid_index names an empty GID slot"));
                         }
                     }
                     (None, LinkLayer::InfiniBand) => {}
                 }
             }
-            QpTransition::ToRts {
-                timeout,
-                retry_cnt,
-                rnr_retry,
-                max_rd_atomic,
-                ..
-            } => {
+            QpTransition::ToRts { timeout, retry_cnt, rnr_retry, max_rd_atomic, .. } => {
                 if *timeout > 31 {
                     return Err(einval("modify_qp", "timeout above 31"));
                 }
@@ -996,29 +819,14 @@ impl FabricState {
                 q.access = *access;
                 q.state = QpState::Init;
             }
-            QpTransition::ToRtr {
-                av,
-                dest_qpn,
-                max_dest_rd_atomic,
-                min_rnr_timer,
-                ..
-            } => {
+            QpTransition::ToRtr { av, dest_qpn, max_dest_rd_atomic, min_rnr_timer, .. } => {
                 let q = self.qps.get_mut(&qpn).ok_or_else(|| enodev("modify_qp"))?;
-                q.dest = Some(Dest {
-                    dgid: av.grh.as_ref().map(|g| g.dgid),
-                    dlid: av.dlid,
-                    dest_qpn: *dest_qpn,
-                });
+                q.dest = Some(Dest { dgid: av.grh.as_ref().map(|g| g.dgid), dlid: av.dlid, dest_qpn: *dest_qpn });
                 q.max_dest_rd_atomic = *max_dest_rd_atomic;
                 q.min_rnr_timer = *min_rnr_timer;
                 q.state = QpState::Rtr;
             }
-            QpTransition::ToRts {
-                timeout,
-                retry_cnt,
-                rnr_retry,
-                ..
-            } => {
+            QpTransition::ToRts { timeout, retry_cnt, rnr_retry, .. } => {
                 let q = self.qps.get_mut(&qpn).ok_or_else(|| enodev("modify_qp"))?;
                 q.timeout = *timeout;
                 q.retry_cnt = *retry_cnt;
@@ -1057,11 +865,7 @@ impl FabricState {
         let rq: Vec<PendingRecv> = q.rq.drain(..).collect();
         let (scq, rcq) = (q.send_cq, q.recv_cq);
         for w in sq {
-            self.push_cqe(
-                scq,
-                error_wc(w.wr_id, WcStatus::WrFlushErr, qpn),
-                Some(w.seq),
-            );
+            self.push_cqe(scq, error_wc(w.wr_id, WcStatus::WrFlushErr, qpn), Some(w.seq));
         }
         for r in rq {
             self.push_cqe(rcq, error_wc(r.wr_id, WcStatus::WrFlushErr, qpn), None);
@@ -1072,26 +876,15 @@ impl FabricState {
         let dev = self.qps.get(&qpn).ok_or_else(|| enodev("qp_fatal"))?.dev;
         self.qp_to_err(qpn);
         if let Some(d) = self.devices.get_mut(&dev) {
-            d.events.push(AsyncEvent {
-                kind: AsyncEventKind::QpFatal,
-                element: EventElement::Qp(qpn),
-            });
+            d.events.push(AsyncEvent { kind: AsyncEventKind::QpFatal, element: EventElement::Qp(qpn) });
         }
         Ok(())
     }
 
-    pub fn post_send(
-        &mut self,
-        qpn: u32,
-        wrs: &[SendWr<'_>],
-        now: Duration,
-    ) -> Result<(), PostError> {
+    pub fn post_send(&mut self, qpn: u32, wrs: &[SendWr<'_>], now: Duration) -> Result<(), PostError> {
         for (i, wr) in wrs.iter().enumerate() {
             let Some(q) = self.qps.get_mut(&qpn) else {
-                return Err(PostError {
-                    index: i,
-                    errno: libc::ENODEV,
-                });
+                return Err(PostError { index: i, errno: libc::ENODEV });
             };
             let reject = |errno| Err(PostError { index: i, errno });
             if matches!(q.state, QpState::Reset | QpState::Init | QpState::Rtr) {
@@ -1133,10 +926,7 @@ impl FabricState {
     pub fn post_recv(&mut self, qpn: u32, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
         for (i, wr) in wrs.iter().enumerate() {
             let Some(q) = self.qps.get_mut(&qpn) else {
-                return Err(PostError {
-                    index: i,
-                    errno: libc::ENODEV,
-                });
+                return Err(PostError { index: i, errno: libc::ENODEV });
             };
             let reject = |errno| Err(PostError { index: i, errno });
             if q.state == QpState::Reset {
@@ -1148,10 +938,7 @@ impl FabricState {
             if q.rq.len() >= q.caps.max_recv_wr as usize {
                 return reject(libc::ENOMEM);
             }
-            q.rq.push_back(PendingRecv {
-                wr_id: wr.wr_id,
-                sges: wr.sg_list.to_vec(),
-            });
+            q.rq.push_back(PendingRecv { wr_id: wr.wr_id, sges: wr.sg_list.to_vec() });
             if q.state == QpState::Err {
                 self.qp_to_err(qpn);
             }
@@ -1166,10 +953,7 @@ impl FabricState {
         let busy: Vec<u32> = self.busy.iter().copied().collect();
         for qpn in busy {
             self.pump_qp(qpn, now);
-            let done = self
-                .qps
-                .get(&qpn)
-                .is_none_or(|q| q.sq.is_empty() || q.state != QpState::Rts);
+            let done = self.qps.get(&qpn).is_none_or(|q| q.sq.is_empty() || q.state != QpState::Rts);
             if done {
                 self.busy.remove(&qpn);
             }
@@ -1252,21 +1036,15 @@ impl FabricState {
         }
         let rdev = match dest.dgid {
             Some(g) => self.device_with_gid(&g)?,
-            None => self
-                .devices
-                .iter()
-                .find(|(_, d)| d.lid == dest.dlid && self.host_alive(d.host))
-                .map(|(id, _)| *id)?,
+            None => {
+                self.devices.iter().find(|(_, d)| d.lid == dest.dlid && self.host_alive(d.host)).map(|(id, _)| *id)?
+            }
         };
         let remote = self.devices.get(&rdev)?;
         if !remote.port_active || !self.host_alive(remote.host) {
             return None;
         }
-        let key = if q.dev <= rdev {
-            (q.dev, rdev)
-        } else {
-            (rdev, q.dev)
-        };
+        let key = if q.dev <= rdev { (q.dev, rdev) } else { (rdev, q.dev) };
         if self.dropped_paths.contains(&key) {
             return None;
         }
@@ -1292,9 +1070,7 @@ impl FabricState {
     fn device_with_gid(&self, g: &Gid) -> Option<u32> {
         self.devices
             .iter()
-            .find(|(_, d)| {
-                self.host_alive(d.host) && d.spec.gids.iter().flatten().any(|e| e.gid == *g)
-            })
+            .find(|(_, d)| self.host_alive(d.host) && d.spec.gids.iter().flatten().any(|e| e.gid == *g))
             .map(|(id, _)| *id)
     }
 
@@ -1350,13 +1126,7 @@ impl FabricState {
             return Outcome::Failed(WcStatus::LocProtErr);
         };
         let Some((rqpn, path)) = self.responder(qpn) else {
-            return self.wait(
-                qpn,
-                now,
-                since,
-                retry_budget(timeout, retry_cnt),
-                WcStatus::RetryExcErr,
-            );
+            return self.wait(qpn, now, since, retry_budget(timeout, retry_cnt), WcStatus::RetryExcErr);
         };
         if let Some(d) = self.path_delay.get(&path) {
             if now < posted_at + *d {
@@ -1381,10 +1151,7 @@ impl FabricState {
                 // them promised (Mr::register's contract) that they stay valid memory while
                 // registered, and registration is still in force under the fabric lock.
                 unsafe { copy_scatter_gather(&local, &[(remote_addr, total as usize)]) };
-                Outcome::Done {
-                    opcode: WcOpcode::RdmaWrite,
-                    byte_len: POISON_LEN,
-                }
+                Outcome::Done { opcode: WcOpcode::RdmaWrite, byte_len: POISON_LEN }
             }
             SendOp::RdmaRead { remote_addr, rkey } => {
                 if rmax_rd == 0 {
@@ -1400,10 +1167,7 @@ impl FabricState {
                 }
                 // SAFETY: as for RDMA WRITE; the local ranges also carry LOCAL_WRITE.
                 unsafe { copy_scatter_gather(&[(remote_addr, total as usize)], &local) };
-                Outcome::Done {
-                    opcode: WcOpcode::RdmaRead,
-                    byte_len: total as u32,
-                }
+                Outcome::Done { opcode: WcOpcode::RdmaRead, byte_len: total as u32 }
             }
             SendOp::Send | SendOp::SendWithImm { .. } => {
                 let imm = match op {
@@ -1412,8 +1176,7 @@ impl FabricState {
                 };
                 let Some(recv) = self.qps.get_mut(&rqpn).and_then(|r| r.rq.pop_front()) else {
                     // RNR: retry after the responder's RNR timer; 7 retries forever.
-                    let budget =
-                        (rnr_retry < 7).then(|| rnr_wait(rmin_rnr) * (u32::from(rnr_retry) + 1));
+                    let budget = (rnr_retry < 7).then(|| rnr_wait(rmin_rnr) * (u32::from(rnr_retry) + 1));
                     return self.wait(qpn, now, since, budget, WcStatus::RnrRetryExcErr);
                 };
                 let rcq = self.qps[&rqpn].recv_cq;
@@ -1441,10 +1204,7 @@ impl FabricState {
                     imm,
                 };
                 self.push_cqe(rcq, wc, None);
-                Outcome::Done {
-                    opcode: WcOpcode::Send,
-                    byte_len: POISON_LEN,
-                }
+                Outcome::Done { opcode: WcOpcode::Send, byte_len: POISON_LEN }
             }
         }
     }
@@ -1476,15 +1236,7 @@ impl FabricState {
 }
 
 fn error_wc(wr_id: u64, status: WcStatus, qpn: u32) -> Wc {
-    Wc {
-        wr_id,
-        status,
-        opcode: POISON_OPCODE,
-        byte_len: POISON_LEN,
-        qp_num: qpn,
-        vendor_err: 0,
-        imm: None,
-    }
+    Wc { wr_id, status, opcode: POISON_OPCODE, byte_len: POISON_LEN, qp_num: qpn, vendor_err: 0, imm: None }
 }
 
 /// Copies the bytes of the `src` pieces, in order, into the `dst` pieces, in order, stopping
@@ -1501,13 +1253,7 @@ unsafe fn copy_scatter_gather(src: &[(u64, usize)], dst: &[(u64, usize)]) {
         if n > 0 {
             // SAFETY: both ranges are within pieces the caller vouched for; `copy` (memmove)
             // tolerates the overlap a loopback request can produce.
-            unsafe {
-                std::ptr::copy(
-                    (sa as usize + so) as *const u8,
-                    (da as usize + doff) as *mut u8,
-                    n,
-                )
-            };
+            unsafe { std::ptr::copy((sa as usize + so) as *const u8, (da as usize + doff) as *mut u8, n) };
         }
         so += n;
         doff += n;

@@ -51,10 +51,7 @@ impl SimFabric {
 
     /// A fabric on wall-clock time, for engines driven by their own threads.
     pub fn new_realtime() -> Arc<SimFabric> {
-        Arc::new(SimFabric {
-            state: Mutex::new(FabricState::new()),
-            clock: ClockMode::Real(std::time::Instant::now()),
-        })
+        Arc::new(SimFabric { state: Mutex::new(FabricState::new()), clock: ClockMode::Real(std::time::Instant::now()) })
     }
 
     /// The process-wide real-time fabric that engines created with
@@ -68,9 +65,7 @@ impl SimFabric {
     /// `transports/rdma/sim/fabric = name` put their hosts on it (a test's virtual fabric). The
     /// registry holds no strong reference: the name lapses when the fabric is dropped.
     pub fn register_as(self: &Arc<Self>, name: &str) {
-        registry()
-            .lock()
-            .insert(name.to_string(), Arc::downgrade(self));
+        registry().lock().insert(name.to_string(), Arc::downgrade(self));
     }
 
     /// The fabric registered as `name`, if it is still alive.
@@ -112,12 +107,7 @@ impl SimFabric {
     /// device opened through it are gone.
     pub fn add_host(self: &Arc<Self>, spec: HostSpec) -> SimHost {
         let id = self.state.lock().add_host(spec);
-        SimHost {
-            inner: Arc::new(HostHandle {
-                fabric: self.clone(),
-                id,
-            }),
-        }
+        SimHost { inner: Arc::new(HostHandle { fabric: self.clone(), id }) }
     }
 
     /// Makes the `n`-th request (counting from 1) executed from now on by QP `qpn` complete with
@@ -129,11 +119,7 @@ impl SimFabric {
     /// Drops (or restores) every packet between two NICs, in both directions: requests over it
     /// end in RETRY_EXC_ERR.
     pub fn set_path_dropped(&self, a: SimNic, b: SimNic, dropped: bool) {
-        let key = if a.dev <= b.dev {
-            (a.dev, b.dev)
-        } else {
-            (b.dev, a.dev)
-        };
+        let key = if a.dev <= b.dev { (a.dev, b.dev) } else { (b.dev, a.dev) };
         let mut st = self.state.lock();
         if dropped {
             st.dropped_paths.insert(key);
@@ -145,11 +131,7 @@ impl SimFabric {
     /// Delays every request between two NICs by `delay` (zero removes the delay): a request
     /// runs no earlier than `delay` after it was posted, keeping per-QP order.
     pub fn set_path_delay(&self, a: SimNic, b: SimNic, delay: Duration) {
-        let key = if a.dev <= b.dev {
-            (a.dev, b.dev)
-        } else {
-            (b.dev, a.dev)
-        };
+        let key = if a.dev <= b.dev { (a.dev, b.dev) } else { (b.dev, a.dev) };
         let mut st = self.state.lock();
         if delay.is_zero() {
             st.path_delay.remove(&key);
@@ -168,10 +150,7 @@ impl SimFabric {
     /// against its capacity, and are not returned by `poll` while held.
     pub fn stall_cq(&self, handle: u64, stalled: bool) -> VerbsResult<()> {
         let mut st = self.state.lock();
-        let cq = st
-            .cqs
-            .get_mut(&handle)
-            .ok_or_else(|| VerbsError::new("stall_cq", libc::ENOENT, "no such CQ"))?;
+        let cq = st.cqs.get_mut(&handle).ok_or_else(|| VerbsError::new("stall_cq", libc::ENOENT, "no such CQ"))?;
         cq.stalled = stalled;
         Ok(())
     }
@@ -200,8 +179,7 @@ impl Clock for SimFabric {
 }
 
 fn registry() -> &'static Mutex<std::collections::HashMap<String, std::sync::Weak<SimFabric>>> {
-    static REG: OnceLock<Mutex<std::collections::HashMap<String, std::sync::Weak<SimFabric>>>> =
-        OnceLock::new();
+    static REG: OnceLock<Mutex<std::collections::HashMap<String, std::sync::Weak<SimFabric>>>> = OnceLock::new();
     REG.get_or_init(Default::default)
 }
 
@@ -242,33 +220,24 @@ impl SimHost {
 
     /// The NIC called `name`.
     pub fn nic(&self, name: &str) -> Option<SimNic> {
-        self.inner
-            .fabric
-            .host_op(|st| st.find_device(self.inner.id, name))
-            .map(|dev| SimNic { dev })
+        self.inner.fabric.host_op(|st| st.find_device(self.inner.id, name)).map(|dev| SimNic { dev })
     }
 
     /// Takes port 1 of NIC `name` down (PORT_ERR) or up (PORT_ACTIVE). QPs stay as they are;
     /// traffic over a down port is lost and ends in RETRY_EXC_ERR.
     pub fn set_port_active(&self, name: &str, active: bool) -> VerbsResult<()> {
-        self.inner
-            .fabric
-            .host_op(|st| st.set_port_active(self.inner.id, name, active))
+        self.inner.fabric.host_op(|st| st.set_port_active(self.inner.id, name, active))
     }
 
     /// Fills (or empties, with `None`) slot `index` of NIC `name`'s GID table and raises
     /// GID_CHANGE, as adding or removing an address on the netdev does.
     pub fn set_gid(&self, name: &str, index: u32, entry: Option<GidSpec>) -> VerbsResult<()> {
-        self.inner
-            .fabric
-            .host_op(|st| st.set_gid(self.inner.id, name, index, entry))
+        self.inner.fabric.host_op(|st| st.set_gid(self.inner.id, name, index, entry))
     }
 
     /// Raises DEVICE_FATAL on NIC `name` and moves all its QPs to ERR.
     pub fn device_fatal(&self, name: &str) -> VerbsResult<()> {
-        self.inner
-            .fabric
-            .host_op(|st| st.device_fatal(self.inner.id, name))
+        self.inner.fabric.host_op(|st| st.device_fatal(self.inner.id, name))
     }
 
     /// Makes memory registration on NIC `name` fail with ENOMEM (or work again).
@@ -286,11 +255,7 @@ impl SimHost {
 
     /// How many memory regions are registered on NIC `name` now.
     pub fn mr_count(&self, name: &str) -> usize {
-        self.inner.fabric.host_op(|st| {
-            st.find_device(self.inner.id, name)
-                .map(|d| st.mr_count(d))
-                .unwrap_or(0)
-        })
+        self.inner.fabric.host_op(|st| st.find_device(self.inner.id, name).map(|d| st.mr_count(d)).unwrap_or(0))
     }
 
     /// Kills the host: every QP, CQ, MR and PD it had vanishes at once and its NICs stop
@@ -303,9 +268,7 @@ impl SimHost {
     /// Brings a killed host back with the same NIC names, LIDs and GIDs but nothing else: new
     /// objects get new QP numbers, as after a reboot.
     pub fn restart(&self) {
-        self.inner
-            .fabric
-            .host_op(|st| st.restart_host(self.inner.id));
+        self.inner.fabric.host_op(|st| st.restart_host(self.inner.id));
     }
 
     /// Makes every `n`-th request executed by this host's QPs complete with `status`
@@ -337,9 +300,7 @@ impl Provider for SimHost {
     }
 
     fn device_names(&self) -> VerbsResult<Vec<String>> {
-        self.inner
-            .fabric
-            .host_op(|st| st.device_names(self.inner.id))
+        self.inner.fabric.host_op(|st| st.device_names(self.inner.id))
     }
 
     fn clock(&self) -> Arc<dyn Clock> {
@@ -347,16 +308,8 @@ impl Provider for SimHost {
     }
 
     fn open_device(&self, name: &str) -> VerbsResult<Box<dyn DeviceOps>> {
-        let (dev, boot) = self
-            .inner
-            .fabric
-            .host_op(|st| st.open_device(self.inner.id, name))?;
-        Ok(Box::new(SimDevice {
-            host: self.inner.clone(),
-            dev,
-            boot,
-            name: name.to_string(),
-        }))
+        let (dev, boot) = self.inner.fabric.host_op(|st| st.open_device(self.inner.id, name))?;
+        Ok(Box::new(SimDevice { host: self.inner.clone(), dev, boot, name: name.to_string() }))
     }
 }
 
@@ -369,11 +322,7 @@ struct SimDevice {
 }
 
 impl SimDevice {
-    fn with<T>(
-        &self,
-        op: &'static str,
-        f: impl FnOnce(&mut FabricState) -> VerbsResult<T>,
-    ) -> VerbsResult<T> {
+    fn with<T>(&self, op: &'static str, f: impl FnOnce(&mut FabricState) -> VerbsResult<T>) -> VerbsResult<T> {
         let mut st = self.host.fabric.state.lock();
         st.check_device(op, self.dev, self.boot)?;
         f(&mut st)
@@ -399,19 +348,12 @@ impl DeviceOps for SimDevice {
 
     fn alloc_pd(&self) -> VerbsResult<Box<dyn PdOps>> {
         let id = self.with("alloc_pd", |st| Ok(st.alloc_pd(self.dev)))?;
-        Ok(Box::new(SimPd {
-            host: self.host.clone(),
-            id,
-        }))
+        Ok(Box::new(SimPd { host: self.host.clone(), id }))
     }
 
     fn create_cq(&self, cqe: u32, _comp_vector: u32) -> VerbsResult<Box<dyn CqOps>> {
         let (id, capacity) = self.with("create_cq", |st| st.create_cq(self.dev, cqe))?;
-        Ok(Box::new(SimCq {
-            host: self.host.clone(),
-            id,
-            capacity,
-        }))
+        Ok(Box::new(SimCq { host: self.host.clone(), id, capacity }))
     }
 
     fn poll_async_event(&self) -> VerbsResult<Option<AsyncEvent>> {
@@ -438,28 +380,12 @@ struct SimPd {
 }
 
 impl PdOps for SimPd {
-    unsafe fn reg_mr(
-        &self,
-        addr: *mut u8,
-        len: usize,
-        access: Access,
-    ) -> VerbsResult<Box<dyn MrOps>> {
-        let key = self
-            .host
-            .fabric
-            .host_op(|st| st.reg_mr(self.id, addr as u64, len, access))?;
-        Ok(Box::new(SimMr {
-            host: self.host.clone(),
-            key,
-        }))
+    unsafe fn reg_mr(&self, addr: *mut u8, len: usize, access: Access) -> VerbsResult<Box<dyn MrOps>> {
+        let key = self.host.fabric.host_op(|st| st.reg_mr(self.id, addr as u64, len, access))?;
+        Ok(Box::new(SimMr { host: self.host.clone(), key }))
     }
 
-    fn create_qp(
-        &self,
-        send_cq: &dyn CqOps,
-        recv_cq: &dyn CqOps,
-        init: &QpInit,
-    ) -> VerbsResult<Box<dyn QpOps>> {
+    fn create_qp(&self, send_cq: &dyn CqOps, recv_cq: &dyn CqOps, init: &QpInit) -> VerbsResult<Box<dyn QpOps>> {
         let scq = send_cq
             .as_any()
             .downcast_ref::<SimCq>()
@@ -468,15 +394,8 @@ impl PdOps for SimPd {
             .as_any()
             .downcast_ref::<SimCq>()
             .ok_or_else(|| VerbsError::new("create_qp", libc::EINVAL, "recv CQ is not a sim CQ"))?;
-        let (qpn, caps) = self
-            .host
-            .fabric
-            .host_op(|st| st.create_qp(self.id, scq.id, rcq.id, init))?;
-        Ok(Box::new(SimQp {
-            host: self.host.clone(),
-            qpn,
-            caps,
-        }))
+        let (qpn, caps) = self.host.fabric.host_op(|st| st.create_qp(self.id, scq.id, rcq.id, init))?;
+        Ok(Box::new(SimQp { host: self.host.clone(), qpn, caps }))
     }
 
     fn dealloc(&self) -> VerbsResult<()> {
