@@ -229,13 +229,15 @@ impl Core {
         let now = self.clock.now();
         let start = (s.seq as usize).wrapping_add(s.retries as usize);
         let total = nl * nr;
-        for k in 0..total {
+        // First choice: a pair whose rail is not paused. When every rail is paused there is no
+        // better alternative, so the pause is ignored rather than failing the slice.
+        for k in 0..2 * total {
             let p = (start + k) % total;
             let local = enabled[p % nl];
             let remote = (p / nl + p % nl) % nr;
             let usable = job.lkeys.get(local).is_some_and(|k| *k != 0)
                 && job.rkeys.get(remote).is_some_and(|k| *k != 0)
-                && self.rails.available(local, &job.remote_keys[remote], now);
+                && (k >= total || self.rails.available(local, &job.remote_keys[remote], now));
             if !usable {
                 continue;
             }
@@ -529,8 +531,9 @@ impl Lane {
         let wr_id = encode_wr_id(self.id, slot, self.slots[slot].generation);
         let r = s.job.task.request();
         let remote_addr = r.target_offset + s.offset;
-        let sge = [Sge { addr: r.source + s.offset, length: s.len, lkey: s.job.lkeys[ep.nic_id] }];
-        let rkey = s.job.rkeys[remote];
+        let lkey = s.job.lkeys.get(ep.nic_id).copied().unwrap_or(0);
+        let sge = [Sge { addr: r.source + s.offset, length: s.len, lkey }];
+        let rkey = s.job.rkeys.get(remote).copied().unwrap_or(0);
         let op = match r.opcode {
             Opcode::Write => SendOp::RdmaWrite { remote_addr, rkey },
             Opcode::Read => SendOp::RdmaRead { remote_addr, rkey },
