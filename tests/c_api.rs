@@ -44,3 +44,15 @@ fn tcp_between_two_processes() {
 fn shm_between_two_processes() {
     c_test("shm_two_process");
 }
+
+#[test]
+fn rdma_on_the_simulated_fabric() {
+    let exe = build_c("rdma_sim", &[root().join("c_tests").join("rdma_sim.c")], false, &[]);
+    for scenario in ["stale", "failed"] {
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.arg(scenario).env("MC_LOG_LEVEL", "error");
+        let (ok, out) = common::run(&mut cmd);
+        println!("{out}");
+        assert!(ok && out.contains(", 0 failed"), "rdma_sim {scenario}:\n{out}");
+    }
+}

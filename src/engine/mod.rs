@@ -27,6 +27,7 @@ use crate::control::server::{Refusal, RpcHandler, RpcServer};
 use crate::error::{Error, Result};
 use crate::metrics::{Metrics, MetricsServer};
 use crate::transport::Transport;
+use crate::transport::rdma::RdmaTransport;
 use crate::transport::shm::{self, ShmParams, ShmTransport};
 use crate::transport::tcp::{TcpParams, TcpTransport};
 use batch::{BatchTable, Entry, HookSink, NotifyHook};
@@ -145,6 +146,8 @@ pub struct Engine {
     metrics: Arc<Metrics>,
     /// The HTTP endpoint when `metrics/enabled` is set and its port could be bound.
     metrics_server: Option<MetricsServer>,
+    /// The RDMA transport when loaded (also in the dispatcher); registration goes through it.
+    rdma: Option<Arc<RdmaTransport>>,
     shm_dir: String,
     server: RpcServer,
     /// Units waiting for the progress worker's failover decision (`enable_progress_worker`).
@@ -164,6 +167,7 @@ pub struct Engine {
 struct ServerView {
     local: Arc<LocalSegment>,
     remote: Arc<Remote>,
+    rdma: Option<Arc<RdmaTransport>>,
 }
 
 /// What an engine without RDMA answers to a bootstrap, byte for byte as upstream.
@@ -174,8 +178,11 @@ impl RpcHandler for ServerView {
         self.local.descriptor_json()
     }
 
-    fn bootstrap_rdma(&self, _request: &[u8]) -> Vec<u8> {
-        BOOTSTRAP_NOT_READY.as_bytes().to_vec()
+    fn bootstrap_rdma(&self, request: &[u8]) -> Vec<u8> {
+        match &self.rdma {
+            Some(t) => t.handle_bootstrap(request),
+            None => BOOTSTRAP_NOT_READY.as_bytes().to_vec(),
+        }
     }
 
     fn notify(&self, name: String, msg: String, sender: Option<String>) {
@@ -255,6 +262,11 @@ impl Engine {
                 metrics.clone(),
             )?));
         }
+        let rdma = Self::start_rdma(&config, &name, &client);
+        if let Some(t) = &rdma {
+            local.set_devices(t.devices());
+            transports.push(t.clone());
+        }
         let progress = config
             .get_bool(keys::ENABLE_PROGRESS_WORKER.0, keys::ENABLE_PROGRESS_WORKER.1)
             .then(|| Arc::new(WorkQueue::<Arc<Unit>>::default()));
@@ -294,7 +306,7 @@ impl Engine {
             }
             None => None,
         };
-        let view = Arc::new(ServerView { local: local.clone(), remote: remote.clone() });
+        let view = Arc::new(ServerView { local: local.clone(), remote: remote.clone(), rdma: rdma.clone() });
         let server = RpcServer::start(listener, view, threads, data_threads, timeouts.request, token)?;
         // Central stores: the descriptor is written before the engine counts as started; the
         // RPC server and transports are dropped again if that fails.
@@ -339,6 +351,7 @@ impl Engine {
             metrics,
             allocations: Mutex::new(HashMap::new()),
             dispatcher,
+            rdma,
             shm_dir,
             server,
             progress,
@@ -350,6 +363,29 @@ impl Engine {
         });
         tracing::info!("transfer engine {name} started");
         Ok(engine)
+    }
+
+    /// Starts the RDMA transport when `transports/rdma/enable` (default true) and the provider
+    /// (`transports/rdma/provider`) has devices. Without devices, or on any error, it says why
+    /// once and the engine runs without RDMA.
+    fn start_rdma(config: &Config, name: &str, client: &Arc<RpcClient>) -> Option<Arc<RdmaTransport>> {
+        if !config.get_bool("transports/rdma/enable", true) {
+            return None;
+        }
+        let started = crate::verbs::provider_from_config(config)
+            .and_then(|p| RdmaTransport::new(config, p, name, client.clone()));
+        match started {
+            Ok(t) => Some(Arc::new(t)),
+            Err(e) => {
+                tracing::info!("RDMA transport not loaded: {e}");
+                None
+            }
+        }
+    }
+
+    /// The RDMA transport, when loaded.
+    pub fn rdma(&self) -> Option<&Arc<RdmaTransport>> {
+        self.rdma.as_ref()
     }
 
     /// The effective configuration.
@@ -535,25 +571,66 @@ impl Engine {
                     shm_path,
                     shm_offset,
                     transports,
+                    rkey: Vec::new(),
                 })
             })
-            .collect::<Result<_>>()?;
+            .collect::<Result<Vec<Registration>>>()?;
+        let mut regs = regs;
         let known = self.local.snapshot();
-        for r in &regs {
-            if !known.iter().any(|b| b.addr == r.addr && b.len == r.len) {
+        let mut fresh_rdma: Vec<(u64, u64)> = Vec::new();
+        for r in &mut regs {
+            let existing = known.iter().find(|b| b.addr == r.addr && b.len == r.len);
+            if existing.is_none() {
                 memory::prefault(r.addr, r.len);
             }
+            let (Some(t), true) = (&self.rdma, r.transports.contains(&TransportKind::Rdma)) else { continue };
+            if let Some(b) = existing {
+                r.rkey = b.rkey.clone();
+                continue;
+            }
+            // SAFETY: the caller registers memory it keeps valid until it unregisters it; the
+            // RDMA registration is dropped when the buffer leaves the local segment.
+            match unsafe { t.register_buffer(r.addr, r.len, r.permission) } {
+                Ok(keys) => {
+                    r.rkey = keys;
+                    fresh_rdma.push((r.addr, r.len));
+                }
+                Err(e) => {
+                    for (a, l) in fresh_rdma {
+                        t.unregister_buffer(a, l);
+                    }
+                    return Err(e);
+                }
+            }
         }
-        if self.local.register(&regs)? {
-            self.published();
+        match self.local.register(&regs) {
+            Ok(changed) => {
+                if changed {
+                    self.published();
+                }
+                Ok(())
+            }
+            Err(e) => {
+                if let Some(t) = &self.rdma {
+                    for (a, l) in fresh_rdma {
+                        t.unregister_buffer(a, l);
+                    }
+                }
+                Err(e)
+            }
         }
-        Ok(())
     }
 
     /// Drops one reference of each range (`len == 0` matches any length). Unknown ranges are
     /// ignored.
     pub fn unregister_memory(&self, ranges: &[(u64, u64)]) -> Result<()> {
-        if !self.local.unregister(ranges).is_empty() {
+        let removed = self.local.unregister(ranges);
+        if let Some(t) = &self.rdma {
+            for b in &removed {
+                t.unregister_buffer(b.addr, b.len);
+            }
+        }
+        if !removed.is_empty() {
             self.published();
         }
         Ok(())
@@ -773,7 +850,19 @@ impl Engine {
 
     /// Per-NIC load; empty without RDMA.
     pub fn nic_load_stats(&self) -> Vec<NicLoad> {
-        Vec::new()
+        self.rdma
+            .as_ref()
+            .map(|t| {
+                t.nic_load()
+                    .into_iter()
+                    .map(|s| NicLoad {
+                        device: s.device,
+                        inflight_bytes: s.inflight_bytes,
+                        ewma_bandwidth_bps: s.ewma_bandwidth_bps,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// Fetches the descriptor of an opened segment again instead of using the cached copy (the

@@ -177,6 +177,8 @@ pub struct LocalBuffer {
     pub shm_offset: u64,
     pub transports: Vec<TransportKind>,
     pub refcount: u32,
+    /// RDMA remote keys by NicID (empty without RDMA).
+    pub rkey: Vec<u32>,
 }
 
 /// The engine's own segment: registered buffers as an immutable snapshot replaced on change, so
@@ -194,6 +196,8 @@ pub struct LocalSegment {
     /// Held (shared) while bytes move in or out of registered memory, and exclusively while a
     /// buffer is removed, so an unregister never races a copy into that memory.
     gate: RwLock<()>,
+    /// The RDMA NICs published as `devices` (empty without RDMA).
+    devices: RwLock<Vec<Value>>,
 }
 
 /// What a registration asks for.
@@ -207,6 +211,8 @@ pub struct Registration {
     pub shm_path: String,
     pub shm_offset: u64,
     pub transports: Vec<TransportKind>,
+    /// RDMA remote keys by NicID (empty without RDMA).
+    pub rkey: Vec<u32>,
 }
 
 impl LocalSegment {
@@ -222,6 +228,7 @@ impl LocalSegment {
             version: AtomicU64::new(1),
             json_cache: Mutex::new((0, Arc::new(String::new()))),
             gate: RwLock::new(()),
+            devices: RwLock::new(Vec::new()),
         }
     }
 
@@ -262,6 +269,7 @@ impl LocalSegment {
                 shm_offset: r.shm_offset,
                 transports: r.transports.clone(),
                 refcount: 1,
+                rkey: r.rkey.clone(),
             });
             changed = true;
         }
@@ -356,7 +364,7 @@ impl LocalSegment {
                 mnnvl_handle: String::new(),
                 perm: Some(b.permission.as_c()),
                 regions: Vec::new(),
-                rkey: Vec::new(),
+                rkey: b.rkey.clone(),
                 shm_path: b.shm_path.clone(),
                 shm_offset: b.shm_offset,
                 transport_attrs: Vec::new(),
@@ -373,10 +381,16 @@ impl LocalSegment {
             machine_id: self.machine_id.clone(),
             rpc_server_addr: self.rpc_server_addr.clone(),
             buffers,
-            devices: Vec::new(),
+            devices: self.devices.read().clone(),
             detail_extra: extra,
             rdma_server_name: None,
         }
+    }
+
+    /// Sets the RDMA devices the descriptor publishes (once, when the RDMA transport starts).
+    pub fn set_devices(&self, devices: Vec<Value>) {
+        *self.devices.write() = devices;
+        self.version.fetch_add(1, Ordering::AcqRel);
     }
 
     /// The descriptor JSON, cached per version so repeated `GetSegmentDesc` calls are cheap.
@@ -451,6 +465,7 @@ mod tests {
             shm_path: String::new(),
             shm_offset: 0,
             transports: vec![TransportKind::Tcp],
+            rkey: Vec::new(),
         }
     }
 

@@ -68,6 +68,16 @@ impl Task {
         self.unit.fail(self.attempt, reason);
     }
 
+    /// Reports that the transfer ran out of time: every public task ends TIMEOUT (no failover,
+    /// the time budget is spent).
+    pub fn time_out(&self, reason: String) {
+        if self.attempt == self.unit.attempt.load(Ordering::Acquire) {
+            for m in &self.unit.members {
+                m.finish(super::types::Status::Timeout, 0, Some(reason.clone()));
+            }
+        }
+    }
+
     /// True when every public task of the unit was cancelled, so the work can stop.
     pub fn cancel_requested(&self) -> bool {
         self.unit.members.iter().all(|m| m.cancel_requested())

@@ -1,11 +1,323 @@
-//! The RDMA transport. This build has its lowest layer, the per-NIC context; endpoints, the
-//! endpoint store and the worker lanes build on it.
+//! The RDMA transport: per-NIC contexts, endpoints with a one-way lifecycle, the endpoint store,
+//! worker lanes, the rail monitor and the bootstrap handshake over the control plane.
 
 // Every unsafe block states why it is sound.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 // Nothing here belongs in the C header that cbindgen generates from the crate.
 /// cbindgen:ignore
+pub mod bootstrap;
+/// cbindgen:ignore
 pub mod context;
+/// cbindgen:ignore
+pub mod endpoint;
+/// cbindgen:ignore
+pub mod rail;
+/// cbindgen:ignore
+pub mod store;
+/// cbindgen:ignore
+pub mod workers;
 
 pub use context::{BufferRegistration, ContextLimits, ContextParams, ContextSet, ContextState, CqQuota, RdmaContext};
+pub use endpoint::{ConnectError, Endpoint, EndpointParams, EpState};
+pub use store::{EndpointStore, StoreKind};
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+
+use crate::config::Config;
+use crate::control::client::RpcClient;
+use crate::engine::segment::SegmentDesc;
+use crate::engine::types::{Permission, TransportKind};
+use crate::engine::unit::Task;
+use crate::error::{Error, Result};
+use crate::transport::Transport;
+use crate::verbs::Provider;
+use rail::{RailMonitor, RailParams};
+use workers::{Core, Job, Lane, LaneMsg, NicStats, Slice, WorkerParams};
+
+/// Per-NIC load, for `tent_get_nic_load_stats`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NicLoadStats {
+    pub device: String,
+    pub inflight_bytes: u64,
+    pub ewma_bandwidth_bps: f64,
+}
+
+struct LocalReg {
+    len: u64,
+    refs: u32,
+    reg: BufferRegistration,
+}
+
+/// The RDMA transport of one engine.
+pub struct RdmaTransport {
+    core: Arc<Core>,
+    provider: Arc<dyn Provider>,
+    lanes: Mutex<Vec<mpsc::Sender<LaneMsg>>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    regs: Mutex<BTreeMap<u64, LocalReg>>,
+    next_lane: AtomicUsize,
+    stopped: AtomicBool,
+}
+
+impl RdmaTransport {
+    /// Opens the provider's devices (after the whitelist/blacklist) and starts the lanes, the
+    /// connector and the monitor. Fails with `Unavailable`/`NoTransport` when there is no usable
+    /// device, and with `InvalidArgument` for bad config.
+    pub fn new(cfg: &Config, provider: Arc<dyn Provider>, local_server: &str, client: Arc<RpcClient>) -> Result<Self> {
+        let params = ContextParams::from_config(cfg)?;
+        let ep_params = Arc::new(EndpointParams::from_config(cfg, params.num_lanes)?);
+        let wp = WorkerParams::from_config(cfg)?;
+        let (kind, cap) = store::store_config(cfg)?;
+        let names = context::select_devices(&provider, cfg, params.port)?;
+        if names.is_empty() {
+            return Err(Error::Unavailable("no RDMA devices".into()));
+        }
+        let contexts = ContextSet::open(&provider, &names, &params)?;
+        let stores = (0..names.len())
+            .map(|i| contexts.get(i).map(|_| EndpointStore::new(kind, cap).map(Arc::new)).transpose())
+            .collect::<Result<Vec<_>>>()?;
+        let (ctx_tx, ctx_rx) = mpsc::channel();
+        let core = Arc::new(Core {
+            contexts,
+            device_names: names.clone(),
+            stores,
+            ep_params,
+            wp,
+            clock: provider.clock(),
+            local_server: local_server.to_string(),
+            client,
+            connector: Mutex::new(Some(ctx_tx)),
+            rails: RailMonitor::new(RailParams::from_config(cfg)),
+            stopping: AtomicBool::new(false),
+            nics: names.iter().map(|_| NicStats::default()).collect(),
+            counters: Default::default(),
+        });
+        let mut threads = Vec::new();
+        let mut lanes = Vec::new();
+        let spawn = |name: String, f: Box<dyn FnOnce() + Send>| std::thread::Builder::new().name(name).spawn(f);
+        let result = (|| -> std::io::Result<()> {
+            for i in 0..params.num_lanes {
+                let (tx, rx) = mpsc::channel();
+                let lane = Lane::new(i, core.clone(), rx);
+                threads.push(spawn(format!("tent-rdma-lane{i}"), Box::new(move || lane.run()))?);
+                lanes.push(tx);
+            }
+            let c = core.clone();
+            threads.push(spawn("tent-rdma-connect".into(), Box::new(move || workers::run_connector(c, ctx_rx)))?);
+            let c = core.clone();
+            let tick = Duration::from_millis(cfg.get_u64("transports/rdma/monitor_tick_ms", 10).clamp(1, 1000));
+            threads.push(spawn("tent-rdma-monitor".into(), Box::new(move || workers::run_monitor(c, tick)))?);
+            Ok(())
+        })();
+        let t = RdmaTransport {
+            core,
+            provider,
+            lanes: Mutex::new(lanes),
+            threads: Mutex::new(threads),
+            regs: Mutex::new(BTreeMap::new()),
+            next_lane: AtomicUsize::new(0),
+            stopped: AtomicBool::new(false),
+        };
+        result.map_err(Error::from)?;
+        tracing::info!("RDMA transport up on {:?} with {} lanes", names, params.num_lanes);
+        Ok(t)
+    }
+
+    /// The provider the transport runs on (tests reach the simulated host through it).
+    pub fn provider(&self) -> &Arc<dyn Provider> {
+        &self.provider
+    }
+
+    /// The shared core (stores, counters, contexts), for tests and diagnostics.
+    pub fn core(&self) -> &Arc<Core> {
+        &self.core
+    }
+
+    /// The `devices` list of the segment descriptor: one `{name, lid, gid}` per NicID.
+    pub fn devices(&self) -> Vec<Value> {
+        self.core
+            .device_names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let ctx = self.core.contexts.get(i);
+                let gid = ctx.and_then(|c| c.gid()).map(|g| g.gid.to_wire_string()).unwrap_or_default();
+                json!({"name": n, "lid": ctx.and_then(|c| c.lid()).unwrap_or(0), "gid": gid})
+            })
+            .collect()
+    }
+
+    /// Registers `[addr, addr+len)` on every live NIC (a second registration of the same range
+    /// only takes a reference) and returns the NicID-indexed remote keys to publish.
+    ///
+    /// # Safety
+    /// The memory must stay valid until the matching [`RdmaTransport::unregister_buffer`].
+    pub unsafe fn register_buffer(&self, addr: u64, len: u64, perm: Permission) -> Result<Vec<u32>> {
+        let mut regs = self.regs.lock();
+        if let Some(r) = regs.get_mut(&addr).filter(|r| r.len == len) {
+            r.refs += 1;
+            return Ok(r.reg.rkeys().to_vec());
+        }
+        if regs.contains_key(&addr) {
+            return Err(Error::InvalidArgument(format!(
+                "{addr:#x} is already registered with RDMA with another length"
+            )));
+        }
+        let access = context::access_for(perm, false);
+        // SAFETY: forwarded from this function's contract.
+        let reg = unsafe { self.core.contexts.register(addr as *mut u8, len as usize, access)? };
+        let rkeys = reg.rkeys().to_vec();
+        regs.insert(addr, LocalReg { len, refs: 1, reg });
+        Ok(rkeys)
+    }
+
+    /// Drops one reference of a registration; the last one deregisters on every NIC.
+    pub fn unregister_buffer(&self, addr: u64, len: u64) {
+        let mut regs = self.regs.lock();
+        if let Some(r) = regs.get_mut(&addr).filter(|r| len == 0 || r.len == len) {
+            r.refs -= 1;
+            if r.refs == 0 {
+                regs.remove(&addr);
+            }
+        }
+    }
+
+    fn lkeys_for(&self, addr: u64, len: u64) -> Option<Vec<u32>> {
+        let regs = self.regs.lock();
+        let (base, r) = regs.range(..=addr).next_back()?;
+        let end = addr.checked_add(len)?;
+        (end <= base + r.len).then(|| r.reg.lkeys().to_vec())
+    }
+
+    /// Answers a bootstrap request (control-plane message 2).
+    pub fn handle_bootstrap(&self, request: &[u8]) -> Vec<u8> {
+        self.core.handle_bootstrap(request)
+    }
+
+    /// Per-NIC in-flight bytes and bandwidth EWMA.
+    pub fn nic_load(&self) -> Vec<NicLoadStats> {
+        self.core
+            .device_names
+            .iter()
+            .zip(&self.core.nics)
+            .map(|(n, s)| NicLoadStats {
+                device: n.clone(),
+                inflight_bytes: s.inflight.load(Ordering::Relaxed),
+                ewma_bandwidth_bps: f64::from_bits(s.ewma_bits.load(Ordering::Relaxed)),
+            })
+            .collect()
+    }
+}
+
+/// The remote NIC names of a descriptor, by NicID.
+fn remote_nics(target: &SegmentDesc) -> Vec<String> {
+    target.devices.iter().map(|d| d.get("name").and_then(Value::as_str).unwrap_or("").to_string()).collect()
+}
+
+impl Transport for RdmaTransport {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Rdma
+    }
+
+    fn reaches(&self, target: &SegmentDesc, _local_machine_id: &str) -> bool {
+        remote_nics(target).iter().any(|n| !n.is_empty())
+    }
+
+    fn submit(&self, target: &Arc<SegmentDesc>, tasks: Vec<Task>) -> Result<()> {
+        let server = target.rdma_server_name.clone().filter(|s| !s.is_empty()).unwrap_or_else(|| target.name.clone());
+        let keys: Arc<Vec<String>> =
+            Arc::new(remote_nics(target).iter().map(|n| bootstrap::nic_path(&server, n)).collect());
+        if keys.is_empty() {
+            return Err(Error::NoTransport(format!("segment {} publishes no RDMA device", target.name)));
+        }
+        let lanes = self.lanes.lock().clone();
+        if lanes.is_empty() {
+            return Err(Error::Unavailable("rdma transport is shutting down".into()));
+        }
+        let block = self.core.wp.block_size;
+        let mut per_lane: Vec<Vec<Slice>> = (0..lanes.len()).map(|_| Vec::new()).collect();
+        let now = self.core.clock.now();
+        for task in tasks {
+            let r = *task.request();
+            if r.length == 0 {
+                task.complete();
+                continue;
+            }
+            let rkeys = match target.find_buffer(r.target_offset, r.length, r.opcode, true) {
+                Ok(b) if b.rkey.iter().any(|k| *k != 0) => b.rkey.clone(),
+                Ok(_) => {
+                    task.fail(format!("the target buffer of segment {} has no RDMA key", target.name));
+                    continue;
+                }
+                Err(e) => {
+                    task.fail(e.to_string());
+                    continue;
+                }
+            };
+            let Some(lkeys) = self.lkeys_for(r.source, r.length) else {
+                task.fail(format!("{} bytes at {:#x} are not registered with RDMA", r.length, r.source));
+                continue;
+            };
+            // No zero-length slices: exactly ceil(len / block) pieces (W11).
+            let n = r.length.div_ceil(block);
+            let job = Arc::new(Job::new(
+                task,
+                target.rpc_server_addr.clone(),
+                keys.clone(),
+                lkeys,
+                rkeys,
+                now + self.core.wp.max_timeout,
+                n as usize,
+            ));
+            let start = self.next_lane.fetch_add(n as usize, Ordering::Relaxed);
+            for k in 0..n {
+                let off = k * block;
+                let len = (r.length - off).min(block) as u32;
+                per_lane[(start + k as usize) % lanes.len()].push(Slice::new(job.clone(), off, len, k as u32));
+            }
+        }
+        for (lane, slices) in per_lane.into_iter().enumerate() {
+            if slices.is_empty() {
+                continue;
+            }
+            if let Err(mpsc::SendError(LaneMsg::Submit(back))) = lanes[lane].send(LaneMsg::Submit(slices)) {
+                for s in back {
+                    s.job.task.fail("rdma transport is shutting down".into());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn shutdown(&self) {
+        if self.stopped.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.core.stopping.store(true, Ordering::Release);
+        self.lanes.lock().clear();
+        self.core.connector.lock().take();
+        self.core.client.abort_all();
+        for t in self.threads.lock().drain(..) {
+            let _ = t.join();
+        }
+        let now = self.core.clock.now();
+        for s in self.core.stores.iter().flatten() {
+            s.retire_all(now);
+        }
+    }
+}
+
+impl Drop for RdmaTransport {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

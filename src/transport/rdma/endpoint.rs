@@ -1,0 +1,572 @@
+//! Endpoints: the RC connection between one local NIC and one peer NIC (spec rdma.md 5), with
+//! `num_lanes` data QPs paired by position.
+//!
+//! The life is one-way: UNINIT -> HANDSHAKING -> READY -> DESTROYING -> DESTROYED. A failed or
+//! discarded endpoint is never reset; its replacement is a new object with new QPs and a new
+//! random nonce. The nonce identifies one endpoint generation on the wire, so an exact duplicate
+//! bootstrap is recognised by (nonce, QP numbers) rather than by server names that the two roles
+//! learn from different sources (W6).
+//!
+//! Destroy has two phases: `retire` moves the QPs to ERR so the NIC flushes outstanding work,
+//! and `try_finish` destroys the endpoint once every lane's outstanding count reached zero (the
+//! lanes decrement it only when a completion arrives), or forcibly after the drain timeout; the
+//! lanes then resolve work still recorded against it as FAILED (W13).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+
+use super::bootstrap::{BootstrapDesc, BootstrapResult, nic_path};
+use super::context::RdmaContext;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::verbs::{Access, AddressVector, Gid, GlobalRoute, Mtu, Qp, QpCaps, QpInit, QpState, QpTransition};
+
+/// Endpoint states, in the only order they can be visited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum EpState {
+    /// Created, QPs not made yet.
+    Uninit = 0,
+    /// QPs exist; waiting for the peer's QP numbers.
+    Handshaking = 1,
+    /// Connected; work may be posted.
+    Ready = 2,
+    /// Retired: QPs in ERR, outstanding work flushing.
+    Destroying = 3,
+    /// Gone: QPs destroyed.
+    Destroyed = 4,
+}
+
+impl EpState {
+    fn from_u8(v: u8) -> EpState {
+        match v {
+            0 => EpState::Uninit,
+            1 => EpState::Handshaking,
+            2 => EpState::Ready,
+            3 => EpState::Destroying,
+            _ => EpState::Destroyed,
+        }
+    }
+
+    /// Whether the endpoint may still carry work (not retired).
+    pub fn is_live(self) -> bool {
+        self <= EpState::Ready
+    }
+}
+
+/// The RC attributes and sizes of data QPs (`transports/rdma/endpoint/*`, spec 5.7 and 12).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointParams {
+    pub num_lanes: usize,
+    pub max_qp_wr: u32,
+    pub max_sge: u32,
+    pub max_inline_bytes: u32,
+    pub path_mtu: Mtu,
+    pub pkey_index: u16,
+    pub hop_limit: u8,
+    pub flow_label: u32,
+    pub traffic_class: u8,
+    pub service_level: u8,
+    pub src_path_bits: u8,
+    pub static_rate: u8,
+    pub rq_psn: u32,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    pub sq_psn: u32,
+    pub send_timeout: u8,
+    pub send_retry_count: u8,
+    pub send_rnr_count: u8,
+    pub max_rd_atomic: u8,
+    /// How long a retired endpoint may wait for its flushes before it is destroyed anyway.
+    pub drain_timeout: Duration,
+}
+
+impl EndpointParams {
+    /// Reads the endpoint keys with upstream's defaults; out-of-range values are errors.
+    pub fn from_config(cfg: &Config, num_lanes: usize) -> Result<EndpointParams> {
+        let r = |k: &str, d: i64, max: i64| -> Result<i64> {
+            cfg.get_i64_checked(&format!("transports/rdma/endpoint/{k}"), d, 0, max).map_err(Error::InvalidArgument)
+        };
+        Ok(EndpointParams {
+            num_lanes,
+            max_qp_wr: r("max_qp_wr", 256, 1 << 20)?.max(1) as u32,
+            max_sge: r("max_sge", 4, 1024)?.max(1) as u32,
+            max_inline_bytes: r("max_inline_bytes", 64, 1 << 16)? as u32,
+            path_mtu: Mtu::from_config_bytes(cfg.get_i64("transports/rdma/endpoint/path_mtu", 4096)),
+            pkey_index: r("pkey_index", 0, 65535)? as u16,
+            hop_limit: r("hop_limit", 16, 255)? as u8,
+            flow_label: r("flow_label", 0, 0xfffff)? as u32,
+            traffic_class: r("traffic_class", 0, 255)? as u8,
+            service_level: r("service_level", 0, 15)? as u8,
+            src_path_bits: r("src_path_bits", 0, 255)? as u8,
+            static_rate: r("static_rate", 0, 255)? as u8,
+            rq_psn: r("rq_psn", 0, 0xffffff)? as u32,
+            max_dest_rd_atomic: r("max_dest_rd_atomic", 16, 255)? as u8,
+            min_rnr_timer: r("min_rnr_timer", 12, 31)? as u8,
+            sq_psn: r("sq_psn", 0, 0xffffff)? as u32,
+            send_timeout: r("send_timeout", 14, 31)? as u8,
+            send_retry_count: r("send_retry_count", 7, 7)? as u8,
+            send_rnr_count: r("send_rnr_count", 7, 7)? as u8,
+            max_rd_atomic: r("max_rd_atomic", 16, 255)? as u8,
+            drain_timeout: Duration::from_millis(cfg.get_u64("transports/rdma/endpoint/drain_timeout_ms", 30_000)),
+        })
+    }
+}
+
+/// Who the endpoint is connected to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Peer {
+    nonce: Option<u64>,
+    qpns: Vec<u32>,
+}
+
+struct Inner {
+    peer: Option<Peer>,
+    destroy_start: Option<Duration>,
+    mtu: Mtu,
+}
+
+/// Why a connect attempt did not give a READY endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectError {
+    /// The peer's verdict (or `Error` for local and RPC failures).
+    pub result: BootstrapResult,
+    /// What happened, for logs and task errors.
+    pub message: String,
+    /// Trying the same endpoint again may work.
+    pub retryable: bool,
+}
+
+/// One endpoint. Shared as `Arc<Endpoint>` by the store, the lanes and the connector.
+pub struct Endpoint {
+    /// Store key: the peer's `server@nic`.
+    pub key: String,
+    /// The local NIC's id.
+    pub nic_id: usize,
+    /// Where the peer's RPC server is (for the bootstrap).
+    pub peer_rpc: String,
+    local_path: String,
+    ctx: Arc<RdmaContext>,
+    params: Arc<EndpointParams>,
+    nonce: u64,
+    depth: u32,
+    state: AtomicU8,
+    inner: Mutex<Inner>,
+    /// Data QPs; emptied when the endpoint is destroyed. Lanes hold the read lock while they
+    /// check the state and post, so destruction never races a post.
+    qps: RwLock<Vec<Arc<Qp>>>,
+    /// Work requests posted and not yet completed, per lane. Only the owning lane changes its
+    /// entry; the reclaimer only reads.
+    outstanding: Vec<AtomicU32>,
+    /// A connect attempt is queued or running (so lanes ask for one only once).
+    pub connecting: AtomicBool,
+    /// Failed connect attempts of this endpoint.
+    pub connect_failures: AtomicU32,
+    /// Set when connecting failed for good; lanes report it to the tasks.
+    fatal: Mutex<Option<String>>,
+    forced: AtomicBool,
+}
+
+/// A fresh random 64-bit value (process-unique even without a good entropy source).
+pub fn random_nonce() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+    h.finish() | 1
+}
+
+impl Endpoint {
+    /// Creates an endpoint towards `key` on context `ctx` (UNINIT -> HANDSHAKING): one RC QP per
+    /// lane on the lane's CQ, moved to INIT. Nothing is registered or pinned besides the QPs.
+    pub fn create(
+        ctx: &Arc<RdmaContext>,
+        nic_id: usize,
+        key: &str,
+        local_server: &str,
+        peer_rpc: &str,
+        params: &Arc<EndpointParams>,
+    ) -> Result<Arc<Endpoint>> {
+        let pd = ctx.pd().ok_or_else(|| Error::Unavailable(format!("RDMA context {} is disabled", ctx.name())))?;
+        let limits = ctx.limits().ok_or_else(|| Error::Unavailable(format!("RDMA context {} is down", ctx.name())))?;
+        let depth = params.max_qp_wr.min(limits.max_qp_wr).max(1);
+        let init = QpInit {
+            caps: QpCaps {
+                max_send_wr: depth,
+                max_recv_wr: 1,
+                max_send_sge: params.max_sge.min(limits.max_sge).max(1),
+                max_recv_sge: 1,
+                max_inline_data: params.max_inline_bytes,
+            },
+            sq_sig_all: false,
+        };
+        let mut qps = Vec::with_capacity(params.num_lanes);
+        for lane in 0..params.num_lanes {
+            let cq = ctx.cq(lane).ok_or_else(|| Error::Unavailable(format!("no CQ for lane {lane}")))?;
+            let qp = Qp::create(&pd, &cq, &cq, &init).map_err(Error::from)?;
+            qp.modify(&QpTransition::ToInit {
+                pkey_index: params.pkey_index,
+                port: ctx.port(),
+                access: Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
+            })
+            .map_err(Error::from)?;
+            qps.push(qp);
+        }
+        let ep = Endpoint {
+            key: key.to_string(),
+            nic_id,
+            peer_rpc: peer_rpc.to_string(),
+            local_path: nic_path(local_server, ctx.name()),
+            ctx: ctx.clone(),
+            params: params.clone(),
+            nonce: random_nonce(),
+            depth,
+            state: AtomicU8::new(EpState::Uninit as u8),
+            inner: Mutex::new(Inner { peer: None, destroy_start: None, mtu: params.path_mtu.min(limits.path_mtu) }),
+            qps: RwLock::new(qps),
+            outstanding: (0..params.num_lanes).map(|_| AtomicU32::new(0)).collect(),
+            connecting: AtomicBool::new(false),
+            connect_failures: AtomicU32::new(0),
+            fatal: Mutex::new(None),
+            forced: AtomicBool::new(false),
+        };
+        ep.state.store(EpState::Handshaking as u8, Ordering::Release);
+        Ok(Arc::new(ep))
+    }
+
+    /// The current state.
+    pub fn state(&self) -> EpState {
+        EpState::from_u8(self.state.load(Ordering::Acquire))
+    }
+
+    /// This endpoint's generation identity.
+    pub fn nonce(&self) -> u64 {
+        self.nonce
+    }
+
+    /// Work requests one lane may have outstanding on its QP.
+    pub fn depth(&self) -> u32 {
+        self.depth
+    }
+
+    /// The local context.
+    pub fn context(&self) -> &Arc<RdmaContext> {
+        &self.ctx
+    }
+
+    /// Our data QP numbers, in lane order (empty once destroyed).
+    pub fn qp_numbers(&self) -> Vec<u32> {
+        self.qps.read().iter().map(|q| q.qpn()).collect()
+    }
+
+    /// The path MTU the QPs use (the minimum of both sides once connected).
+    pub fn mtu(&self) -> Mtu {
+        self.inner.lock().mtu
+    }
+
+    /// Why connecting failed for good, if it did.
+    pub fn fatal_error(&self) -> Option<String> {
+        self.fatal.lock().clone()
+    }
+
+    /// Whether the endpoint was destroyed before its work drained.
+    pub fn was_forced(&self) -> bool {
+        self.forced.load(Ordering::Acquire)
+    }
+
+    /// Outstanding work requests of `lane`.
+    pub fn outstanding(&self, lane: usize) -> u32 {
+        self.outstanding.get(lane).map_or(0, |c| c.load(Ordering::Acquire))
+    }
+
+    /// Total outstanding work requests.
+    pub fn outstanding_total(&self) -> u32 {
+        self.outstanding.iter().map(|c| c.load(Ordering::Acquire)).sum()
+    }
+
+    /// The bootstrap descriptor describing this endpoint, aimed at `peer_path`.
+    pub fn local_desc(&self, peer_path: &str) -> BootstrapDesc {
+        BootstrapDesc {
+            local_nic_path: self.local_path.clone(),
+            peer_nic_path: peer_path.to_string(),
+            qp_num: self.qp_numbers(),
+            local_lid: self.ctx.lid().unwrap_or(0),
+            local_gid: self.ctx.gid().map(|g| g.gid.to_wire_string()).unwrap_or_default(),
+            reply_msg: String::new(),
+            notify_qp_num: 0,
+            result: Some(BootstrapResult::Ok as i32),
+            nonce: Some(self.nonce),
+            mtu: Some(self.inner.lock().mtu.bytes()),
+        }
+    }
+
+    /// Runs `post` with the QP of `lane` if the endpoint is READY, after counting one more
+    /// outstanding request on the lane; the count is undone when `post` fails. Returns `None`
+    /// when the endpoint is not READY.
+    pub fn with_ready_qp<T>(&self, lane: usize, post: impl FnOnce(&Qp) -> std::result::Result<T, T>) -> Option<T> {
+        let qps = self.qps.read();
+        if self.state() != EpState::Ready {
+            return None;
+        }
+        let qp = qps.get(lane)?;
+        let c = self.outstanding.get(lane)?;
+        c.fetch_add(1, Ordering::AcqRel);
+        match post(qp) {
+            Ok(v) => Some(v),
+            Err(v) => {
+                c.fetch_sub(1, Ordering::AcqRel);
+                Some(v)
+            }
+        }
+    }
+
+    /// Counts one completion (or a record given up for good) of `lane`.
+    pub fn completed(&self, lane: usize) {
+        if let Some(c) = self.outstanding.get(lane) {
+            let _ = c.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| Some(v.saturating_sub(1)));
+        }
+    }
+
+    /// Moves every QP through RTR to RTS against `peer`. Requires the inner lock held (passed).
+    fn setup_locked(&self, inner: &mut Inner, peer: &BootstrapDesc) -> std::result::Result<(), ConnectError> {
+        let err = |result: BootstrapResult, message: String| ConnectError { result, message, retryable: false };
+        let qps = self.qps.read();
+        if peer.qp_num.len() != qps.len() {
+            return Err(err(
+                BootstrapResult::LaneMismatch,
+                format!(
+                    "Inconsistent RDMA lane count: {} has {} lanes, {} has {}",
+                    self.local_path,
+                    qps.len(),
+                    peer.local_nic_path,
+                    peer.qp_num.len()
+                ),
+            ));
+        }
+        let gid = Gid::parse_wire(&peer.local_gid).ok_or_else(|| {
+            err(BootstrapResult::Error, format!("Missing or malformed peer GID {:?}", peer.local_gid))
+        })?;
+        let sgid = self.ctx.gid().map(|g| g.index).unwrap_or(0);
+        let peer_mtu = peer.mtu.and_then(|b| Mtu::from_ibv(mtu_code(b))).unwrap_or(inner.mtu);
+        inner.mtu = inner.mtu.min(peer_mtu);
+        let p = &self.params;
+        for (qp, &dest) in qps.iter().zip(&peer.qp_num) {
+            let rtr = QpTransition::ToRtr {
+                av: AddressVector {
+                    dlid: peer.local_lid,
+                    sl: p.service_level,
+                    src_path_bits: p.src_path_bits,
+                    static_rate: p.static_rate,
+                    port: self.ctx.port(),
+                    grh: Some(GlobalRoute {
+                        dgid: gid,
+                        flow_label: p.flow_label,
+                        sgid_index: sgid as u8,
+                        hop_limit: p.hop_limit,
+                        traffic_class: p.traffic_class,
+                    }),
+                },
+                path_mtu: inner.mtu,
+                dest_qpn: dest,
+                rq_psn: p.rq_psn,
+                max_dest_rd_atomic: p.max_dest_rd_atomic,
+                min_rnr_timer: p.min_rnr_timer,
+            };
+            let rts = QpTransition::ToRts {
+                timeout: p.send_timeout,
+                retry_cnt: p.send_retry_count,
+                rnr_retry: p.send_rnr_count,
+                sq_psn: p.sq_psn,
+                max_rd_atomic: p.max_rd_atomic,
+            };
+            qp.modify(&rtr)
+                .and_then(|_| qp.modify(&rts))
+                .map_err(|e| err(BootstrapResult::Error, format!("QP {} setup failed: {e}", qp.qpn())))?;
+        }
+        inner.peer = Some(Peer { nonce: peer.nonce, qpns: peer.qp_num.clone() });
+        self.state.store(EpState::Ready as u8, Ordering::Release);
+        Ok(())
+    }
+
+    /// The passive side of a bootstrap (spec 5.6 with W5/W6 fixed). Returns the reply. A READY
+    /// endpoint answers an exact duplicate (same nonce and QPs) with the same QPs and retires
+    /// itself on anything else; the caller then removes it from the store.
+    pub fn accept(&self, req: &BootstrapDesc, now: Duration) -> BootstrapDesc {
+        let mut inner = self.inner.lock();
+        match self.state() {
+            EpState::Ready => {
+                let same = inner.peer.as_ref().is_some_and(|p| {
+                    p.qpns == req.qp_num && (p.nonce.is_none() || req.nonce.is_none() || p.nonce == req.nonce)
+                });
+                if same {
+                    drop(inner);
+                    tracing::debug!(
+                        "{}: duplicate bootstrap from {}, reusing the connection",
+                        self.key,
+                        req.local_nic_path
+                    );
+                    return self.local_desc(&req.local_nic_path);
+                }
+                tracing::info!(
+                    "{}: endpoint already established with another generation of {}; retiring it",
+                    self.key,
+                    req.local_nic_path
+                );
+                self.retire_locked(&mut inner, now);
+                BootstrapDesc::refusal(BootstrapResult::RetiredRetry, "Endpoint retired for reconnection from peer")
+            }
+            EpState::Handshaking => match self.setup_locked(&mut inner, req) {
+                Ok(()) => {
+                    drop(inner);
+                    self.local_desc(&req.local_nic_path)
+                }
+                Err(e) => {
+                    tracing::error!("{}: refusing bootstrap from {}: {}", self.key, req.local_nic_path, e.message);
+                    self.retire_locked(&mut inner, now);
+                    BootstrapDesc::refusal(e.result, e.message)
+                }
+            },
+            s => BootstrapDesc::refusal(
+                BootstrapResult::RetiredRetry,
+                format!("Endpoint not in handshaking state ({s:?})"),
+            ),
+        }
+    }
+
+    /// Connect phase 1: the request to send, or `Ok(None)` when already READY. Takes the lock
+    /// only briefly; the RPC (phase 2) runs without it.
+    pub fn connect_request(&self, peer_path: &str) -> std::result::Result<Option<BootstrapDesc>, ConnectError> {
+        match self.state() {
+            EpState::Ready => Ok(None),
+            EpState::Handshaking => Ok(Some(self.local_desc(peer_path))),
+            s => Err(ConnectError {
+                result: BootstrapResult::Error,
+                message: format!("Endpoint not in handshaking state ({s:?})"),
+                retryable: false,
+            }),
+        }
+    }
+
+    /// Connect phase 3: applies the peer's reply (or the RPC failure). A READY endpoint (a
+    /// simultaneous open completed passively) must be connected to exactly the peer that
+    /// replied; otherwise it is retired.
+    pub fn connect_finish(
+        &self,
+        reply: std::result::Result<BootstrapDesc, String>,
+        now: Duration,
+    ) -> std::result::Result<(), ConnectError> {
+        let mut inner = self.inner.lock();
+        let reply = match reply {
+            Ok(r) => r,
+            Err(e) => {
+                if self.state() == EpState::Ready {
+                    return Ok(());
+                }
+                return Err(ConnectError { result: BootstrapResult::Error, message: e, retryable: true });
+            }
+        };
+        let outcome = reply.outcome();
+        if outcome != BootstrapResult::Ok {
+            let retryable = outcome.retryable();
+            return Err(ConnectError {
+                result: outcome,
+                message: format!("peer refused the RDMA bootstrap: {} ({outcome:?})", reply.reply_msg),
+                retryable,
+            });
+        }
+        match self.state() {
+            EpState::Ready => {
+                let same = inner.peer.as_ref().is_some_and(|p| p.qpns == reply.qp_num && p.nonce == reply.nonce);
+                if same {
+                    return Ok(());
+                }
+                self.retire_locked(&mut inner, now);
+                Err(ConnectError {
+                    result: BootstrapResult::RetiredRetry,
+                    message: "the peer answered with another endpoint than the one connected".into(),
+                    retryable: false,
+                })
+            }
+            EpState::Handshaking => self.setup_locked(&mut inner, &reply).inspect_err(|_| {
+                self.retire_locked(&mut inner, now);
+            }),
+            s => Err(ConnectError {
+                result: BootstrapResult::Error,
+                message: format!("Endpoint state changed during bootstrap ({s:?})"),
+                retryable: false,
+            }),
+        }
+    }
+
+    /// Marks the endpoint failed for good with `msg` and retires it.
+    pub fn fail_connect(&self, msg: String, now: Duration) {
+        *self.fatal.lock() = Some(msg);
+        self.retire(now);
+    }
+
+    /// Retires the endpoint (phase one of destroy): -> DESTROYING, QPs to ERR so outstanding
+    /// work flushes. Never blocks on the hardware; returns false if it was already retired.
+    pub fn retire(&self, now: Duration) -> bool {
+        let mut inner = self.inner.lock();
+        self.retire_locked(&mut inner, now)
+    }
+
+    fn retire_locked(&self, inner: &mut Inner, now: Duration) -> bool {
+        if !self.state().is_live() {
+            return false;
+        }
+        inner.destroy_start = Some(now);
+        self.state.store(EpState::Destroying as u8, Ordering::Release);
+        for qp in self.qps.read().iter() {
+            // A QP still in RESET has nothing to flush and may not go to ERR on every NIC.
+            if qp.state().is_ok_and(|s| s != QpState::Reset) {
+                if let Err(e) = qp.modify(&QpTransition::ToErr) {
+                    tracing::warn!("{}: moving QP {} to ERR: {e}", self.key, qp.qpn());
+                }
+            }
+        }
+        true
+    }
+
+    /// Phase two of destroy: destroys the QPs once every lane drained its outstanding work, or
+    /// after the drain timeout (then the lanes resolve what is left as FAILED). Returns true
+    /// when the endpoint is DESTROYED.
+    pub fn try_finish(&self, now: Duration) -> bool {
+        let inner = self.inner.lock();
+        match self.state() {
+            EpState::Destroyed => return true,
+            EpState::Destroying => {}
+            _ => return false,
+        }
+        let mut qps = self.qps.write();
+        let drained = self.outstanding_total() == 0;
+        let expired = inner.destroy_start.is_some_and(|t| now.saturating_sub(t) >= self.params.drain_timeout);
+        if !drained && !expired {
+            return false;
+        }
+        if !drained {
+            tracing::warn!("{}: destroying with {} requests outstanding after the drain timeout", self.key, {
+                self.outstanding_total()
+            });
+            self.forced.store(true, Ordering::Release);
+        }
+        qps.clear();
+        self.state.store(EpState::Destroyed as u8, Ordering::Release);
+        true
+    }
+}
+
+/// The IBV_MTU code of a byte count (anything unknown is 4096).
+fn mtu_code(bytes: u32) -> u32 {
+    match bytes {
+        256 => 1,
+        512 => 2,
+        1024 => 3,
+        2048 => 4,
+        _ => 5,
+    }
+}

@@ -1,0 +1,157 @@
+//! The rail monitor: which (local NIC, remote NIC) pairs may carry traffic (spec rdma.md 9.7),
+//! shared by every lane of a transport (W2).
+//!
+//! A pair that fails `threshold` times within `window` is paused for a cooldown; the cooldown
+//! doubles on each new trip (not on each failure, unlike upstream) up to 300 s and resets when
+//! the pair succeeds again. Only root-cause failures count: flushes caused by our own
+//! retirement never reach the monitor.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::config::Config;
+
+/// Thresholds of the rail monitor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RailParams {
+    pub threshold: u32,
+    pub window: Duration,
+    pub cooldown: Duration,
+}
+
+impl RailParams {
+    /// Reads `transports/rdma/rail_error_threshold`, `rail_error_window_secs` and
+    /// `rail_cooldown_secs` (3, 10, 30).
+    pub fn from_config(cfg: &Config) -> RailParams {
+        RailParams {
+            threshold: cfg.get_u64("transports/rdma/rail_error_threshold", 3).clamp(1, 1 << 20) as u32,
+            window: Duration::from_secs(cfg.get_u64("transports/rdma/rail_error_window_secs", 10)),
+            cooldown: Duration::from_secs(cfg.get_u64("transports/rdma/rail_cooldown_secs", 30).max(1)),
+        }
+    }
+}
+
+/// Longest pause.
+pub const MAX_COOLDOWN: Duration = Duration::from_secs(300);
+
+#[derive(Debug, Default, Clone)]
+struct Rail {
+    errors: u32,
+    first_error: Duration,
+    paused_until: Option<Duration>,
+    /// The cooldown of the next trip (0: the base).
+    next_cooldown: Duration,
+    trips: u32,
+}
+
+/// Rail state keyed by (local NIC id, remote `server@nic`).
+pub struct RailMonitor {
+    params: RailParams,
+    rails: Mutex<HashMap<(usize, String), Rail>>,
+}
+
+impl RailMonitor {
+    /// A monitor where every rail is available.
+    pub fn new(params: RailParams) -> RailMonitor {
+        RailMonitor { params, rails: Mutex::new(HashMap::new()) }
+    }
+
+    /// Whether the pair may be used at `now`; an expired pause ends here.
+    pub fn available(&self, local: usize, remote: &str, now: Duration) -> bool {
+        let mut rails = self.rails.lock();
+        let Some(r) = rails.get_mut(&(local, remote.to_string())) else { return true };
+        match r.paused_until {
+            Some(t) if now < t => false,
+            Some(_) => {
+                tracing::info!("rail {local} -> {remote} recovered (cooldown expired)");
+                r.paused_until = None;
+                r.errors = 0;
+                true
+            }
+            None => true,
+        }
+    }
+
+    /// Counts a root-cause failure; returns true when this failure paused the rail.
+    pub fn mark_failed(&self, local: usize, remote: &str, now: Duration) -> bool {
+        let p = self.params;
+        let mut rails = self.rails.lock();
+        let r = rails.entry((local, remote.to_string())).or_default();
+        if r.paused_until.is_some() {
+            return false;
+        }
+        if r.errors == 0 || now.saturating_sub(r.first_error) > p.window {
+            r.errors = 1;
+            r.first_error = now;
+        } else {
+            r.errors += 1;
+        }
+        if r.errors < p.threshold {
+            return false;
+        }
+        let cooldown = if r.next_cooldown.is_zero() { p.cooldown } else { r.next_cooldown };
+        r.paused_until = Some(now + cooldown);
+        r.next_cooldown = (cooldown * 2).min(MAX_COOLDOWN);
+        r.trips += 1;
+        r.errors = 0;
+        tracing::warn!("rail {local} -> {remote} paused for {cooldown:?} after repeated failures");
+        true
+    }
+
+    /// A success on the pair: clears its errors, pause and cooldown growth.
+    pub fn mark_recovered(&self, local: usize, remote: &str) {
+        let mut rails = self.rails.lock();
+        if rails.is_empty() {
+            return;
+        }
+        rails.remove(&(local, remote.to_string()));
+    }
+
+    /// How many pairs are paused at `now`.
+    pub fn paused_count(&self, now: Duration) -> usize {
+        self.rails.lock().values().filter(|r| r.paused_until.is_some_and(|t| now < t)).count()
+    }
+
+    /// How many times any rail was paused.
+    pub fn trips(&self) -> u32 {
+        self.rails.lock().values().map(|r| r.trips).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pauses_after_threshold_doubles_per_trip_and_recovers() {
+        let m = RailMonitor::new(RailParams {
+            threshold: 3,
+            window: Duration::from_secs(10),
+            cooldown: Duration::from_secs(30),
+        });
+        let s = Duration::from_secs;
+        assert!(!m.mark_failed(0, "b@x", s(0)));
+        assert!(!m.mark_failed(0, "b@x", s(1)));
+        assert!(m.mark_failed(0, "b@x", s(2)));
+        assert!(!m.available(0, "b@x", s(31)));
+        assert!(m.available(1, "b@x", s(3)), "other rails are unaffected");
+        assert!(m.available(0, "b@x", s(32)), "first cooldown is the base 30 s");
+        for t in 33..36 {
+            m.mark_failed(0, "b@x", s(t));
+        }
+        assert!(!m.available(0, "b@x", s(35 + 59)));
+        assert!(m.available(0, "b@x", s(35 + 60)), "second trip doubles to 60 s");
+        m.mark_recovered(0, "b@x");
+        for t in 100..103 {
+            m.mark_failed(0, "b@x", s(t));
+        }
+        assert!(m.available(0, "b@x", s(102 + 30)), "success resets the cooldown growth");
+        // Failures spread beyond the window do not pause.
+        m.mark_recovered(0, "b@x");
+        for t in [200, 215, 230] {
+            assert!(!m.mark_failed(0, "b@x", s(t)));
+        }
+    }
+}

@@ -1,0 +1,273 @@
+//! The endpoint store of one local NIC: endpoints by peer NIC path, bounded by a capacity with
+//! SIEVE (or FIFO) eviction (spec rdma.md 7), with upstream's defects fixed (W3, W15):
+//!
+//! * lookup and removal are O(1) (a hash map into a slab-backed doubly linked list);
+//! * endpoints are built outside the store's lock; a racing builder's endpoint is discarded;
+//! * capacity 0 is rejected and capacity 1 is handled (the SIEVE hand is an index that is moved
+//!   before its node is unlinked, never a dangling iterator);
+//! * evicted and removed endpoints are retired and wait in a list that a background tick
+//!   reclaims whether or not anything new is inserted.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+
+use super::endpoint::Endpoint;
+use crate::config::Config;
+use crate::error::{Error, Result};
+
+/// Eviction policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    /// SIEVE: a visited bit per entry and a hand sweeping from the oldest entry.
+    Sieve,
+    /// Evict the oldest entry.
+    Fifo,
+}
+
+/// Reads `transports/rdma/endpoint/store_type` (`sieve` default, `fifo`) and
+/// `transports/rdma/endpoint/endpoint_store_cap` (`MC_MAX_EP_PER_CTX`, default 65536; 0 is an
+/// error).
+pub fn store_config(cfg: &Config) -> Result<(StoreKind, usize)> {
+    let kind = match cfg.get_string("transports/rdma/endpoint/store_type", "sieve").to_ascii_lowercase().as_str() {
+        "sieve" => StoreKind::Sieve,
+        "fifo" => StoreKind::Fifo,
+        other => {
+            return Err(Error::InvalidArgument(format!(
+                "transports/rdma/endpoint/store_type: {other:?} is neither \"sieve\" nor \"fifo\""
+            )));
+        }
+    };
+    let cap = cfg
+        .get_i64_checked("transports/rdma/endpoint/endpoint_store_cap", 65536, 1, 1 << 24)
+        .map_err(|e| Error::InvalidArgument(format!("{e} (the endpoint store needs room for one endpoint)")))?;
+    Ok((kind, cap as usize))
+}
+
+struct Node {
+    key: String,
+    ep: Arc<Endpoint>,
+    visited: AtomicBool,
+    /// Toward the oldest entry.
+    older: Option<usize>,
+    /// Toward the newest entry.
+    newer: Option<usize>,
+}
+
+#[derive(Default)]
+struct Inner {
+    map: HashMap<String, usize>,
+    nodes: Vec<Option<Node>>,
+    free: Vec<usize>,
+    newest: Option<usize>,
+    oldest: Option<usize>,
+    hand: Option<usize>,
+}
+
+impl Inner {
+    fn node(&self, i: usize) -> &Node {
+        self.nodes[i].as_ref().expect("linked slab slots are occupied")
+    }
+
+    fn node_mut(&mut self, i: usize) -> &mut Node {
+        self.nodes[i].as_mut().expect("linked slab slots are occupied")
+    }
+
+    fn push_newest(&mut self, key: String, ep: Arc<Endpoint>) {
+        let node = Node { key: key.clone(), ep, visited: AtomicBool::new(false), older: self.newest, newer: None };
+        let i = match self.free.pop() {
+            Some(i) => {
+                self.nodes[i] = Some(node);
+                i
+            }
+            None => {
+                self.nodes.push(Some(node));
+                self.nodes.len() - 1
+            }
+        };
+        if let Some(n) = self.newest {
+            self.node_mut(n).newer = Some(i);
+        }
+        self.newest = Some(i);
+        if self.oldest.is_none() {
+            self.oldest = Some(i);
+        }
+        self.map.insert(key, i);
+    }
+
+    /// Unlinks node `i`, moving the hand off it first.
+    fn unlink(&mut self, i: usize) -> Arc<Endpoint> {
+        let (older, newer) = {
+            let n = self.node(i);
+            (n.older, n.newer)
+        };
+        if self.hand == Some(i) {
+            self.hand = newer;
+        }
+        match older {
+            Some(o) => self.node_mut(o).newer = newer,
+            None => self.oldest = newer,
+        }
+        match newer {
+            Some(n) => self.node_mut(n).older = older,
+            None => self.newest = older,
+        }
+        let node = self.nodes[i].take().expect("linked slab slots are occupied");
+        self.free.push(i);
+        self.map.remove(&node.key);
+        node.ep
+    }
+
+    fn victim(&mut self, kind: StoreKind) -> Option<usize> {
+        let oldest = self.oldest?;
+        if kind == StoreKind::Fifo {
+            return Some(oldest);
+        }
+        let mut cur = self.hand.unwrap_or(oldest);
+        // Terminates: every visited bit passed over is cleared, so the second lap stops.
+        loop {
+            let n = self.node(cur);
+            if !n.visited.swap(false, Ordering::Relaxed) {
+                return Some(cur);
+            }
+            cur = n.newer.unwrap_or(oldest);
+        }
+    }
+}
+
+/// Endpoints of one local NIC.
+pub struct EndpointStore {
+    kind: StoreKind,
+    cap: usize,
+    inner: RwLock<Inner>,
+    waiting: Mutex<Vec<Arc<Endpoint>>>,
+}
+
+impl EndpointStore {
+    /// An empty store; `cap` must be at least 1.
+    pub fn new(kind: StoreKind, cap: usize) -> Result<EndpointStore> {
+        if cap == 0 {
+            return Err(Error::InvalidArgument("endpoint store capacity must be at least 1".into()));
+        }
+        Ok(EndpointStore { kind, cap, inner: RwLock::new(Inner::default()), waiting: Mutex::new(Vec::new()) })
+    }
+
+    /// The capacity.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// Endpoints in the store (not counting retired ones waiting for reclaim).
+    pub fn len(&self) -> usize {
+        self.inner.read().map.len()
+    }
+
+    /// Whether the store holds no endpoint.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Retired endpoints not yet destroyed.
+    pub fn waiting_len(&self) -> usize {
+        self.waiting.lock().len()
+    }
+
+    /// The endpoint for `key`, marking it recently used.
+    pub fn get(&self, key: &str) -> Option<Arc<Endpoint>> {
+        let inner = self.inner.read();
+        let i = *inner.map.get(key)?;
+        let n = inner.node(i);
+        n.visited.store(true, Ordering::Relaxed);
+        Some(n.ep.clone())
+    }
+
+    /// Every endpoint in the store (for async-event lookups and tests).
+    pub fn endpoints(&self) -> Vec<Arc<Endpoint>> {
+        self.inner.read().nodes.iter().flatten().map(|n| n.ep.clone()).collect()
+    }
+
+    /// The live endpoint for `key`, or a new one made by `build` (called without the lock).
+    /// A retired entry is moved out first; when the store is full, entries are evicted (retired)
+    /// until the new one fits.
+    pub fn get_or_insert(
+        &self,
+        key: &str,
+        now: Duration,
+        build: impl FnOnce() -> Result<Arc<Endpoint>>,
+    ) -> Result<Arc<Endpoint>> {
+        if let Some(ep) = self.get(key) {
+            if ep.state().is_live() {
+                return Ok(ep);
+            }
+            self.remove(&ep, now);
+        }
+        let fresh = build()?;
+        let mut inner = self.inner.write();
+        if let Some(&i) = inner.map.get(key) {
+            let existing = inner.node(i).ep.clone();
+            if existing.state().is_live() {
+                drop(inner);
+                // Another thread won the race; ours never connected, so it drains at once.
+                fresh.retire(now);
+                self.waiting.lock().push(fresh);
+                return Ok(existing);
+            }
+            let old = inner.unlink(i);
+            self.waiting.lock().push(old);
+        }
+        let mut evicted = Vec::new();
+        while inner.map.len() >= self.cap {
+            let Some(v) = inner.victim(self.kind) else { break };
+            evicted.push(inner.unlink(v));
+        }
+        inner.push_newest(key.to_string(), fresh.clone());
+        drop(inner);
+        for ep in evicted {
+            tracing::debug!("evicting endpoint {} (store full)", ep.key);
+            ep.retire(now);
+            self.waiting.lock().push(ep);
+        }
+        Ok(fresh)
+    }
+
+    /// Takes `ep` out of the store (if it is the entry for its key) and retires it. Returns
+    /// false when it was not in the store.
+    pub fn remove(&self, ep: &Arc<Endpoint>, now: Duration) -> bool {
+        let mut inner = self.inner.write();
+        let Some(&i) = inner.map.get(&ep.key) else { return false };
+        if !Arc::ptr_eq(&inner.node(i).ep, ep) {
+            return false;
+        }
+        let ep = inner.unlink(i);
+        drop(inner);
+        ep.retire(now);
+        self.waiting.lock().push(ep);
+        true
+    }
+
+    /// Retires and removes every endpoint (port down, shutdown).
+    pub fn retire_all(&self, now: Duration) {
+        let all: Vec<Arc<Endpoint>> = {
+            let mut inner = self.inner.write();
+            let idx: Vec<usize> = inner.map.values().copied().collect();
+            idx.into_iter().map(|i| inner.unlink(i)).collect()
+        };
+        for ep in &all {
+            ep.retire(now);
+        }
+        self.waiting.lock().extend(all);
+    }
+
+    /// Destroys retired endpoints that drained (or whose drain timed out). Returns how many are
+    /// still waiting.
+    pub fn reclaim(&self, now: Duration) -> usize {
+        let snapshot: Vec<Arc<Endpoint>> = self.waiting.lock().clone();
+        let done: Vec<Arc<Endpoint>> = snapshot.into_iter().filter(|ep| ep.try_finish(now)).collect();
+        let mut w = self.waiting.lock();
+        w.retain(|ep| !done.iter().any(|d| Arc::ptr_eq(d, ep)));
+        w.len()
+    }
+}
