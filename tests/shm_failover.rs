@@ -288,3 +288,42 @@ fn shm_allocation_needs_the_shm_transport() {
     let opts = MemoryOptions { transport: TransportKind::Shm, ..MemoryOptions::default() };
     assert!(a.allocate_memory(4096, &opts).is_err());
 }
+
+#[test]
+fn failover_rdma_to_tcp_on_injected_work_request_failures() {
+    // RDMA on the simulated fabric fails every work request; TCP carries the data instead.
+    let rdma = [
+        ("transports/rdma/provider", "sim"),
+        ("transports/rdma/sim/fabric", "failover-rdma-tcp"),
+        ("transports/rdma/workers/max_retry_count", "1"),
+    ];
+    let fabric = tent::verbs::sim::SimFabric::new_realtime();
+    fabric.register_as("failover-rdma-tcp");
+    let mut faulty = rdma.to_vec();
+    faulty.push(("transports/rdma/sim/fail_every_nth_wr", "1"));
+    let a = engine(&faulty);
+    let b = engine(&rdma);
+    assert!(a.loaded_transports().contains(&TransportKind::Rdma));
+    let peer = buffer(&b, 1 << 20, |_| 0, Permission::GlobalReadWrite);
+    let src = buffer(&a, 1 << 20, pattern, Permission::GlobalReadWrite);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let st = run(&a, &[req(Opcode::Write, src.as_ptr() as u64, h, peer.as_ptr() as u64, 1 << 20)], BOUND);
+    assert_eq!(st[0], (Status::Completed, 1 << 20));
+    assert!(peer[..] == src[..]);
+    assert_eq!(a.units_submitted(TransportKind::Rdma), 1, "RDMA came first (default order)");
+    assert_eq!(a.units_submitted(TransportKind::Tcp), 1, "then TCP");
+    // With failover disabled the same transfer ends FAILED on RDMA.
+    let mut no_failover = faulty.clone();
+    no_failover.push(("max_failover_attempts", "0"));
+    let c = engine(&no_failover);
+    let src_c = buffer(&c, 4096, pattern, Permission::GlobalReadWrite);
+    let hc = c.open_segment(b.segment_name()).expect("open");
+    let st = run(&c, &[req(Opcode::Write, src_c.as_ptr() as u64, hc, peer.as_ptr() as u64, 4096)], BOUND);
+    assert_eq!(st[0].0, Status::Failed);
+    assert_eq!(c.units_submitted(TransportKind::Tcp), 0);
+    for v in [peer, src, src_c] {
+        // Keep the registered memory alive for the engines' lifetime (a reused address would
+        // carry new RDMA keys that peers learn only asynchronously).
+        std::mem::forget(v);
+    }
+}
