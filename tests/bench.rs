@@ -42,3 +42,9 @@ fn bad_options_are_refused_with_usage() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("xport_type"));
 }
+
+#[test]
+fn sim_rdma_is_consistent() {
+    let t = bench(&["--xport_type=rdma", "--rdma_provider=sim", "--op_type=mix"]);
+    assert!(t.contains("consistency check: 0 mismatched bytes"), "{t}");
+}
