@@ -185,6 +185,20 @@ fn segment_descriptors() {
 }
 
 #[test]
+fn rdma_bootstrap_messages() {
+    use tent::transport::rdma::bootstrap::{BootstrapDesc, split_nic_path};
+    fuzz("bootstrap", |b| {
+        if let Ok(d) = BootstrapDesc::parse(b) {
+            let _ = d.outcome();
+            let _ = split_nic_path(&d.local_nic_path);
+            let _ = split_nic_path(&d.peer_nic_path);
+            // Our own encoding of what we accepted parses again.
+            assert!(BootstrapDesc::parse(&d.to_bytes()).is_ok());
+        }
+    });
+}
+
+#[test]
 fn notifications() {
     fuzz("notification", |b| {
         if let Ok(n) = parse_notification(b) {
@@ -243,4 +257,32 @@ fn live_server_survives_mutated_frames() {
     s.read_exact(&mut h).expect("the server still answers");
     assert_eq!(frame::parse_response_header(&h).err_code, 0);
     println!("live server: {sent} mutated frames");
+}
+
+#[test]
+fn live_rdma_engine_survives_mutated_bootstraps() {
+    use std::io::{Read, Write};
+    let e = common::engines::engine(&[("transports/rdma/provider", "sim")]);
+    assert!(e.loaded_transports().contains(&tent::engine::types::TransportKind::Rdma));
+    let port = e.rpc_port();
+    let seeds = corpus("bootstrap");
+    let mut rng = Rng(7);
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut sent = 0u32;
+    while Instant::now() < deadline && sent < 2000 {
+        let body = mutate(&mut rng, &seeds);
+        let mut req = frame::encode_request(sent, frame::msg::BOOTSTRAP_RDMA, body.len() as u32, 0).to_vec();
+        req.extend_from_slice(&body);
+        s.write_all(&req).expect("send");
+        let mut h = [0u8; 16];
+        s.read_exact(&mut h).expect("every bootstrap gets a reply");
+        let h = frame::parse_response_header(&h);
+        assert_eq!(h.seq, sent);
+        let mut rest = vec![0u8; (h.body_len + h.attach_len) as usize];
+        s.read_exact(&mut rest).expect("reply body");
+        sent += 1;
+    }
+    println!("live rdma engine: {sent} mutated bootstraps answered");
 }
