@@ -80,3 +80,5 @@ pub fn run_c(exe: &Path, envs: &[(&str, &str)]) -> String {
 
 pub mod engines;
 pub mod stores;
+
+pub mod soak;
