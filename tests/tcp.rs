@@ -264,3 +264,21 @@ fn destroying_an_engine_never_waits_for_a_hung_peer() {
     drop(a);
     assert!(start.elapsed() < Duration::from_secs(5), "teardown took {:?}", start.elapsed());
 }
+
+#[test]
+fn ipv6_loopback_names_are_bracketed_and_work() {
+    if std::net::TcpListener::bind("[::1]:0").is_err() {
+        println!("skipped: this host has no IPv6 loopback");
+        return;
+    }
+    let a = engine(&[("rpc_server_hostname", "::1")]);
+    let b = engine(&[("rpc_server_hostname", "::1")]);
+    assert!(b.segment_name().starts_with("[::1]:"), "{}", b.segment_name());
+    assert_eq!(b.rpc_ip(), "::1");
+    let peer = buffer(&b, 65536, |_| 0, Permission::GlobalReadWrite);
+    let src = buffer(&a, 65536, pattern, Permission::GlobalReadWrite);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let st = run(&a, &[req(Opcode::Write, src.as_ptr() as u64, h, peer.as_ptr() as u64, 65536)], BOUND);
+    assert_eq!(st[0].0, Status::Completed);
+    assert!(peer == src);
+}
