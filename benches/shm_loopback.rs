@@ -5,76 +5,25 @@
 //! each is repeated and the medians and ratios are printed. Under `cargo test` it runs once with
 //! 16 MiB as a smoke test. Options: `--size-mib N`, `--rounds N`, `--copy-threads N`.
 
-use std::sync::Arc;
+mod common;
+
 use std::time::Instant;
 
-use tent::config::Config;
-use tent::engine::types::{Opcode, Permission, Request, Status, TransportKind};
-use tent::engine::{Engine, MemoryOptions, effective_config};
-
-fn engine() -> Arc<Engine> {
-    let mut cfg = Config::new();
-    if let Some(n) = arg("--copy-threads") {
-        cfg.set_from_string("transports/shm/copy_threads", &n.to_string());
-    }
-    cfg.set_from_string("rpc_server_hostname", "127.0.0.1");
-    cfg.set_from_string("log_level", "warning");
-    cfg.set_from_string("transports/shm/enable", "true");
-    Engine::new(effective_config(cfg)).expect("engine starts")
-}
-
-fn registered(e: &Engine, len: usize) -> Vec<u8> {
-    let v = vec![0u8; len];
-    let opts = MemoryOptions { permission: Permission::GlobalReadWrite, ..MemoryOptions::default() };
-    e.register_memory(&[(v.as_ptr() as u64, len as u64)], &opts).expect("register");
-    v
-}
-
-/// Moves `len` bytes in `req`-byte requests in one batch; returns seconds.
-fn pass(e: &Engine, h: u64, op: Opcode, local: u64, remote: u64, len: usize, req: usize) -> f64 {
-    let reqs: Vec<Request> = (0..len / req)
-        .map(|i| Request {
-            opcode: op,
-            source: local + (i * req) as u64,
-            target_id: h,
-            target_offset: remote + (i * req) as u64,
-            length: req as u64,
-            priority: 0,
-            hint: TransportKind::Shm,
-        })
-        .collect();
-    let start = Instant::now();
-    let b = e.allocate_batch(reqs.len()).expect("batch");
-    e.submit(b, &reqs, None).expect("submit");
-    loop {
-        let (s, _) = e.overall_status(b).expect("status");
-        if s == Status::Completed {
-            break;
-        }
-        assert_eq!(s, Status::Pending, "transfer failed");
-        std::thread::sleep(std::time::Duration::from_micros(20));
-    }
-    let t = start.elapsed().as_secs_f64();
-    e.free_batch(b).expect("free");
-    t
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
-fn arg(name: &str) -> Option<usize> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok())
-}
+use common::{arg, benching, engine, median, pass, registered};
+use tent::engine::MemoryOptions;
+use tent::engine::types::{Opcode, TransportKind};
 
 fn main() {
-    let bench = std::env::args().any(|a| a == "--bench");
+    let bench = benching();
     let size = arg("--size-mib").unwrap_or(if bench { 256 } else { 16 }) << 20;
     let rounds = arg("--rounds").unwrap_or(if bench { 5 } else { 1 }).max(1);
-    let target = engine();
-    let initiator = engine();
+    let threads = arg("--copy-threads").map(|n| n.to_string());
+    let mut cfg = vec![("transports/shm/enable", "true")];
+    if let Some(n) = threads.as_deref() {
+        cfg.push(("transports/shm/copy_threads", n));
+    }
+    let target = engine(&cfg);
+    let initiator = engine(&cfg);
     let opts = MemoryOptions { transport: TransportKind::Shm, ..MemoryOptions::default() };
     let (remote, _) = target.allocate_memory(size, &opts).expect("shm block");
     target.register_memory(&[(remote, size as u64)], &MemoryOptions::default()).expect("register");
@@ -87,16 +36,16 @@ fn main() {
     let h = initiator.open_segment(target.segment_name()).expect("open");
     let (l, s, b) = (src.as_ptr() as u64, size, back.as_ptr() as u64);
     // Warm-up: page faults and the first mapping are not what is measured.
-    pass(&initiator, h, Opcode::Write, l, remote, s, 1 << 20);
+    pass(&initiator, h, Opcode::Write, l, remote, s, 1 << 20, TransportKind::Shm);
     plain.copy_from_slice(&src);
     let (mut m, mut w, mut r, mut one) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
         let t = Instant::now();
         plain.copy_from_slice(std::hint::black_box(&src));
         m.push(t.elapsed().as_secs_f64());
-        w.push(pass(&initiator, h, Opcode::Write, l, remote, s, 1 << 20));
-        r.push(pass(&initiator, h, Opcode::Read, b, remote, s, 1 << 20));
-        one.push(pass(&initiator, h, Opcode::Write, l, remote, s, s));
+        w.push(pass(&initiator, h, Opcode::Write, l, remote, s, 1 << 20, TransportKind::Shm));
+        r.push(pass(&initiator, h, Opcode::Read, b, remote, s, 1 << 20, TransportKind::Shm));
+        one.push(pass(&initiator, h, Opcode::Write, l, remote, s, s, TransportKind::Shm));
     }
     // SAFETY: `remote` is the live shm block of `size` bytes allocated above.
     let peer = unsafe { std::slice::from_raw_parts(remote as *const u8, size) };

@@ -5,58 +5,14 @@
 //! repeated and the medians and ratios are printed. Under `cargo test` it runs once with 16 MiB as
 //! a smoke test. Options: `--size-mib N`, `--rounds N`.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::Arc;
 use std::time::Instant;
 
-use tent::config::Config;
-use tent::engine::types::{Opcode, Permission, Request, Status, TransportKind};
-use tent::engine::{Engine, MemoryOptions, effective_config};
-
-fn engine() -> Arc<Engine> {
-    let mut cfg = Config::new();
-    cfg.set_from_string("rpc_server_hostname", "127.0.0.1");
-    cfg.set_from_string("log_level", "warning");
-    Engine::new(effective_config(cfg)).expect("engine starts")
-}
-
-fn registered(e: &Engine, len: usize) -> Vec<u8> {
-    let v = vec![0u8; len];
-    let opts = MemoryOptions { permission: Permission::GlobalReadWrite, ..MemoryOptions::default() };
-    e.register_memory(&[(v.as_ptr() as u64, len as u64)], &opts).expect("register");
-    v
-}
-
-/// Moves `len` bytes in 1 MiB requests in one batch; returns seconds.
-fn engine_pass(e: &Engine, h: u64, op: Opcode, local: u64, remote: u64, len: usize) -> f64 {
-    let chunk = 1usize << 20;
-    let reqs: Vec<Request> = (0..len / chunk)
-        .map(|i| Request {
-            opcode: op,
-            source: local + (i * chunk) as u64,
-            target_id: h,
-            target_offset: remote + (i * chunk) as u64,
-            length: chunk as u64,
-            priority: 0,
-            hint: TransportKind::Unspec,
-        })
-        .collect();
-    let start = Instant::now();
-    let b = e.allocate_batch(reqs.len()).expect("batch");
-    e.submit(b, &reqs, None).expect("submit");
-    loop {
-        let (s, _) = e.overall_status(b).expect("status");
-        if s == Status::Completed {
-            break;
-        }
-        assert_eq!(s, Status::Pending, "transfer failed");
-        std::thread::sleep(std::time::Duration::from_micros(20));
-    }
-    let t = start.elapsed().as_secs_f64();
-    e.free_batch(b).expect("free");
-    t
-}
+use common::{arg, benching, engine, median, pass, registered};
+use tent::engine::types::{Opcode, TransportKind};
 
 /// One plain connection: the client writes `len` bytes in 1 MiB writes, the server reads them
 /// into a buffer; returns seconds until the server holds every byte.
@@ -80,22 +36,14 @@ fn socket_pass(src: &[u8], dst: &mut [u8]) -> f64 {
     })
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
-fn arg(name: &str) -> Option<usize> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok())
-}
+const MIB: usize = 1 << 20;
 
 fn main() {
-    let bench = std::env::args().any(|a| a == "--bench");
+    let bench = benching();
     let size = arg("--size-mib").unwrap_or(if bench { 256 } else { 16 }) << 20;
     let rounds = arg("--rounds").unwrap_or(if bench { 5 } else { 1 }).max(1);
-    let target = engine();
-    let initiator = engine();
+    let target = engine(&[]);
+    let initiator = engine(&[]);
     let remote = registered(&target, size);
     let mut src = registered(&initiator, size);
     let back = registered(&initiator, size);
@@ -106,12 +54,30 @@ fn main() {
     let mut plain_dst = vec![0u8; size];
     let (mut w, mut r, mut p) = (Vec::new(), Vec::new(), Vec::new());
     // Warm-up: first-touch page faults and connection setup are not what is measured.
-    engine_pass(&initiator, h, Opcode::Write, src.as_ptr() as u64, remote.as_ptr() as u64, size);
+    pass(&initiator, h, Opcode::Write, src.as_ptr() as u64, remote.as_ptr() as u64, size, MIB, TransportKind::Unspec);
     socket_pass(&src, &mut plain_dst);
     for _ in 0..rounds {
         p.push(socket_pass(&src, &mut plain_dst));
-        w.push(engine_pass(&initiator, h, Opcode::Write, src.as_ptr() as u64, remote.as_ptr() as u64, size));
-        r.push(engine_pass(&initiator, h, Opcode::Read, back.as_ptr() as u64, remote.as_ptr() as u64, size));
+        w.push(pass(
+            &initiator,
+            h,
+            Opcode::Write,
+            src.as_ptr() as u64,
+            remote.as_ptr() as u64,
+            size,
+            MIB,
+            TransportKind::Unspec,
+        ));
+        r.push(pass(
+            &initiator,
+            h,
+            Opcode::Read,
+            back.as_ptr() as u64,
+            remote.as_ptr() as u64,
+            size,
+            MIB,
+            TransportKind::Unspec,
+        ));
     }
     assert!(remote == src && back == src && plain_dst == src, "data mismatch");
     let gbps = |t: f64| size as f64 / t / 1e9;
