@@ -61,7 +61,9 @@ pub fn pass(
             break;
         }
         assert_eq!(s, Status::Pending, "transfer failed");
-        std::thread::sleep(Duration::from_micros(20));
+        if !spinning() {
+            std::thread::sleep(Duration::from_micros(20));
+        }
     }
     let t = start.elapsed().as_secs_f64();
     e.free_batch(b).expect("free");
@@ -78,6 +80,11 @@ pub fn median(mut v: Vec<f64>) -> f64 {
 pub fn arg(name: &str) -> Option<usize> {
     let args: Vec<String> = std::env::args().collect();
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok())
+}
+
+/// `--spin`: poll status in a tight loop, as some callers (Go's p2p-store) do.
+pub fn spinning() -> bool {
+    std::env::args().any(|a| a == "--spin")
 }
 
 /// True under `cargo bench` (false under `cargo test`, where benches run tiny).

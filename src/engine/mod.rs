@@ -77,6 +77,13 @@ fn segment_name_for(config: &Config, kind: &str, rpc_addr: &str) -> String {
     if configured.trim().is_empty() { format!("segment_noname_{}", memory::random_letters(8)) } else { configured }
 }
 
+/// Called when a status poll finds work still pending. Callers often poll in a tight loop (Go's
+/// p2p-store does); giving up the CPU here lets the engine's own threads run on the core the
+/// poller would otherwise keep busy, which matters most on small machines.
+fn pending_poll() {
+    std::thread::yield_now();
+}
+
 /// Options of an allocation or registration (the engine-side `tent_memory_options`).
 #[derive(Debug, Clone)]
 pub struct MemoryOptions {
@@ -777,7 +784,11 @@ impl Engine {
     pub fn task_status(&self, batch_id: u64, task: usize) -> Result<(Status, u64)> {
         let e = self.batches.get(batch_id)?.task(task)?;
         self.dispatcher.on_poll(&e.state);
-        Ok(e.state.load())
+        let st = e.state.load();
+        if st.0 == Status::Pending {
+            pending_poll();
+        }
+        Ok(st)
     }
 
     /// Status of every task, in id order (failing over parked tasks as [`Engine::task_status`]).
@@ -795,7 +806,11 @@ impl Engine {
         for e in b.entries() {
             self.dispatcher.on_poll(&e.state);
         }
-        Ok(b.overall())
+        let st = b.overall();
+        if st.0 == Status::Pending {
+            pending_poll();
+        }
+        Ok(st)
     }
 
     /// Best-effort cancel: a task that has not ended is marked CANCELED and its transport stops
