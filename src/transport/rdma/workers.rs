@@ -103,6 +103,7 @@ pub struct Counters {
     pub timeouts: AtomicU64,
     pub stale_completions: AtomicU64,
     pub forced_records: AtomicU64,
+    pub cq_errors: AtomicU64,
 }
 
 /// What every thread of the transport shares.
@@ -789,7 +790,10 @@ pub fn drain_async_events(core: &Core) {
                     tracing::info!("{}: port active again, resuming", ctx.name());
                     ctx.resume();
                 }
-                (AsyncEventKind::CqErr, _) => tracing::error!("{}: CQ overrun reported", ctx.name()),
+                (AsyncEventKind::CqErr, _) => {
+                    core.counters.cq_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!("{}: CQ overrun reported", ctx.name());
+                }
                 _ => tracing::debug!("{}: async event {:?}", ctx.name(), ev.kind),
             }
         }
