@@ -460,13 +460,27 @@ impl Lane {
         true
     }
 
+    /// Posts from the head of the pending queue. A pass stops after a run of slices that could
+    /// not be posted (queues full, endpoint connecting), so a long queue costs O(1) per pass;
+    /// the held-back slices rotate to the tail, so every slice is visited (and its deadline
+    /// checked) within a few passes.
     fn post_pending(&mut self) -> usize {
-        let mut posted = 0;
+        const MAX_HELD_IN_A_ROW: usize = 32;
+        let (mut posted, mut held) = (0, 0);
         for _ in 0..self.pending.len() {
             let Some(s) = self.pending.pop_front() else { break };
             match self.try_post(s) {
-                Ok(()) => posted += 1,
-                Err(Some(s)) => self.pending.push_back(s),
+                Ok(()) => {
+                    posted += 1;
+                    held = 0;
+                }
+                Err(Some(s)) => {
+                    self.pending.push_back(s);
+                    held += 1;
+                    if held >= MAX_HELD_IN_A_ROW {
+                        break;
+                    }
+                }
                 Err(None) => {}
             }
         }
