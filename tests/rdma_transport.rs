@@ -518,3 +518,51 @@ fn scenario06_eviction_while_busy() {
     assert!(counter(&a, |c| &c.flush_resubmits) > 0, "busy endpoints were evicted and their work resubmitted");
     std::mem::forget((src, dsts));
 }
+
+/// With the default provider (`ibverbs`) on a host without RDMA devices the engine starts
+/// without RDMA and keeps working over TCP.
+#[test]
+fn default_provider_without_devices_runs_over_tcp() {
+    let a = engine(&[]);
+    let b = engine(&[]);
+    if a.rdma().is_some() {
+        return; // a host with real RDMA devices
+    }
+    assert!(!a.loaded_transports().contains(&TransportKind::Rdma));
+    assert!(a.local_segment().descriptor().devices.is_empty());
+    let len = 64 << 10;
+    let src = buffer(&a, len, pattern, Permission::GlobalReadWrite);
+    let dst = buffer(&b, len, |_| 0, Permission::GlobalReadWrite);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let st = run(&a, &[req(Opcode::Write, src.as_ptr() as u64, h, dst.as_ptr() as u64, len as u64)], BOUND);
+    assert_eq!(st[0], (Status::Completed, len as u64));
+    assert!(dst == src);
+}
+
+/// Overlapping registrations of one address with two lengths both get keys, and the RDMA
+/// registration goes with the last reference.
+#[test]
+fn overlapping_registrations_and_unregister() {
+    let name = "overlap";
+    let _f = fabric(name);
+    let a = rdma_engine(name, &[]);
+    let b = rdma_engine(name, &[]);
+    let v = vec![7u8; 1 << 20];
+    let opts = tent::engine::MemoryOptions::default();
+    let p = v.as_ptr() as u64;
+    a.register_memory(&[(p, 4096), (p, 1 << 20)], &opts).expect("register both");
+    let d = a.local_segment().descriptor();
+    assert_eq!(d.buffers.len(), 2);
+    assert!(d.buffers.iter().all(|b| b.rkey.len() == 1 && b.rkey[0] != 0 && b.transports.contains(&1)));
+    let mr_before = host(&a).mr_count("sim_mlx5_0");
+    a.unregister_memory(&[(p, 4096)]).expect("unregister");
+    assert_eq!(host(&a).mr_count("sim_mlx5_0"), mr_before - 1);
+    let dst = buffer(&b, 1 << 20, |_| 0, Permission::GlobalReadWrite);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let st = run(&a, &[req(Opcode::Write, p + 100, h, dst.as_ptr() as u64, 1000)], BOUND);
+    assert_eq!(st[0], (Status::Completed, 1000));
+    assert_eq!(&dst[..1000], &v[100..1100]);
+    a.unregister_memory(&[(p, 0)]).expect("unregister the rest");
+    assert_eq!(host(&a).mr_count("sim_mlx5_0"), mr_before - 2);
+    std::mem::forget(dst);
+}
