@@ -336,3 +336,233 @@ fn scenario02_fail_every_nth_wr_knob() {
     }
     assert!(counter(&a, |c| &c.root_errors) >= 1);
 }
+
+/// Submits `reqs` on `e` and waits for every task, advancing the virtual clock meanwhile.
+fn run_advancing(
+    f: &SimFabric,
+    e: &Engine,
+    reqs: &[tent::engine::types::Request],
+    step: Duration,
+) -> Vec<(Status, u64)> {
+    let b = e.allocate_batch(reqs.len()).expect("batch");
+    e.submit(b, reqs, None).expect("submit");
+    until(f, step, || e.task_status_list(b).expect("status").iter().all(|(s, _)| *s != Status::Pending));
+    let st = e.task_status_list(b).expect("status");
+    e.free_batch(b).expect("free");
+    st
+}
+
+/// Scenario 3: the peer restarts (same name, new QP numbers and keys): A's work on the old
+/// endpoint fails with RETRY_EXC, A reconnects and the traffic recovers without exhausting the
+/// retries.
+#[test]
+fn scenario03_peer_restart_recovers() {
+    let name = "scenario03";
+    let f = fabric(name);
+    let a = rdma_engine(name, &[]);
+    let b = rdma_engine(name, &[]);
+    write_read(&a, &b, 64 << 10, 1);
+    let (b_name, port) = (b.segment_name().to_string(), b.rpc_port());
+    drop(b);
+    let b = rdma_engine(name, &[("rpc_server_port", &port.to_string())]);
+    assert_eq!(b.segment_name(), b_name, "same name after the restart");
+    let len = 256 << 10;
+    let src = buffer(&a, len, pattern, Permission::GlobalReadWrite);
+    let dst = buffer(&b, len, |_| 0, Permission::GlobalReadWrite);
+    let h = a.open_segment(&b_name).expect("open");
+    let st = run_advancing(
+        &f,
+        &a,
+        &[req(Opcode::Write, src.as_ptr() as u64, h, dst.as_ptr() as u64, len as u64)],
+        Duration::from_millis(20),
+    );
+    assert_eq!(st[0], (Status::Completed, len as u64));
+    assert!(dst == src);
+    let errors = counter(&a, |c| &c.root_errors);
+    assert!((1..=4).contains(&errors), "the dead QPs failed once per lane, not per retry ({errors})");
+    std::mem::forget((src, dst));
+}
+
+/// Scenario 7: a port goes down: work moves to the other NIC; it comes back after PORT_ACTIVE.
+#[test]
+fn scenario07_port_down_then_up() {
+    let name = "scenario07";
+    let f = fabric(name);
+    let two = [("transports/rdma/sim/devices", "2")];
+    let a = rdma_engine(name, &two);
+    let b = rdma_engine(name, &two);
+    let core = a.rdma().expect("rdma").core().clone();
+    let done = |i: usize| core.nics[i].completed.load(Ordering::Relaxed);
+    write_read(&a, &b, 512 << 10, 1);
+    assert!(done(0) > 0 && done(1) > 0, "both NICs carry traffic");
+    host(&a).set_port_active("sim_mlx5_0", false).expect("port down");
+    let ctx0 = core.contexts.get(0).expect("ctx").clone();
+    until(&f, Duration::ZERO, || ctx0.state() == tent::transport::rdma::ContextState::Paused);
+    let before = done(0);
+    write_read(&a, &b, 512 << 10, 2);
+    assert_eq!(done(0), before, "nothing moved over the down port");
+    host(&a).set_port_active("sim_mlx5_0", true).expect("port up");
+    until(&f, Duration::ZERO, || ctx0.state() == tent::transport::rdma::ContextState::Enabled);
+    write_read(&a, &b, 512 << 10, 3);
+    assert!(done(0) > before, "traffic returned to the NIC");
+    assert_eq!(counter(&a, |c| &c.root_errors), 0);
+}
+
+/// Scenario 8: peers with different lane counts: the transfer fails with a clear error on A,
+/// B refuses, and no endpoint (so no QP) is left on either side.
+#[test]
+fn scenario08_lane_count_mismatch() {
+    let name = "scenario08";
+    let f = fabric(name);
+    let a = rdma_engine(name, &[]);
+    let b = rdma_engine(name, &[("transports/rdma/num_lanes", "4")]);
+    let len = 64 << 10;
+    let src = buffer(&a, len, pattern, Permission::GlobalReadWrite);
+    let dst = buffer(&b, len, |_| 0, Permission::GlobalReadWrite);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let st = run(&a, &[req(Opcode::Write, src.as_ptr() as u64, h, dst.as_ptr() as u64, len as u64)], BOUND);
+    assert_eq!(st[0].0, Status::Failed);
+    assert!(counter(&b, |c| &c.bootstraps_served) >= 1);
+    until(&f, Duration::from_millis(10), || {
+        let (ea, wa) = endpoints(&a);
+        let (eb, wb) = endpoints(&b);
+        ea.is_empty() && eb.is_empty() && wa == 0 && wb == 0
+    });
+    std::mem::forget((src, dst));
+}
+
+/// Scenario 9: the CQ is smaller than the total QP depth: the quota holds work back instead of
+/// overrunning the CQ.
+#[test]
+fn scenario09_cq_quota_below_total_depth() {
+    let name = "scenario09";
+    let _f = fabric(name);
+    let a = rdma_engine(name, &[("transports/rdma/device/max_cqe", "8"), ("transports/rdma/endpoint/max_qp_wr", "64")]);
+    let peers: Vec<_> = (0..3).map(|_| rdma_engine(name, &[])).collect();
+    let len = 1 << 20;
+    let src = buffer(&a, len, pattern, Permission::GlobalReadWrite);
+    let mut reqs = Vec::new();
+    let mut dsts = Vec::new();
+    for p in &peers {
+        let dst = buffer(p, len, |_| 0, Permission::GlobalReadWrite);
+        reqs.push(req(
+            Opcode::Write,
+            src.as_ptr() as u64,
+            a.open_segment(p.segment_name()).expect("open"),
+            dst.as_ptr() as u64,
+            len as u64,
+        ));
+        dsts.push(dst);
+    }
+    let st = run(&a, &reqs, BOUND);
+    assert!(st.iter().all(|s| *s == (Status::Completed, len as u64)), "{st:?}");
+    assert!(dsts.iter().all(|d| *d == src));
+    assert_eq!(counter(&a, |c| &c.cq_errors), 0, "no CQ overrun");
+    assert_eq!(counter(&a, |c| &c.root_errors), 0);
+    std::mem::forget((src, dsts));
+}
+
+/// Scenario 6: eviction while busy: 300 remote NICs (20 peers with 15 NICs each) against a
+/// store of capacity 256: evicted busy endpoints resubmit their work without spending retries,
+/// so no task fails and no rail is paused.
+#[test]
+fn scenario06_eviction_while_busy() {
+    let name = "scenario06";
+    let f = fabric(name);
+    let a = rdma_engine(
+        name,
+        &[
+            ("transports/rdma/endpoint/endpoint_store_cap", "256"),
+            ("transports/rdma/num_lanes", "1"),
+            ("transports/rdma/max_timeout_ns", "600000000000"),
+        ],
+    );
+    let peers: Vec<_> = (0..20)
+        .map(|_| rdma_engine(name, &[("transports/rdma/sim/devices", "15"), ("transports/rdma/num_lanes", "1")]))
+        .collect();
+    let len = 15 * 16384;
+    let src = buffer(&a, len, pattern, Permission::GlobalReadWrite);
+    let mut reqs = Vec::new();
+    let mut dsts = Vec::new();
+    for p in &peers {
+        let dst = buffer(p, len, |_| 0, Permission::GlobalReadWrite);
+        reqs.push(req(
+            Opcode::Write,
+            src.as_ptr() as u64,
+            a.open_segment(p.segment_name()).expect("open"),
+            dst.as_ptr() as u64,
+            len as u64,
+        ));
+        dsts.push(dst);
+    }
+    // Every request takes 5 ms of virtual time, so endpoints are still busy when the lane's
+    // next insertions evict them.
+    let an = host(&a).nic("sim_mlx5_0").expect("nic");
+    for p in &peers {
+        let h = host(p);
+        for i in 0..15 {
+            f.set_path_delay(an, h.nic(&format!("sim_mlx5_{i}")).expect("nic"), Duration::from_millis(5));
+        }
+    }
+    for round in 0..3 {
+        let st = run_advancing(&f, &a, &reqs, Duration::from_micros(500));
+        assert!(st.iter().all(|s| *s == (Status::Completed, len as u64)), "round {round}: {st:?}");
+    }
+    assert!(dsts.iter().all(|d| *d == src));
+    let core = a.rdma().expect("rdma").core().clone();
+    let store = core.store(0).expect("store");
+    assert_eq!(store.len(), 256, "the store is full");
+    assert_eq!(core.rails.trips(), 0, "no rail was paused");
+    assert_eq!(core.rails.paused_count(f.now()), 0);
+    assert_eq!(counter(&a, |c| &c.root_errors), 0, "evictions caused no root-cause failure");
+    assert!(counter(&a, |c| &c.flush_resubmits) > 0, "busy endpoints were evicted and their work resubmitted");
+    std::mem::forget((src, dsts));
+}
+
+/// With the default provider (`ibverbs`) on a host without RDMA devices the engine starts
+/// without RDMA and keeps working over TCP.
+#[test]
+fn default_provider_without_devices_runs_over_tcp() {
+    let a = engine(&[]);
+    let b = engine(&[]);
+    if a.rdma().is_some() {
+        return; // a host with real RDMA devices
+    }
+    assert!(!a.loaded_transports().contains(&TransportKind::Rdma));
+    assert!(a.local_segment().descriptor().devices.is_empty());
+    let len = 64 << 10;
+    let src = buffer(&a, len, pattern, Permission::GlobalReadWrite);
+    let dst = buffer(&b, len, |_| 0, Permission::GlobalReadWrite);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let st = run(&a, &[req(Opcode::Write, src.as_ptr() as u64, h, dst.as_ptr() as u64, len as u64)], BOUND);
+    assert_eq!(st[0], (Status::Completed, len as u64));
+    assert!(dst == src);
+}
+
+/// Overlapping registrations of one address with two lengths both get keys, and the RDMA
+/// registration goes with the last reference.
+#[test]
+fn overlapping_registrations_and_unregister() {
+    let name = "overlap";
+    let _f = fabric(name);
+    let a = rdma_engine(name, &[]);
+    let b = rdma_engine(name, &[]);
+    let v = vec![7u8; 1 << 20];
+    let opts = tent::engine::MemoryOptions::default();
+    let p = v.as_ptr() as u64;
+    a.register_memory(&[(p, 4096), (p, 1 << 20)], &opts).expect("register both");
+    let d = a.local_segment().descriptor();
+    assert_eq!(d.buffers.len(), 2);
+    assert!(d.buffers.iter().all(|b| b.rkey.len() == 1 && b.rkey[0] != 0 && b.transports.contains(&1)));
+    let mr_before = host(&a).mr_count("sim_mlx5_0");
+    a.unregister_memory(&[(p, 4096)]).expect("unregister");
+    assert_eq!(host(&a).mr_count("sim_mlx5_0"), mr_before - 1);
+    let dst = buffer(&b, 1 << 20, |_| 0, Permission::GlobalReadWrite);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let st = run(&a, &[req(Opcode::Write, p + 100, h, dst.as_ptr() as u64, 1000)], BOUND);
+    assert_eq!(st[0], (Status::Completed, 1000));
+    assert_eq!(&dst[..1000], &v[100..1100]);
+    a.unregister_memory(&[(p, 0)]).expect("unregister the rest");
+    assert_eq!(host(&a).mr_count("sim_mlx5_0"), mr_before - 2);
+    std::mem::forget(dst);
+}

@@ -52,7 +52,6 @@ pub struct NicLoadStats {
 }
 
 struct LocalReg {
-    len: u64,
     refs: u32,
     reg: BufferRegistration,
 }
@@ -63,7 +62,8 @@ pub struct RdmaTransport {
     provider: Arc<dyn Provider>,
     lanes: Mutex<Vec<mpsc::Sender<LaneMsg>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
-    regs: Mutex<BTreeMap<u64, LocalReg>>,
+    /// Registrations by (address, length); overlapping ranges are allowed, as in the segment.
+    regs: Mutex<BTreeMap<(u64, u64), LocalReg>>,
     next_lane: AtomicUsize,
     stopped: AtomicBool,
 }
@@ -163,39 +163,40 @@ impl RdmaTransport {
     /// The memory must stay valid until the matching [`RdmaTransport::unregister_buffer`].
     pub unsafe fn register_buffer(&self, addr: u64, len: u64, perm: Permission) -> Result<Vec<u32>> {
         let mut regs = self.regs.lock();
-        if let Some(r) = regs.get_mut(&addr).filter(|r| r.len == len) {
+        if let Some(r) = regs.get_mut(&(addr, len)) {
             r.refs += 1;
             return Ok(r.reg.rkeys().to_vec());
-        }
-        if regs.contains_key(&addr) {
-            return Err(Error::InvalidArgument(format!(
-                "{addr:#x} is already registered with RDMA with another length"
-            )));
         }
         let access = context::access_for(perm, false);
         // SAFETY: forwarded from this function's contract.
         let reg = unsafe { self.core.contexts.register(addr as *mut u8, len as usize, access)? };
         let rkeys = reg.rkeys().to_vec();
-        regs.insert(addr, LocalReg { len, refs: 1, reg });
+        regs.insert((addr, len), LocalReg { refs: 1, reg });
         Ok(rkeys)
     }
 
     /// Drops one reference of a registration; the last one deregisters on every NIC.
     pub fn unregister_buffer(&self, addr: u64, len: u64) {
         let mut regs = self.regs.lock();
-        if let Some(r) = regs.get_mut(&addr).filter(|r| len == 0 || r.len == len) {
-            r.refs -= 1;
-            if r.refs == 0 {
-                regs.remove(&addr);
+        let key =
+            if len == 0 { regs.range((addr, 0)..=(addr, u64::MAX)).next().map(|(k, _)| *k) } else { Some((addr, len)) };
+        if let Some(key) = key {
+            if let Some(r) = regs.get_mut(&key) {
+                r.refs -= 1;
+                if r.refs == 0 {
+                    regs.remove(&key);
+                }
             }
         }
     }
 
     fn lkeys_for(&self, addr: u64, len: u64) -> Option<Vec<u32>> {
-        let regs = self.regs.lock();
-        let (base, r) = regs.range(..=addr).next_back()?;
         let end = addr.checked_add(len)?;
-        (end <= base + r.len).then(|| r.reg.lkeys().to_vec())
+        let regs = self.regs.lock();
+        regs.range(..=(addr, u64::MAX))
+            .rev()
+            .find(|((base, l), _)| base.checked_add(*l).is_some_and(|e| end <= e))
+            .map(|(_, r)| r.reg.lkeys().to_vec())
     }
 
     /// Answers a bootstrap request (control-plane message 2).

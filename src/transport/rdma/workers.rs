@@ -103,6 +103,7 @@ pub struct Counters {
     pub timeouts: AtomicU64,
     pub stale_completions: AtomicU64,
     pub forced_records: AtomicU64,
+    pub cq_errors: AtomicU64,
 }
 
 /// What every thread of the transport shares.
@@ -459,13 +460,27 @@ impl Lane {
         true
     }
 
+    /// Posts from the head of the pending queue. A pass stops after a run of slices that could
+    /// not be posted (queues full, endpoint connecting), so a long queue costs O(1) per pass;
+    /// the held-back slices rotate to the tail, so every slice is visited (and its deadline
+    /// checked) within a few passes.
     fn post_pending(&mut self) -> usize {
-        let mut posted = 0;
+        const MAX_HELD_IN_A_ROW: usize = 32;
+        let (mut posted, mut held) = (0, 0);
         for _ in 0..self.pending.len() {
             let Some(s) = self.pending.pop_front() else { break };
             match self.try_post(s) {
-                Ok(()) => posted += 1,
-                Err(Some(s)) => self.pending.push_back(s),
+                Ok(()) => {
+                    posted += 1;
+                    held = 0;
+                }
+                Err(Some(s)) => {
+                    self.pending.push_back(s);
+                    held += 1;
+                    if held >= MAX_HELD_IN_A_ROW {
+                        break;
+                    }
+                }
                 Err(None) => {}
             }
         }
@@ -789,7 +804,10 @@ pub fn drain_async_events(core: &Core) {
                     tracing::info!("{}: port active again, resuming", ctx.name());
                     ctx.resume();
                 }
-                (AsyncEventKind::CqErr, _) => tracing::error!("{}: CQ overrun reported", ctx.name()),
+                (AsyncEventKind::CqErr, _) => {
+                    core.counters.cq_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!("{}: CQ overrun reported", ctx.name());
+                }
                 _ => tracing::debug!("{}: async event {:?}", ctx.name(), ev.kind),
             }
         }
