@@ -463,8 +463,8 @@ fn scenario09_cq_quota_below_total_depth() {
 }
 
 /// Scenario 6: eviction while busy: 300 remote NICs (20 peers with 15 NICs each) against a
-/// store of capacity 256: evicted busy endpoints resubmit their work without spending retries,
-/// so no task fails and no rail is paused.
+/// store of capacity 256: no task fails and no rail is paused; the store evicts idle endpoints
+/// only, goes over capacity while everything is busy and is trimmed back afterwards.
 #[test]
 fn scenario06_eviction_while_busy() {
     let name = "scenario06";
@@ -522,12 +522,48 @@ fn scenario06_eviction_while_busy() {
     assert!(dsts.iter().all(|d| *d == src));
     let core = a.rdma().expect("rdma").core().clone();
     let store = core.store(0).expect("store");
-    assert_eq!(store.len(), 256, "the store is full");
+    until(&f, Duration::ZERO, || store.len() == 256);
     assert_eq!(core.rails.trips(), 0, "no rail was paused");
     assert_eq!(core.rails.paused_count(f.now()), 0);
     assert_eq!(counter(&a, |c| &c.root_errors), 0, "evictions caused no root-cause failure");
-    assert!(counter(&a, |c| &c.flush_resubmits) > 0, "busy endpoints were evicted and their work resubmitted");
     std::mem::forget((src, dsts));
+}
+
+/// Scenario 6, the busy endpoint itself: with capacity 1, work in flight to B (held by a path
+/// delay) is not evicted by a transfer to C: the store goes over capacity, both complete with no
+/// flush, and the tick trims the store back to 1 once B is idle.
+#[test]
+fn scenario06_busy_endpoint_is_not_preempted() {
+    let name = "scenario06b";
+    let f = fabric(name);
+    let a = rdma_engine(name, &[("transports/rdma/endpoint/endpoint_store_cap", "1")]);
+    let b = rdma_engine(name, &[]);
+    let c = rdma_engine(name, &[]);
+    let len = 64 << 10;
+    let src = buffer(&a, len, pattern, Permission::GlobalReadWrite);
+    let db = buffer(&b, len, |_| 0, Permission::GlobalReadWrite);
+    let dc = buffer(&c, len, |_| 0, Permission::GlobalReadWrite);
+    let hb = a.open_segment(b.segment_name()).expect("open");
+    let hc = a.open_segment(c.segment_name()).expect("open");
+    let (na, nb) = (host(&a).nic("sim_mlx5_0").expect("nic"), host(&b).nic("sim_mlx5_0").expect("nic"));
+    f.set_path_delay(na, nb, Duration::from_millis(5));
+    let batch = a.allocate_batch(1).expect("batch");
+    a.submit(batch, &[req(Opcode::Write, src.as_ptr() as u64, hb, db.as_ptr() as u64, len as u64)], None)
+        .expect("submit");
+    until(&f, Duration::ZERO, || endpoints(&a).0.first().is_some_and(|e| e.outstanding_total() > 0));
+    let st = run(&a, &[req(Opcode::Write, src.as_ptr() as u64, hc, dc.as_ptr() as u64, len as u64)], BOUND);
+    assert_eq!(st[0], (Status::Completed, len as u64));
+    assert!(
+        endpoints(&a).0.iter().any(|e| e.key.starts_with(b.segment_name()) && e.state() == EpState::Ready),
+        "the busy endpoint to B was not evicted"
+    );
+    until(&f, Duration::from_millis(1), || a.task_status(batch, 0).expect("status").0 != Status::Pending);
+    assert_eq!(a.task_status(batch, 0).expect("status"), (Status::Completed, len as u64));
+    assert!(db == src && dc == src);
+    assert_eq!(counter(&a, |c| &c.flush_resubmits) + counter(&a, |c| &c.root_errors), 0);
+    until(&f, Duration::ZERO, || endpoints(&a).0.len() == 1);
+    a.free_batch(batch).expect("free");
+    std::mem::forget((src, db, dc));
 }
 
 /// With the default provider (`ibverbs`) on a host without RDMA devices the engine starts

@@ -814,6 +814,7 @@ pub fn run_monitor(core: Arc<Core>, tick: Duration) {
     while !core.stopping.load(Ordering::Acquire) {
         let now = core.clock.now();
         for s in core.stores.iter().flatten() {
+            s.trim(now);
             s.reclaim(now);
         }
         drain_async_events(&core);
