@@ -146,6 +146,8 @@ fn scenario02_injected_failed_completion_is_retried() {
     }
     write_read(&a, &b, 256 << 10, 2);
     assert!(counter(&a, |c| &c.root_errors) >= 1);
+    assert!(counter(&a, |c| &c.root_errors) <= 2, "one root-cause error per QP; what followed was flushed");
+    assert!(counter(&a, |c| &c.flush_resubmits) >= 1, "work behind the error was resubmitted without penalty");
     assert!(ep.state() >= EpState::Destroying, "A reset its endpoint");
     assert_eq!(counter(&b, |c| &c.retired_on_mismatch), 1, "B retired its READY endpoint on the new bootstrap");
     assert_eq!(endpoints(&a).0.iter().filter(|e| e.state() == EpState::Ready).count(), 1);
