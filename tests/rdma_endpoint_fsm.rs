@@ -60,7 +60,7 @@ impl Side {
         let (name, params) = (self.name.clone(), self.params.clone());
         let ep = self
             .store
-            .get_or_insert(key, now, || Endpoint::create(&ctx, 0, key, &name, "", &params))
+            .get_or_insert(key, now, || Endpoint::create(&ctx, 0, key, &name, "", &params, false))
             .expect("endpoint");
         if !self.seen.iter().any(|(e, _)| Arc::ptr_eq(e, &ep)) {
             self.seen.push((ep.clone(), ep.state()));

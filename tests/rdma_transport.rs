@@ -146,6 +146,8 @@ fn scenario02_injected_failed_completion_is_retried() {
     }
     write_read(&a, &b, 256 << 10, 2);
     assert!(counter(&a, |c| &c.root_errors) >= 1);
+    assert!(counter(&a, |c| &c.root_errors) <= 2, "one root-cause error per QP; what followed was flushed");
+    assert!(counter(&a, |c| &c.flush_resubmits) >= 1, "work behind the error was resubmitted without penalty");
     assert!(ep.state() >= EpState::Destroying, "A reset its endpoint");
     assert_eq!(counter(&b, |c| &c.retired_on_mismatch), 1, "B retired its READY endpoint on the new bootstrap");
     assert_eq!(endpoints(&a).0.iter().filter(|e| e.state() == EpState::Ready).count(), 1);
@@ -463,8 +465,8 @@ fn scenario09_cq_quota_below_total_depth() {
 }
 
 /// Scenario 6: eviction while busy: 300 remote NICs (20 peers with 15 NICs each) against a
-/// store of capacity 256: evicted busy endpoints resubmit their work without spending retries,
-/// so no task fails and no rail is paused.
+/// store of capacity 256: no task fails and no rail is paused; the store evicts idle endpoints
+/// only, goes over capacity while everything is busy and is trimmed back afterwards.
 #[test]
 fn scenario06_eviction_while_busy() {
     let name = "scenario06";
@@ -504,19 +506,66 @@ fn scenario06_eviction_while_busy() {
             f.set_path_delay(an, h.nic(&format!("sim_mlx5_{i}")).expect("nic"), Duration::from_millis(5));
         }
     }
-    for round in 0..3 {
+    // The virtual clock stands still until all 300 endpoints were connected, so the first
+    // endpoints are still busy when the last insertions evict them.
+    let batch = a.allocate_batch(reqs.len()).expect("batch");
+    a.submit(batch, &reqs, None).expect("submit");
+    until(&f, Duration::ZERO, || counter(&a, |c| &c.bootstraps_sent) >= 300);
+    until(&f, Duration::from_micros(500), || {
+        a.task_status_list(batch).expect("status").iter().all(|(s, _)| *s != Status::Pending)
+    });
+    let st = a.task_status_list(batch).expect("status");
+    assert!(st.iter().all(|s| *s == (Status::Completed, len as u64)), "{st:?}");
+    a.free_batch(batch).expect("free");
+    for round in 1..3 {
         let st = run_advancing(&f, &a, &reqs, Duration::from_micros(500));
         assert!(st.iter().all(|s| *s == (Status::Completed, len as u64)), "round {round}: {st:?}");
     }
     assert!(dsts.iter().all(|d| *d == src));
     let core = a.rdma().expect("rdma").core().clone();
     let store = core.store(0).expect("store");
-    assert_eq!(store.len(), 256, "the store is full");
+    until(&f, Duration::ZERO, || store.len() == 256);
     assert_eq!(core.rails.trips(), 0, "no rail was paused");
     assert_eq!(core.rails.paused_count(f.now()), 0);
     assert_eq!(counter(&a, |c| &c.root_errors), 0, "evictions caused no root-cause failure");
-    assert!(counter(&a, |c| &c.flush_resubmits) > 0, "busy endpoints were evicted and their work resubmitted");
     std::mem::forget((src, dsts));
+}
+
+/// Scenario 6, the busy endpoint itself: with capacity 1, work in flight to B (held by a path
+/// delay) is not evicted by a transfer to C: the store goes over capacity, both complete with no
+/// flush, and the tick trims the store back to 1 once B is idle.
+#[test]
+fn scenario06_busy_endpoint_is_not_preempted() {
+    let name = "scenario06b";
+    let f = fabric(name);
+    let a = rdma_engine(name, &[("transports/rdma/endpoint/endpoint_store_cap", "1")]);
+    let b = rdma_engine(name, &[]);
+    let c = rdma_engine(name, &[]);
+    let len = 64 << 10;
+    let src = buffer(&a, len, pattern, Permission::GlobalReadWrite);
+    let db = buffer(&b, len, |_| 0, Permission::GlobalReadWrite);
+    let dc = buffer(&c, len, |_| 0, Permission::GlobalReadWrite);
+    let hb = a.open_segment(b.segment_name()).expect("open");
+    let hc = a.open_segment(c.segment_name()).expect("open");
+    let (na, nb) = (host(&a).nic("sim_mlx5_0").expect("nic"), host(&b).nic("sim_mlx5_0").expect("nic"));
+    f.set_path_delay(na, nb, Duration::from_millis(5));
+    let batch = a.allocate_batch(1).expect("batch");
+    a.submit(batch, &[req(Opcode::Write, src.as_ptr() as u64, hb, db.as_ptr() as u64, len as u64)], None)
+        .expect("submit");
+    until(&f, Duration::ZERO, || endpoints(&a).0.first().is_some_and(|e| e.outstanding_total() > 0));
+    let st = run(&a, &[req(Opcode::Write, src.as_ptr() as u64, hc, dc.as_ptr() as u64, len as u64)], BOUND);
+    assert_eq!(st[0], (Status::Completed, len as u64));
+    assert!(
+        endpoints(&a).0.iter().any(|e| e.key.starts_with(b.segment_name()) && e.state() == EpState::Ready),
+        "the busy endpoint to B was not evicted"
+    );
+    until(&f, Duration::from_millis(1), || a.task_status(batch, 0).expect("status").0 != Status::Pending);
+    assert_eq!(a.task_status(batch, 0).expect("status"), (Status::Completed, len as u64));
+    assert!(db == src && dc == src);
+    assert_eq!(counter(&a, |c| &c.flush_resubmits) + counter(&a, |c| &c.root_errors), 0);
+    until(&f, Duration::ZERO, || endpoints(&a).0.len() == 1);
+    a.free_batch(batch).expect("free");
+    std::mem::forget((src, db, dc));
 }
 
 /// With the default provider (`ibverbs`) on a host without RDMA devices the engine starts
@@ -562,7 +611,53 @@ fn overlapping_registrations_and_unregister() {
     let st = run(&a, &[req(Opcode::Write, p + 100, h, dst.as_ptr() as u64, 1000)], BOUND);
     assert_eq!(st[0], (Status::Completed, 1000));
     assert_eq!(&dst[..1000], &v[100..1100]);
+    let mr_now = host(&a).mr_count("sim_mlx5_0");
     a.unregister_memory(&[(p, 0)]).expect("unregister the rest");
-    assert_eq!(host(&a).mr_count("sim_mlx5_0"), mr_before - 2);
+    assert_eq!(host(&a).mr_count("sim_mlx5_0"), mr_now - 1);
     std::mem::forget(dst);
+}
+
+/// Scenario 11: notifications over the notify QP: delivered, the 64 KiB limit (one byte more
+/// goes through the Notify RPC), many in a burst (none lost), and a dead peer never blocks the
+/// sender.
+#[test]
+fn scenario11_notifications() {
+    let name = "scenario11";
+    let _f = fabric(name);
+    let a = rdma_engine(name, &[]);
+    let b = rdma_engine(name, &[]);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let mut got: Vec<(String, String)> = Vec::new();
+    let collect = |got: &mut Vec<(String, String)>, want: usize| {
+        let start = Instant::now();
+        while got.len() < want {
+            got.extend(b.recv_notifications().into_iter().map(|n| (n.name, n.msg)));
+            assert!(start.elapsed() < BOUND, "only {} of {want} notifications arrived", got.len());
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    a.send_notification(h, "first", "hello").expect("send");
+    collect(&mut got, 1);
+    assert_eq!(got[0], ("first".to_string(), "hello".to_string()));
+    assert_eq!(counter(&a, |c| &c.notifications_sent), 1, "it went over RDMA");
+    assert_eq!(counter(&b, |c| &c.notifications_received), 1);
+    let limit = "x".repeat(65536 - 8 - 3);
+    a.send_notification(h, "big", &limit).expect("send at the limit");
+    a.send_notification(h, "big", &format!("{limit}x")).expect("send above the limit");
+    collect(&mut got, 3);
+    assert_eq!(counter(&a, |c| &c.notifications_sent), 2, "above 64 KiB the RPC carries it");
+    assert!(got[1..].iter().all(|(n, m)| n == "big" && m.len() >= limit.len()));
+    for i in 0..200 {
+        a.send_notification(h, "burst", &i.to_string()).expect("send");
+    }
+    collect(&mut got, 203);
+    let mut burst: Vec<u32> = got[3..].iter().map(|(_, m)| m.parse().expect("number")).collect();
+    burst.sort_unstable();
+    assert_eq!(burst, (0..200).collect::<Vec<_>>(), "nothing lost or duplicated");
+    drop(b);
+    let start = Instant::now();
+    for i in 0..50 {
+        let _ = a.send_notification(h, "to-the-dead", &i.to_string());
+    }
+    assert!(start.elapsed() < Duration::from_secs(30), "a dead peer does not block the sender");
 }

@@ -272,6 +272,8 @@ impl Engine {
         let rdma = Self::start_rdma(&config, &name, &client);
         if let Some(t) = &rdma {
             local.set_devices(t.devices());
+            let r = remote.clone();
+            t.set_notify_sink(Arc::new(move |name, msg| r.deliver(name, msg, None)));
             transports.push(t.clone());
         }
         let progress = config
@@ -821,6 +823,18 @@ impl Engine {
 
     /// Sends a notification to the owner of `handle` (0 = this engine's own queue).
     pub fn send_notification(&self, handle: u64, name: &str, msg: &str) -> Result<()> {
+        // Over the peer's RDMA notify QP when it has one; otherwise, or when that fails (no notify
+        // QP, 64 KiB exceeded, every send slot busy), with the Notify RPC.
+        if let (Some(t), true) = (&self.rdma, handle != 0) {
+            if let Ok(desc) = self.remote.descriptor(handle, false) {
+                if t.reaches(&desc, &self.local.machine_id) {
+                    match t.send_notification(&desc, name, msg) {
+                        Ok(()) => return Ok(()),
+                        Err(e) => tracing::debug!("notification over RDMA not sent, using the RPC: {e}"),
+                    }
+                }
+            }
+        }
         self.remote.send_notification(handle, name, msg)
     }
 

@@ -20,6 +20,7 @@ use parking_lot::{Mutex, RwLock};
 
 use super::bootstrap::{BootstrapDesc, BootstrapResult, nic_path};
 use super::context::RdmaContext;
+use super::notify::NotifyChannel;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::verbs::{Access, AddressVector, Gid, GlobalRoute, Mtu, Qp, QpCaps, QpInit, QpState, QpTransition};
@@ -82,6 +83,8 @@ pub struct EndpointParams {
     pub max_rd_atomic: u8,
     /// How long a retired endpoint may wait for its flushes before it is destroyed anyway.
     pub drain_timeout: Duration,
+    /// Give each endpoint a notify QP (`transports/rdma/notify/enable`).
+    pub notify: bool,
 }
 
 impl EndpointParams {
@@ -112,6 +115,7 @@ impl EndpointParams {
             send_rnr_count: r("send_rnr_count", 7, 7)? as u8,
             max_rd_atomic: r("max_rd_atomic", 16, 255)? as u8,
             drain_timeout: Duration::from_millis(cfg.get_u64("transports/rdma/endpoint/drain_timeout_ms", 30_000)),
+            notify: cfg.get_bool("transports/rdma/notify/enable", true),
         })
     }
 }
@@ -158,6 +162,8 @@ pub struct Endpoint {
     /// Data QPs; emptied when the endpoint is destroyed. Lanes hold the read lock while they
     /// check the state and post, so destruction never races a post.
     qps: RwLock<Vec<Arc<Qp>>>,
+    /// The notify QP and its buffers (none when disabled or when creating it failed).
+    notify: RwLock<Option<Arc<NotifyChannel>>>,
     /// Work requests posted and not yet completed, per lane. Only the owning lane changes its
     /// entry; the reclaimer only reads.
     outstanding: Vec<AtomicU32>,
@@ -182,7 +188,8 @@ pub fn random_nonce() -> u64 {
 
 impl Endpoint {
     /// Creates an endpoint towards `key` on context `ctx` (UNINIT -> HANDSHAKING): one RC QP per
-    /// lane on the lane's CQ, moved to INIT. Nothing is registered or pinned besides the QPs.
+    /// lane on the lane's CQ, moved to INIT, and a notify QP with its buffers only when
+    /// `with_notify` (the notification path asks for it, so data-only endpoints pin nothing).
     pub fn create(
         ctx: &Arc<RdmaContext>,
         nic_id: usize,
@@ -190,6 +197,7 @@ impl Endpoint {
         local_server: &str,
         peer_rpc: &str,
         params: &Arc<EndpointParams>,
+        with_notify: bool,
     ) -> Result<Arc<Endpoint>> {
         let pd = ctx.pd().ok_or_else(|| Error::Unavailable(format!("RDMA context {} is disabled", ctx.name())))?;
         let limits = ctx.limits().ok_or_else(|| Error::Unavailable(format!("RDMA context {} is down", ctx.name())))?;
@@ -216,6 +224,14 @@ impl Endpoint {
             .map_err(Error::from)?;
             qps.push(qp);
         }
+        let notify = if params.notify && with_notify {
+            NotifyChannel::create(ctx, params.pkey_index)
+                .inspect_err(|e| tracing::warn!("{key}: no notify QP: {e}"))
+                .ok()
+                .map(Arc::new)
+        } else {
+            None
+        };
         let ep = Endpoint {
             key: key.to_string(),
             nic_id,
@@ -228,6 +244,7 @@ impl Endpoint {
             state: AtomicU8::new(EpState::Uninit as u8),
             inner: Mutex::new(Inner { peer: None, destroy_start: None, mtu: params.path_mtu.min(limits.path_mtu) }),
             qps: RwLock::new(qps),
+            notify: RwLock::new(notify),
             outstanding: (0..params.num_lanes).map(|_| AtomicU32::new(0)).collect(),
             connecting: AtomicBool::new(false),
             connect_failures: AtomicU32::new(0),
@@ -246,6 +263,11 @@ impl Endpoint {
     /// This endpoint's generation identity.
     pub fn nonce(&self) -> u64 {
         self.nonce
+    }
+
+    /// The notify channel, while the endpoint has one.
+    pub fn notify_channel(&self) -> Option<Arc<NotifyChannel>> {
+        self.notify.read().clone()
     }
 
     /// Work requests one lane may have outstanding on its QP.
@@ -297,7 +319,7 @@ impl Endpoint {
             local_lid: self.ctx.lid().unwrap_or(0),
             local_gid: self.ctx.gid().map(|g| g.gid.to_wire_string()).unwrap_or_default(),
             reply_msg: String::new(),
-            notify_qp_num: 0,
+            notify_qp_num: self.notify.read().as_ref().map_or(0, |n| n.qpn()),
             result: Some(BootstrapResult::Ok as i32),
             nonce: Some(self.nonce),
             mtu: Some(self.inner.lock().mtu.bytes()),
@@ -386,6 +408,40 @@ impl Endpoint {
             qp.modify(&rtr)
                 .and_then(|_| qp.modify(&rts))
                 .map_err(|e| err(BootstrapResult::Error, format!("QP {} setup failed: {e}", qp.qpn())))?;
+        }
+        if let (Some(ch), true) = (self.notify.read().as_ref(), peer.notify_qp_num != 0) {
+            let rtr = QpTransition::ToRtr {
+                av: AddressVector {
+                    dlid: peer.local_lid,
+                    sl: p.service_level,
+                    src_path_bits: p.src_path_bits,
+                    static_rate: p.static_rate,
+                    port: self.ctx.port(),
+                    grh: Some(GlobalRoute {
+                        dgid: gid,
+                        flow_label: p.flow_label,
+                        sgid_index: sgid as u8,
+                        hop_limit: p.hop_limit,
+                        traffic_class: p.traffic_class,
+                    }),
+                },
+                path_mtu: inner.mtu,
+                dest_qpn: peer.notify_qp_num,
+                rq_psn: 0,
+                max_dest_rd_atomic: 1,
+                min_rnr_timer: p.min_rnr_timer,
+            };
+            let rts = QpTransition::ToRts {
+                timeout: p.send_timeout,
+                retry_cnt: 7,
+                rnr_retry: 7,
+                sq_psn: 0,
+                max_rd_atomic: 1,
+            };
+            match ch.qp.modify(&rtr).and_then(|_| ch.qp.modify(&rts)) {
+                Ok(()) => ch.set_connected(true),
+                Err(e) => tracing::warn!("{}: notify QP not connected, notifications use the RPC: {e}", self.key),
+            }
         }
         inner.peer = Some(Peer { nonce: peer.nonce, qpns: peer.qp_num.clone() });
         self.state.store(EpState::Ready as u8, Ordering::Release);
@@ -521,6 +577,12 @@ impl Endpoint {
         }
         inner.destroy_start = Some(now);
         self.state.store(EpState::Destroying as u8, Ordering::Release);
+        if let Some(ch) = self.notify.read().as_ref() {
+            ch.set_connected(false);
+            if ch.qp.state().is_ok_and(|s| s != QpState::Reset) {
+                let _ = ch.qp.modify(&QpTransition::ToErr);
+            }
+        }
         for qp in self.qps.read().iter() {
             // A QP still in RESET has nothing to flush and may not go to ERR on every NIC.
             if qp.state().is_ok_and(|s| s != QpState::Reset) {
@@ -555,6 +617,7 @@ impl Endpoint {
             self.forced.store(true, Ordering::Release);
         }
         qps.clear();
+        self.notify.write().take();
         self.state.store(EpState::Destroyed as u8, Ordering::Release);
         true
     }

@@ -12,6 +12,8 @@ pub mod context;
 /// cbindgen:ignore
 pub mod endpoint;
 /// cbindgen:ignore
+pub mod notify;
+/// cbindgen:ignore
 pub mod rail;
 /// cbindgen:ignore
 pub mod store;
@@ -100,6 +102,8 @@ impl RdmaTransport {
             stopping: AtomicBool::new(false),
             nics: names.iter().map(|_| NicStats::default()).collect(),
             counters: Default::default(),
+            notify_index: Mutex::new(Default::default()),
+            notify_sink: Mutex::new(None),
         });
         let mut threads = Vec::new();
         let mut lanes = Vec::new();
@@ -114,7 +118,7 @@ impl RdmaTransport {
             let c = core.clone();
             threads.push(spawn("tent-rdma-connect".into(), Box::new(move || workers::run_connector(c, ctx_rx)))?);
             let c = core.clone();
-            let tick = Duration::from_millis(cfg.get_u64("transports/rdma/monitor_tick_ms", 10).clamp(1, 1000));
+            let tick = Duration::from_millis(cfg.get_u64("transports/rdma/monitor_tick_ms", 2).clamp(1, 1000));
             threads.push(spawn("tent-rdma-monitor".into(), Box::new(move || workers::run_monitor(c, tick)))?);
             Ok(())
         })();
@@ -202,6 +206,56 @@ impl RdmaTransport {
     /// Answers a bootstrap request (control-plane message 2).
     pub fn handle_bootstrap(&self, request: &[u8]) -> Vec<u8> {
         self.core.handle_bootstrap(request)
+    }
+
+    /// Where received notifications go.
+    pub fn set_notify_sink(&self, sink: workers::NotifySink) {
+        *self.core.notify_sink.lock() = Some(sink);
+    }
+
+    /// Sends a notification over the notify QP of the endpoint from the first enabled NIC to
+    /// the peer's first NIC, connecting it if needed (for at most 2 s). Never blocks on a full
+    /// channel: an error means the caller should use the Notify RPC instead.
+    pub fn send_notification(&self, target: &SegmentDesc, name: &str, msg: &str) -> Result<()> {
+        let bytes = notify::encode(name, msg).ok_or_else(|| {
+            Error::InvalidArgument(format!("notification of {} bytes exceeds 64 KiB", 8 + name.len() + msg.len()))
+        })?;
+        let server = target.rdma_server_name.clone().filter(|s| !s.is_empty()).unwrap_or_else(|| target.name.clone());
+        let nic = remote_nics(target).into_iter().next().filter(|n| !n.is_empty());
+        let nic = nic.ok_or_else(|| Error::NoTransport(format!("segment {} has no RDMA NIC", target.name)))?;
+        let key = bootstrap::nic_path(&server, &nic);
+        let core = &self.core;
+        let (local, ctx) =
+            core.contexts.enabled().next().ok_or_else(|| Error::Unavailable("no RDMA NIC is up".into()))?;
+        let store = core.store(local).ok_or_else(|| Error::Unavailable("no endpoint store".into()))?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        loop {
+            let ep = store.get_or_insert(&key, core.clock.now(), || {
+                Endpoint::create(ctx, local, &key, &core.local_server, &target.rpc_server_addr, &core.ep_params, true)
+            })?;
+            core.track_notify(&ep);
+            if let Some(e) = ep.fatal_error() {
+                return Err(Error::Unavailable(e));
+            }
+            // The endpoint was made for data (no notify QP): notifications use the RPC.
+            if ep.notify_channel().is_none() {
+                return Err(Error::Unavailable(format!("endpoint to {key} has no notify QP")));
+            }
+            match ep.state() {
+                EpState::Ready => {
+                    let ch = ep.notify_channel().ok_or_else(|| Error::Unavailable("no notify QP".into()))?;
+                    ch.send(&bytes)?;
+                    core.counters.notifications_sent.fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
+                }
+                EpState::Handshaking => core.request_connect(&ep, &target.rpc_server_addr),
+                _ => {}
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(Error::Unavailable(format!("RDMA endpoint to {key} did not connect in time")));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// Per-NIC in-flight bytes and bandwidth EWMA.

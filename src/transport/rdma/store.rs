@@ -5,6 +5,9 @@
 //! * endpoints are built outside the store's lock; a racing builder's endpoint is discarded;
 //! * capacity 0 is rejected and capacity 1 is handled (the SIEVE hand is an index that is moved
 //!   before its node is unlinked, never a dangling iterator);
+//! * only idle endpoints are evicted; when every endpoint is busy the store goes over capacity
+//!   and the background tick trims it back as endpoints become idle, so eviction never flushes
+//!   work in flight (W3);
 //! * evicted and removed endpoints are retired and wait in a list that a background tick
 //!   reclaims whether or not anything new is inserted.
 
@@ -121,20 +124,37 @@ impl Inner {
         node.ep
     }
 
+    /// The entry to evict: an idle endpoint (no connect attempt running, no work outstanding), chosen by SIEVE (the first
+    /// unvisited one from the hand, clearing visited bits on the way) or FIFO (the oldest).
+    /// `None` when every endpoint is busy: evicting a busy endpoint would flush its work, and when
+    /// more peers are active than the capacity, preempting busy endpoints can keep work from ever
+    /// finishing (W3). The store then goes over capacity until endpoints become idle.
     fn victim(&mut self, kind: StoreKind) -> Option<usize> {
         let oldest = self.oldest?;
+        // Endpoints being connected count as busy: work is parked on them, and evicting them
+        // makes that work reconnect, which can evict the next connecting endpoint, and so on.
+        let busy = |n: &Node| n.ep.outstanding_total() > 0 || n.ep.connecting.load(Ordering::Acquire);
         if kind == StoreKind::Fifo {
-            return Some(oldest);
+            let mut cur = Some(oldest);
+            while let Some(c) = cur {
+                let n = self.node(c);
+                if !busy(n) {
+                    return Some(c);
+                }
+                cur = n.newer;
+            }
+            return None;
         }
         let mut cur = self.hand.unwrap_or(oldest);
-        // Terminates: every visited bit passed over is cleared, so the second lap stops.
-        loop {
+        // Two laps: the first clears visited bits, so the second sees every entry unvisited.
+        for _ in 0..=2 * self.map.len() {
             let n = self.node(cur);
-            if !n.visited.swap(false, Ordering::Relaxed) {
+            if !n.visited.swap(false, Ordering::Relaxed) && !busy(n) {
                 return Some(cur);
             }
             cur = n.newer.unwrap_or(oldest);
         }
+        None
     }
 }
 
@@ -218,19 +238,38 @@ impl EndpointStore {
             let old = inner.unlink(i);
             self.waiting.lock().push(old);
         }
-        let mut evicted = Vec::new();
-        while inner.map.len() >= self.cap {
-            let Some(v) = inner.victim(self.kind) else { break };
-            evicted.push(inner.unlink(v));
-        }
+        let evicted = Self::evict_down_to(&mut inner, self.kind, self.cap - 1);
         inner.push_newest(key.to_string(), fresh.clone());
         drop(inner);
+        self.retire_evicted(evicted, now);
+        Ok(fresh)
+    }
+
+    fn evict_down_to(inner: &mut Inner, kind: StoreKind, target: usize) -> Vec<Arc<Endpoint>> {
+        let mut evicted = Vec::new();
+        while inner.map.len() > target {
+            let Some(v) = inner.victim(kind) else { break };
+            evicted.push(inner.unlink(v));
+        }
+        evicted
+    }
+
+    fn retire_evicted(&self, evicted: Vec<Arc<Endpoint>>, now: Duration) {
         for ep in evicted {
             tracing::debug!("evicting endpoint {} (store full)", ep.key);
             ep.retire(now);
             self.waiting.lock().push(ep);
         }
-        Ok(fresh)
+    }
+
+    /// Brings a store that went over capacity (every endpoint was busy at insertion) back to
+    /// its capacity by evicting endpoints that became idle. Called by the background tick.
+    pub fn trim(&self, now: Duration) {
+        if self.inner.read().map.len() <= self.cap {
+            return;
+        }
+        let evicted = Self::evict_down_to(&mut self.inner.write(), self.kind, self.cap);
+        self.retire_evicted(evicted, now);
     }
 
     /// Takes `ep` out of the store (if it is the entry for its key) and retires it. Returns

@@ -9,10 +9,10 @@
 //! pending queue while their endpoint is HANDSHAKING. The monitor thread reclaims retired
 //! endpoints, drains async events and updates NIC statistics.
 
-use std::collections::VecDeque;
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -104,7 +104,12 @@ pub struct Counters {
     pub stale_completions: AtomicU64,
     pub forced_records: AtomicU64,
     pub cq_errors: AtomicU64,
+    pub notifications_sent: AtomicU64,
+    pub notifications_received: AtomicU64,
 }
+
+/// Where received RDMA notifications go (the engine's notification queue).
+pub type NotifySink = Arc<dyn Fn(String, String) + Send + Sync>;
 
 /// What every thread of the transport shares.
 pub struct Core {
@@ -123,6 +128,9 @@ pub struct Core {
     pub stopping: AtomicBool,
     pub nics: Vec<NicStats>,
     pub counters: Counters,
+    /// Notify QP number -> endpoint, for notify completions.
+    pub notify_index: Mutex<HashMap<u32, Weak<Endpoint>>>,
+    pub notify_sink: Mutex<Option<NotifySink>>,
 }
 
 impl Core {
@@ -138,6 +146,46 @@ impl Core {
             Some(s) if s.remove(ep, now) => {}
             _ => {
                 ep.retire(now);
+            }
+        }
+    }
+
+    /// Makes the notify completions of `ep` findable by QP number.
+    pub fn track_notify(&self, ep: &Arc<Endpoint>) {
+        if let Some(ch) = ep.notify_channel() {
+            self.notify_index.lock().entry(ch.qpn()).or_insert_with(|| Arc::downgrade(ep));
+        }
+    }
+
+    /// Polls every context's notify CQ: delivers received notifications, frees send slots and
+    /// retires an endpoint whose notification send failed.
+    pub fn poll_notify(&self) {
+        let mut wcs = [Wc::EMPTY; 16];
+        for (_, ctx) in self.contexts.live() {
+            let Some(cq) = ctx.notify_cq() else { continue };
+            loop {
+                let n = cq.poll(&mut wcs).unwrap_or(0);
+                for wc in &wcs[..n] {
+                    let ep = self.notify_index.lock().get(&wc.qp_num).and_then(Weak::upgrade);
+                    let Some(ch) = ep.as_ref().and_then(|e| e.notify_channel()) else { continue };
+                    let (msg, send_failed) = ch.on_completion(wc);
+                    if let Some((name, text)) = msg {
+                        self.counters.notifications_received.fetch_add(1, Ordering::Relaxed);
+                        let sink = self.notify_sink.lock().clone();
+                        if let Some(sink) = sink {
+                            sink(name, text);
+                        }
+                    }
+                    if send_failed {
+                        if let Some(ep) = ep.filter(|e| e.state().is_live()) {
+                            tracing::debug!("{}: notification send failed ({}), retiring", ep.key, wc.status.as_str());
+                            self.retire_endpoint(&ep);
+                        }
+                    }
+                }
+                if n < wcs.len() {
+                    break;
+                }
             }
         }
     }
@@ -183,10 +231,21 @@ impl Core {
         for _ in 0..2 {
             let now = self.clock.now();
             let built = store.get_or_insert(&req.local_nic_path, now, || {
-                Endpoint::create(ctx, nic_id, &req.local_nic_path, &self.local_server, "", &self.ep_params)
+                Endpoint::create(
+                    ctx,
+                    nic_id,
+                    &req.local_nic_path,
+                    &self.local_server,
+                    "",
+                    &self.ep_params,
+                    req.notify_qp_num != 0,
+                )
             });
             let ep = match built {
-                Ok(ep) => ep,
+                Ok(ep) => {
+                    self.track_notify(&ep);
+                    ep
+                }
                 Err(e) => return refuse(BootstrapResult::Error, format!("Cannot allocate endpoint: {e}")),
             };
             if !ep.state().is_live() {
@@ -245,8 +304,9 @@ impl Core {
             let (Some(ctx), Some(store)) = (self.contexts.get(local), self.store(local)) else { continue };
             let key = &job.remote_keys[remote];
             let ep = store.get_or_insert(key, now, || {
-                Endpoint::create(ctx, local, key, &self.local_server, &job.peer_rpc, &self.ep_params)
+                Endpoint::create(ctx, local, key, &self.local_server, &job.peer_rpc, &self.ep_params, false)
             })?;
+            self.track_notify(&ep);
             return Ok((ep, remote));
         }
         Err(Error::Unavailable("no usable RDMA rail between the two sides".into()))
@@ -754,9 +814,12 @@ pub fn run_monitor(core: Arc<Core>, tick: Duration) {
     while !core.stopping.load(Ordering::Acquire) {
         let now = core.clock.now();
         for s in core.stores.iter().flatten() {
+            s.trim(now);
             s.reclaim(now);
         }
         drain_async_events(&core);
+        core.poll_notify();
+        core.notify_index.lock().retain(|_, w| w.strong_count() > 0);
         for n in &core.nics {
             n.tick();
         }
