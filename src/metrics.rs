@@ -67,7 +67,20 @@ pub struct Metrics {
     endpoint_events: [AtomicU64; 5],
     /// Endpoints held per NIC, set by the RDMA transport.
     store_occupancy: Mutex<Vec<(String, u64)>>,
+    /// Reads the RDMA transport's own counters when metrics are rendered.
+    rdma_source: Mutex<Option<RdmaSource>>,
 }
+
+/// What the RDMA transport reports: lifetime endpoint event counts (indexed like
+/// [`EndpointEvent`]) and the endpoints held per NIC.
+#[derive(Debug, Clone, Default)]
+pub struct RdmaSnapshot {
+    pub events: [u64; 5],
+    pub occupancy: Vec<(String, u64)>,
+}
+
+/// A callback producing an [`RdmaSnapshot`] (it holds the transport weakly).
+pub type RdmaSource = Box<dyn Fn() -> Option<RdmaSnapshot> + Send + Sync>;
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -81,6 +94,7 @@ impl Default for Metrics {
             retries: Default::default(),
             endpoint_events: Default::default(),
             store_occupancy: Mutex::new(Vec::new()),
+            rdma_source: Mutex::new(None),
         }
     }
 }
@@ -118,6 +132,22 @@ impl Metrics {
         self.endpoint_events[e as usize].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Lets the RDMA transport report its counters whenever metrics are rendered.
+    pub fn set_rdma_source(&self, source: RdmaSource) {
+        *self.rdma_source.lock() = Some(source);
+    }
+
+    /// Pulls the RDMA transport's current counts, when it reports them.
+    fn refresh_rdma(&self) {
+        let snap = self.rdma_source.lock().as_ref().and_then(|f| f());
+        if let Some(s) = snap {
+            for (c, v) in self.endpoint_events.iter().zip(s.events) {
+                c.store(v, Ordering::Relaxed);
+            }
+            *self.store_occupancy.lock() = s.occupancy;
+        }
+    }
+
     /// Sets the endpoint-store occupancy of each NIC.
     pub fn set_store_occupancy(&self, per_nic: Vec<(String, u64)>) {
         *self.store_occupancy.lock() = per_nic;
@@ -140,6 +170,7 @@ impl Metrics {
 
     /// Everything as JSON (also served at `/metrics/json`).
     pub fn snapshot(&self) -> serde_json::Value {
+        self.refresh_rdma();
         let mut bytes = serde_json::Map::new();
         let mut tasks = serde_json::Map::new();
         let mut retries = serde_json::Map::new();
@@ -194,6 +225,7 @@ impl Metrics {
     /// Everything in Prometheus text exposition format (served at `/metrics`).
     pub fn prometheus(&self) -> String {
         use std::fmt::Write as _;
+        self.refresh_rdma();
         let mut o = String::new();
         let _ = writeln!(o, "# HELP tent_bytes_total Bytes moved by completed tasks.\n# TYPE tent_bytes_total counter");
         for (slot, name) in TRANSPORT_NAMES.iter().enumerate() {

@@ -60,3 +60,32 @@ fn scraped_counters_match_what_was_moved() {
     let c = engine(&[("metrics/enabled", "true"), ("metrics/http_host", "127.0.0.1"), ("metrics/http_port", &port)]);
     assert!(c.metrics_addr().is_none());
 }
+
+#[test]
+fn rdma_endpoint_events_and_store_occupancy_are_reported() {
+    let rdma = [("transports/rdma/provider", "sim"), ("transports/tcp/enable", "false")];
+    let mut with_metrics = rdma.to_vec();
+    with_metrics.extend_from_slice(&[
+        ("metrics/enabled", "true"),
+        ("metrics/http_host", "127.0.0.1"),
+        ("metrics/http_port", "0"),
+    ]);
+    let a = engine(&with_metrics);
+    let b = engine(&rdma);
+    let peer = buffer(&b, 1 << 20, |_| 0, Permission::GlobalReadWrite);
+    let src = buffer(&a, 1 << 20, |i| i as u8, Permission::GlobalReadWrite);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let st =
+        run(&a, &[req(Opcode::Write, src.as_ptr() as u64, h, peer.as_ptr() as u64, 1 << 20)], Duration::from_secs(30));
+    assert_eq!(st[0].0, Status::Completed);
+    assert!(peer == src);
+    let j: serde_json::Value =
+        serde_json::from_str(&get(a.metrics_addr().expect("endpoint"), "/metrics/json")).expect("JSON");
+    assert_eq!(j["bytes"]["rdma"]["write"], 1 << 20);
+    assert!(j["rdma_endpoint_events"]["created"].as_u64().unwrap_or(0) >= 1, "{j}");
+    let occupancy = j["rdma_store_occupancy"].as_object().cloned().unwrap_or_default();
+    assert!(occupancy.values().any(|v| v.as_u64().unwrap_or(0) >= 1), "an endpoint is held: {j}");
+    for v in [peer, src] {
+        std::mem::forget(v); // registered for the engines' lifetime (RDMA keys)
+    }
+}

@@ -77,6 +77,23 @@ fn segment_name_for(config: &Config, kind: &str, rpc_addr: &str) -> String {
     if configured.trim().is_empty() { format!("segment_noname_{}", memory::random_letters(8)) } else { configured }
 }
 
+/// The RDMA transport's counters in the metrics' terms.
+fn rdma_snapshot(core: &crate::transport::rdma::workers::Core) -> crate::metrics::RdmaSnapshot {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut snap = crate::metrics::RdmaSnapshot::default();
+    snap.events[1] = core.counters.retired_on_mismatch.load(Relaxed);
+    for (i, store) in core.stores.iter().enumerate() {
+        let Some(store) = store else { continue };
+        snap.events[0] += store.stats.created.load(Relaxed);
+        snap.events[2] += store.stats.evicted.load(Relaxed);
+        snap.events[3] += store.stats.reclaimed.load(Relaxed);
+        snap.events[4] += store.stats.forced.load(Relaxed);
+        let nic = core.device_names.get(i).cloned().unwrap_or_else(|| format!("nic{i}"));
+        snap.occupancy.push((nic, store.len() as u64));
+    }
+    snap
+}
+
 /// Called when a status poll finds work still pending. Callers often poll in a tight loop (Go's
 /// p2p-store does); giving up the CPU here lets the engine's own threads run on the core the
 /// poller would otherwise keep busy, which matters most on small machines.
@@ -274,6 +291,9 @@ impl Engine {
             local.set_devices(t.devices());
             let r = remote.clone();
             t.set_notify_sink(Arc::new(move |name, msg| r.deliver(name, msg, None)));
+            // The metrics endpoint reads the transport's endpoint events and store occupancy.
+            let core = Arc::downgrade(t.core());
+            metrics.set_rdma_source(Box::new(move || core.upgrade().map(|c| rdma_snapshot(&c))));
             transports.push(t.clone());
         }
         let progress = config

@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
@@ -158,12 +158,27 @@ impl Inner {
     }
 }
 
+/// Lifetime counts of a store, for metrics.
+#[derive(Debug, Default)]
+pub struct StoreStats {
+    /// Endpoints inserted.
+    pub created: AtomicU64,
+    /// Endpoints evicted to make room.
+    pub evicted: AtomicU64,
+    /// Retired endpoints destroyed after draining.
+    pub reclaimed: AtomicU64,
+    /// Of those, destroyed by the drain timeout with work still outstanding.
+    pub forced: AtomicU64,
+}
+
 /// Endpoints of one local NIC.
 pub struct EndpointStore {
     kind: StoreKind,
     cap: usize,
     inner: RwLock<Inner>,
     waiting: Mutex<Vec<Arc<Endpoint>>>,
+    /// Lifetime counts (read by the metrics endpoint).
+    pub stats: StoreStats,
 }
 
 impl EndpointStore {
@@ -172,7 +187,13 @@ impl EndpointStore {
         if cap == 0 {
             return Err(Error::InvalidArgument("endpoint store capacity must be at least 1".into()));
         }
-        Ok(EndpointStore { kind, cap, inner: RwLock::new(Inner::default()), waiting: Mutex::new(Vec::new()) })
+        Ok(EndpointStore {
+            kind,
+            cap,
+            inner: RwLock::new(Inner::default()),
+            waiting: Mutex::new(Vec::new()),
+            stats: StoreStats::default(),
+        })
     }
 
     /// The capacity.
@@ -241,6 +262,7 @@ impl EndpointStore {
         let evicted = Self::evict_down_to(&mut inner, self.kind, self.cap - 1);
         inner.push_newest(key.to_string(), fresh.clone());
         drop(inner);
+        self.stats.created.fetch_add(1, Ordering::Relaxed);
         self.retire_evicted(evicted, now);
         Ok(fresh)
     }
@@ -257,6 +279,7 @@ impl EndpointStore {
     fn retire_evicted(&self, evicted: Vec<Arc<Endpoint>>, now: Duration) {
         for ep in evicted {
             tracing::debug!("evicting endpoint {} (store full)", ep.key);
+            self.stats.evicted.fetch_add(1, Ordering::Relaxed);
             ep.retire(now);
             self.waiting.lock().push(ep);
         }
@@ -305,6 +328,9 @@ impl EndpointStore {
     pub fn reclaim(&self, now: Duration) -> usize {
         let snapshot: Vec<Arc<Endpoint>> = self.waiting.lock().clone();
         let done: Vec<Arc<Endpoint>> = snapshot.into_iter().filter(|ep| ep.try_finish(now)).collect();
+        self.stats.reclaimed.fetch_add(done.len() as u64, Ordering::Relaxed);
+        let forced = done.iter().filter(|ep| ep.was_forced()).count();
+        self.stats.forced.fetch_add(forced as u64, Ordering::Relaxed);
         let mut w = self.waiting.lock();
         w.retain(|ep| !done.iter().any(|d| Arc::ptr_eq(d, ep)));
         w.len()
