@@ -661,3 +661,26 @@ fn scenario11_notifications() {
     }
     assert!(start.elapsed() < Duration::from_secs(30), "a dead peer does not block the sender");
 }
+
+#[test]
+fn read_only_buffers_refuse_writes_over_rdma() {
+    let f = fabric("acl");
+    let a = rdma_engine("acl", &[("transports/rdma/workers/max_retry_count", "1")]);
+    let b = rdma_engine("acl", &[]);
+    let ro = buffer(&b, 65536, |_| 0x11, Permission::GlobalReadOnly);
+    let src = buffer(&a, 65536, pattern, Permission::GlobalReadWrite);
+    let back = buffer(&a, 65536, |_| 0, Permission::GlobalReadWrite);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let batch = a.allocate_batch(2).expect("batch");
+    a.submit(batch, &[req(Opcode::Write, src.as_ptr() as u64, h, ro.as_ptr() as u64, 4096)], None).expect("submit");
+    until(&f, Duration::from_millis(100), || a.task_status(batch, 0).map(|s| s.0 != Status::Pending).unwrap_or(true));
+    assert_eq!(a.task_status(batch, 0).expect("status").0, Status::Failed, "a write to read-only memory fails");
+    assert!(ro.iter().all(|&x| x == 0x11), "read-only memory untouched");
+    a.submit(batch, &[req(Opcode::Read, back.as_ptr() as u64, h, ro.as_ptr() as u64, 4096)], None).expect("submit");
+    until(&f, Duration::from_millis(100), || a.task_status(batch, 1).map(|s| s.0 != Status::Pending).unwrap_or(true));
+    assert_eq!(a.task_status(batch, 1).expect("status").0, Status::Completed, "reads are allowed");
+    assert!(back[..4096].iter().all(|&x| x == 0x11));
+    for v in [ro, src, back] {
+        std::mem::forget(v);
+    }
+}
