@@ -376,22 +376,24 @@ impl Endpoint {
         let peer_mtu = peer.mtu.and_then(|b| Mtu::from_ibv(mtu_code(b))).unwrap_or(inner.mtu);
         inner.mtu = inner.mtu.min(peer_mtu);
         let p = &self.params;
+        // The path to the peer's NIC, the same for the data QPs and the notify QP.
+        let av = || AddressVector {
+            dlid: peer.local_lid,
+            sl: p.service_level,
+            src_path_bits: p.src_path_bits,
+            static_rate: p.static_rate,
+            port: self.ctx.port(),
+            grh: Some(GlobalRoute {
+                dgid: gid,
+                flow_label: p.flow_label,
+                sgid_index: sgid as u8,
+                hop_limit: p.hop_limit,
+                traffic_class: p.traffic_class,
+            }),
+        };
         for (qp, &dest) in qps.iter().zip(&peer.qp_num) {
             let rtr = QpTransition::ToRtr {
-                av: AddressVector {
-                    dlid: peer.local_lid,
-                    sl: p.service_level,
-                    src_path_bits: p.src_path_bits,
-                    static_rate: p.static_rate,
-                    port: self.ctx.port(),
-                    grh: Some(GlobalRoute {
-                        dgid: gid,
-                        flow_label: p.flow_label,
-                        sgid_index: sgid as u8,
-                        hop_limit: p.hop_limit,
-                        traffic_class: p.traffic_class,
-                    }),
-                },
+                av: av(),
                 path_mtu: inner.mtu,
                 dest_qpn: dest,
                 rq_psn: p.rq_psn,
@@ -411,20 +413,7 @@ impl Endpoint {
         }
         if let (Some(ch), true) = (self.notify.read().as_ref(), peer.notify_qp_num != 0) {
             let rtr = QpTransition::ToRtr {
-                av: AddressVector {
-                    dlid: peer.local_lid,
-                    sl: p.service_level,
-                    src_path_bits: p.src_path_bits,
-                    static_rate: p.static_rate,
-                    port: self.ctx.port(),
-                    grh: Some(GlobalRoute {
-                        dgid: gid,
-                        flow_label: p.flow_label,
-                        sgid_index: sgid as u8,
-                        hop_limit: p.hop_limit,
-                        traffic_class: p.traffic_class,
-                    }),
-                },
+                av: av(),
                 path_mtu: inner.mtu,
                 dest_qpn: peer.notify_qp_num,
                 rq_psn: 0,
