@@ -56,6 +56,19 @@ fn until(f: &SimFabric, step: Duration, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// One WRITE of all of `src` from `a` into a fresh buffer of each peer; returns the requests and
+/// the destination buffers.
+fn writes_to_each(a: &Engine, peers: &[Arc<Engine>], src: &[u8]) -> (Vec<tent::engine::types::Request>, Vec<Vec<u8>>) {
+    peers
+        .iter()
+        .map(|p| {
+            let dst = buffer(p, src.len(), |_| 0, Permission::GlobalReadWrite);
+            let h = a.open_segment(p.segment_name()).expect("open");
+            (req(Opcode::Write, src.as_ptr() as u64, h, dst.as_ptr() as u64, src.len() as u64), dst)
+        })
+        .unzip()
+}
+
 /// Writes `len` bytes of a pattern from `a` into `b` and reads them back; asserts the bytes.
 fn write_read(a: &Engine, b: &Engine, len: usize, seed: u8) {
     let src = buffer(a, len, |i| pattern(i) ^ seed, Permission::GlobalReadWrite);
@@ -443,19 +456,7 @@ fn scenario09_cq_quota_below_total_depth() {
     let peers: Vec<_> = (0..3).map(|_| rdma_engine(name, &[])).collect();
     let len = 1 << 20;
     let src = buffer(&a, len, pattern, Permission::GlobalReadWrite);
-    let mut reqs = Vec::new();
-    let mut dsts = Vec::new();
-    for p in &peers {
-        let dst = buffer(p, len, |_| 0, Permission::GlobalReadWrite);
-        reqs.push(req(
-            Opcode::Write,
-            src.as_ptr() as u64,
-            a.open_segment(p.segment_name()).expect("open"),
-            dst.as_ptr() as u64,
-            len as u64,
-        ));
-        dsts.push(dst);
-    }
+    let (reqs, dsts) = writes_to_each(&a, &peers, &src);
     let st = run(&a, &reqs, BOUND);
     assert!(st.iter().all(|s| *s == (Status::Completed, len as u64)), "{st:?}");
     assert!(dsts.iter().all(|d| *d == src));
@@ -484,19 +485,7 @@ fn scenario06_eviction_while_busy() {
         .collect();
     let len = 15 * 16384;
     let src = buffer(&a, len, pattern, Permission::GlobalReadWrite);
-    let mut reqs = Vec::new();
-    let mut dsts = Vec::new();
-    for p in &peers {
-        let dst = buffer(p, len, |_| 0, Permission::GlobalReadWrite);
-        reqs.push(req(
-            Opcode::Write,
-            src.as_ptr() as u64,
-            a.open_segment(p.segment_name()).expect("open"),
-            dst.as_ptr() as u64,
-            len as u64,
-        ));
-        dsts.push(dst);
-    }
+    let (reqs, dsts) = writes_to_each(&a, &peers, &src);
     // Every request takes 5 ms of virtual time, so endpoints are still busy when the lane's
     // next insertions evict them.
     let an = host(&a).nic("sim_mlx5_0").expect("nic");
@@ -662,8 +651,11 @@ fn scenario11_notifications() {
     assert!(start.elapsed() < Duration::from_secs(30), "a dead peer does not block the sender");
 }
 
+/// With RDMA as the transport, a read-only buffer refuses writes and serves reads. The
+/// initiator refuses from the peer's descriptor before posting; the peer's MR is registered
+/// without remote write as well (`access_for`), which the verbs conformance tests cover.
 #[test]
-fn read_only_buffers_refuse_writes_over_rdma() {
+fn read_only_buffer_refuses_writes_with_rdma_as_transport() {
     let f = fabric("acl");
     let a = rdma_engine("acl", &[("transports/rdma/workers/max_retry_count", "1")]);
     let b = rdma_engine("acl", &[]);

@@ -284,6 +284,12 @@ impl Batch {
         self.tasks.read().clone()
     }
 
+    /// Tasks parked after a failed attempt, waiting for a failover decision. Usually there are
+    /// none, and then nothing is allocated: status polls call this on every poll.
+    pub fn suspended(&self) -> Vec<Entry> {
+        self.tasks.read().iter().filter(|t| t.state.is_suspended()).cloned().collect()
+    }
+
     /// Status and bytes of every task, in id order.
     pub fn statuses(&self) -> Vec<(Status, u64)> {
         self.tasks.read().iter().map(|t| t.state.load()).collect()
@@ -295,7 +301,8 @@ impl Batch {
         let mut bytes = 0u64;
         let mut worst: Option<Status> = None;
         let mut pending = false;
-        for (s, b) in self.statuses() {
+        // One pass under the read lock, no copy: the overall status is polled in tight loops.
+        for (s, b) in self.tasks.read().iter().map(|t| t.state.load()) {
             match s {
                 Status::Completed => bytes = bytes.saturating_add(b),
                 s if !s.is_terminal() => pending = true,
@@ -397,11 +404,9 @@ impl BatchTable {
         let b = self.get(id)?;
         b.life.free_requested.store(true, Ordering::SeqCst);
         // Nobody polls a freed batch, so a task parked for a failover decision ends here.
-        for e in b.entries() {
-            if e.state.is_suspended() {
-                let reason = e.state.error().unwrap_or_else(|| "transfer failed".into());
-                e.state.fail(reason);
-            }
+        for e in b.suspended() {
+            let reason = e.state.error().unwrap_or_else(|| "transfer failed".into());
+            e.state.fail(reason);
         }
         b.life.maybe_reclaim();
         Ok(())

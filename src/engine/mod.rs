@@ -816,7 +816,7 @@ impl Engine {
     /// Status of every task, in id order (failing over parked tasks as [`Engine::task_status`]).
     pub fn task_status_list(&self, batch_id: u64) -> Result<Vec<(Status, u64)>> {
         let b = self.batches.get(batch_id)?;
-        for e in b.entries() {
+        for e in b.suspended() {
             self.dispatcher.on_poll(&e.state);
         }
         Ok(b.statuses())
@@ -825,7 +825,7 @@ impl Engine {
     /// Aggregated status of a batch (failing over parked tasks first).
     pub fn overall_status(&self, batch_id: u64) -> Result<(Status, u64)> {
         let b = self.batches.get(batch_id)?;
-        for e in b.entries() {
+        for e in b.suspended() {
             self.dispatcher.on_poll(&e.state);
         }
         let st = b.overall();
