@@ -49,9 +49,12 @@ pub enum EndpointEvent {
     Evicted = 2,
     Reclaimed = 3,
     ForcedDestroy = 4,
+    /// Evicted with work in flight (the work was resubmitted on a new endpoint).
+    EvictedBusy = 5,
 }
 
-const ENDPOINT_EVENT_NAMES: [&str; 5] = ["created", "retired_on_rebootstrap", "evicted", "reclaimed", "forced_destroy"];
+const ENDPOINT_EVENT_NAMES: [&str; 6] =
+    ["created", "retired_on_rebootstrap", "evicted", "reclaimed", "forced_destroy", "evicted_busy"];
 
 /// The counters of one engine.
 pub struct Metrics {
@@ -64,7 +67,7 @@ pub struct Metrics {
     latency_count: AtomicU64,
     failovers: AtomicU64,
     retries: [AtomicU64; TRANSPORT_SLOTS],
-    endpoint_events: [AtomicU64; 5],
+    endpoint_events: [AtomicU64; 6],
     /// Endpoints held per NIC, set by the RDMA transport.
     store_occupancy: Mutex<Vec<(String, u64)>>,
     /// Reads the RDMA transport's own counters when metrics are rendered.
@@ -75,7 +78,7 @@ pub struct Metrics {
 /// [`EndpointEvent`]) and the endpoints held per NIC.
 #[derive(Debug, Clone, Default)]
 pub struct RdmaSnapshot {
-    pub events: [u64; 5],
+    pub events: [u64; 6],
     pub occupancy: Vec<(String, u64)>,
 }
 

@@ -520,9 +520,9 @@ fn scenario06_eviction_while_busy() {
     std::mem::forget((src, dsts));
 }
 
-/// Scenario 6, the busy endpoint itself: with capacity 1, work in flight to B (held by a path
-/// delay) is not evicted by a transfer to C: the store goes over capacity, both complete with no
-/// flush, and the tick trims the store back to 1 once B is idle.
+/// Scenario 6, an endpoint that has not completed anything yet: with capacity 1, work in flight
+/// to B (held by a path delay) is not preempted by a transfer to C: the store goes over capacity,
+/// both complete with no flush, and the tick trims the store back to 1 once B is idle.
 #[test]
 fn scenario06_busy_endpoint_is_not_preempted() {
     let name = "scenario06b";
@@ -553,6 +553,59 @@ fn scenario06_busy_endpoint_is_not_preempted() {
     assert!(db == src && dc == src);
     assert_eq!(counter(&a, |c| &c.flush_resubmits) + counter(&a, |c| &c.root_errors), 0);
     until(&f, Duration::ZERO, || endpoints(&a).0.len() == 1);
+    a.free_batch(batch).expect("free");
+    std::mem::forget((src, db, dc));
+}
+
+/// Scenario 6, preempting a busy endpoint: with capacity 1, the endpoint to B has completed work
+/// and has more in flight (a path delay holds it) when a transfer to C needs the only place. B's
+/// endpoint is evicted; its work in flight is flushed and resubmitted on a new endpoint without
+/// spending retries (one attempt is all a slice gets here), B retires its stale endpoint when the
+/// new one bootstraps, both transfers complete with their bytes, no rail is paused and the store
+/// goes back to its capacity.
+#[test]
+fn scenario06_busy_endpoint_is_preempted_without_losing_work() {
+    let name = "scenario06c";
+    let f = fabric(name);
+    let a = rdma_engine(
+        name,
+        &[
+            ("transports/rdma/endpoint/endpoint_store_cap", "1"),
+            ("transports/rdma/endpoint/max_qp_wr", "4"),
+            ("transports/rdma/workers/max_retry_count", "1"),
+            ("transports/rdma/max_timeout_ns", "600000000000"),
+        ],
+    );
+    let b = rdma_engine(name, &[]);
+    let c = rdma_engine(name, &[]);
+    let len = 64 * 16384;
+    let src = buffer(&a, len, pattern, Permission::GlobalReadWrite);
+    let db = buffer(&b, len, |_| 0, Permission::GlobalReadWrite);
+    let dc = buffer(&c, len, |_| 0, Permission::GlobalReadWrite);
+    let hb = a.open_segment(b.segment_name()).expect("open");
+    let hc = a.open_segment(c.segment_name()).expect("open");
+    let (na, nb) = (host(&a).nic("sim_mlx5_0").expect("nic"), host(&b).nic("sim_mlx5_0").expect("nic"));
+    f.set_path_delay(na, nb, Duration::from_millis(5));
+    let batch = a.allocate_batch(1).expect("batch");
+    a.submit(batch, &[req(Opcode::Write, src.as_ptr() as u64, hb, db.as_ptr() as u64, len as u64)], None)
+        .expect("submit");
+    // 64 slices through 2 lanes of depth 4: after the first wave completes, more are in flight.
+    until(&f, Duration::ZERO, || endpoints(&a).0.first().is_some_and(|e| e.outstanding_total() > 0));
+    let to_b = endpoints(&a).0[0].clone();
+    until(&f, Duration::from_millis(1), || to_b.progressed() && to_b.outstanding_total() > 0);
+    let st = run(&a, &[req(Opcode::Write, src.as_ptr() as u64, hc, dc.as_ptr() as u64, len as u64)], BOUND);
+    assert_eq!(st[0], (Status::Completed, len as u64));
+    assert!(to_b.state() >= EpState::Destroying, "the busy endpoint to B was preempted");
+    until(&f, Duration::from_millis(1), || a.task_status(batch, 0).expect("status").0 != Status::Pending);
+    assert_eq!(a.task_status(batch, 0).expect("status"), (Status::Completed, len as u64));
+    assert!(db == src && dc == src, "every byte arrived");
+    let store = a.rdma().expect("rdma").core().store(0).expect("store").clone();
+    assert!(store.stats.evicted_busy.load(Ordering::Relaxed) >= 1);
+    assert!(counter(&a, |c| &c.flush_resubmits) >= 1, "flushed work was resubmitted");
+    assert_eq!(counter(&a, |c| &c.root_errors), 0, "a preemption is not a failure");
+    assert!(counter(&b, |c| &c.retired_on_mismatch) >= 1, "B retired the endpoint A gave up");
+    assert_eq!(a.rdma().expect("rdma").core().rails.trips(), 0, "no rail was paused");
+    until(&f, Duration::from_millis(1), || store.len() == 1 && store.waiting_len() == 0);
     a.free_batch(batch).expect("free");
     std::mem::forget((src, db, dc));
 }

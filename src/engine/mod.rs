@@ -88,6 +88,7 @@ fn rdma_snapshot(core: &crate::transport::rdma::workers::Core) -> crate::metrics
         snap.events[2] += store.stats.evicted.load(Relaxed);
         snap.events[3] += store.stats.reclaimed.load(Relaxed);
         snap.events[4] += store.stats.forced.load(Relaxed);
+        snap.events[5] += store.stats.evicted_busy.load(Relaxed);
         let nic = core.device_names.get(i).cloned().unwrap_or_else(|| format!("nic{i}"));
         snap.occupancy.push((nic, store.len() as u64));
     }

@@ -171,9 +171,13 @@ pub struct Endpoint {
     pub connecting: AtomicBool,
     /// Failed connect attempts of this endpoint.
     pub connect_failures: AtomicU32,
+    /// The peer answered a bootstrap of this endpoint with "retired, retry" once already.
+    pub met_retirement: AtomicBool,
     /// Set when connecting failed for good; lanes report it to the tasks.
     fatal: Mutex<Option<String>>,
     forced: AtomicBool,
+    /// A work request completed on this endpoint (the store preempts only endpoints that did).
+    progressed: AtomicBool,
 }
 
 /// A fresh random 64-bit value (process-unique even without a good entropy source).
@@ -248,8 +252,10 @@ impl Endpoint {
             outstanding: (0..params.num_lanes).map(|_| AtomicU32::new(0)).collect(),
             connecting: AtomicBool::new(false),
             connect_failures: AtomicU32::new(0),
+            met_retirement: AtomicBool::new(false),
             fatal: Mutex::new(None),
             forced: AtomicBool::new(false),
+            progressed: AtomicBool::new(false),
         };
         ep.state.store(EpState::Handshaking as u8, Ordering::Release);
         Ok(Arc::new(ep))
@@ -346,8 +352,14 @@ impl Endpoint {
         }
     }
 
+    /// Whether any work request completed on this endpoint.
+    pub fn progressed(&self) -> bool {
+        self.progressed.load(Ordering::Acquire)
+    }
+
     /// Counts one completion (or a record given up for good) of `lane`.
     pub fn completed(&self, lane: usize) {
+        self.progressed.store(true, Ordering::Release);
         if let Some(c) = self.outstanding.get(lane) {
             let _ = c.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| Some(v.saturating_sub(1)));
         }

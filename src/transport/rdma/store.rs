@@ -5,9 +5,13 @@
 //! * endpoints are built outside the store's lock; a racing builder's endpoint is discarded;
 //! * capacity 0 is rejected and capacity 1 is handled (the SIEVE hand is an index that is moved
 //!   before its node is unlinked, never a dangling iterator);
-//! * only idle endpoints are evicted; when every endpoint is busy the store goes over capacity
-//!   and the background tick trims it back as endpoints become idle, so eviction never flushes
-//!   work in flight (W3);
+//! * idle endpoints are evicted first. When every endpoint is busy, one that has completed work
+//!   since it connected is preempted: it is retired, its work in flight is flushed and the lanes
+//!   resubmit it on a new endpoint without spending retries (a flush of our own retirement is
+//!   not a failure). Endpoints still connecting, or that have completed nothing yet, are never
+//!   preempted: every endpoint makes progress before it can lose its place, so many more busy
+//!   peers than the capacity cannot evict each other forever (W3). When only such endpoints are
+//!   left the store goes over capacity and the background tick trims it back;
 //! * evicted and removed endpoints are retired and wait in a list that a background tick
 //!   reclaims whether or not anything new is inserted.
 
@@ -18,7 +22,7 @@ use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 
-use super::endpoint::Endpoint;
+use super::endpoint::{Endpoint, EpState};
 use crate::config::Config;
 use crate::error::{Error, Result};
 
@@ -124,33 +128,50 @@ impl Inner {
         node.ep
     }
 
-    /// The entry to evict: an idle endpoint (no connect attempt running, no work outstanding), chosen by SIEVE (the first
-    /// unvisited one from the hand, clearing visited bits on the way) or FIFO (the oldest).
-    /// `None` when every endpoint is busy: evicting a busy endpoint would flush its work, and when
-    /// more peers are active than the capacity, preempting busy endpoints can keep work from ever
-    /// finishing (W3). The store then goes over capacity until endpoints become idle.
-    fn victim(&mut self, kind: StoreKind) -> Option<usize> {
+    /// The entry to evict, or `None` when there is none that may go. The first choice is an
+    /// idle endpoint (no connect attempt running, no work outstanding), chosen by SIEVE (the
+    /// first unvisited one from the hand, clearing visited bits on the way) or FIFO (the
+    /// oldest). Failing that, a busy endpoint that is READY and has completed work since it
+    /// connected, in the same order; its outstanding work is flushed and resubmitted by the
+    /// lanes. Endpoints being connected or that have not completed anything are never chosen:
+    /// work is parked on them, and preempting them before they make progress could let busy
+    /// peers evict each other forever.
+    fn victim(&mut self, kind: StoreKind) -> Option<(usize, bool)> {
         let oldest = self.oldest?;
-        // Endpoints being connected count as busy: work is parked on them, and evicting them
-        // makes that work reconnect, which can evict the next connecting endpoint, and so on.
-        let busy = |n: &Node| n.ep.outstanding_total() > 0 || n.ep.connecting.load(Ordering::Acquire);
+        let idle = |n: &Node| n.ep.outstanding_total() == 0 && !n.ep.connecting.load(Ordering::Acquire);
+        let preemptible =
+            |n: &Node| n.ep.state() == EpState::Ready && !n.ep.connecting.load(Ordering::Acquire) && n.ep.progressed();
         if kind == StoreKind::Fifo {
-            let mut cur = Some(oldest);
-            while let Some(c) = cur {
-                let n = self.node(c);
-                if !busy(n) {
-                    return Some(c);
+            for pick in [idle as fn(&Node) -> bool, preemptible as fn(&Node) -> bool] {
+                let mut cur = Some(oldest);
+                while let Some(c) = cur {
+                    let n = self.node(c);
+                    if pick(n) {
+                        return Some((c, !idle(n)));
+                    }
+                    cur = n.newer;
                 }
-                cur = n.newer;
             }
             return None;
         }
-        let mut cur = self.hand.unwrap_or(oldest);
+        let start = self.hand.unwrap_or(oldest);
+        let mut cur = start;
         // Two laps: the first clears visited bits, so the second sees every entry unvisited.
         for _ in 0..=2 * self.map.len() {
             let n = self.node(cur);
-            if !n.visited.swap(false, Ordering::Relaxed) && !busy(n) {
-                return Some(cur);
+            if !n.visited.swap(false, Ordering::Relaxed) && idle(n) {
+                self.hand = Some(cur);
+                return Some((cur, false));
+            }
+            cur = n.newer.unwrap_or(oldest);
+        }
+        // Every entry is busy and unvisited now: the first preemptible one from the hand goes.
+        cur = start;
+        for _ in 0..self.map.len() {
+            let n = self.node(cur);
+            if preemptible(n) {
+                self.hand = Some(cur);
+                return Some((cur, true));
             }
             cur = n.newer.unwrap_or(oldest);
         }
@@ -165,6 +186,8 @@ pub struct StoreStats {
     pub created: AtomicU64,
     /// Endpoints evicted to make room.
     pub evicted: AtomicU64,
+    /// Of those, evicted with work outstanding (their work was resubmitted).
+    pub evicted_busy: AtomicU64,
     /// Retired endpoints destroyed after draining.
     pub reclaimed: AtomicU64,
     /// Of those, destroyed by the drain timeout with work still outstanding.
@@ -267,26 +290,33 @@ impl EndpointStore {
         Ok(fresh)
     }
 
-    fn evict_down_to(inner: &mut Inner, kind: StoreKind, target: usize) -> Vec<Arc<Endpoint>> {
+    fn evict_down_to(inner: &mut Inner, kind: StoreKind, target: usize) -> Vec<(Arc<Endpoint>, bool)> {
         let mut evicted = Vec::new();
         while inner.map.len() > target {
-            let Some(v) = inner.victim(kind) else { break };
-            evicted.push(inner.unlink(v));
+            let Some((v, busy)) = inner.victim(kind) else { break };
+            evicted.push((inner.unlink(v), busy));
         }
         evicted
     }
 
-    fn retire_evicted(&self, evicted: Vec<Arc<Endpoint>>, now: Duration) {
-        for ep in evicted {
-            tracing::debug!("evicting endpoint {} (store full)", ep.key);
+    fn retire_evicted(&self, evicted: Vec<(Arc<Endpoint>, bool)>, now: Duration) {
+        for (ep, busy) in evicted {
+            tracing::debug!(
+                "evicting endpoint {} (store full{})",
+                ep.key,
+                if busy { ", work resubmitted" } else { "" }
+            );
             self.stats.evicted.fetch_add(1, Ordering::Relaxed);
+            if busy {
+                self.stats.evicted_busy.fetch_add(1, Ordering::Relaxed);
+            }
             ep.retire(now);
             self.waiting.lock().push(ep);
         }
     }
 
-    /// Brings a store that went over capacity (every endpoint was busy at insertion) back to
-    /// its capacity by evicting endpoints that became idle. Called by the background tick.
+    /// Brings a store that went over capacity (no endpoint could go at insertion) back to its
+    /// capacity once endpoints became idle or made progress. Called by the background tick.
     pub fn trim(&self, now: Duration) {
         if self.inner.read().map.len() <= self.cap {
             return;

@@ -789,7 +789,16 @@ pub fn run_connector(core: Arc<Core>, rx: mpsc::Receiver<ConnectRequest>) {
             match core.connect_once(&ep, &rpc) {
                 Ok(()) => ep.connecting.store(false, Ordering::Release),
                 Err(e) => {
-                    let failures = ep.connect_failures.fetch_add(1, Ordering::AcqRel) + 1;
+                    // The first "retired, retry" is the expected answer when this endpoint
+                    // replaces one the peer still holds (stale accept): the peer has just made
+                    // room for it, so it is no failure. Any further one counts.
+                    let expected =
+                        e.result == BootstrapResult::RetiredRetry && !ep.met_retirement.swap(true, Ordering::AcqRel);
+                    let failures = if expected {
+                        ep.connect_failures.load(Ordering::Acquire)
+                    } else {
+                        ep.connect_failures.fetch_add(1, Ordering::AcqRel) + 1
+                    };
                     tracing::debug!("connecting {} failed ({failures}): {}", ep.key, e.message);
                     if !e.retryable || failures >= core.wp.max_retry_count {
                         ep.fail_connect(e.message, core.clock.now());
