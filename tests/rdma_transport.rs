@@ -704,6 +704,109 @@ fn scenario11_notifications() {
     assert!(start.elapsed() < Duration::from_secs(30), "a dead peer does not block the sender");
 }
 
+/// Waits until `e` received `want` notifications and returns them as (name, message).
+fn received(e: &Engine, want: usize) -> Vec<(String, String)> {
+    let start = Instant::now();
+    let mut got = Vec::new();
+    while got.len() < want {
+        got.extend(e.recv_notifications().into_iter().map(|n| (n.name, n.msg)));
+        assert!(start.elapsed() < BOUND, "only {} of {want} notifications arrived", got.len());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    got
+}
+
+/// Between tent-rs engines an endpoint made for data has no notify QP (nothing pinned for it);
+/// the first notification connects one to that same endpoint on both sides (no new endpoint, no
+/// retirement), and then notifications go over RDMA both ways while data keeps flowing.
+#[test]
+fn notify_qp_is_connected_lazily_on_a_data_endpoint() {
+    let name = "lazy_notify";
+    let _f = fabric(name);
+    let a = rdma_engine(name, &[]);
+    let b = rdma_engine(name, &[]);
+    write_read(&a, &b, 64 << 10, 1);
+    let (ea, eb) = (endpoints(&a).0[0].clone(), endpoints(&b).0[0].clone());
+    assert!(ea.notify_channel().is_none() && eb.notify_channel().is_none(), "data endpoints pin no notify buffers");
+    let created = a.rdma().expect("rdma").core().store(0).expect("store").stats.created.load(Ordering::Relaxed);
+    a.send_notification(a.open_segment(b.segment_name()).expect("open"), "to-b", "1").expect("send");
+    assert_eq!(received(&b, 1), vec![("to-b".to_string(), "1".to_string())]);
+    assert_eq!(counter(&a, |c| &c.notifications_sent), 1, "it went over RDMA");
+    assert!(ea.notify_channel().is_some_and(|c| c.is_connected()));
+    assert!(eb.notify_channel().is_some_and(|c| c.is_connected()));
+    b.send_notification(b.open_segment(a.segment_name()).expect("open"), "to-a", "2").expect("send");
+    assert_eq!(received(&a, 1), vec![("to-a".to_string(), "2".to_string())]);
+    assert_eq!(counter(&b, |c| &c.notifications_sent), 1, "the peer's side uses the same channel");
+    assert!(Arc::ptr_eq(&endpoints(&a).0[0], &ea) && Arc::ptr_eq(&endpoints(&b).0[0], &eb));
+    let store = a.rdma().expect("rdma").core().store(0).expect("store").clone();
+    assert_eq!(store.stats.created.load(Ordering::Relaxed), created, "no new endpoint");
+    assert_eq!(counter(&a, |c| &c.retired_on_mismatch) + counter(&b, |c| &c.retired_on_mismatch), 0);
+    write_read(&a, &b, 64 << 10, 2);
+    assert_eq!(counter(&a, |c| &c.root_errors), 0);
+}
+
+/// Both sides connecting the notify QP of one endpoint pair at the same moment end with one
+/// channel each, connected to each other: every notification goes over RDMA.
+#[test]
+fn simultaneous_notify_upgrades_agree() {
+    let name = "lazy_notify_race";
+    let _f = fabric(name);
+    for round in 0..5 {
+        let a = rdma_engine(name, &[]);
+        let b = rdma_engine(name, &[]);
+        write_read(&a, &b, 16 << 10, round);
+        let (ha, hb) =
+            (b.open_segment(a.segment_name()).expect("open"), a.open_segment(b.segment_name()).expect("open"));
+        std::thread::scope(|s| {
+            s.spawn(|| a.send_notification(hb, "from-a", "x").expect("send"));
+            s.spawn(|| b.send_notification(ha, "from-b", "y").expect("send"));
+        });
+        assert_eq!(received(&b, 1)[0].0, "from-a");
+        assert_eq!(received(&a, 1)[0].0, "from-b");
+        assert_eq!(counter(&a, |c| &c.notifications_sent) + counter(&b, |c| &c.notifications_sent), 2, "round {round}");
+    }
+}
+
+/// Towards upstream peers: an upstream engine offers its notify QP in the first bootstrap (no
+/// nonce) and sends notifications over it unannounced, so the offer is taken at once and its
+/// notification arrives; the same offer from a tent-rs engine (with a nonce) is declined, as
+/// the channel is connected on first use.
+#[test]
+fn upstream_notify_offer_is_taken_and_tent_offer_declined() {
+    use tent::transport::rdma::bootstrap::{BootstrapDesc, BootstrapResult};
+    use tent::transport::rdma::notify;
+    let name = "notify_offer";
+    let f = fabric(name);
+    let a = rdma_engine(name, &[]);
+    let b = rdma_engine(name, &[]);
+    let core = a.rdma().expect("rdma").core().clone();
+    let ctx = core.contexts.get(0).expect("context").clone();
+    let b_path = format!("{}@sim_mlx5_0", b.segment_name());
+    let offer = |server: &str, upstream: bool| {
+        let ep = tent::transport::rdma::Endpoint::create(&ctx, 0, &b_path, server, "", &core.ep_params, true)
+            .expect("endpoint");
+        let mut req = ep.local_desc(&b_path);
+        assert_ne!(req.notify_qp_num, 0);
+        if upstream {
+            req.nonce = None;
+            req.result = None;
+            req.mtu = None;
+        }
+        let reply = BootstrapDesc::parse(&b.rdma().expect("rdma").handle_bootstrap(&req.to_bytes())).expect("reply");
+        assert_eq!(reply.outcome(), BootstrapResult::Ok);
+        (ep, reply)
+    };
+    let (up, reply) = offer("upstream-peer:1", true);
+    assert_ne!(reply.notify_qp_num, 0, "an upstream offer is taken");
+    up.connect_finish(Ok(reply), f.now()).expect("connected");
+    let ch = up.notify_channel().expect("channel");
+    assert!(ch.is_connected());
+    ch.send(&notify::encode("from-upstream", "hello").expect("fits")).expect("send");
+    assert_eq!(received(&b, 1), vec![("from-upstream".to_string(), "hello".to_string())]);
+    let (_tent, reply) = offer("tent-peer:1", false);
+    assert_eq!(reply.notify_qp_num, 0, "a tent-rs offer is declined");
+}
+
 /// With RDMA as the transport, a read-only buffer refuses writes and serves reads. The
 /// initiator refuses from the peer's descriptor before posting; the peer's MR is registered
 /// without remote write as well (`access_for`), which the verbs conformance tests cover.

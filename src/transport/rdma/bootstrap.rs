@@ -1,6 +1,6 @@
 //! The RDMA bootstrap message (control-plane message id 2): upstream's JSON fields (spec rdma.md
 //! 5.4) plus tent-rs extensions that upstream peers ignore: an explicit result code, the
-//! endpoint nonce, and the sender's path MTU.
+//! endpoint nonce, the sender's path MTU, and the notify-upgrade flag.
 //!
 //! Why the extensions: upstream infers a refusal from an empty GID and compares server names
 //! from two different sources to spot duplicates (W5, W6). A result code says what happened; a
@@ -79,6 +79,11 @@ pub struct BootstrapDesc {
     /// tent-rs: the sender's path MTU in bytes; both sides use the smaller.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mtu: Option<u32>,
+    /// tent-rs: asks the peer to connect a notify QP to `notify_qp_num` for the endpoint pair
+    /// this request repeats (nonce and QPs of a connected endpoint): the notify channel is
+    /// created on first use, not with the endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notify_upgrade: Option<bool>,
 }
 
 impl BootstrapDesc {
@@ -138,6 +143,7 @@ mod tests {
             result: Some(0),
             nonce: Some(42),
             mtu: Some(4096),
+            notify_upgrade: Some(true),
         };
         let v: serde_json::Value = serde_json::from_slice(&d.to_bytes()).expect("json");
         for k in ["local_nic_path", "peer_nic_path", "qp_num", "local_lid", "local_gid", "reply_msg", "notify_qp_num"] {

@@ -125,6 +125,11 @@ impl EndpointParams {
 struct Peer {
     nonce: Option<u64>,
     qpns: Vec<u32>,
+    /// The peer NIC's LID and GID, to connect a notify QP later.
+    lid: u16,
+    gid: Gid,
+    /// The peer's notify QP ours is connected to.
+    notify_qpn: Option<u32>,
 }
 
 struct Inner {
@@ -178,6 +183,8 @@ pub struct Endpoint {
     forced: AtomicBool,
     /// A work request completed on this endpoint (the store preempts only endpoints that did).
     progressed: AtomicBool,
+    /// The peer cannot connect a notify QP to this endpoint: notifications use the RPC.
+    notify_declined: AtomicBool,
 }
 
 /// A fresh random 64-bit value (process-unique even without a good entropy source).
@@ -256,6 +263,7 @@ impl Endpoint {
             fatal: Mutex::new(None),
             forced: AtomicBool::new(false),
             progressed: AtomicBool::new(false),
+            notify_declined: AtomicBool::new(false),
         };
         ep.state.store(EpState::Handshaking as u8, Ordering::Release);
         Ok(Arc::new(ep))
@@ -274,6 +282,34 @@ impl Endpoint {
     /// The notify channel, while the endpoint has one.
     pub fn notify_channel(&self) -> Option<Arc<NotifyChannel>> {
         self.notify.read().clone()
+    }
+
+    /// Whether the connected peer is a tent-rs engine (its bootstrap carried a nonce), which can
+    /// connect a notify QP to an endpoint that is already READY.
+    pub fn peer_is_tent(&self) -> bool {
+        self.inner.lock().peer.as_ref().is_some_and(|p| p.nonce.is_some())
+    }
+
+    /// Whether the peer said it cannot connect a notify QP to this endpoint.
+    pub fn notify_declined(&self) -> bool {
+        self.notify_declined.load(Ordering::Acquire)
+    }
+
+    /// The notify channel, created now if the endpoint has none (a new channel is not
+    /// connected yet). `None` when notifications are disabled, the endpoint is retired, or the
+    /// channel cannot be created.
+    fn ensure_notify_channel(&self) -> Option<Arc<NotifyChannel>> {
+        if !self.params.notify || !self.state().is_live() {
+            return None;
+        }
+        let mut slot = self.notify.write();
+        if slot.is_none() {
+            *slot = NotifyChannel::create(&self.ctx, self.params.pkey_index)
+                .inspect_err(|e| tracing::warn!("{}: no notify QP: {e}", self.key))
+                .ok()
+                .map(Arc::new);
+        }
+        slot.clone()
     }
 
     /// Work requests one lane may have outstanding on its QP.
@@ -318,6 +354,10 @@ impl Endpoint {
 
     /// The bootstrap descriptor describing this endpoint, aimed at `peer_path`.
     pub fn local_desc(&self, peer_path: &str) -> BootstrapDesc {
+        // One lock at a time: setup holds `inner` while it takes `notify`, so holding a
+        // `notify` guard while waiting for `inner` here could deadlock with it.
+        let notify_qp_num = self.notify.read().as_ref().map_or(0, |n| n.qpn());
+        let mtu = self.inner.lock().mtu.bytes();
         BootstrapDesc {
             local_nic_path: self.local_path.clone(),
             peer_nic_path: peer_path.to_string(),
@@ -325,10 +365,11 @@ impl Endpoint {
             local_lid: self.ctx.lid().unwrap_or(0),
             local_gid: self.ctx.gid().map(|g| g.gid.to_wire_string()).unwrap_or_default(),
             reply_msg: String::new(),
-            notify_qp_num: self.notify.read().as_ref().map_or(0, |n| n.qpn()),
+            notify_qp_num,
             result: Some(BootstrapResult::Ok as i32),
             nonce: Some(self.nonce),
-            mtu: Some(self.inner.lock().mtu.bytes()),
+            mtu: Some(mtu),
+            notify_upgrade: None,
         }
     }
 
@@ -384,28 +425,12 @@ impl Endpoint {
         let gid = Gid::parse_wire(&peer.local_gid).ok_or_else(|| {
             err(BootstrapResult::Error, format!("Missing or malformed peer GID {:?}", peer.local_gid))
         })?;
-        let sgid = self.ctx.gid().map(|g| g.index).unwrap_or(0);
         let peer_mtu = peer.mtu.and_then(|b| Mtu::from_ibv(mtu_code(b))).unwrap_or(inner.mtu);
         inner.mtu = inner.mtu.min(peer_mtu);
         let p = &self.params;
-        // The path to the peer's NIC, the same for the data QPs and the notify QP.
-        let av = || AddressVector {
-            dlid: peer.local_lid,
-            sl: p.service_level,
-            src_path_bits: p.src_path_bits,
-            static_rate: p.static_rate,
-            port: self.ctx.port(),
-            grh: Some(GlobalRoute {
-                dgid: gid,
-                flow_label: p.flow_label,
-                sgid_index: sgid as u8,
-                hop_limit: p.hop_limit,
-                traffic_class: p.traffic_class,
-            }),
-        };
         for (qp, &dest) in qps.iter().zip(&peer.qp_num) {
             let rtr = QpTransition::ToRtr {
-                av: av(),
+                av: self.address_vector(peer.local_lid, gid),
                 path_mtu: inner.mtu,
                 dest_qpn: dest,
                 rq_psn: p.rq_psn,
@@ -423,30 +448,105 @@ impl Endpoint {
                 .and_then(|_| qp.modify(&rts))
                 .map_err(|e| err(BootstrapResult::Error, format!("QP {} setup failed: {e}", qp.qpn())))?;
         }
-        if let (Some(ch), true) = (self.notify.read().as_ref(), peer.notify_qp_num != 0) {
-            let rtr = QpTransition::ToRtr {
-                av: av(),
-                path_mtu: inner.mtu,
-                dest_qpn: peer.notify_qp_num,
-                rq_psn: 0,
-                max_dest_rd_atomic: 1,
-                min_rnr_timer: p.min_rnr_timer,
-            };
-            let rts = QpTransition::ToRts {
-                timeout: p.send_timeout,
-                retry_cnt: 7,
-                rnr_retry: 7,
-                sq_psn: 0,
-                max_rd_atomic: 1,
-            };
-            match ch.qp.modify(&rtr).and_then(|_| ch.qp.modify(&rts)) {
-                Ok(()) => ch.set_connected(true),
-                Err(e) => tracing::warn!("{}: notify QP not connected, notifications use the RPC: {e}", self.key),
+        inner.peer =
+            Some(Peer { nonce: peer.nonce, qpns: peer.qp_num.clone(), lid: peer.local_lid, gid, notify_qpn: None });
+        if peer.notify_qp_num != 0 && self.notify.read().is_some() {
+            if let Err(e) = self.connect_notify_locked(inner, peer.notify_qp_num) {
+                tracing::warn!("{}: notify QP not connected, notifications use the RPC: {e}", self.key);
             }
         }
-        inner.peer = Some(Peer { nonce: peer.nonce, qpns: peer.qp_num.clone() });
+        // A channel the peer did not take (a tent-rs peer connects one when it is first used)
+        // pins its buffers for nothing.
+        let mut slot = self.notify.write();
+        if slot.as_ref().is_some_and(|ch| !ch.is_connected()) {
+            *slot = None;
+        }
+        drop(slot);
         self.state.store(EpState::Ready as u8, Ordering::Release);
         Ok(())
+    }
+
+    /// The path to the peer's NIC, the same for the data QPs and the notify QP.
+    fn address_vector(&self, dlid: u16, dgid: Gid) -> AddressVector {
+        let p = &self.params;
+        AddressVector {
+            dlid,
+            sl: p.service_level,
+            src_path_bits: p.src_path_bits,
+            static_rate: p.static_rate,
+            port: self.ctx.port(),
+            grh: Some(GlobalRoute {
+                dgid,
+                flow_label: p.flow_label,
+                sgid_index: self.ctx.gid().map(|g| g.index).unwrap_or(0) as u8,
+                hop_limit: p.hop_limit,
+                traffic_class: p.traffic_class,
+            }),
+        }
+    }
+
+    /// Connects our notify channel to the peer's notify QP `remote` (RTR, RTS). Connecting
+    /// again to the same QP is a no-op; a channel connected to another QP is left alone and
+    /// reported. Requires the inner lock (passed) and a known peer.
+    fn connect_notify_locked(&self, inner: &mut Inner, remote: u32) -> std::result::Result<(), String> {
+        let peer = inner.peer.as_mut().ok_or("the endpoint is not connected")?;
+        let ch = self.notify.read().clone().ok_or("the endpoint has no notify QP")?;
+        match peer.notify_qpn {
+            Some(q) if q == remote => return Ok(()),
+            Some(q) => return Err(format!("the notify QP is connected to peer QP {q}, not {remote}")),
+            None => {}
+        }
+        let rtr = QpTransition::ToRtr {
+            av: self.address_vector(peer.lid, peer.gid),
+            path_mtu: inner.mtu,
+            dest_qpn: remote,
+            rq_psn: 0,
+            max_dest_rd_atomic: 1,
+            min_rnr_timer: self.params.min_rnr_timer,
+        };
+        let rts = QpTransition::ToRts {
+            timeout: self.params.send_timeout,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            sq_psn: 0,
+            max_rd_atomic: 1,
+        };
+        ch.qp.modify(&rtr).and_then(|_| ch.qp.modify(&rts)).map_err(|e| e.to_string())?;
+        peer.notify_qpn = Some(remote);
+        ch.set_connected(true);
+        Ok(())
+    }
+
+    /// The request that asks a tent-rs peer to connect a notify QP to this READY endpoint
+    /// (creating our channel first). Sent as a bootstrap that repeats this endpoint's nonce and
+    /// QPs with `notify_upgrade` set, so the peer recognises its connected endpoint.
+    pub fn notify_upgrade_request(&self) -> Result<BootstrapDesc> {
+        if self.state() != EpState::Ready {
+            return Err(Error::Unavailable(format!("endpoint to {} is not connected", self.key)));
+        }
+        if self.ensure_notify_channel().is_none() {
+            return Err(Error::Unavailable(format!("endpoint to {} has no notify QP", self.key)));
+        }
+        let mut req = self.local_desc(&self.key);
+        req.notify_upgrade = Some(true);
+        Ok(req)
+    }
+
+    /// Applies the peer's answer to [`Endpoint::notify_upgrade_request`]: connects our notify
+    /// QP to the one it names. A refusal, an answer from another endpoint or one without a
+    /// notify QP means the peer cannot do it: notifications to it use the RPC from now on.
+    pub fn notify_upgrade_finish(&self, reply: &BootstrapDesc) -> Result<()> {
+        let mut inner = self.inner.lock();
+        let same = inner.peer.as_ref().is_some_and(|p| p.qpns == reply.qp_num && p.nonce == reply.nonce);
+        let outcome = if reply.outcome() != BootstrapResult::Ok || !same || reply.notify_qp_num == 0 {
+            Err(format!("the peer did not connect a notify QP ({:?}: {})", reply.outcome(), reply.reply_msg))
+        } else {
+            self.connect_notify_locked(&mut inner, reply.notify_qp_num)
+        };
+        outcome.map_err(|e| {
+            self.notify_declined.store(true, Ordering::Release);
+            Error::Unavailable(format!("{}: {e}", self.key))
+        })
     }
 
     /// The passive side of a bootstrap (spec 5.6 with W5/W6 fixed). Returns the reply. A READY
@@ -459,6 +559,9 @@ impl Endpoint {
                 let same = inner.peer.as_ref().is_some_and(|p| {
                     p.qpns == req.qp_num && (p.nonce.is_none() || req.nonce.is_none() || p.nonce == req.nonce)
                 });
+                if same && req.notify_upgrade == Some(true) && req.nonce.is_some() {
+                    return self.accept_notify_upgrade(inner, req);
+                }
                 if same {
                     drop(inner);
                     tracing::debug!(
@@ -492,6 +595,27 @@ impl Endpoint {
                 format!("Endpoint not in handshaking state ({s:?})"),
             ),
         }
+    }
+
+    /// The passive side of a notify upgrade: creates our notify channel if needed and connects
+    /// it to the requester's. The reply names our notify QP, or 0 when we cannot connect one
+    /// (the requester then uses the RPC).
+    fn accept_notify_upgrade(
+        &self,
+        mut inner: parking_lot::MutexGuard<'_, Inner>,
+        req: &BootstrapDesc,
+    ) -> BootstrapDesc {
+        let connected = match self.ensure_notify_channel() {
+            Some(_) => self.connect_notify_locked(&mut inner, req.notify_qp_num),
+            None => Err("no notify QP".to_string()),
+        };
+        drop(inner);
+        let mut reply = self.local_desc(&req.local_nic_path);
+        if let Err(e) = connected {
+            tracing::warn!("{}: cannot connect a notify QP for {}: {e}", self.key, req.local_nic_path);
+            reply.notify_qp_num = 0;
+        }
+        reply
     }
 
     /// Connect phase 1: the request to send, or `Ok(None)` when already READY. Takes the lock

@@ -103,6 +103,7 @@ impl RdmaTransport {
             nics: names.iter().map(|_| NicStats::default()).collect(),
             counters: Default::default(),
             notify_index: Mutex::new(Default::default()),
+            tent_peers: Mutex::new(Default::default()),
             notify_sink: Mutex::new(None),
         });
         let mut threads = Vec::new();
@@ -214,8 +215,10 @@ impl RdmaTransport {
     }
 
     /// Sends a notification over the notify QP of the endpoint from the first enabled NIC to
-    /// the peer's first NIC, connecting it if needed (for at most 2 s). Never blocks on a full
-    /// channel: an error means the caller should use the Notify RPC instead.
+    /// the peer's first NIC, connecting the endpoint if needed (for at most 2 s). A tent-rs peer
+    /// gets a notify QP connected to the endpoint on first use; an upstream peer has one from
+    /// the first bootstrap or none. Never blocks on a full channel: an error means the caller
+    /// should use the Notify RPC instead.
     pub fn send_notification(&self, target: &SegmentDesc, name: &str, msg: &str) -> Result<()> {
         let bytes = notify::encode(name, msg).ok_or_else(|| {
             Error::InvalidArgument(format!("notification of {} bytes exceeds 64 KiB", 8 + name.len() + msg.len()))
@@ -231,22 +234,26 @@ impl RdmaTransport {
         let deadline = std::time::Instant::now() + Duration::from_secs(2);
         loop {
             let ep = store.get_or_insert(&key, core.clock.now(), || {
-                Endpoint::create(ctx, local, &key, &core.local_server, &target.rpc_server_addr, &core.ep_params, true)
+                let notify = core.offers_notify(&key);
+                Endpoint::create(ctx, local, &key, &core.local_server, &target.rpc_server_addr, &core.ep_params, notify)
             })?;
             core.track_notify(&ep);
             if let Some(e) = ep.fatal_error() {
                 return Err(Error::Unavailable(e));
             }
-            // The endpoint was made for data (no notify QP): notifications use the RPC.
-            if ep.notify_channel().is_none() {
-                return Err(Error::Unavailable(format!("endpoint to {key} has no notify QP")));
-            }
             match ep.state() {
                 EpState::Ready => {
-                    let ch = ep.notify_channel().ok_or_else(|| Error::Unavailable("no notify QP".into()))?;
-                    ch.send(&bytes)?;
-                    core.counters.notifications_sent.fetch_add(1, Ordering::Relaxed);
-                    return Ok(());
+                    let ch = ep.notify_channel().filter(|c| c.is_connected());
+                    if let Some(ch) = ch {
+                        ch.send(&bytes)?;
+                        core.counters.notifications_sent.fetch_add(1, Ordering::Relaxed);
+                        return Ok(());
+                    }
+                    if !ep.peer_is_tent() || ep.notify_declined() {
+                        return Err(Error::Unavailable(format!("the peer of {key} has no notify QP for us")));
+                    }
+                    core.upgrade_notify(&ep, &target.rpc_server_addr)?;
+                    continue;
                 }
                 EpState::Handshaking => core.request_connect(&ep, &target.rpc_server_addr),
                 _ => {}

@@ -11,7 +11,8 @@
 //!   not a failure). Endpoints still connecting, or that have completed nothing yet, are never
 //!   preempted: every endpoint makes progress before it can lose its place, so many more busy
 //!   peers than the capacity cannot evict each other forever (W3). When only such endpoints are
-//!   left the store goes over capacity and the background tick trims it back;
+//!   left the store goes over capacity, and the background tick trims it back as endpoints
+//!   become idle (the tick preempts nothing);
 //! * evicted and removed endpoints are retired and wait in a list that a background tick
 //!   reclaims whether or not anything new is inserted.
 
@@ -133,16 +134,17 @@ impl Inner {
     /// first unvisited one from the hand, clearing visited bits on the way) or FIFO (the
     /// oldest). Failing that, a busy endpoint that is READY and has completed work since it
     /// connected, in the same order; its outstanding work is flushed and resubmitted by the
-    /// lanes. Endpoints being connected or that have not completed anything are never chosen:
-    /// work is parked on them, and preempting them before they make progress could let busy
-    /// peers evict each other forever.
-    fn victim(&mut self, kind: StoreKind) -> Option<(usize, bool)> {
+    /// lanes (only when `preempt`). Endpoints being connected or that have not completed
+    /// anything are never chosen: work is parked on them, and preempting them before they make
+    /// progress could let busy peers evict each other forever.
+    fn victim(&mut self, kind: StoreKind, preempt: bool) -> Option<(usize, bool)> {
         let oldest = self.oldest?;
         let idle = |n: &Node| n.ep.outstanding_total() == 0 && !n.ep.connecting.load(Ordering::Acquire);
         let preemptible =
             |n: &Node| n.ep.state() == EpState::Ready && !n.ep.connecting.load(Ordering::Acquire) && n.ep.progressed();
         if kind == StoreKind::Fifo {
-            for pick in [idle as fn(&Node) -> bool, preemptible as fn(&Node) -> bool] {
+            let picks = [idle as fn(&Node) -> bool, preemptible as fn(&Node) -> bool];
+            for pick in &picks[..if preempt { 2 } else { 1 }] {
                 let mut cur = Some(oldest);
                 while let Some(c) = cur {
                     let n = self.node(c);
@@ -164,6 +166,9 @@ impl Inner {
                 return Some((cur, false));
             }
             cur = n.newer.unwrap_or(oldest);
+        }
+        if !preempt {
+            return None;
         }
         // Every entry is busy and unvisited now: the first preemptible one from the hand goes.
         cur = start;
@@ -282,7 +287,7 @@ impl EndpointStore {
             let old = inner.unlink(i);
             self.waiting.lock().push(old);
         }
-        let evicted = Self::evict_down_to(&mut inner, self.kind, self.cap - 1);
+        let evicted = Self::evict_down_to(&mut inner, self.kind, self.cap - 1, true);
         inner.push_newest(key.to_string(), fresh.clone());
         drop(inner);
         self.stats.created.fetch_add(1, Ordering::Relaxed);
@@ -290,10 +295,10 @@ impl EndpointStore {
         Ok(fresh)
     }
 
-    fn evict_down_to(inner: &mut Inner, kind: StoreKind, target: usize) -> Vec<(Arc<Endpoint>, bool)> {
+    fn evict_down_to(inner: &mut Inner, kind: StoreKind, target: usize, preempt: bool) -> Vec<(Arc<Endpoint>, bool)> {
         let mut evicted = Vec::new();
         while inner.map.len() > target {
-            let Some((v, busy)) = inner.victim(kind) else { break };
+            let Some((v, busy)) = inner.victim(kind, preempt) else { break };
             evicted.push((inner.unlink(v), busy));
         }
         evicted
@@ -316,12 +321,15 @@ impl EndpointStore {
     }
 
     /// Brings a store that went over capacity (no endpoint could go at insertion) back to its
-    /// capacity once endpoints became idle or made progress. Called by the background tick.
+    /// capacity as endpoints become idle. Called by the background tick. It preempts nothing:
+    /// the endpoints over capacity are busy, and preempting one as soon as it progressed would
+    /// flush its work again and again while the others hold their places; the next insertion
+    /// may preempt.
     pub fn trim(&self, now: Duration) {
         if self.inner.read().map.len() <= self.cap {
             return;
         }
-        let evicted = Self::evict_down_to(&mut self.inner.write(), self.kind, self.cap);
+        let evicted = Self::evict_down_to(&mut self.inner.write(), self.kind, self.cap, false);
         self.retire_evicted(evicted, now);
     }
 

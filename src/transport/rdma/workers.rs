@@ -9,7 +9,7 @@
 //! pending queue while their endpoint is HANDSHAKING. The monitor thread reclaims retired
 //! endpoints, drains async events and updates NIC statistics.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Weak};
@@ -130,6 +130,9 @@ pub struct Core {
     pub counters: Counters,
     /// Notify QP number -> endpoint, for notify completions.
     pub notify_index: Mutex<HashMap<u32, Weak<Endpoint>>>,
+    /// Servers known to be tent-rs engines (their bootstraps carry a nonce). They connect a
+    /// notify QP when one is first used, so new endpoints to them are made without one.
+    pub tent_peers: Mutex<HashSet<String>>,
     pub notify_sink: Mutex<Option<NotifySink>>,
 }
 
@@ -150,6 +153,37 @@ impl Core {
         }
     }
 
+    /// Whether a new endpoint towards `key` (`server@nic`) should come with a notify QP. An
+    /// upstream peer connects its notify QP only in the first bootstrap and sends notifications
+    /// over it unannounced, so it is offered one; a tent-rs peer declines the offer and both
+    /// sides connect one when it is first used.
+    pub fn offers_notify(&self, key: &str) -> bool {
+        let server = split_nic_path(key).map_or(key, |(s, _)| s);
+        self.ep_params.notify && !self.tent_peers.lock().contains(server)
+    }
+
+    /// Remembers that the server of NIC path `path` is a tent-rs engine.
+    fn learn_tent_peer(&self, path: &str) {
+        if let Some((server, _)) = split_nic_path(path) {
+            let mut peers = self.tent_peers.lock();
+            if !peers.contains(server) {
+                peers.insert(server.to_string());
+            }
+        }
+    }
+
+    /// Connects a notify QP to the READY endpoint `ep`, whose peer is a tent-rs engine, with a
+    /// notify-upgrade bootstrap to `peer_rpc`. An error means this notification should go over
+    /// the RPC.
+    pub fn upgrade_notify(&self, ep: &Arc<Endpoint>, peer_rpc: &str) -> Result<()> {
+        let req = ep.notify_upgrade_request()?;
+        self.track_notify(ep);
+        self.counters.bootstraps_sent.fetch_add(1, Ordering::Relaxed);
+        let reply = self.client.call(peer_rpc, msg::BOOTSTRAP_RDMA, &req.to_bytes())?;
+        let reply = BootstrapDesc::parse(&reply).map_err(Error::Rpc)?;
+        ep.notify_upgrade_finish(&reply)
+    }
+
     /// Makes the notify completions of `ep` findable by QP number.
     pub fn track_notify(&self, ep: &Arc<Endpoint>) {
         if let Some(ch) = ep.notify_channel() {
@@ -167,7 +201,9 @@ impl Core {
                 let n = cq.poll(&mut wcs).unwrap_or(0);
                 for wc in &wcs[..n] {
                     let ep = self.notify_index.lock().get(&wc.qp_num).and_then(Weak::upgrade);
-                    let Some(ch) = ep.as_ref().and_then(|e| e.notify_channel()) else { continue };
+                    // The endpoint may have dropped the channel this completion belongs to.
+                    let ch = ep.as_ref().and_then(|e| e.notify_channel()).filter(|c| c.qpn() == wc.qp_num);
+                    let Some(ch) = ch else { continue };
                     let (msg, send_failed) = ch.on_completion(wc);
                     if let Some((name, text)) = msg {
                         self.counters.notifications_received.fetch_add(1, Ordering::Relaxed);
@@ -219,6 +255,9 @@ impl Core {
         if split_nic_path(&req.local_nic_path).is_none() {
             return refuse(BootstrapResult::Error, format!("malformed local_nic_path {:?}", req.local_nic_path));
         }
+        if req.nonce.is_some() {
+            self.learn_tent_peer(&req.local_nic_path);
+        }
         let Some(nic_id) = self.contexts.nic_id(nic) else {
             return refuse(BootstrapResult::NoDevice, format!("No device found in local segment: {nic}"));
         };
@@ -238,7 +277,8 @@ impl Core {
                     &self.local_server,
                     "",
                     &self.ep_params,
-                    req.notify_qp_num != 0,
+                    // Only an upstream peer's offer is taken at once (see `offers_notify`).
+                    req.notify_qp_num != 0 && req.nonce.is_none(),
                 )
             });
             let ep = match built {
@@ -254,6 +294,8 @@ impl Core {
             }
             let was_ready = ep.state() == EpState::Ready;
             let reply = ep.accept(&req, now);
+            // Accepting a notify upgrade creates the channel.
+            self.track_notify(&ep);
             if !ep.state().is_live() {
                 if was_ready {
                     self.counters.retired_on_mismatch.fetch_add(1, Ordering::Relaxed);
@@ -304,7 +346,8 @@ impl Core {
             let (Some(ctx), Some(store)) = (self.contexts.get(local), self.store(local)) else { continue };
             let key = &job.remote_keys[remote];
             let ep = store.get_or_insert(key, now, || {
-                Endpoint::create(ctx, local, key, &self.local_server, &job.peer_rpc, &self.ep_params, false)
+                let notify = self.offers_notify(key);
+                Endpoint::create(ctx, local, key, &self.local_server, &job.peer_rpc, &self.ep_params, notify)
             })?;
             self.track_notify(&ep);
             return Ok((ep, remote));
@@ -787,7 +830,12 @@ pub fn run_connector(core: Arc<Core>, rx: mpsc::Receiver<ConnectRequest>) {
                 continue;
             }
             match core.connect_once(&ep, &rpc) {
-                Ok(()) => ep.connecting.store(false, Ordering::Release),
+                Ok(()) => {
+                    if ep.peer_is_tent() {
+                        core.learn_tent_peer(&ep.key);
+                    }
+                    ep.connecting.store(false, Ordering::Release);
+                }
                 Err(e) => {
                     // The first "retired, retry" is the expected answer when this endpoint
                     // replaces one the peer still holds (stale accept): the peer has just made
