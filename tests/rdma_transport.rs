@@ -561,8 +561,9 @@ fn scenario06_busy_endpoint_is_not_preempted() {
 /// and has more in flight (a path delay holds it) when a transfer to C needs the only place. B's
 /// endpoint is evicted; its work in flight is flushed and resubmitted on a new endpoint without
 /// spending retries (one attempt is all a slice gets here), B retires its stale endpoint when the
-/// new one bootstraps, both transfers complete with their bytes, no rail is paused and the store
-/// goes back to its capacity.
+/// new one bootstraps, and B's own writes in flight to A on that endpoint flush and complete on
+/// the new one (scenario 1's last check). Every transfer completes with its bytes, no rail is
+/// paused and the store goes back to its capacity.
 #[test]
 fn scenario06_busy_endpoint_is_preempted_without_losing_work() {
     let name = "scenario06c";
@@ -593,12 +594,28 @@ fn scenario06_busy_endpoint_is_preempted_without_losing_work() {
     until(&f, Duration::ZERO, || endpoints(&a).0.first().is_some_and(|e| e.outstanding_total() > 0));
     let to_b = endpoints(&a).0[0].clone();
     until(&f, Duration::from_millis(1), || to_b.progressed() && to_b.outstanding_total() > 0);
+    // B writes to A over the same endpoint pair; the path delay holds those writes as well.
+    let (b_src, a_dst) = (
+        buffer(&b, 64 << 10, pattern, Permission::GlobalReadWrite),
+        buffer(&a, 64 << 10, |_| 0, Permission::GlobalReadWrite),
+    );
+    let ha = b.open_segment(a.segment_name()).expect("open");
+    let b_batch = b.allocate_batch(1).expect("batch");
+    b.submit(b_batch, &[req(Opcode::Write, b_src.as_ptr() as u64, ha, a_dst.as_ptr() as u64, 64 << 10)], None)
+        .expect("submit");
+    let b_to_a = endpoints(&b).0[0].clone();
+    until(&f, Duration::ZERO, || b_to_a.outstanding_total() > 0);
     let st = run(&a, &[req(Opcode::Write, src.as_ptr() as u64, hc, dc.as_ptr() as u64, len as u64)], BOUND);
     assert_eq!(st[0], (Status::Completed, len as u64));
     assert!(to_b.state() >= EpState::Destroying, "the busy endpoint to B was preempted");
     until(&f, Duration::from_millis(1), || a.task_status(batch, 0).expect("status").0 != Status::Pending);
     assert_eq!(a.task_status(batch, 0).expect("status"), (Status::Completed, len as u64));
-    assert!(db == src && dc == src, "every byte arrived");
+    until(&f, Duration::from_millis(1), || b.task_status(b_batch, 0).expect("status").0 != Status::Pending);
+    assert_eq!(b.task_status(b_batch, 0).expect("status"), (Status::Completed, 64 << 10));
+    assert!(db == src && dc == src && a_dst == b_src, "every byte arrived");
+    assert!(b_to_a.state() >= EpState::Destroying);
+    assert!(counter(&b, |c| &c.flush_resubmits) >= 1, "B's writes in flight were flushed and resubmitted");
+    assert_eq!(counter(&b, |c| &c.root_errors), 0);
     let store = a.rdma().expect("rdma").core().store(0).expect("store").clone();
     assert!(store.stats.evicted_busy.load(Ordering::Relaxed) >= 1);
     assert!(counter(&a, |c| &c.flush_resubmits) >= 1, "flushed work was resubmitted");
@@ -607,7 +624,8 @@ fn scenario06_busy_endpoint_is_preempted_without_losing_work() {
     assert_eq!(a.rdma().expect("rdma").core().rails.trips(), 0, "no rail was paused");
     until(&f, Duration::from_millis(1), || store.len() == 1 && store.waiting_len() == 0);
     a.free_batch(batch).expect("free");
-    std::mem::forget((src, db, dc));
+    b.free_batch(b_batch).expect("free");
+    std::mem::forget((src, db, dc, b_src, a_dst));
 }
 
 /// With the default provider (`ibverbs`) on a host without RDMA devices the engine starts
