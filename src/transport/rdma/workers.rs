@@ -187,7 +187,13 @@ impl Core {
     /// Makes the notify completions of `ep` findable by QP number.
     pub fn track_notify(&self, ep: &Arc<Endpoint>) {
         if let Some(ch) = ep.notify_channel() {
-            self.notify_index.lock().entry(ch.qpn()).or_insert_with(|| Arc::downgrade(ep));
+            // The live QP owns its number: an entry left by a dropped channel or a destroyed
+            // endpoint whose number the NIC reused is replaced, not kept.
+            let mut index = self.notify_index.lock();
+            let current = index.get(&ch.qpn()).is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(ep)));
+            if !current {
+                index.insert(ch.qpn(), Arc::downgrade(ep));
+            }
         }
     }
 
