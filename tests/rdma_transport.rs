@@ -795,6 +795,47 @@ fn simultaneous_notify_upgrades_agree() {
     }
 }
 
+/// Notifications while endpoints come and go: A holds one endpoint (capacity 1) and alternates
+/// between B and C, so every transfer evicts the other peer's endpoint and each peer retires its
+/// stale one. Every notification, both ways, arrives exactly once at its engine; they travel
+/// over notify QPs connected to the ever-new endpoints.
+#[test]
+fn notifications_survive_endpoint_eviction() {
+    let name = "notify_evict";
+    let _f = fabric(name);
+    let a = rdma_engine(name, &[("transports/rdma/endpoint/endpoint_store_cap", "1")]);
+    let peers = [rdma_engine(name, &[]), rdma_engine(name, &[])];
+    let to_peer: Vec<u64> = peers.iter().map(|p| a.open_segment(p.segment_name()).expect("open")).collect();
+    let to_a: Vec<u64> = peers.iter().map(|p| p.open_segment(a.segment_name()).expect("open")).collect();
+    const ROUNDS: usize = 20;
+    for round in 0..ROUNDS {
+        for (i, p) in peers.iter().enumerate() {
+            write_read(&a, p, 16 << 10, round as u8);
+            a.send_notification(to_peer[i], "a", &round.to_string()).expect("send");
+            p.send_notification(to_a[i], &format!("p{i}"), &round.to_string()).expect("send");
+        }
+    }
+    let rounds: Vec<String> = (0..ROUNDS).map(|r| r.to_string()).collect();
+    for p in &peers {
+        let mut got: Vec<String> = received(p, ROUNDS).into_iter().map(|(_, m)| m).collect();
+        got.sort_by_key(|m| m.parse::<usize>().unwrap_or(usize::MAX));
+        assert_eq!(got, rounds, "each of A's notifications arrived once");
+    }
+    let from_peers = received(&a, 2 * ROUNDS);
+    for i in 0..peers.len() {
+        let mut got: Vec<&str> =
+            from_peers.iter().filter(|(n, _)| *n == format!("p{i}")).map(|(_, m)| m.as_str()).collect();
+        got.sort_by_key(|m| m.parse::<usize>().unwrap_or(usize::MAX));
+        assert_eq!(got, rounds.iter().map(String::as_str).collect::<Vec<_>>());
+    }
+    let store = a.rdma().expect("rdma").core().store(0).expect("store").clone();
+    assert!(store.stats.evicted.load(Ordering::Relaxed) >= (2 * ROUNDS - 1) as u64, "endpoints were evicted");
+    let over_rdma = counter(&a, |c| &c.notifications_sent)
+        + peers.iter().map(|p| counter(p, |c| &c.notifications_sent)).sum::<u64>();
+    assert!(over_rdma > 0, "notify QPs were connected to the new endpoints");
+    assert_eq!(counter(&a, |c| &c.root_errors), 0);
+}
+
 /// Towards upstream peers: an upstream engine offers its notify QP in the first bootstrap (no
 /// nonce) and sends notifications over it unannounced, so the offer is taken at once and its
 /// notification arrives; the same offer from a tent-rs engine (with a nonce) is declined, as

@@ -21,6 +21,7 @@ use super::Endpoint;
 use super::bootstrap::{BootstrapDesc, BootstrapResult, split_nic_path};
 use super::context::{ContextSet, ContextState};
 use super::endpoint::{EndpointParams, EpState};
+use super::notify::NotifyChannel;
 use super::rail::RailMonitor;
 use super::store::EndpointStore;
 use crate::config::Config;
@@ -108,6 +109,16 @@ pub struct Counters {
     pub notifications_received: AtomicU64,
 }
 
+/// A notify channel known to the notify poller. It holds the channel itself, so a message
+/// received just before its endpoint was retired and destroyed is still delivered: the entry
+/// goes only after a poll that followed the retirement (see [`Core::prune_notify`]).
+pub struct NotifyEntry {
+    ch: Arc<NotifyChannel>,
+    ep: Weak<Endpoint>,
+    /// The endpoint was found retired (or gone) by an earlier prune.
+    retired_seen: bool,
+}
+
 /// Where received RDMA notifications go (the engine's notification queue).
 pub type NotifySink = Arc<dyn Fn(String, String) + Send + Sync>;
 
@@ -128,8 +139,8 @@ pub struct Core {
     pub stopping: AtomicBool,
     pub nics: Vec<NicStats>,
     pub counters: Counters,
-    /// Notify QP number -> endpoint, for notify completions.
-    pub notify_index: Mutex<HashMap<u32, Weak<Endpoint>>>,
+    /// Notify QP number -> channel and endpoint, for notify completions.
+    pub notify_index: Mutex<HashMap<u32, NotifyEntry>>,
     /// Servers known to be tent-rs engines (their bootstraps carry a nonce). They connect a
     /// notify QP when one is first used, so new endpoints to them are made without one.
     pub tent_peers: Mutex<HashSet<String>>,
@@ -187,14 +198,30 @@ impl Core {
     /// Makes the notify completions of `ep` findable by QP number.
     pub fn track_notify(&self, ep: &Arc<Endpoint>) {
         if let Some(ch) = ep.notify_channel() {
-            // The live QP owns its number: an entry left by a dropped channel or a destroyed
-            // endpoint whose number the NIC reused is replaced, not kept.
+            // The live QP owns its number: an entry left by a dropped channel whose number the
+            // NIC reused is replaced, not kept.
             let mut index = self.notify_index.lock();
-            let current = index.get(&ch.qpn()).is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(ep)));
+            let current = index.get(&ch.qpn()).is_some_and(|e| Arc::ptr_eq(&e.ch, &ch));
             if !current {
-                index.insert(ch.qpn(), Arc::downgrade(ep));
+                index.insert(ch.qpn(), NotifyEntry { ch, ep: Arc::downgrade(ep), retired_seen: false });
             }
         }
+    }
+
+    /// Forgets the channels of endpoints that are retired, gone, or no longer use them, one
+    /// poll after that was first seen: a message that arrived before the QP went to ERR has
+    /// been delivered by then.
+    pub fn prune_notify(&self) {
+        self.notify_index.lock().retain(|_, e| {
+            let in_use = e
+                .ep
+                .upgrade()
+                .is_some_and(|ep| ep.state().is_live() && ep.notify_channel().is_some_and(|c| Arc::ptr_eq(&c, &e.ch)));
+            if in_use {
+                return true;
+            }
+            !std::mem::replace(&mut e.retired_seen, true)
+        });
     }
 
     /// Polls every context's notify CQ: delivers received notifications, frees send slots and
@@ -206,10 +233,8 @@ impl Core {
             loop {
                 let n = cq.poll(&mut wcs).unwrap_or(0);
                 for wc in &wcs[..n] {
-                    let ep = self.notify_index.lock().get(&wc.qp_num).and_then(Weak::upgrade);
-                    // The endpoint may have dropped the channel this completion belongs to.
-                    let ch = ep.as_ref().and_then(|e| e.notify_channel()).filter(|c| c.qpn() == wc.qp_num);
-                    let Some(ch) = ch else { continue };
+                    let found = self.notify_index.lock().get(&wc.qp_num).map(|e| (e.ch.clone(), e.ep.upgrade()));
+                    let Some((ch, ep)) = found else { continue };
                     let (msg, send_failed) = ch.on_completion(wc);
                     if let Some((name, text)) = msg {
                         self.counters.notifications_received.fetch_add(1, Ordering::Relaxed);
@@ -882,7 +907,7 @@ pub fn run_monitor(core: Arc<Core>, tick: Duration) {
         }
         drain_async_events(&core);
         core.poll_notify();
-        core.notify_index.lock().retain(|_, w| w.strong_count() > 0);
+        core.prune_notify();
         for n in &core.nics {
             n.tick();
         }
