@@ -598,14 +598,25 @@ fn scenario06_busy_endpoint_is_not_preempted() {
 /// paused and the store goes back to its capacity.
 #[test]
 fn scenario06_busy_endpoint_is_preempted_without_losing_work() {
+    preempt_busy_endpoint("scenario06c", "sieve");
+}
+
+/// The same with the FIFO store.
+#[test]
+fn scenario06_fifo_store_preempts_without_losing_work() {
+    preempt_busy_endpoint("scenario06d", "fifo");
+}
+
+fn preempt_busy_endpoint(name: &str, store_type: &str) {
     let a_cfg = [
         ("transports/rdma/endpoint/endpoint_store_cap", "1"),
+        ("transports/rdma/endpoint/store_type", store_type),
         ("transports/rdma/endpoint/max_qp_wr", "4"),
         ("transports/rdma/workers/max_retry_count", "1"),
         ("transports/rdma/max_timeout_ns", "600000000000"),
     ];
     // 64 slices through 2 lanes of depth 4: after the first wave completes, more are in flight.
-    let (s, _c) = BusyToB::new("scenario06c", &a_cfg, 64 * 16384);
+    let (s, _c) = BusyToB::new(name, &a_cfg, 64 * 16384);
     let (f, a, b) = (s.f.clone(), s.a.clone(), s.b.clone());
     let to_b = endpoints(&a).0[0].clone();
     until(&f, Duration::from_millis(1), || to_b.progressed() && to_b.outstanding_total() > 0);
