@@ -69,6 +69,21 @@ fn writes_to_each(a: &Engine, peers: &[Arc<Engine>], src: &[u8]) -> (Vec<tent::e
         .unzip()
 }
 
+/// Submits one WRITE of all of `src` into `dst` through segment handle `h` and returns the batch.
+fn start_write(e: &Engine, src: &[u8], h: u64, dst: &[u8]) -> u64 {
+    let batch = e.allocate_batch(1).expect("batch");
+    e.submit(batch, &[req(Opcode::Write, src.as_ptr() as u64, h, dst.as_ptr() as u64, src.len() as u64)], None)
+        .expect("submit");
+    batch
+}
+
+/// Stalls (or releases) the completion queues of both lanes of `ep`'s NIC.
+fn stall_lanes(f: &SimFabric, ep: &tent::transport::rdma::Endpoint, stall: bool) {
+    for lane in 0..2 {
+        f.stall_cq(ep.context().cq(lane).expect("cq").handle(), stall).expect("stall or release");
+    }
+}
+
 /// Writes `len` bytes of a pattern from `a` into `b` and reads them back; asserts the bytes.
 fn write_read(a: &Engine, b: &Engine, len: usize, seed: u8) {
     let src = buffer(a, len, |i| pattern(i) ^ seed, Permission::GlobalReadWrite);
@@ -231,25 +246,17 @@ fn scenario05_software_timeout_with_stalled_completions() {
     let b = rdma_engine(name, &[]);
     write_read(&a, &b, 64 << 10, 1);
     let ep = endpoints(&a).0[0].clone();
-    let ctx = ep.context().clone();
-    let handles: Vec<u64> = (0..2).map(|l| ctx.cq(l).expect("cq").handle()).collect();
-    for h in &handles {
-        f.stall_cq(*h, true).expect("stall");
-    }
+    stall_lanes(&f, &ep, true);
     let len = 256 << 10;
     let src = buffer(&a, len, pattern, Permission::GlobalReadWrite);
     let dst = buffer(&b, len, |_| 0, Permission::GlobalReadWrite);
     let h = a.open_segment(b.segment_name()).expect("open");
-    let batch = a.allocate_batch(1).expect("batch");
-    a.submit(batch, &[req(Opcode::Write, src.as_ptr() as u64, h, dst.as_ptr() as u64, len as u64)], None)
-        .expect("submit");
+    let batch = start_write(&a, &src, h, &dst);
     until(&f, Duration::from_millis(100), || a.task_status(batch, 0).expect("status").0 != Status::Pending);
     assert_eq!(a.task_status(batch, 0).expect("status").0, Status::Timeout);
     a.free_batch(batch).expect("freeing at once is safe");
     assert!(ep.state() >= EpState::Destroying, "the endpoint was retired");
-    for h in &handles {
-        f.stall_cq(*h, false).expect("release");
-    }
+    stall_lanes(&f, &ep, false);
     until(&f, Duration::from_millis(10), || ep.state() == EpState::Destroyed);
     assert!(!ep.was_forced(), "the late completions drained it");
     write_read(&a, &b, 64 << 10, 2);
@@ -271,13 +278,8 @@ fn scenario10_two_phase_destroy() {
     let core = a.rdma().expect("rdma").core().clone();
     for forced in [false, true] {
         let ep = endpoints(&a).0[0].clone();
-        let handles: Vec<u64> = (0..2).map(|l| ep.context().cq(l).expect("cq").handle()).collect();
-        for h in &handles {
-            f.stall_cq(*h, true).expect("stall");
-        }
-        let batch = a.allocate_batch(1).expect("batch");
-        a.submit(batch, &[req(Opcode::Write, src.as_ptr() as u64, h, dst.as_ptr() as u64, len as u64)], None)
-            .expect("submit");
+        stall_lanes(&f, &ep, true);
+        let batch = start_write(&a, &src, h, &dst);
         until(&f, Duration::ZERO, || ep.outstanding_total() > 0);
         core.retire_endpoint(&ep);
         let now = f.now();
@@ -290,9 +292,7 @@ fn scenario10_two_phase_destroy() {
             let st = wait(&a, batch, BOUND);
             assert_eq!(st[0].0, Status::Failed, "a forced destroy fails its work");
         } else {
-            for h in &handles {
-                f.stall_cq(*h, false).expect("release");
-            }
+            stall_lanes(&f, &ep, false);
             until(&f, Duration::ZERO, || ep.state() == EpState::Destroyed);
             assert!(!ep.was_forced());
             let st = wait(&a, batch, BOUND);
@@ -300,9 +300,7 @@ fn scenario10_two_phase_destroy() {
             assert!(dst == src);
         }
         a.free_batch(batch).expect("free");
-        for h in &handles {
-            let _ = f.stall_cq(*h, false);
-        }
+        stall_lanes(&f, &ep, false);
         write_read(&a, &b, 16 << 10, 7);
     }
 }
@@ -322,9 +320,7 @@ fn scenario12_cancel_drops_unposted_slices() {
     let src = buffer(&a, len, pattern, Permission::GlobalReadWrite);
     let dst = buffer(&b, len, |_| 0, Permission::GlobalReadWrite);
     let h = a.open_segment(b.segment_name()).expect("open");
-    let batch = a.allocate_batch(1).expect("batch");
-    a.submit(batch, &[req(Opcode::Write, src.as_ptr() as u64, h, dst.as_ptr() as u64, len as u64)], None)
-        .expect("submit");
+    let batch = start_write(&a, &src, h, &dst);
     let ep = endpoints(&a).0[0].clone();
     until(&f, Duration::ZERO, || ep.outstanding_total() == 2);
     a.cancel_task(batch, 0).expect("cancel");
@@ -546,9 +542,7 @@ impl BusyToB {
         let hc = a.open_segment(c.segment_name()).expect("open");
         let (na, nb) = (host(&a).nic("sim_mlx5_0").expect("nic"), host(&b).nic("sim_mlx5_0").expect("nic"));
         f.set_path_delay(na, nb, Duration::from_millis(5));
-        let batch = a.allocate_batch(1).expect("batch");
-        a.submit(batch, &[req(Opcode::Write, src.as_ptr() as u64, hb, db.as_ptr() as u64, len as u64)], None)
-            .expect("submit");
+        let batch = start_write(&a, &src, hb, &db);
         until(&f, Duration::ZERO, || endpoints(&a).0.first().is_some_and(|e| e.outstanding_total() > 0));
         (BusyToB { f, a, b, src, db, dc, hc, batch }, c)
     }
@@ -624,9 +618,7 @@ fn preempt_busy_endpoint(name: &str, store_type: &str) {
     let b_src = buffer(&b, 64 << 10, pattern, Permission::GlobalReadWrite);
     let a_dst = buffer(&a, 64 << 10, |_| 0, Permission::GlobalReadWrite);
     let ha = b.open_segment(a.segment_name()).expect("open");
-    let b_batch = b.allocate_batch(1).expect("batch");
-    b.submit(b_batch, &[req(Opcode::Write, b_src.as_ptr() as u64, ha, a_dst.as_ptr() as u64, 64 << 10)], None)
-        .expect("submit");
+    let b_batch = start_write(&b, &b_src, ha, &a_dst);
     let b_to_a = endpoints(&b).0[0].clone();
     until(&f, Duration::ZERO, || b_to_a.outstanding_total() > 0);
     s.write_to_c();
