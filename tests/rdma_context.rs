@@ -103,6 +103,8 @@ fn small_nic(name: &str, ip: [u8; 4]) -> DeviceSpec {
         max_sge: 2,
         max_qp_wr: 64,
         active_mtu: Mtu::Mtu1024,
+        max_qp_rd_atom: 4,
+        num_comp_vectors: 1,
         ..DeviceSpec::roce(name, Ipv4Addr::from(ip), "eth9")
     }
 }
@@ -123,6 +125,9 @@ fn clamps_are_per_device_and_leave_params_alone() {
     let big = set.get(1).unwrap().limits().unwrap();
     assert_eq!((small.max_cqe, small.path_mtu, small.max_sge, small.max_qp_wr), (100, Mtu::Mtu1024, 2, 64));
     assert_eq!((big.max_cqe, big.path_mtu, big.max_sge, big.max_qp_wr), (4096, Mtu::Mtu4096, 4, 256));
+    // Two lanes and the notify CQ share the small NIC's single completion vector.
+    assert_eq!((small.num_comp_vectors, small.max_rd_atomic, small.max_dest_rd_atomic), (1, 4, 4));
+    assert_eq!((big.num_comp_vectors, big.max_rd_atomic, big.max_dest_rd_atomic), (4, 16, 16));
     assert_eq!(set.get(0).unwrap().params(), &prm, "shared parameters are not mutated");
     assert!(set.get(0).unwrap().cq(0).unwrap().capacity() >= 100);
 }
@@ -438,4 +443,68 @@ fn refresh_follows_contexts_that_come_and_go() {
     assert_eq!(h.mr_count("sim_mlx5_1"), 0, "a disabled NIC's region is dropped");
     drop(reg);
     drop(buf);
+}
+
+/// Endpoints between two NICs that take fewer outstanding READs than the configured 16 and
+/// have one completion vector still connect (the attributes are clamped), exchange random
+/// first PSNs, and move bytes with them.
+#[test]
+fn endpoints_on_small_nics_clamp_and_exchange_psns() {
+    use std::time::Duration;
+    use tent::transport::rdma::{Endpoint, EndpointParams, EpState};
+    let f = SimFabric::new_virtual();
+    let side = |name: &str, ip: [u8; 4]| {
+        let h = f.add_host(HostSpec { devices: vec![small_nic(name, ip)] });
+        let set = ContextSet::open(&h.provider(), &names(&[name]), &params(2)).expect("context on a small NIC");
+        (h, set)
+    };
+    let (_ha, sa) = side("small_a", [10, 9, 0, 1]);
+    let (_hb, sb) = side("small_b", [10, 9, 0, 2]);
+    let prm = Arc::new(EndpointParams::from_config(&Config::new(), 2).expect("params"));
+    assert_eq!(prm.max_rd_atomic, 16, "the configured value is above the NICs' 4");
+    let now = Duration::ZERO;
+    let a = Endpoint::create(sa.get(0).unwrap(), 0, "b:1@small_b", "a:1", "", &prm, false).expect("a");
+    let b = Endpoint::create(sb.get(0).unwrap(), 0, "a:1@small_a", "b:1", "", &prm, false).expect("b");
+    let req = a.connect_request("b:1@small_b").expect("request").expect("handshaking");
+    let reply = b.accept(&req, now);
+    let (req_psn, reply_psn) = (req.psn.expect("request PSN"), reply.psn.expect("reply PSN"));
+    assert!(req_psn <= 0x00ff_ffff && reply_psn <= 0x00ff_ffff);
+    a.connect_finish(Ok(reply), now).expect("connect");
+    assert_eq!((a.state(), b.state()), (EpState::Ready, EpState::Ready));
+    let c = Endpoint::create(sa.get(0).unwrap(), 0, "b:2@small_b", "a:1", "", &prm, false).expect("c");
+    let other = c.connect_request("b:2@small_b").expect("request").expect("handshaking");
+    assert_ne!((req_psn, a.nonce()), (other.psn.expect("psn"), c.nonce()), "every endpoint draws its own");
+
+    // A WRITE from a to b lands only if b expects the PSN a starts with.
+    let mut src = vec![7u8; 64];
+    let mut dst = vec![0u8; 64];
+    // SAFETY: both buffers outlive their regions, dropped at the end of the test first.
+    let src_mr = unsafe { Mr::register(&sa.get(0).unwrap().pd().unwrap(), src.as_mut_ptr(), 64, Access::LOCAL_WRITE) }
+        .expect("src mr");
+    // SAFETY: as above.
+    let dst_mr = unsafe {
+        Mr::register(
+            &sb.get(0).unwrap().pd().unwrap(),
+            dst.as_mut_ptr(),
+            64,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )
+    }
+    .expect("dst mr");
+    let sg = [Sge { addr: src_mr.addr(), length: 64, lkey: src_mr.lkey() }];
+    let wr = SendWr {
+        wr_id: 1,
+        op: SendOp::RdmaWrite { remote_addr: dst_mr.addr(), rkey: dst_mr.rkey() },
+        sg_list: &sg,
+        signaled: true,
+    };
+    let posted = a.with_ready_qp(0, |qp| qp.post_send(&[wr]).map(|_| true).map_err(|_| false));
+    assert_eq!(posted, Some(true), "posted on a READY endpoint");
+    f.advance(Duration::from_millis(1));
+    let mut wc = [Wc::EMPTY; 4];
+    let n = sa.get(0).unwrap().cq(0).unwrap().poll(&mut wc).expect("poll");
+    assert_eq!((n, wc[0].status), (1, WcStatus::Success));
+    assert_eq!(dst, vec![7u8; 64]);
+    drop((src_mr, dst_mr));
+    drop((src, dst));
 }

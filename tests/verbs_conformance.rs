@@ -299,6 +299,18 @@ fn remote_key_bounds_and_access_errors_are_rem_access() {
     }
 }
 
+#[test]
+fn cq_needs_an_existing_completion_vector() {
+    each_bench(|bench| {
+        let (a, _b) = bench(64);
+        let vectors = a.dev.query_device().expect("query").num_comp_vectors;
+        assert!(vectors >= 1, "a device has at least one completion vector");
+        Cq::create(&a.dev, 16, vectors - 1).expect("the last vector");
+        let e = Cq::create(&a.dev, 16, vectors).err().expect("a vector past the device's");
+        assert_eq!(e.errno, libc::EINVAL, "{e}");
+    });
+}
+
 // ----- sim-only checks ------------------------------------------------------------------------
 
 fn sim_pair() -> (Arc<SimFabric>, SimHost, SimHost, Side, Side) {
@@ -368,6 +380,32 @@ fn vanished_responder_gives_retry_exceeded_after_the_budget() {
     let got: Vec<(u64, WcStatus)> = poll_all(&a.cq).iter().map(|w| (w.wr_id, w.status)).collect();
     assert_eq!(got, vec![(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)]);
     assert_eq!(a.qp.state().unwrap(), QpState::Err);
+}
+
+/// Sim-only: a real NIC NAKs a PSN ahead of the expected one but re-acknowledges one behind it
+/// without executing, so the requester's view depends on the direction; the sim models the
+/// outcome that matters (the bytes never land) as the requester running out of retries.
+#[test]
+fn mismatched_first_psns_never_deliver() {
+    let (fabric, _ha, _hb, mut a, mut b) = sim_pair();
+    for s in [&a, &b] {
+        to_init(s, all_access()).unwrap();
+    }
+    a.qp.modify(&rtr(&a, b.qp.qpn(), b.gid, b.lid)).unwrap();
+    let mut b_rtr = rtr(&b, a.qp.qpn(), a.gid, a.lid);
+    if let QpTransition::ToRtr { rq_psn, .. } = &mut b_rtr {
+        *rq_psn = 77;
+    }
+    b.qp.modify(&b_rtr).unwrap();
+    a.qp.modify(&rts(8, 1, 7)).unwrap();
+    b.qp.modify(&rts(8, 1, 7)).unwrap();
+    a.buf[..4].copy_from_slice(b"psn!");
+    let sg = [sge(&a, 0, 4)];
+    a.qp.post_send(&[write_wr(&sg, 1, b.mr.addr(), b.mr.rkey())]).unwrap();
+    fabric.advance(Duration::from_millis(10));
+    assert_eq!(poll_all(&a.cq)[0].status, WcStatus::RetryExcErr);
+    assert_eq!(&b.buf[..4], &[0, 0, 0, 0]);
+    let _ = (&mut a, &mut b);
 }
 
 #[test]

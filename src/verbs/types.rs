@@ -254,8 +254,12 @@ pub struct DeviceAttr {
     pub max_qp_wr: u32,
     /// SGEs per work request.
     pub max_sge: u32,
-    /// Outstanding RDMA READs per QP as requester/responder.
+    /// Outstanding RDMA READs a QP may answer as responder (`max_dest_rd_atomic` cap).
     pub max_qp_rd_atom: u32,
+    /// Outstanding RDMA READs a QP may issue as requester (`max_rd_atomic` cap).
+    pub max_qp_init_rd_atom: u32,
+    /// Completion vectors: a CQ's `comp_vector` must be below this.
+    pub num_comp_vectors: u32,
     /// Largest memory region.
     pub max_mr_size: u64,
     /// Number of physical ports (numbered from 1).

@@ -84,6 +84,11 @@ pub struct BootstrapDesc {
     /// created on first use, not with the endpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notify_upgrade: Option<bool>,
+    /// tent-rs: the first PSN the sender's data QPs send with, chosen at random per endpoint.
+    /// When both sides send one, each side's receive PSN is the other's; when the peer sends
+    /// none (upstream), both sides use the configured `rq_psn`/`sq_psn`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub psn: Option<u32>,
 }
 
 impl BootstrapDesc {
@@ -144,6 +149,7 @@ mod tests {
             nonce: Some(42),
             mtu: Some(4096),
             notify_upgrade: Some(true),
+            psn: Some(0x12_3456),
         };
         let v: serde_json::Value = serde_json::from_slice(&d.to_bytes()).expect("json");
         for k in ["local_nic_path", "peer_nic_path", "qp_num", "local_lid", "local_gid", "reply_msg", "notify_qp_num"] {

@@ -125,6 +125,12 @@ pub struct ContextLimits {
     pub max_sge: u32,
     /// Queue depth per QP in use.
     pub max_qp_wr: u32,
+    /// The device's cap on READs a QP answers at once (`max_dest_rd_atomic` is clamped to it).
+    pub max_dest_rd_atomic: u8,
+    /// The device's cap on READs a QP issues at once (`max_rd_atomic` is clamped to it).
+    pub max_rd_atomic: u8,
+    /// Completion vectors of the device; lanes share them round-robin.
+    pub num_comp_vectors: u32,
 }
 
 /// Clamps `p` to the device and port: fails when the device has fewer CQs than the lanes plus
@@ -143,6 +149,10 @@ pub fn clamp_to_device(p: &ContextParams, dev: &crate::verbs::DeviceAttr, port: 
         path_mtu: p.path_mtu.min(port.active_mtu),
         max_sge: p.max_sge.min(dev.max_sge),
         max_qp_wr: p.max_qp_wr.min(dev.max_qp_wr),
+        // A device reporting 0 still takes 1 outstanding READ; the u8 attribute caps at 255.
+        max_dest_rd_atomic: dev.max_qp_rd_atom.clamp(1, 255) as u8,
+        max_rd_atomic: dev.max_qp_init_rd_atom.clamp(1, 255) as u8,
+        num_comp_vectors: dev.num_comp_vectors.max(1),
     })
 }
 
@@ -384,10 +394,13 @@ impl RdmaContext {
         let gid = self.choose_gid(&device, &port)?;
         let pd = Pd::alloc(&device)?;
         let mut cqs = Vec::with_capacity(p.num_lanes);
+        // Devices have as few completion vectors as they like (rxe: one per CPU), so lanes
+        // take them round-robin rather than one each.
+        let vector = |i: usize| (i as u32) % limits.num_comp_vectors;
         for lane in 0..p.num_lanes {
-            cqs.push(Cq::create(&device, limits.max_cqe, lane as u32)?);
+            cqs.push(Cq::create(&device, limits.max_cqe, vector(lane))?);
         }
-        let notify_cq = Cq::create(&device, limits.max_cqe, p.num_lanes as u32)?;
+        let notify_cq = Cq::create(&device, limits.max_cqe, vector(p.num_lanes))?;
         let quotas = (0..p.num_lanes).map(|_| Arc::new(CqQuota::new(limits.max_cqe))).collect();
         Ok(Resources { lid: port.lid, device, pd, cqs, quotas, notify_cq, gid, limits })
     }

@@ -161,6 +161,8 @@ pub struct Endpoint {
     ctx: Arc<RdmaContext>,
     params: Arc<EndpointParams>,
     nonce: u64,
+    /// The first PSN our data QPs send with when the peer takes random PSNs.
+    psn: u32,
     depth: u32,
     state: AtomicU8,
     inner: Mutex<Inner>,
@@ -213,7 +215,7 @@ impl Endpoint {
         let pd = ctx.pd().ok_or_else(|| Error::Unavailable(format!("RDMA context {} is disabled", ctx.name())))?;
         let limits = ctx.limits().ok_or_else(|| Error::Unavailable(format!("RDMA context {} is down", ctx.name())))?;
         let depth = params.max_qp_wr.min(limits.max_qp_wr).max(1);
-        let init = QpInit {
+        let mut init = QpInit {
             caps: QpCaps {
                 max_send_wr: depth,
                 max_recv_wr: 1,
@@ -226,7 +228,20 @@ impl Endpoint {
         let mut qps = Vec::with_capacity(params.num_lanes);
         for lane in 0..params.num_lanes {
             let cq = ctx.cq(lane).ok_or_else(|| Error::Unavailable(format!("no CQ for lane {lane}")))?;
-            let qp = Qp::create(&pd, &cq, &cq, &init).map_err(Error::from)?;
+            let qp = match Qp::create(&pd, &cq, &cq, &init) {
+                // Devices do not report their inline limit; one that refuses the size asked for
+                // gets QPs without inline data (the lanes never rely on it).
+                Err(e) if e.errno == libc::EINVAL && init.caps.max_inline_data > 0 => {
+                    tracing::info!(
+                        "{key}: QPs with {} inline bytes refused ({e}); using none",
+                        init.caps.max_inline_data
+                    );
+                    init.caps.max_inline_data = 0;
+                    Qp::create(&pd, &cq, &cq, &init)
+                }
+                other => other,
+            }
+            .map_err(Error::from)?;
             qp.modify(&QpTransition::ToInit {
                 pkey_index: params.pkey_index,
                 port: ctx.port(),
@@ -235,6 +250,8 @@ impl Endpoint {
             .map_err(Error::from)?;
             qps.push(qp);
         }
+        // A provider may grant less than asked; the lanes must never post past what it gave.
+        let depth = qps.iter().map(|q| q.caps().max_send_wr).min().unwrap_or(depth).clamp(1, depth);
         let notify = if params.notify && with_notify {
             NotifyChannel::create(ctx, params.pkey_index)
                 .inspect_err(|e| tracing::warn!("{key}: no notify QP: {e}"))
@@ -251,6 +268,7 @@ impl Endpoint {
             ctx: ctx.clone(),
             params: params.clone(),
             nonce: random_nonce(),
+            psn: (random_nonce() >> 8) as u32 & 0x00ff_ffff,
             depth,
             state: AtomicU8::new(EpState::Uninit as u8),
             inner: Mutex::new(Inner { peer: None, destroy_start: None, mtu: params.path_mtu.min(limits.path_mtu) }),
@@ -370,6 +388,7 @@ impl Endpoint {
             nonce: Some(self.nonce),
             mtu: Some(mtu),
             notify_upgrade: None,
+            psn: Some(self.psn),
         }
     }
 
@@ -428,21 +447,32 @@ impl Endpoint {
         let peer_mtu = peer.mtu.and_then(|b| Mtu::from_ibv(mtu_code(b))).unwrap_or(inner.mtu);
         inner.mtu = inner.mtu.min(peer_mtu);
         let p = &self.params;
+        // Random first PSNs keep packets of an earlier QP with the same number (a restarted
+        // peer) from being taken as ours; an upstream peer sends none and uses the configured
+        // ones, so then we do too.
+        let (rq_psn, sq_psn) = match peer.psn {
+            Some(theirs) => (theirs & 0x00ff_ffff, self.psn),
+            None => (p.rq_psn, p.sq_psn),
+        };
+        let limits = self.ctx.limits();
+        let max_dest_rd_atomic =
+            limits.as_ref().map_or(p.max_dest_rd_atomic, |l| p.max_dest_rd_atomic.min(l.max_dest_rd_atomic));
+        let max_rd_atomic = limits.as_ref().map_or(p.max_rd_atomic, |l| p.max_rd_atomic.min(l.max_rd_atomic));
         for (qp, &dest) in qps.iter().zip(&peer.qp_num) {
             let rtr = QpTransition::ToRtr {
                 av: self.address_vector(peer.local_lid, gid),
                 path_mtu: inner.mtu,
                 dest_qpn: dest,
-                rq_psn: p.rq_psn,
-                max_dest_rd_atomic: p.max_dest_rd_atomic,
+                rq_psn,
+                max_dest_rd_atomic,
                 min_rnr_timer: p.min_rnr_timer,
             };
             let rts = QpTransition::ToRts {
                 timeout: p.send_timeout,
                 retry_cnt: p.send_retry_count,
                 rnr_retry: p.send_rnr_count,
-                sq_psn: p.sq_psn,
-                max_rd_atomic: p.max_rd_atomic,
+                sq_psn,
+                max_rd_atomic,
             };
             qp.modify(&rtr)
                 .and_then(|_| qp.modify(&rts))

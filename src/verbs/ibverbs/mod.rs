@@ -47,7 +47,6 @@ type RegMrIova2 = unsafe extern "C" fn(*mut sys::ibv_pd, *mut c_void, usize, u64
 type DeregMr = unsafe extern "C" fn(*mut sys::ibv_mr) -> c_int;
 type GetAsyncEvent = unsafe extern "C" fn(*mut sys::ibv_context, *mut RawAsyncEvent) -> c_int;
 type AckAsyncEvent = unsafe extern "C" fn(*mut RawAsyncEvent);
-type ForkInit = unsafe extern "C" fn() -> c_int;
 
 /// `struct ibv_gid_entry` (rdma-core >= 32).
 #[repr(C)]
@@ -162,14 +161,9 @@ impl IbvLib {
             get_async_event: need!("ibv_get_async_event", GetAsyncEvent),
             ack_async_event: need!("ibv_ack_async_event", AckAsyncEvent),
         };
-        if let Some(fork_init) = want!("ibv_fork_init", ForkInit) {
-            // SAFETY: ibv_fork_init takes no arguments; it must run before resources exist,
-            // which holds because this is the first use of the library in the process.
-            let rc = unsafe { fork_init() };
-            if rc != 0 {
-                tracing::warn!("ibv_fork_init failed: {}", std::io::Error::from_raw_os_error(rc));
-            }
-        }
+        // No ibv_fork_init here: it is process-wide and must precede every other verbs call, and
+        // NCCL or UCX in the same process may already use libibverbs. A process that forks
+        // asks libibverbs itself with RDMAV_FORK_SAFE=1 (or IBV_FORK_SAFE=1).
         Ok(lib)
     }
 
@@ -341,6 +335,9 @@ impl DeviceOps for IbvDevice {
             max_qp_wr: u(a.max_qp_wr),
             max_sge: u(a.max_sge),
             max_qp_rd_atom: u(a.max_qp_rd_atom),
+            max_qp_init_rd_atom: u(a.max_qp_init_rd_atom),
+            // SAFETY: live context; `num_comp_vectors` is set by libibverbs at open.
+            num_comp_vectors: unsafe { (*self.ctx).num_comp_vectors }.max(0) as u32,
             max_mr_size: a.max_mr_size,
             phys_port_cnt: a.phys_port_cnt,
         })

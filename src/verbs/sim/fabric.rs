@@ -97,6 +97,11 @@ pub struct DeviceSpec {
     pub max_qp_wr: u32,
     /// Device limit on SGEs.
     pub max_sge: u32,
+    /// Device limit on outstanding READs per QP, both as requester and as responder.
+    pub max_qp_rd_atom: u32,
+    /// Completion vectors; creating a CQ on a vector past them fails with EINVAL, as on real
+    /// devices (rxe has one per CPU).
+    pub num_comp_vectors: u32,
 }
 
 impl DeviceSpec {
@@ -127,6 +132,8 @@ impl DeviceSpec {
             max_cq: 16_777_216,
             max_qp_wr: 32_768,
             max_sge: 30,
+            max_qp_rd_atom: 16,
+            num_comp_vectors: 4,
         }
     }
 }
@@ -243,6 +250,10 @@ pub(super) struct QpRec {
     dest: Option<Dest>,
     max_dest_rd_atomic: u8,
     min_rnr_timer: u8,
+    /// First PSN expected from the peer (RTR) and first PSN sent (RTS). The fabric keeps both
+    /// sides in step after that, so only the starting points must agree.
+    rq_psn: u32,
+    sq_psn: u32,
     timeout: u8,
     retry_cnt: u8,
     rnr_retry: u8,
@@ -426,7 +437,9 @@ impl FabricState {
             max_qp: 262_144,
             max_qp_wr: s.max_qp_wr,
             max_sge: s.max_sge,
-            max_qp_rd_atom: 16,
+            max_qp_rd_atom: s.max_qp_rd_atom,
+            max_qp_init_rd_atom: s.max_qp_rd_atom,
+            num_comp_vectors: s.num_comp_vectors,
             max_mr_size: u64::MAX,
             phys_port_cnt: 1,
         }
@@ -598,10 +611,17 @@ impl FabricState {
         self.mrs.remove(&key).map(|_| ()).ok_or_else(|| enodev("dereg_mr"))
     }
 
-    pub fn create_cq(&mut self, dev: u32, cqe: u32) -> VerbsResult<(u64, u32)> {
-        let max = self.devices[&dev].spec.max_cqe;
+    pub fn create_cq(&mut self, dev: u32, cqe: u32, comp_vector: u32) -> VerbsResult<(u64, u32)> {
+        let spec = &self.devices[&dev].spec;
+        let max = spec.max_cqe;
         if cqe == 0 || cqe > max {
             return Err(einval("create_cq", format!("cqe {cqe} not in 1..={max}")));
+        }
+        if comp_vector >= spec.num_comp_vectors {
+            return Err(einval(
+                "create_cq",
+                format!("comp_vector {comp_vector} not below num_comp_vectors {}", spec.num_comp_vectors),
+            ));
         }
         // Like rxe: the ring holds 2^k - 1 >= cqe entries.
         let capacity = ((u64::from(cqe) + 1).next_power_of_two() - 1).min(u64::from(max)) as u32;
@@ -718,6 +738,8 @@ impl FabricState {
                 dest: None,
                 max_dest_rd_atomic: 0,
                 min_rnr_timer: 0,
+                rq_psn: 0,
+                sq_psn: 0,
                 timeout: 0,
                 retry_cnt: 0,
                 rnr_retry: 0,
@@ -807,7 +829,7 @@ impl FabricState {
                 if *retry_cnt > 7 || *rnr_retry > 7 {
                     return Err(einval("modify_qp", "retry counts are 3-bit"));
                 }
-                if u32::from(*max_rd_atomic) > attr.max_qp_rd_atom {
+                if u32::from(*max_rd_atomic) > attr.max_qp_init_rd_atom {
                     return Err(einval("modify_qp", "max_rd_atomic above the device limit"));
                 }
             }
@@ -819,15 +841,17 @@ impl FabricState {
                 q.access = *access;
                 q.state = QpState::Init;
             }
-            QpTransition::ToRtr { av, dest_qpn, max_dest_rd_atomic, min_rnr_timer, .. } => {
+            QpTransition::ToRtr { av, dest_qpn, rq_psn, max_dest_rd_atomic, min_rnr_timer, .. } => {
                 let q = self.qps.get_mut(&qpn).ok_or_else(|| enodev("modify_qp"))?;
+                q.rq_psn = *rq_psn & 0x00ff_ffff;
                 q.dest = Some(Dest { dgid: av.grh.as_ref().map(|g| g.dgid), dlid: av.dlid, dest_qpn: *dest_qpn });
                 q.max_dest_rd_atomic = *max_dest_rd_atomic;
                 q.min_rnr_timer = *min_rnr_timer;
                 q.state = QpState::Rtr;
             }
-            QpTransition::ToRts { timeout, retry_cnt, rnr_retry, .. } => {
+            QpTransition::ToRts { timeout, retry_cnt, rnr_retry, sq_psn, .. } => {
                 let q = self.qps.get_mut(&qpn).ok_or_else(|| enodev("modify_qp"))?;
+                q.sq_psn = *sq_psn & 0x00ff_ffff;
                 q.timeout = *timeout;
                 q.retry_cnt = *retry_cnt;
                 q.rnr_retry = *rnr_retry;
@@ -1026,7 +1050,9 @@ impl FabricState {
     }
 
     /// The responder QP for requests of `qpn`, if a packet from it would be answered: the path
-    /// is up, the target QP exists in RTR or RTS on the addressed NIC, and it points back.
+    /// is up, the target QP exists in RTR or RTS on the addressed NIC, it points back, and it
+    /// expects the PSN the requester starts with (otherwise it NAKs every packet as out of
+    /// sequence and the requester runs out of retries, as on a real NIC).
     fn responder(&self, qpn: u32) -> Option<(u32, (u32, u32))> {
         let q = self.qps.get(&qpn)?;
         let dest = q.dest.as_ref()?;
@@ -1053,7 +1079,7 @@ impl FabricState {
             return None;
         }
         let back = r.dest.as_ref()?;
-        if back.dest_qpn != qpn {
+        if back.dest_qpn != qpn || r.rq_psn != q.sq_psn {
             return None;
         }
         let points_back = match back.dgid {

@@ -351,8 +351,8 @@ impl DeviceOps for SimDevice {
         Ok(Box::new(SimPd { host: self.host.clone(), id }))
     }
 
-    fn create_cq(&self, cqe: u32, _comp_vector: u32) -> VerbsResult<Box<dyn CqOps>> {
-        let (id, capacity) = self.with("create_cq", |st| st.create_cq(self.dev, cqe))?;
+    fn create_cq(&self, cqe: u32, comp_vector: u32) -> VerbsResult<Box<dyn CqOps>> {
+        let (id, capacity) = self.with("create_cq", |st| st.create_cq(self.dev, cqe, comp_vector))?;
         Ok(Box::new(SimCq { host: self.host.clone(), id, capacity }))
     }
 

@@ -1,0 +1,53 @@
+#!/bin/busybox sh
+# /init of the soft-RoCE guest's initramfs (built by scripts/rxe-guest.sh): mounts the host's root
+# read-only and the results share read-write over 9p, loads rdma_rxe from the unpacked Debian
+# kernel, adds rxe0 on lo, runs the requested script chrooted into the host's root, writes its
+# exit status into the results share and powers off. Any failure before the script runs leaves no
+# status file, which the host reports as a setup failure.
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+
+fail() {
+    echo "rxe-guest init: $*"
+    poweroff -f
+}
+
+out=$(sed -n 's/.*tent_out=\([^ ]*\).*/\1/p' /proc/cmdline)
+[ -n "$out" ] || fail "no tent_out= on the kernel command line"
+while read -r m; do
+    insmod "/mods/$m.ko" || fail "insmod $m failed"
+done </mods/order
+
+opts=trans=virtio,version=9p2000.L,msize=512000
+mount -t 9p -o "$opts,ro" hostroot /newroot || fail "cannot mount the host root over 9p"
+mount -t 9p -o "$opts" results "/newroot$out" || fail "cannot mount the results share at $out"
+. "/newroot$out/guest.env"
+
+mount -t proc proc /newroot/proc
+mount -t sysfs sysfs /newroot/sys
+mount -t devtmpfs devtmpfs /newroot/dev
+mkdir -p /newroot/dev/pts /newroot/dev/shm 2>/dev/null
+mount -t devpts devpts /newroot/dev/pts
+for d in /dev/shm /run /tmp /root; do
+    mount -t tmpfs -o mode=1777 tmpfs "/newroot$d" || fail "cannot mount tmpfs at $d"
+done
+
+# Loading happens from inside the host's root so kmod's modprobe resolves dependencies from the
+# unpacked kernel's modules.dep. The kernel's own on-demand loads (rxe asks for the crc32 hash when
+# a link is added) go through the same modprobe.
+printf '#!/bin/busybox sh\nexec /bin/chroot /newroot /usr/sbin/modprobe -d "%s" "$@"\n' "$TENT_RXE_MODULES" \
+    >/bin/guest-modprobe
+chmod +x /bin/guest-modprobe
+echo /bin/guest-modprobe >/proc/sys/kernel/modprobe
+chroot /newroot /usr/sbin/modprobe -d "$TENT_RXE_MODULES" -a rdma_rxe ib_uverbs ||
+    fail "modprobe rdma_rxe ib_uverbs failed"
+chroot /newroot /usr/sbin/ip link set lo up || fail "ip link set lo up failed"
+chroot /newroot /usr/bin/rdma link add rxe0 type rxe netdev lo || fail "rdma link add rxe0 failed"
+
+chroot /newroot /bin/bash -c 'cd "$1" && exec /bin/bash "$2"' guest "$TENT_RXE_CWD" "$TENT_RXE_SCRIPT"
+echo $? >"/newroot$out/status"
+sync
+poweroff -f
