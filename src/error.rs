@@ -30,6 +30,10 @@ pub enum Error {
     /// A remote call failed: connect, timeout, refused or malformed reply.
     #[error("rpc error: {0}")]
     Rpc(String),
+    /// Nothing listens at the peer's address (connection refused): the peer process is gone,
+    /// so retrying at once cannot help.
+    #[error("peer is down: {0}")]
+    PeerDown(String),
     /// The peer received the request and refused it (bounds, permission, unsupported).
     #[error("refused by peer: {0}")]
     Remote(String),
@@ -96,7 +100,7 @@ impl Error {
                 Error::InvalidEntry(_) => ERR_INVALID_ARGUMENT,
                 Error::Unavailable(_) => ERR_CONTEXT,
                 Error::Metadata(_) => ERR_METADATA,
-                Error::Rpc(_) => ERR_SOCKET,
+                Error::Rpc(_) | Error::PeerDown(_) => ERR_SOCKET,
                 Error::Remote(_) => ERR_ADDRESS_NOT_REGISTERED,
                 Error::NotImplemented(_) => ERR_NOT_IMPLEMENTED,
                 Error::NoTransport(_) => ERR_DEVICE_NOT_FOUND,
@@ -128,6 +132,7 @@ mod tests {
             (Error::Unavailable(String::new()), ERR_CONTEXT),
             (Error::Metadata(String::new()), ERR_METADATA),
             (Error::Rpc(String::new()), ERR_SOCKET),
+            (Error::PeerDown(String::new()), ERR_SOCKET),
             (Error::Remote(String::new()), ERR_ADDRESS_NOT_REGISTERED),
             (Error::NotImplemented(String::new()), ERR_NOT_IMPLEMENTED),
             (Error::NoTransport(String::new()), ERR_DEVICE_NOT_FOUND),

@@ -181,6 +181,28 @@ fn scenario02_injected_failed_completion_is_retried() {
     assert_eq!(endpoints(&a).0.iter().filter(|e| e.state() == EpState::Ready).count(), 1);
 }
 
+/// A remote access error (the peer's memory is gone or the key is wrong) fails the task at
+/// once: a retry would use the same keys. The rail is not charged and later work goes on.
+#[test]
+fn remote_access_error_fails_without_retries_or_rail_trips() {
+    let name = "remaccess";
+    let f = fabric(name);
+    let a = rdma_engine(name, &[("transports/rdma/rail_error_threshold", "1")]);
+    let b = rdma_engine(name, &[]);
+    write_read(&a, &b, 64 << 10, 1);
+    let ep = endpoints(&a).0[0].clone();
+    for qpn in ep.qp_numbers() {
+        f.fail_nth_wr(qpn, 1, tent::verbs::WcStatus::RemAccessErr);
+    }
+    let src = buffer(&a, 256 << 10, pattern, Permission::GlobalReadWrite);
+    let dst = buffer(&b, 256 << 10, |_| 0, Permission::GlobalReadWrite);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let st = run(&a, &[req(Opcode::Write, src.as_ptr() as u64, h, dst.as_ptr() as u64, src.len() as u64)], BOUND);
+    assert_eq!(st[0].0, Status::Failed, "{st:?}");
+    assert_eq!(a.rdma().expect("rdma").core().rails.trips(), 0, "a refused request is not the rail's fault");
+    write_read(&a, &b, 64 << 10, 3);
+}
+
 /// Scenario 4: simultaneous open from both sides, then duplicated and reordered copies of the
 /// bootstraps: one READY pair, no retirement.
 #[test]

@@ -131,7 +131,7 @@ impl RpcClient {
     fn connect(&self, addr: &str) -> Result<Conn> {
         let targets: Vec<SocketAddr> =
             addr.to_socket_addrs().map_err(|e| rpc_err(addr, format!("cannot resolve: {e}")))?.collect();
-        let mut last = None;
+        let mut last: Option<std::io::Error> = None;
         for t in targets {
             match TcpStream::connect_timeout(&t, self.timeouts.connect) {
                 Ok(s) => {
@@ -147,10 +147,15 @@ impl RpcClient {
                 Err(e) => last = Some(e),
             }
         }
-        Err(rpc_err(
-            addr,
-            format!("connect failed: {}", last.map(|e| e.to_string()).unwrap_or_else(|| "no address".into())),
-        ))
+        match last {
+            Some(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                Err(Error::PeerDown(format!("{addr}: connect failed: {e}")))
+            }
+            last => Err(rpc_err(
+                addr,
+                format!("connect failed: {}", last.map(|e| e.to_string()).unwrap_or_else(|| "no address".into())),
+            )),
+        }
     }
 
     fn take(&self, addr: &str) -> Result<Conn> {

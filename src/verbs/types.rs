@@ -260,11 +260,17 @@ pub struct DeviceAttr {
     pub max_qp_init_rd_atom: u32,
     /// Completion vectors: a CQ's `comp_vector` must be below this.
     pub num_comp_vectors: u32,
+    /// IEEE vendor id (0x02c9 Mellanox/NVIDIA; [`SOFT_ROCE_VENDOR_ID`] for Linux soft-RoCE).
+    pub vendor_id: u32,
     /// Largest memory region.
     pub max_mr_size: u64,
     /// Number of physical ports (numbered from 1).
     pub phys_port_cnt: u8,
 }
+
+/// The vendor id Linux soft-RoCE (`rdma_rxe`) reports. rxe never counts down a `retry_cnt` of 7
+/// (it treats 7 as "retry forever"), so a requester whose peer vanished would never see an error.
+pub const SOFT_ROCE_VENDOR_ID: u32 = 0x00ff_ffff;
 
 /// State and limits of one port.
 #[derive(Debug, Clone, PartialEq, Eq)]

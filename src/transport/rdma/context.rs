@@ -131,6 +131,9 @@ pub struct ContextLimits {
     pub max_rd_atomic: u8,
     /// Completion vectors of the device; lanes share them round-robin.
     pub num_comp_vectors: u32,
+    /// The largest `retry_cnt` that still ends in RETRY_EXC_ERR on this device: 7 everywhere
+    /// but on soft-RoCE, which retries forever at 7 (a vanished peer would never be noticed).
+    pub max_retry_cnt: u8,
 }
 
 /// Clamps `p` to the device and port: fails when the device has fewer CQs than the lanes plus
@@ -153,6 +156,7 @@ pub fn clamp_to_device(p: &ContextParams, dev: &crate::verbs::DeviceAttr, port: 
         max_dest_rd_atomic: dev.max_qp_rd_atom.clamp(1, 255) as u8,
         max_rd_atomic: dev.max_qp_init_rd_atom.clamp(1, 255) as u8,
         num_comp_vectors: dev.num_comp_vectors.max(1),
+        max_retry_cnt: if dev.vendor_id == crate::verbs::SOFT_ROCE_VENDOR_ID { 6 } else { 7 },
     })
 }
 

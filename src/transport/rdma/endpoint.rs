@@ -182,6 +182,8 @@ pub struct Endpoint {
     pub met_retirement: AtomicBool,
     /// Set when connecting failed for good; lanes report it to the tasks.
     fatal: Mutex<Option<String>>,
+    /// Connecting found nothing listening at the peer's address: its process is gone.
+    peer_down: AtomicBool,
     forced: AtomicBool,
     /// A work request completed on this endpoint (the store preempts only endpoints that did).
     progressed: AtomicBool,
@@ -279,6 +281,7 @@ impl Endpoint {
             connect_failures: AtomicU32::new(0),
             met_retirement: AtomicBool::new(false),
             fatal: Mutex::new(None),
+            peer_down: AtomicBool::new(false),
             forced: AtomicBool::new(false),
             progressed: AtomicBool::new(false),
             notify_declined: AtomicBool::new(false),
@@ -458,6 +461,7 @@ impl Endpoint {
         let max_dest_rd_atomic =
             limits.as_ref().map_or(p.max_dest_rd_atomic, |l| p.max_dest_rd_atomic.min(l.max_dest_rd_atomic));
         let max_rd_atomic = limits.as_ref().map_or(p.max_rd_atomic, |l| p.max_rd_atomic.min(l.max_rd_atomic));
+        let retry_cnt = limits.as_ref().map_or(p.send_retry_count, |l| p.send_retry_count.min(l.max_retry_cnt));
         for (qp, &dest) in qps.iter().zip(&peer.qp_num) {
             let rtr = QpTransition::ToRtr {
                 av: self.address_vector(peer.local_lid, gid),
@@ -469,7 +473,7 @@ impl Endpoint {
             };
             let rts = QpTransition::ToRts {
                 timeout: p.send_timeout,
-                retry_cnt: p.send_retry_count,
+                retry_cnt,
                 rnr_retry: p.send_rnr_count,
                 sq_psn,
                 max_rd_atomic,
@@ -536,7 +540,7 @@ impl Endpoint {
         };
         let rts = QpTransition::ToRts {
             timeout: self.params.send_timeout,
-            retry_cnt: 7,
+            retry_cnt: self.ctx.limits().map_or(7, |l| l.max_retry_cnt),
             rnr_retry: 7,
             sq_psn: 0,
             max_rd_atomic: 1,
@@ -711,6 +715,16 @@ impl Endpoint {
                 retryable: false,
             }),
         }
+    }
+
+    /// Records that the peer's address refused the bootstrap connection (its process is gone).
+    pub fn mark_peer_down(&self) {
+        self.peer_down.store(true, Ordering::Release);
+    }
+
+    /// Whether a bootstrap found the peer's process gone.
+    pub fn peer_down(&self) -> bool {
+        self.peer_down.load(Ordering::Acquire)
     }
 
     /// Marks the endpoint failed for good with `msg` and retires it.

@@ -342,12 +342,18 @@ impl Core {
     fn connect_once(&self, ep: &Arc<Endpoint>, peer_rpc: &str) -> std::result::Result<(), super::ConnectError> {
         let Some(req) = ep.connect_request(&ep.key)? else { return Ok(()) };
         self.counters.bootstraps_sent.fetch_add(1, Ordering::Relaxed);
-        let reply = self
-            .client
-            .call(peer_rpc, msg::BOOTSTRAP_RDMA, &req.to_bytes())
+        let reply = self.client.call(peer_rpc, msg::BOOTSTRAP_RDMA, &req.to_bytes());
+        // A peer whose process is gone refuses the connection: its work fails now instead of
+        // after every backoff round (a restarted peer is reached by the next endpoint).
+        let peer_down = matches!(reply, Err(Error::PeerDown(_)));
+        if peer_down {
+            ep.mark_peer_down();
+        }
+        let reply = reply
             .map_err(|e| format!("RDMA bootstrap RPC to {peer_rpc} failed: {e}"))
             .and_then(|b| BootstrapDesc::parse(&b));
         ep.connect_finish(reply, self.clock.now())
+            .map_err(|e| super::ConnectError { retryable: e.retryable && !peer_down, ..e })
     }
 
     /// Picks a (local NIC, remote NIC) pair for a slice and returns the endpoint between them
@@ -634,8 +640,13 @@ impl Lane {
         }
         if let Some((ep, _)) = &s.ep {
             if !ep.state().is_live() {
-                let fatal = ep.fatal_error();
+                let (fatal, peer_down) = (ep.fatal_error(), ep.peer_down());
                 s.ep = None;
+                if let Some(m) = fatal.as_ref().filter(|_| peer_down) {
+                    // Retrying cannot bring the process back within this task's life.
+                    s.job.fail(m.clone());
+                    return Err(None);
+                }
                 if let Some(m) = fatal {
                     if !self.spend_retry(&mut s, &m) {
                         return Err(None);
@@ -788,10 +799,18 @@ impl Lane {
             status => {
                 core.counters.root_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!("RDMA request on {} failed: {}", ep.key, status.as_str());
-                core.rails.mark_failed(ep.nic_id, remote_key, core.clock.now());
+                // Any error completion leaves the QP in ERR, so the endpoint goes either way.
                 core.retire_endpoint(&ep);
                 slice.ep = None;
                 let reason = format!("RDMA request to {remote_key} failed: {}", status.as_str());
+                if refused_for_good(status) {
+                    // The keys or bounds are wrong (the peer unregistered the memory, say): a
+                    // retry would use the same keys, and the path is healthy, so the rail is
+                    // not charged.
+                    slice.job.fail(reason);
+                    return;
+                }
+                core.rails.mark_failed(ep.nic_id, remote_key, core.clock.now());
                 if self.spend_retry(&mut slice, &reason) {
                     self.pending.push_back(slice);
                 }
@@ -825,6 +844,13 @@ impl Lane {
             }
         }
     }
+}
+
+/// Whether a completion status means the request itself is refused (bad remote key, range or
+/// rights; bad local key or length), which no retry with the same keys can change, rather than
+/// the path or the peer failing.
+fn refused_for_good(status: WcStatus) -> bool {
+    matches!(status, WcStatus::RemAccessErr | WcStatus::RemInvReqErr | WcStatus::LocProtErr | WcStatus::LocLenErr)
 }
 
 /// The connector thread: runs connect attempts off the lanes, retrying with backoff. A peer that

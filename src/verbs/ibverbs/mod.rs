@@ -338,6 +338,7 @@ impl DeviceOps for IbvDevice {
             max_qp_init_rd_atom: u(a.max_qp_init_rd_atom),
             // SAFETY: live context; `num_comp_vectors` is set by libibverbs at open.
             num_comp_vectors: unsafe { (*self.ctx).num_comp_vectors }.max(0) as u32,
+            vendor_id: a.vendor_id,
             max_mr_size: a.max_mr_size,
             phys_port_cnt: a.phys_port_cnt,
         })

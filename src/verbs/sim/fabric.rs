@@ -440,6 +440,7 @@ impl FabricState {
             max_qp_rd_atom: s.max_qp_rd_atom,
             max_qp_init_rd_atom: s.max_qp_rd_atom,
             num_comp_vectors: s.num_comp_vectors,
+            vendor_id: 0x02c9,
             max_mr_size: u64::MAX,
             phys_port_cnt: 1,
         }
