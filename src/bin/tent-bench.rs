@@ -227,6 +227,24 @@ struct CaseResult {
     secs: f64,
     lat_us: Vec<f64>,
     mismatches: u64,
+    /// Batches that did not complete (submit refused, or a task ended otherwise).
+    failed: u64,
+    /// What the first of them reported.
+    first_error: Option<String>,
+}
+
+/// The name of a `tent_status` code.
+fn status_name(s: i32) -> &'static str {
+    match s {
+        STATUS_WAITING => "WAITING",
+        STATUS_PENDING => "PENDING",
+        STATUS_INVALID => "INVALID",
+        STATUS_CANCELED => "CANCELED",
+        STATUS_COMPLETED => "COMPLETED",
+        STATUS_TIMEOUT => "TIMEOUT",
+        STATUS_FAILED => "FAILED",
+        _ => "unknown",
+    }
 }
 
 /// Runs one case: `threads` threads each moving `batch` requests of `block` bytes per round for
@@ -245,13 +263,15 @@ fn run_case(
     let region = block * batch;
     let deadline = Instant::now() + Duration::from_secs_f64(o.duration.max(0.01));
     let (e_addr, local_addr, verify_addr) = (e as usize, local as usize, verify as usize);
-    let results: Vec<(u64, Vec<f64>, u64)> = std::thread::scope(|s| {
+    let secs = o.duration.max(0.01);
+    let results: Vec<CaseResult> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|ti| {
                 s.spawn(move || {
                     let e = e_addr as tent_engine_t;
                     let mut lat = Vec::new();
-                    let (mut bytes, mut bad) = (0u64, 0u64);
+                    let (mut bytes, mut bad, mut failed) = (0u64, 0u64, 0u64);
+                    let mut first_error = None;
                     let slots = (t.len / threads / region).max(1);
                     let mut round = 0u64;
                     while Instant::now() < deadline {
@@ -295,6 +315,7 @@ fn run_case(
                             let id = tent_allocate_batch(e, batch);
                             // SAFETY: valid engine; reqs is an array of `batch` requests.
                             let rc = unsafe { tent_submit(e, id, reqs.as_mut_ptr(), batch) };
+                            let submit_error = (rc != 0).then(last_error);
                             let mut st = tent_status { status: STATUS_PENDING, transferred_bytes: 0 };
                             let mut polls = 0u32;
                             while rc == 0 && st.status == STATUS_PENDING {
@@ -316,7 +337,15 @@ fn run_case(
                             lat.push(start.elapsed().as_secs_f64() * 1e6);
                             tent_free_batch(e, id);
                             if rc != 0 || st.status != STATUS_COMPLETED {
-                                bad += region as u64;
+                                failed += 1;
+                                first_error.get_or_insert_with(|| match submit_error {
+                                    Some(msg) => format!("tent_submit failed: {msg}"),
+                                    None => format!(
+                                        "a {} batch of {batch} x {block} B ended {}",
+                                        if op == OPCODE_READ { "READ" } else { "WRITE" },
+                                        status_name(st.status)
+                                    ),
+                                });
                                 continue;
                             }
                             bytes += region as u64;
@@ -333,18 +362,31 @@ fn run_case(
                         }
                         round += 1;
                     }
-                    (bytes, lat, bad)
+                    CaseResult { bytes, secs, lat_us: lat, mismatches: bad, failed, first_error }
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or((0, Vec::new(), 1))).collect()
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| CaseResult {
+                    bytes: 0,
+                    secs,
+                    lat_us: Vec::new(),
+                    mismatches: 0,
+                    failed: 1,
+                    first_error: Some("a benchmark thread panicked".into()),
+                })
+            })
+            .collect()
     });
-    let secs = o.duration.max(0.01);
-    let mut r = CaseResult { bytes: 0, secs, lat_us: Vec::new(), mismatches: 0 };
-    for (b, l, m) in results {
-        r.bytes += b;
-        r.lat_us.extend(l);
-        r.mismatches += m;
+    let mut r = CaseResult { bytes: 0, secs, lat_us: Vec::new(), mismatches: 0, failed: 0, first_error: None };
+    for t in results {
+        r.bytes += t.bytes;
+        r.lat_us.extend(t.lat_us);
+        r.mismatches += t.mismatches;
+        r.failed += t.failed;
+        r.first_error = r.first_error.or(t.first_error);
     }
     r.lat_us.sort_by(|a, b| a.total_cmp(b));
     r
@@ -412,6 +454,8 @@ fn sweep(start: usize, max: usize) -> Vec<usize> {
     v
 }
 
+/// Runs every case against `target` and prints a row each. Returns the number of mismatched
+/// bytes; fails when any transfer failed (those rows say so instead of giving a bandwidth).
 fn run_initiator(o: &Opts, e: tent_engine_t, target: &Target) -> Result<u64, String> {
     let max_region = o.max_block_size.min(target.len) * o.max_batch_size * o.max_num_threads;
     let local_len = max_region.min(o.total_buffer_size).max(o.start_block_size);
@@ -426,6 +470,7 @@ fn run_initiator(o: &Opts, e: tent_engine_t, target: &Target) -> Result<u64, Str
     }
     println!();
     let mut mismatches = 0;
+    let (mut failed, mut first_error) = (0u64, None::<String>);
     let started = Instant::now();
     for threads in sweep(o.start_num_threads, o.max_num_threads) {
         for batch in sweep(o.start_batch_size, o.max_batch_size) {
@@ -436,6 +481,17 @@ fn run_initiator(o: &Opts, e: tent_engine_t, target: &Target) -> Result<u64, Str
                 }
                 let r = run_case(e, o, target, local, verify, block, batch, threads);
                 mismatches += r.mismatches;
+                if r.failed > 0 {
+                    // A bandwidth over partly failed work would be a lie: say what failed.
+                    println!(
+                        "{block:>12} {batch:>6} {threads:>7}   FAILED: {} batches, first: {}",
+                        r.failed,
+                        r.first_error.as_deref().unwrap_or("unknown")
+                    );
+                    failed += r.failed;
+                    first_error = first_error.or(r.first_error);
+                    continue;
+                }
                 let bw = r.bytes as f64 / r.secs / 1e9;
                 let avg = if r.lat_us.is_empty() { 0.0 } else { r.lat_us.iter().sum::<f64>() / r.lat_us.len() as f64 };
                 print!(
@@ -456,6 +512,9 @@ fn run_initiator(o: &Opts, e: tent_engine_t, target: &Target) -> Result<u64, Str
     }
     if o.check_consistency {
         println!("consistency check: {mismatches} mismatched bytes");
+    }
+    if failed > 0 {
+        return Err(format!("{failed} batches failed; the first: {}", first_error.as_deref().unwrap_or("unknown")));
     }
     Ok(mismatches)
 }
