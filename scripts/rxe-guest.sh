@@ -105,6 +105,11 @@ setup() {
     install_packages
     local pkg
     pkg=$(kernel_package)
+    if [ -z "$pkg" ] && [ "$(id -u)" -eq 0 ]; then
+        # Package lists may be missing on a fresh machine.
+        apt-get update -qq
+        pkg=$(kernel_package)
+    fi
     [ -n "$pkg" ] || { log "apt-cache names no kernel package for linux-image-amd64 (run apt-get update)"; return 1; }
     prepare_kernel "$pkg"
     build_initrd

@@ -1,0 +1,394 @@
+//! The RDMA transport across processes on a real kernel verbs stack: this test process runs one
+//! engine, and peer engines run as separate processes (`examples/rdma_peer.rs`) that it drives
+//! over their standard input. Every byte moved is checked.
+//!
+//! These tests need an RDMA device that libibverbs can open: `scripts/rxe-guest.sh` boots a
+//! QEMU guest with soft-RoCE (`rdma_rxe`) and runs them there (`scripts/rxe-tests.sh`). On a
+//! host without a device each test says that it skipped, unless `TENT_REQUIRE_RDMA=1` is set,
+//! which turns a missing device into a failure (the guest sets it).
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, channel};
+use std::time::{Duration, Instant};
+
+use common::engines::{engine, req};
+use common::stores::free_port;
+use tent::engine::types::{Opcode, Permission, Request, Status};
+use tent::engine::{Engine, MemoryOptions};
+
+/// How long one peer command or one transfer may take before the test fails. Software RDMA
+/// under an emulated CPU moves about 30 MB/s, so this is generous, never a race.
+const BOUND: Duration = Duration::from_secs(120);
+/// The transport's software timeout in the fault tests (`transports/rdma/max_timeout_ns`): far
+/// above what noticing a dead peer from its QPs takes, so a TIMEOUT status means it was missed.
+const TASK_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Same pattern as the peer's: position-dependent, so misplaced blocks are caught.
+fn pattern(offset: usize, seed: u8) -> u8 {
+    ((offset.wrapping_mul(131) ^ (offset >> 11)) as u8).wrapping_add(seed)
+}
+
+/// Whether an RDMA device is usable here; says why not (or fails under `TENT_REQUIRE_RDMA=1`).
+fn rdma_here() -> bool {
+    match tent::verbs::ibverbs::IbvProvider::load() {
+        Ok(_) => true,
+        Err(e) => {
+            assert!(std::env::var("TENT_REQUIRE_RDMA").ok().as_deref() != Some("1"), "no RDMA device: {e}");
+            eprintln!("skipping: no RDMA device ({e}); scripts/rxe-guest.sh runs these tests on soft-RoCE");
+            false
+        }
+    }
+}
+
+/// Config every engine of these tests shares: RDMA on the real provider, nothing else.
+const RDMA_ONLY: [(&str, &str); 3] =
+    [("transports/rdma/provider", "ibverbs"), ("transports/tcp/enable", "false"), ("transports/shm/enable", "false")];
+
+/// This process's engine, with `extra` config.
+fn local_engine(extra: &[(&str, &str)]) -> Arc<Engine> {
+    let mut cfg = RDMA_ONLY.to_vec();
+    cfg.extend_from_slice(extra);
+    let e = engine(&cfg);
+    assert!(e.rdma().is_some(), "the engine opened the RDMA device");
+    e
+}
+
+/// One peer process.
+struct Peer {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<String>,
+    name: String,
+    addr: u64,
+    port: u16,
+}
+
+impl Peer {
+    /// Starts a peer on 127.0.0.1:`port` serving `size` bytes of pattern `seed`.
+    fn start(port: u16, size: usize, seed: u8) -> Peer {
+        let exe = common::lib_dir().join("examples").join("rdma_peer");
+        assert!(exe.exists(), "{} is not built (cargo build --all-targets)", exe.display());
+        let mut child = Command::new(&exe)
+            .args(["--port", &port.to_string(), "--size", &size.to_string(), "--seed", &seed.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the peer");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut p = Peer { child, stdin, lines, name: String::new(), addr: 0, port };
+        let ready = p.reply();
+        let w: Vec<&str> = ready.split_whitespace().collect();
+        assert!(w.len() == 4 && w[0] == "READY", "peer did not start: {ready}");
+        p.name = w[1].to_string();
+        p.addr = w[2].parse().expect("address");
+        p
+    }
+
+    fn reply(&mut self) -> String {
+        self.lines.recv_timeout(BOUND).unwrap_or_else(|e| panic!("peer on port {} did not answer: {e}", self.port))
+    }
+
+    /// Sends one command and returns the reply line.
+    fn cmd(&mut self, line: &str) -> String {
+        writeln!(self.stdin, "{line}").expect("write to the peer");
+        self.stdin.flush().expect("flush");
+        self.reply()
+    }
+
+    fn expect_ok(&mut self, line: &str) {
+        let r = self.cmd(line);
+        assert_eq!(r, "OK", "{line}");
+    }
+
+    /// SIGKILL, and reap it.
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = writeln!(self.stdin, "EXIT");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill();
+    }
+}
+
+/// A page-aligned buffer registered with `e`, freed by the engine when it is destroyed.
+fn local_buffer(e: &Engine, len: usize) -> *mut u8 {
+    let (addr, _) = e.allocate_memory(len, &MemoryOptions::default()).expect("allocate");
+    let opts = MemoryOptions { permission: Permission::GlobalReadWrite, ..MemoryOptions::default() };
+    e.register_memory(&[(addr, len as u64)], &opts).expect("register");
+    addr as *mut u8
+}
+
+fn fill(p: *mut u8, len: usize, seed: u8) {
+    for i in 0..len {
+        // SAFETY: `p` holds at least `len` bytes (callers pass their own buffers).
+        unsafe { p.add(i).write(pattern(i, seed)) };
+    }
+}
+
+/// The first offset in `range` of `p` that does not hold pattern `seed`.
+fn first_mismatch(p: *const u8, range: std::ops::Range<usize>, seed: u8) -> Option<usize> {
+    // SAFETY: `range` lies inside the caller's buffer; volatile because the NIC wrote it.
+    range.into_iter().find(|&i| unsafe { std::ptr::read_volatile(p.add(i)) } != pattern(i, seed))
+}
+
+/// Submits `reqs` as one batch and waits until every task ended; returns the statuses and the
+/// time it took.
+fn transfer(e: &Engine, reqs: &[Request]) -> (Vec<(Status, u64)>, Duration) {
+    let start = Instant::now();
+    let b = e.allocate_batch(reqs.len()).expect("batch");
+    e.submit(b, reqs, None).expect("submit");
+    let st = wait_batch(e, b);
+    e.free_batch(b).expect("free");
+    (st, start.elapsed())
+}
+
+fn wait_batch(e: &Engine, b: u64) -> Vec<(Status, u64)> {
+    let start = Instant::now();
+    loop {
+        let st = e.task_status_list(b).expect("status");
+        if st.iter().all(|(s, _)| *s != Status::Pending) {
+            return st;
+        }
+        assert!(start.elapsed() < BOUND, "tasks still pending after {BOUND:?}: {st:?}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn all_completed(st: &[(Status, u64)]) -> bool {
+    st.iter().all(|(s, _)| *s == Status::Completed)
+}
+
+/// `n` requests of `block` bytes from `local` to the peer, `stride` apart on both sides.
+fn blocks(op: Opcode, local: *mut u8, h: u64, remote: u64, n: usize, block: usize, stride: usize) -> Vec<Request> {
+    (0..n).map(|i| req(op, local as u64 + (i * stride) as u64, h, remote + (i * stride) as u64, block as u64)).collect()
+}
+
+#[test]
+fn write_and_read_between_processes_every_byte_checked() {
+    if !rdma_here() {
+        return;
+    }
+    const MAX: usize = 64 << 20;
+    let mut b = Peer::start(free_port(), MAX, 0);
+    let a = local_engine(&[]);
+    let h = a.open_segment(&b.name).expect("open the peer's segment");
+    let local = local_buffer(&a, MAX);
+    for (round, len) in [4096usize, 65536, 1 << 20, 16 << 20, MAX].into_iter().enumerate() {
+        let seed = 2 * round as u8 + 1;
+        fill(local, len, seed);
+        let (st, t) = transfer(&a, &[req(Opcode::Write, local as u64, h, b.addr, len as u64)]);
+        assert!(all_completed(&st), "WRITE of {len} B: {st:?}");
+        assert_eq!(b.cmd(&format!("CHECK 0 {len} {seed}")), "OK", "WRITE of {len} B landed intact");
+        b.expect_ok(&format!("FILL 0 {len} {}", seed + 1));
+        let (st2, t2) = transfer(&a, &[req(Opcode::Read, local as u64, h, b.addr, len as u64)]);
+        assert!(all_completed(&st2), "READ of {len} B: {st2:?}");
+        assert_eq!(first_mismatch(local, 0..len, seed + 1), None, "READ of {len} B arrived intact");
+        eprintln!(
+            "{len:>9} B: WRITE {:.1} MB/s, READ {:.1} MB/s",
+            len as f64 / t.as_secs_f64() / 1e6,
+            len as f64 / t2.as_secs_f64() / 1e6
+        );
+    }
+    // A batch of 64 blocks of 64 KiB, 128 KiB apart, both ways.
+    let (n, block, stride) = (64, 65536, 131072);
+    fill(local, n * stride, 40);
+    let (st, _) = transfer(&a, &blocks(Opcode::Write, local, h, b.addr, n, block, stride));
+    assert!(all_completed(&st) && st.len() == n, "batched WRITE: {st:?}");
+    for i in 0..n {
+        let off = i * stride;
+        assert_eq!(b.cmd(&format!("CHECK {off} {block} 40")), "OK", "block {i}");
+    }
+    b.expect_ok(&format!("FILL 0 {} 41", n * stride));
+    let (st, _) = transfer(&a, &blocks(Opcode::Read, local, h, b.addr, n, block, stride));
+    assert!(all_completed(&st), "batched READ: {st:?}");
+    for i in 0..n {
+        let off = i * stride;
+        assert_eq!(first_mismatch(local, off..off + block, 41), None, "block {i}");
+    }
+}
+
+#[test]
+fn notifications_cross_the_notify_qp_both_ways() {
+    if !rdma_here() {
+        return;
+    }
+    let mut b = Peer::start(free_port(), 1 << 20, 0);
+    let a = local_engine(&[]);
+    let h = a.open_segment(&b.name).expect("open");
+    let local = local_buffer(&a, 4096);
+    // A data endpoint first, so the notification goes over its notify QP.
+    let (st, _) = transfer(&a, &[req(Opcode::Write, local as u64, h, b.addr, 4096)]);
+    assert!(all_completed(&st));
+    a.send_notification(h, "a-to-b", "hello b").expect("notify b");
+    let deadline = Instant::now() + BOUND;
+    let mut got = String::new();
+    while Instant::now() < deadline {
+        got = b.cmd("NOTIFS");
+        if !got.starts_with("NOTIFS 0") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(got.contains("a-to-b=hello b"), "b received: {got}");
+    let sent = a.rdma().expect("rdma").core().counters.notifications_sent.load(Ordering::Relaxed);
+    assert!(sent >= 1, "the notification went over the notify QP, not the RPC");
+
+    assert_eq!(b.cmd(&format!("NOTIFY {} hello a", a.segment_name())), "OK");
+    let deadline = Instant::now() + BOUND;
+    let mut notes = Vec::new();
+    while notes.is_empty() && Instant::now() < deadline {
+        notes = a.recv_notifications();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(notes.iter().any(|n| n.name == "peer" && n.msg == "hello a"), "{notes:?}");
+    let r = b.cmd("RDMA_NOTIFS");
+    let w: Vec<u64> = r.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+    assert!(w.len() == 2 && w[0] >= 1 && w[1] >= 1, "b sent and received over its notify QP: {r}");
+}
+
+/// The seed scenario across processes: an endpoint store of capacity 1, writes alternating
+/// between two peers, so every round evicts the other peer's endpoint and meets a stale one.
+#[test]
+fn store_of_one_alternating_two_peers() {
+    if !rdma_here() {
+        return;
+    }
+    let mut peers = [Peer::start(free_port(), 1 << 20, 0), Peer::start(free_port(), 1 << 20, 0)];
+    let a = local_engine(&[("transports/rdma/endpoint/endpoint_store_cap", "1")]);
+    let handles: Vec<u64> = peers.iter().map(|p| a.open_segment(&p.name).expect("open")).collect();
+    let local = local_buffer(&a, 65536);
+    let mut worst = Duration::ZERO;
+    for round in 0..20 {
+        let i = round % 2;
+        let seed = round as u8 + 3;
+        fill(local, 65536, seed);
+        let (st, t) = transfer(&a, &[req(Opcode::Write, local as u64, handles[i], peers[i].addr, 65536)]);
+        assert!(all_completed(&st), "round {round}: {st:?}");
+        assert_eq!(peers[i].cmd(&format!("CHECK 0 65536 {seed}")), "OK", "round {round}");
+        worst = worst.max(t);
+    }
+    eprintln!("store of 1, alternating peers: 20 rounds, worst round {:.3} s", worst.as_secs_f64());
+}
+
+/// Waits until a write of `len` bytes to `peer` completes, retrying failed attempts; returns
+/// how long it took.
+fn write_until_it_works(a: &Engine, h: u64, local: *mut u8, remote: u64, len: usize) -> Duration {
+    let start = Instant::now();
+    loop {
+        let (st, _) = transfer(a, &[req(Opcode::Write, local as u64, h, remote, len as u64)]);
+        if all_completed(&st) {
+            return start.elapsed();
+        }
+        assert!(start.elapsed() < BOUND, "writes kept failing: {st:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A peer killed mid-transfer: its work ends FAILED, noticed from the QPs' own errors and the
+/// refused bootstrap rather than by the software timeout; work to another peer goes on, and the peer started again at the same address (fresh QPs, a new
+/// buffer) gets transfers again after one new bootstrap.
+#[test]
+fn killed_peer_fails_its_work_and_a_restarted_one_is_reached_again() {
+    if !rdma_here() {
+        return;
+    }
+    const LEN: usize = 32 << 20;
+    let port = free_port();
+    let mut b = Peer::start(port, LEN, 0);
+    let mut c = Peer::start(free_port(), 1 << 20, 0);
+    let timeout_ns = TASK_TIMEOUT.as_nanos().to_string();
+    let a = local_engine(&[("transports/rdma/max_timeout_ns", &timeout_ns)]);
+    let (hb, hc) = (a.open_segment(&b.name).expect("open b"), a.open_segment(&c.name).expect("open c"));
+    let local = local_buffer(&a, LEN);
+    fill(local, LEN, 9);
+    assert!(all_completed(&transfer(&a, &[req(Opcode::Write, local as u64, hb, b.addr, 4096)]).0));
+
+    let batch = a.allocate_batch(32).expect("batch");
+    a.submit(batch, &blocks(Opcode::Write, local, hb, b.addr, 32, 1 << 20, 1 << 20), None).expect("submit");
+    std::thread::sleep(Duration::from_millis(100));
+    let killed = Instant::now();
+    b.kill();
+    let st = wait_batch(&a, batch);
+    let failed_at = Instant::now();
+    let failed_after = failed_at - killed;
+    a.free_batch(batch).expect("free");
+    assert!(
+        st.iter().all(|(s, _)| matches!(s, Status::Completed | Status::Failed)),
+        "every task completed or failed, none waited for the software timeout: {st:?}"
+    );
+    assert!(st.iter().any(|(s, _)| *s == Status::Failed), "the kill hit work in flight: {st:?}");
+
+    let (st, _) = transfer(&a, &[req(Opcode::Write, local as u64, hc, c.addr, 1 << 20)]);
+    assert!(all_completed(&st), "the other peer is still served: {st:?}");
+    assert_eq!(c.cmd("CHECK 0 1048576 9"), "OK");
+
+    std::thread::sleep(Duration::from_secs(1));
+    drop(b);
+    let mut b2 = Peer::start(port, 1 << 20, 0);
+    let bootstraps = a.rdma().expect("rdma").core().counters.bootstraps_sent.load(Ordering::Relaxed);
+    a.refresh_segment(hb).expect("learn the restarted peer's buffer");
+    let resumed = write_until_it_works(&a, hb, local, b2.addr, 1 << 20);
+    let since_failure = failed_at.elapsed();
+    assert_eq!(b2.cmd("CHECK 0 1048576 9"), "OK", "the restarted peer got intact bytes");
+    let bootstraps = a.rdma().expect("rdma").core().counters.bootstraps_sent.load(Ordering::Relaxed) - bootstraps;
+    eprintln!(
+        "killed peer: in-flight work ended {:.2} s after the kill; restarted 1 s later, reached {:.2} s after \
+         it was up ({:.2} s after the failure, its start included), with {bootstraps} bootstrap(s)",
+        failed_after.as_secs_f64(),
+        resumed.as_secs_f64(),
+        since_failure.as_secs_f64()
+    );
+}
+
+/// A peer that unregisters memory a transfer targets: the transfer fails (remote access), the
+/// engine stays healthy, and the memory registered again is reachable once we know its keys.
+#[test]
+fn unregistered_target_fails_and_reregistered_works_again() {
+    if !rdma_here() {
+        return;
+    }
+    const LEN: usize = 64 << 20;
+    let mut b = Peer::start(free_port(), LEN, 0);
+    let a = local_engine(&[]);
+    let h = a.open_segment(&b.name).expect("open");
+    let local = local_buffer(&a, LEN);
+    fill(local, LEN, 5);
+    let batch = a.allocate_batch(64).expect("batch");
+    a.submit(batch, &blocks(Opcode::Write, local, h, b.addr, 64, 1 << 20, 1 << 20), None).expect("submit");
+    b.expect_ok("UNREG");
+    let st = wait_batch(&a, batch);
+    a.free_batch(batch).expect("free");
+    assert!(st.iter().any(|(s, _)| *s == Status::Failed), "writes into unregistered memory fail: {st:?}");
+
+    b.expect_ok("REREG");
+    a.refresh_segment(h).expect("learn the new keys");
+    let t = write_until_it_works(&a, h, local, b.addr, 1 << 20);
+    assert_eq!(b.cmd("CHECK 0 1048576 5"), "OK");
+    eprintln!("re-registered memory reachable again after {:.2} s", t.as_secs_f64());
+}
