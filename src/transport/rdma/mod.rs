@@ -147,7 +147,9 @@ impl RdmaTransport {
         &self.core
     }
 
-    /// The `devices` list of the segment descriptor: one `{name, lid, gid}` per NicID.
+    /// The `devices` list of the segment descriptor: one `{name, lid, gid, transport_attrs}` per
+    /// NicID. Upstream peers read all four keys as required (a missing one aborts their parse);
+    /// `transport_attrs` is upstream's per-transport attribute map, which we leave empty.
     pub fn devices(&self) -> Vec<Value> {
         self.core
             .device_names
@@ -156,7 +158,12 @@ impl RdmaTransport {
             .map(|(i, n)| {
                 let ctx = self.core.contexts.get(i);
                 let gid = ctx.and_then(|c| c.gid()).map(|g| g.gid.to_wire_string()).unwrap_or_default();
-                json!({"name": n, "lid": ctx.and_then(|c| c.lid()).unwrap_or(0), "gid": gid})
+                json!({
+                    "name": n,
+                    "lid": ctx.and_then(|c| c.lid()).unwrap_or(0),
+                    "gid": gid,
+                    "transport_attrs": [],
+                })
             })
             .collect()
     }
