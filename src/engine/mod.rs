@@ -906,6 +906,17 @@ impl Engine {
         self.dispatcher.transports.iter().map(|t| t.kind()).collect()
     }
 
+    /// The opened RDMA NICs as diagnostics report them; empty without RDMA.
+    pub fn nic_links(&self) -> Vec<crate::transport::rdma::NicLink> {
+        self.rdma.as_ref().map(|t| t.links()).unwrap_or_default()
+    }
+
+    /// The memory locations of this host (`cpu:N` per NUMA node), for diagnostics that map
+    /// locations to NICs.
+    pub fn memory_locations(&self) -> Vec<String> {
+        memory::numa_nodes().iter().map(|n| format!("cpu:{n}")).collect()
+    }
+
     /// Per-NIC load; empty without RDMA.
     pub fn nic_load_stats(&self) -> Vec<NicLoad> {
         self.rdma
