@@ -176,3 +176,18 @@ fn go_program_on_the_classic_api_like_the_p2p_store() {
 fn go_program_on_the_tent_api() {
     go_program("tent_api");
 }
+
+/// Where upstream's callers depend on upstream's behaviour (c_tests/classic_upstream.c): its
+/// declarations compile against our header, P2PHANDSHAKE binds a free port whatever the name
+/// says and keeps the host as given, and showLinks reports the NICs, first without RDMA, then
+/// with the simulated provider selected through `MC_TENT_CONF`.
+#[test]
+fn classic_behaviour_upstream_callers_rely_on() {
+    let exe = build_c("classic_upstream", &[root().join("c_tests/classic_upstream.c")], false, &[]);
+    let out = run_c(&exe, &[]);
+    assert!(out.contains("classic_upstream: ") && out.contains(", 0 failed"), "{out}");
+    let sim = r#"{"transports": {"rdma": {"provider": "sim"}}}"#;
+    let (ok, out) = run(Command::new(&exe).arg("sim").env("MC_LOG_LEVEL", "error").env("MC_TENT_CONF", sim));
+    println!("{out}");
+    assert!(ok && out.contains("classic_upstream sim: ") && out.contains(", 0 failed"), "{out}");
+}

@@ -110,7 +110,7 @@ fn descriptor_violations(text: &str) -> Vec<String> {
             }
         }
         for k in buf["rkey"].as_array().into_iter().flatten() {
-            if !k.as_u64().is_some_and(|k| k <= u64::from(u32::MAX)) {
+            if k.as_u64().and_then(|k| u32::try_from(k).ok()).is_none() {
                 errs.push(format!("buffer: rkey {k} is not a uint32"));
             }
         }

@@ -453,6 +453,7 @@ pub unsafe extern "C" fn warmupEfaSegment(engine: transfer_engine_t, segment_nam
 #[unsafe(no_mangle)]
 pub extern "C" fn destroyTransferEngine(engine: transfer_engine_t) {
     guard!("destroyTransferEngine", (), {
+        super::shutdown::forget(engine);
         // Dropped here, outside the registry lock: joining the engine's threads takes a while.
         drop(super::retire(engine));
         Ok(())
@@ -907,42 +908,109 @@ pub extern "C" fn discoverTopology(engine: transfer_engine_t) -> c_int {
     guard!("discoverTopology", ERR_CONTEXT, { classic_code("discoverTopology", super::engine(engine).map(|_| 0)) })
 }
 
-/// Accepted for compatibility and does nothing: the library never installs signal handlers in
-/// its host process. Destroy the engine when the process shuts down. Returns 0 for a live engine.
+/// Registers the engine for graceful shutdown: when the process exits normally, or receives
+/// SIGTERM or SIGINT, the engine is destroyed (its metadata key deleted, its connections
+/// closed); after a signal its default action then ends the process. The handlers are installed
+/// by the first call in a process and never before (the library takes over no signal unless
+/// asked); a child created by fork afterwards keeps the default action. Destroying the engine
+/// yourself unregisters it. A handle that is not a live engine is ignored, with the reason
+/// readable with `tent_last_error`.
 #[unsafe(no_mangle)]
-pub extern "C" fn enableGracefulShutdown(engine: transfer_engine_t) -> c_int {
-    guard!("enableGracefulShutdown", ERR_CONTEXT, {
-        classic_code(
-            "enableGracefulShutdown",
-            super::engine(engine).map(|_| {
-                tracing::info!(
-                    "enableGracefulShutdown: no signal handlers are installed; destroy the engine on shutdown"
-                );
-                0
-            }),
-        )
+pub extern "C" fn enableGracefulShutdown(engine: transfer_engine_t) {
+    guard!("enableGracefulShutdown", (), {
+        if let Err(e) = super::engine(engine).and_then(|_| super::shutdown::enable(engine)) {
+            record("enableGracefulShutdown", &e);
+        }
+        Ok(())
     })
 }
 
-/// Writes the RDMA links of the engine into `buf` (NUL-terminated): `{}` with `json` non-zero,
-/// else a line of text. Without RDMA there are no links.
+/// The `showLinks` report: with `json`, an object whose `local_nics` array has one entry per
+/// RDMA NIC (`device`, `numa`, `gid`, `gid_index`, `port`, `speed_gbps`, `source`) and, when
+/// RDMA is loaded, a `topology` member mapping each memory location to `[preferred NICs,
+/// other NICs]` (every NIC serves every location here, so all are listed as preferred);
+/// otherwise the same as readable text.
+fn links_report(e: &Engine, json: bool) -> String {
+    let nics = e.nic_links();
+    if json {
+        let local: Vec<serde_json::Value> = nics
+            .iter()
+            .map(|n| {
+                serde_json::json!({
+                    "device": n.device,
+                    "numa": n.numa_node,
+                    "gid": n.gid,
+                    "gid_index": n.gid_index,
+                    "port": n.port,
+                    "speed_gbps": n.speed_gbps,
+                    "source": "rdma_transport",
+                })
+            })
+            .collect();
+        let mut root = serde_json::Map::new();
+        root.insert("local_nics".into(), local.into());
+        if !nics.is_empty() {
+            let names: Vec<&str> = nics.iter().map(|n| n.device.as_str()).collect();
+            let topology: serde_json::Map<String, serde_json::Value> = e
+                .memory_locations()
+                .into_iter()
+                .map(|loc| (loc, serde_json::json!([names, Vec::<String>::new()])))
+                .collect();
+            root.insert("topology".into(), topology.into());
+        }
+        return serde_json::to_string_pretty(&serde_json::Value::Object(root)).unwrap_or_else(|_| "{}".into());
+    }
+    let mut text = String::from("=== Local NICs ===\n");
+    if nics.is_empty() {
+        text.push_str("  (no RDMA devices found)\n");
+    }
+    for n in &nics {
+        text.push_str(&format!(
+            "  {}  NUMA={}  GID={} (idx={})  Port={}  {}Gbps\n",
+            n.device, n.numa_node, n.gid, n.gid_index, n.port, n.speed_gbps
+        ));
+    }
+    if !nics.is_empty() {
+        let names = nics.iter().map(|n| n.device.as_str()).collect::<Vec<_>>().join(", ");
+        text.push_str("\n=== Topology (NIC Selection) ===\n");
+        for loc in e.memory_locations() {
+            text.push_str(&format!("  {loc} -> preferred: [{names}]  available: []\n"));
+        }
+    }
+    text
+}
+
+/// Writes the engine's RDMA links into `buf_out` (NUL-terminated): with `json` non-zero a JSON
+/// object with a `local_nics` array (one object per RDMA NIC: `device`, `numa`, `gid`,
+/// `gid_index`, `port`, `speed_gbps`, `source`) and, when RDMA is loaded, a `topology` object;
+/// with `json` 0 the same as readable text. Returns 0, or `ERR_INVALID_ARGUMENT` for a NULL
+/// buffer, a zero length or a buffer too small for the whole report (it then holds the start of
+/// it).
 ///
 /// # Safety
-/// `buf` is NULL or valid for `buf_len` bytes.
+/// `buf_out` is NULL or valid for `buf_len` bytes.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn showLinks(engine: transfer_engine_t, buf: *mut c_char, buf_len: usize, json: c_int) -> c_int {
+pub unsafe extern "C" fn showLinks(
+    engine: transfer_engine_t,
+    buf_out: *mut c_char,
+    buf_len: usize,
+    json: c_int,
+) -> c_int {
     guard!("showLinks", ERR_CONTEXT, {
         classic_code(
             "showLinks",
             (|| {
-                super::engine(engine)?;
-                non_null(buf, "buf")?;
-                let text = if json != 0 { "{}" } else { "no RDMA links" };
+                let e = super::engine(engine)?;
+                non_null(buf_out, "buf_out")?;
+                let text = links_report(&e, json != 0);
                 // SAFETY: non-NULL, `buf_len` bytes per the caller's contract.
-                if unsafe { write_c_string(text, buf, buf_len) } {
+                if unsafe { write_c_string(&text, buf_out, buf_len) } {
                     Ok(0)
                 } else {
-                    Err(Error::InvalidArgument(format!("buffer of {buf_len} bytes is too small")))
+                    Err(Error::InvalidArgument(format!(
+                        "buffer of {buf_len} bytes is too small for the {} bytes of the report",
+                        text.len() + 1
+                    )))
                 }
             })(),
         )
