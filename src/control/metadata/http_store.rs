@@ -130,7 +130,8 @@ mod tests {
         assert!(parse_url("ftp://h/m").is_err());
         assert_eq!(parse_url("127.0.0.1:8080/metadata").unwrap(), ("127.0.0.1:8080".into(), "/metadata".into()));
         assert_eq!(parse_url("HTTP://h:1/m").unwrap(), ("h:1".into(), "/m".into()));
-        assert!(parse_url("h:1/m").is_err());
+        assert_eq!(parse_url("h:1/m").unwrap(), ("h:1".into(), "/m".into()));
+        assert!(parse_url("http:///m").is_err());
         let s = HttpStore::new("http://h:1/metadata", Duration::from_secs(1)).unwrap();
         assert_eq!(s.target("mooncake/tent/a"), "/metadata?key=mooncake%2Ftent%2Fa");
     }
