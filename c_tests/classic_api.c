@@ -12,6 +12,7 @@
 #include "tent/transfer_engine.h"
 #include "transfer_engine_c.h"
 #include "check.h"
+#include "classic_util.h"
 
 /* Upstream's layouts (x86_64 LP64). */
 _Static_assert(sizeof(struct transfer_request) == 40, "transfer_request size");
@@ -58,20 +59,7 @@ static int wait_task(transfer_engine_t e, batch_id_t b, size_t task) {
 /* One request in its own batch, polled to the end; returns the final status. */
 static int run_one(transfer_engine_t e, int opcode, void *src, segment_id_t target, uint64_t addr,
                    uint64_t len) {
-    batch_id_t b = allocateBatchID(e, 1);
-    CHECK(b != INVALID_BATCH);
-    struct transfer_request r;
-    memset(&r, 0, sizeof r);
-    r.opcode = opcode;
-    r.source = src;
-    r.target_id = target;
-    r.target_offset = addr;
-    r.length = len;
-    int rc = submitTransfer(e, b, &r, 1);
-    CHECK_EQ(rc, 0);
-    int st = rc == 0 ? wait_task(e, b, 0) : -1;
-    CHECK_EQ(freeBatchID(e, b), 0);
-    return st;
+    return classic_transfer(e, target, opcode, src, (void *)(uintptr_t)addr, len);
 }
 
 static void null_and_garbage_handles(void) {

@@ -13,29 +13,7 @@
 #include "transfer_engine_c.h"
 #include "tent/transfer_engine.h"
 #include "check.h"
-
-static int run_one(transfer_engine_t e, segment_id_t seg, int opcode, void *local, void *remote, size_t len) {
-    batch_id_t b = allocateBatchID(e, 1);
-    CHECK(b != INVALID_BATCH);
-    struct transfer_request r;
-    memset(&r, 0, sizeof r);
-    r.opcode = opcode;
-    r.source = local;
-    r.target_id = seg;
-    r.target_offset = (uint64_t)(uintptr_t)remote;
-    r.length = len;
-    struct transfer_status st = {STATUS_FAILED, 0};
-    if (submitTransfer(e, b, &r, 1) != 0) {
-        freeBatchID(e, b);
-        return -1; /* the caller decides whether that is a failure */
-    }
-    for (long i = 0; i < 50000000L; ++i) {
-        if (getTransferStatus(e, b, 0, &st) != 0) break;
-        if (st.status != STATUS_WAITING && st.status != STATUS_PENDING) break;
-    }
-    CHECK_EQ(freeBatchID(e, b), 0);
-    return st.status;
-}
+#include "classic_util.h"
 
 int main(int argc, char **argv) {
     if (argc != 4) {
@@ -68,13 +46,13 @@ int main(int argc, char **argv) {
     int st = STATUS_FAILED;
     for (int attempt = 0; attempt < 200 && st != STATUS_COMPLETED; ++attempt) {
         seg = attempt == 0 ? openSegment(b, argv[2]) : openSegmentNoCache(b, argv[2]);
-        if (seg > 0) st = run_one(b, seg, OPCODE_WRITE, src, target, len);
+        if (seg > 0) st = classic_transfer(b, seg, OPCODE_WRITE, src, target, len);
         if (st != STATUS_COMPLETED) usleep(20000);
     }
     CHECK(seg > 0);
     CHECK_EQ(st, STATUS_COMPLETED);
     CHECK(memcmp(src, target, len) == 0);
-    CHECK_EQ(run_one(b, seg, OPCODE_READ, back, target, len), STATUS_COMPLETED);
+    CHECK_EQ(classic_transfer(b, seg, OPCODE_READ, back, target, len), STATUS_COMPLETED);
     CHECK(memcmp(src, back, len) == 0);
     destroyTransferEngine(b);
     destroyTransferEngine(a);

@@ -19,6 +19,7 @@
 
 #include "transfer_engine_c.h"
 #include "check.h"
+#include "classic_util.h"
 
 /* Upstream's declarations, verbatim in meaning: a conflicting declaration in our header is a
  * compile error here. */
@@ -40,32 +41,11 @@ static const nic_stats_fn p_nic_stats = getNicLoadStats;
 static const discover_fn p_discover = discoverTopology;
 static const warmup_fn p_warmup = warmupEfaSegment;
 
-static int wait_task(transfer_engine_t e, batch_id_t b) {
-    struct transfer_status st;
-    for (long i = 0; i < 50000000L; ++i) {
-        if (getTransferStatus(e, b, 0, &st) != 0) return -1;
-        if (st.status != STATUS_WAITING && st.status != STATUS_PENDING) return st.status;
-    }
-    return -1;
-}
-
 /* One request from `e` to segment `name`, polled to the end; returns the final status. */
 static int transfer(transfer_engine_t e, const char *name, int opcode, void *local, void *remote, size_t len) {
     segment_id_t seg = openSegment(e, name);
     CHECK(seg > 0);
-    if (seg <= 0) return -1;
-    batch_id_t b = allocateBatchID(e, 1);
-    struct transfer_request r;
-    memset(&r, 0, sizeof r);
-    r.opcode = opcode;
-    r.source = local;
-    r.target_id = seg;
-    r.target_offset = (uint64_t)(uintptr_t)remote;
-    r.length = len;
-    CHECK_EQ(submitTransfer(e, b, &r, 1), 0);
-    int st = wait_task(e, b);
-    CHECK_EQ(freeBatchID(e, b), 0);
-    return st;
+    return seg > 0 ? classic_transfer(e, seg, opcode, local, remote, len) : -1;
 }
 
 static int port_of(const char *name) {

@@ -71,6 +71,8 @@ pub struct NicLink {
     pub gid_index: i32,
     /// The port in use.
     pub port: u8,
+    /// The port's LID (0 on RoCE).
+    pub lid: u16,
     /// The link rate in Gbit/s (0 when unknown).
     pub speed_gbps: u32,
 }
@@ -177,20 +179,9 @@ impl RdmaTransport {
     /// NicID. Upstream peers read all four keys as required (a missing one aborts their parse);
     /// `transport_attrs` is upstream's per-transport attribute map, which we leave empty.
     pub fn devices(&self) -> Vec<Value> {
-        self.core
-            .device_names
-            .iter()
-            .enumerate()
-            .map(|(i, n)| {
-                let ctx = self.core.contexts.get(i);
-                let gid = ctx.and_then(|c| c.gid()).map(|g| g.gid.to_wire_string()).unwrap_or_default();
-                json!({
-                    "name": n,
-                    "lid": ctx.and_then(|c| c.lid()).unwrap_or(0),
-                    "gid": gid,
-                    "transport_attrs": [],
-                })
-            })
+        self.links()
+            .into_iter()
+            .map(|l| json!({"name": l.device, "lid": l.lid, "gid": l.gid, "transport_attrs": []}))
             .collect()
     }
 
@@ -211,6 +202,7 @@ impl RdmaTransport {
                     gid: gid.as_ref().map(|g| g.gid.to_wire_string()).unwrap_or_default(),
                     gid_index: gid.map(|g| g.index as i32).unwrap_or(-1),
                     port,
+                    lid: ctx.and_then(|c| c.lid()).unwrap_or(0),
                     speed_gbps: attr.map(|a| a.speed_gbps()).unwrap_or(0),
                 }
             })
