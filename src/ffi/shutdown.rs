@@ -39,6 +39,10 @@ static CLEANUP_STARTED: AtomicBool = AtomicBool::new(false);
 /// it proceeds without them.
 const RELEASE_WAIT: Duration = Duration::from_secs(2);
 
+/// How long the process waits, after a signal, for the engines to be destroyed before the
+/// signal ends it anyway.
+const CLEANUP_BOUND: Duration = Duration::from_secs(10);
+
 /// Registers `handle` for cleanup at exit and on SIGTERM/SIGINT and installs the handlers (once
 /// per process). Registering a handle twice is harmless.
 pub(crate) fn enable(handle: *mut c_void) -> crate::error::Result<()> {
@@ -141,7 +145,17 @@ fn watch(read_fd: i32) {
     }
     let signo = i32::from(byte);
     tracing::info!("signal {signo}: destroying the engines registered for graceful shutdown");
-    let _ = std::panic::catch_unwind(cleanup_engines);
+    // Bounded: if the signal landed on one of an engine's own threads, that thread now waits in
+    // the handler and destroying its engine (which joins it) would never finish; the process
+    // must end all the same.
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let cleanup = std::thread::Builder::new().name("tent-shutdown-cleanup".into()).spawn(move || {
+        let _ = std::panic::catch_unwind(cleanup_engines);
+        let _ = done_tx.send(());
+    });
+    if cleanup.is_ok() && done_rx.recv_timeout(CLEANUP_BOUND).is_err() {
+        tracing::warn!("graceful shutdown: cleanup did not finish within {CLEANUP_BOUND:?}");
+    }
     die_by(signo);
 }
 
