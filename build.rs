@@ -75,21 +75,26 @@ fn write_header(
     }
 }
 
-/// Creates `libtent_shared.so` and `libtransfer_engine.so` (upstream's library names) as relative
-/// symlinks to `libtent.so` next to the build output, so `-ltent_shared` and `dlopen` of upstream's
-/// names find this library.
+/// Creates `libtent_shared.so`, `libtransfer_engine.so` and `libtransfer_engine.a` (upstream's
+/// library names) as relative symlinks to `libtent.so` / `libtent.a` next to the build output, so
+/// `-ltent_shared`, `dlopen` of upstream's names and callers that link the classic library
+/// statically (upstream's Rust binding asks for `static=transfer_engine`) find this library.
 fn link_upstream_names(out_dir: &Path) {
     // OUT_DIR is <target>/<profile>/build/<pkg>-<hash>/out.
     let Some(profile_dir) = out_dir.ancestors().nth(3) else {
         return;
     };
-    for alias in ["libtent_shared.so", "libtransfer_engine.so"] {
+    for (alias, file) in [
+        ("libtent_shared.so", "libtent.so"),
+        ("libtransfer_engine.so", "libtent.so"),
+        ("libtransfer_engine.a", "libtent.a"),
+    ] {
         let link = profile_dir.join(alias);
         if fs::symlink_metadata(&link).is_ok() {
             continue;
         }
         #[cfg(unix)]
-        if let Err(e) = std::os::unix::fs::symlink("libtent.so", &link) {
+        if let Err(e) = std::os::unix::fs::symlink(file, &link) {
             println!("cargo:warning=could not create {}: {e}", link.display());
         }
     }

@@ -202,12 +202,16 @@ extern "C" {
 #endif // __cplusplus
 
 /**
- * Creates an engine. `metadata_conn_string` is `P2PHANDSHAKE` or `type://servers` (a bare string
- * means etcd servers); `local_server_name` names the segment outside p2p mode (in p2p mode the
- * name is `ip:port`); the RPC server advertises `ip_or_host_name` (the default route's address
- * when NULL or empty) and listens on `rpc_port` (0 picks a free port; a taken port fails).
- * `auto_discover` is accepted and ignored: topology is always discovered. Returns NULL on
- * failure, with the reason logged and readable with `tent_last_error`.
+ * Creates an engine. `metadata_conn_string` is `P2PHANDSHAKE`, `etcd://servers`,
+ * `redis://servers`, `http://host:port/path` (or a bare string of etcd servers).
+ * `local_server_name` is `host[:port]`. With `P2PHANDSHAKE` the RPC server binds a free port
+ * (not the one given, so engines given the same name all start) and the segment is named
+ * `<host>:<bound port>`, the host unresolved; with a metadata server the segment is named
+ * `local_server_name` and the RPC server binds a free port (the given one with
+ * `MC_LEGACY_RPC_PORT_BINDING` set). `ip_or_host_name` only stands in for a missing host,
+ * `rpc_port` is ignored, as upstream, and `auto_discover` is ignored: topology is always
+ * discovered. Returns NULL on failure, with the reason logged and readable with
+ * `tent_last_error`.
  *
  * # Safety
  * The string arguments are NULL or NUL-terminated strings.
@@ -219,8 +223,9 @@ transfer_engine_t createTransferEngine(const char *metadata_conn_string,
                                        int auto_discover);
 
 /**
- * Copies the `ip:port` that peers open this engine's segment by (IPv6 in brackets) into
- * `buf_out`, NUL-terminated; a buffer too small for it fails with `ERR_INVALID_ARGUMENT`.
+ * Copies `host:port` into `buf_out`, NUL-terminated: with `P2PHANDSHAKE` the segment name
+ * peers open (the host as the caller gave it, IPv6 in brackets), otherwise the address the RPC
+ * server advertises. A buffer too small for it fails with `ERR_INVALID_ARGUMENT`.
  *
  * # Safety
  * `buf_out` is NULL or valid for `buf_len` bytes.
@@ -430,19 +435,28 @@ int getNicLoadStats(transfer_engine_t engine, nic_load_stat_t *stats, size_t *co
 int discoverTopology(transfer_engine_t engine);
 
 /**
- * Accepted for compatibility and does nothing: the library never installs signal handlers in
- * its host process. Destroy the engine when the process shuts down. Returns 0 for a live engine.
+ * Registers the engine for graceful shutdown: when the process exits normally, or receives
+ * SIGTERM or SIGINT, the engine is destroyed (its metadata key deleted, its connections
+ * closed); after a signal its default action then ends the process. The handlers are installed
+ * by the first call in a process and never before (the library takes over no signal unless
+ * asked); a child created by fork afterwards keeps the default action. Destroying the engine
+ * yourself unregisters it. A handle that is not a live engine is ignored, with the reason
+ * readable with `tent_last_error`.
  */
-int enableGracefulShutdown(transfer_engine_t engine);
+void enableGracefulShutdown(transfer_engine_t engine);
 
 /**
- * Writes the RDMA links of the engine into `buf` (NUL-terminated): `{}` with `json` non-zero,
- * else a line of text. Without RDMA there are no links.
+ * Writes the engine's RDMA links into `buf_out` (NUL-terminated): with `json` non-zero a JSON
+ * object with a `local_nics` array (one object per RDMA NIC: `device`, `numa`, `gid`,
+ * `gid_index`, `port`, `speed_gbps`, `source`) and, when RDMA is loaded, a `topology` object;
+ * with `json` 0 the same as readable text. Returns 0, or `ERR_INVALID_ARGUMENT` for a NULL
+ * buffer, a zero length or a buffer too small for the whole report (it then holds the start of
+ * it).
  *
  * # Safety
- * `buf` is NULL or valid for `buf_len` bytes.
+ * `buf_out` is NULL or valid for `buf_len` bytes.
  */
-int showLinks(transfer_engine_t engine, char *buf, size_t buf_len, int json);
+int showLinks(transfer_engine_t engine, char *buf_out, size_t buf_len, int json);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -19,6 +19,10 @@ pub mod keys {
     pub const METADATA_SERVERS: (&str, &str) = ("metadata_servers", "");
     /// Segment name in non-p2p modes; empty means a random name.
     pub const LOCAL_SEGMENT_NAME: (&str, &str) = ("local_segment_name", "");
+    /// The host part of the segment name in p2p mode; empty means the advertised IP. The
+    /// classic API sets it to the host its caller gave, which upstream's classic engine keeps
+    /// in the name unresolved.
+    pub const P2P_SEGMENT_HOST: (&str, &str) = ("p2p_segment_host", "");
     /// Advertised IP or hostname; empty means auto-discovery.
     pub const RPC_SERVER_HOSTNAME: (&str, &str) = ("rpc_server_hostname", "");
     /// RPC listen port, 0..=65535; 0 picks a random port.

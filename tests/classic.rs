@@ -176,3 +176,84 @@ fn go_program_on_the_classic_api_like_the_p2p_store() {
 fn go_program_on_the_tent_api() {
     go_program("tent_api");
 }
+
+/// Where upstream's callers depend on upstream's behaviour (c_tests/classic_upstream.c): its
+/// declarations compile against our header, P2PHANDSHAKE binds a free port whatever the name
+/// says and keeps the host as given, and showLinks reports the NICs, first without RDMA, then
+/// with the simulated provider selected through `MC_TENT_CONF`.
+#[test]
+fn classic_behaviour_upstream_callers_rely_on() {
+    let exe = build_c("classic_upstream", &[root().join("c_tests/classic_upstream.c")], false, &[]);
+    let out = run_c(&exe, &[]);
+    assert!(out.contains("classic_upstream: ") && out.contains(", 0 failed"), "{out}");
+    let sim = r#"{"transports": {"rdma": {"provider": "sim"}}}"#;
+    let (ok, out) = run(Command::new(&exe).arg("sim").env("MC_LOG_LEVEL", "error").env("MC_TENT_CONF", sim));
+    println!("{out}");
+    assert!(ok && out.contains("classic_upstream sim: ") && out.contains(", 0 failed"), "{out}");
+}
+
+/// Upstream's Rust binding links the classic library as `-l static=transfer_engine` from its
+/// library directory, and the Go p2p-store links `-ltransfer_engine` statically: a Rust program
+/// declared that way (built by rustc) and a C program linked with `-Bstatic` both find
+/// `libtransfer_engine.a` next to the shared library, carry no dependency on it and run.
+#[test]
+fn static_library_under_upstreams_name_links_from_rust_and_c() {
+    let dir = out_dir("static_link");
+    let lib = lib_dir();
+    assert!(lib.join("libtransfer_engine.a").exists(), "no libtransfer_engine.a in {}", lib.display());
+    let rs = dir.join("binding.rs");
+    std::fs::write(
+        &rs,
+        r#"use std::ffi::{c_char, c_int, c_void, CStr};
+#[link(name = "transfer_engine", kind = "static")]
+unsafe extern "C" {
+    fn createTransferEngine(conn: *const c_char, name: *const c_char, host: *const c_char, port: u64, auto: c_int) -> *mut c_void;
+    fn getLocalIpAndPort(e: *mut c_void, buf: *mut c_char, len: usize) -> c_int;
+    fn destroyTransferEngine(e: *mut c_void);
+}
+fn main() {
+    unsafe {
+        let e = createTransferEngine(c"P2PHANDSHAKE".as_ptr(), c"127.0.0.1:12345".as_ptr(), c"127.0.0.1".as_ptr(), 0, 0);
+        assert!(!e.is_null(), "createTransferEngine returned NULL");
+        let mut buf = [0 as c_char; 256];
+        assert_eq!(getLocalIpAndPort(e, buf.as_mut_ptr(), buf.len()), 0);
+        println!("linked statically: {}", CStr::from_ptr(buf.as_ptr()).to_string_lossy());
+        destroyTransferEngine(e);
+    }
+}
+"#,
+    )
+    .expect("write the Rust caller");
+    let rust_exe = dir.join("binding");
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let (ok, out) = run(Command::new(rustc)
+        .args(["--edition", "2024", "-C", "opt-level=0"])
+        .arg(&rs)
+        .arg("-L")
+        .arg(format!("native={}", lib.display()))
+        .arg("-o")
+        .arg(&rust_exe));
+    assert!(ok, "rustc with -l static=transfer_engine failed:\n{out}");
+
+    let c_exe = dir.join("static_c");
+    let (ok, out) = run(Command::new("gcc")
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-I"])
+        .arg(root().join("include"))
+        .arg(root().join("c_tests/static_link.c"))
+        .arg("-o")
+        .arg(&c_exe)
+        .arg(format!("-L{}", lib.display()))
+        .args(["-Wl,-Bstatic", "-ltransfer_engine", "-Wl,-Bdynamic", "-lpthread", "-ldl", "-lm", "-lgcc_s"]));
+    assert!(ok, "gcc -Bstatic -ltransfer_engine failed:\n{out}");
+
+    for exe in [rust_exe, c_exe] {
+        let (_, ldd) = run(Command::new("ldd").arg(&exe));
+        assert!(
+            !ldd.contains("libtent") && !ldd.contains("libtransfer_engine"),
+            "{} is linked dynamically:\n{ldd}",
+            exe.display()
+        );
+        let (ok, out) = run(Command::new(&exe).env("MC_LOG_LEVEL", "error"));
+        assert!(ok && out.contains("linked statically: 127.0.0.1:"), "{}:\n{out}", exe.display());
+    }
+}

@@ -1,7 +1,8 @@
 //! tent-bench: throughput and latency of the transfer engine, driven through the public C API
 //! (`tent_*`), with the options and columns of upstream's `tebench` where they apply.
 //!
-//! Roles: `--role=target` serves a buffer and prints its segment name; `--target_seg_name=NAME`
+//! Roles: `--role=target` serves a buffer and prints its segment name until SIGINT or SIGTERM (as
+//! tebench's target does; `--duration` applies to the initiator only); `--target_seg_name=NAME`
 //! runs the initiator against such a target; with neither, target and initiator run in one
 //! process (a quick local measurement). `--compare` adds, for the same sizes and in the same run,
 //! the plain reference for the transport (a single-stream loopback socket copy for TCP, memcpy for
@@ -519,6 +520,28 @@ fn run_initiator(o: &Opts, e: tent_engine_t, target: &Target) -> Result<u64, Str
     Ok(mismatches)
 }
 
+/// Cleared by SIGINT/SIGTERM: a target serves until then.
+static SERVING: AtomicBool = AtomicBool::new(true);
+
+extern "C" fn stop_serving(_signo: libc::c_int) {
+    // Only an atomic store: async-signal-safe.
+    SERVING.store(false, Ordering::SeqCst);
+}
+
+/// Serves until SIGINT or SIGTERM. The target's own process owns its signals, so it installs
+/// handlers that only stop the loop; the engine is then destroyed normally.
+fn serve_until_signalled() {
+    // SAFETY: the handler only stores to an atomic.
+    unsafe {
+        libc::signal(libc::SIGINT, stop_serving as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, stop_serving as *const () as libc::sighandler_t);
+    }
+    while SERVING.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!("signal received, stopping the target");
+}
+
 fn main() -> ExitCode {
     let o = match parse_args() {
         Ok(o) => o,
@@ -537,10 +560,7 @@ fn main() -> ExitCode {
             println!("target segment: {name}");
             println!("run the initiator with: tent-bench --target_seg_name={name} --xport_type={}", o.xport_type);
             let _ = std::io::stdout().flush();
-            let end = (o.duration > 0.0).then(|| Instant::now() + Duration::from_secs_f64(o.duration));
-            while end.is_none_or(|t| Instant::now() < t) {
-                std::thread::sleep(Duration::from_millis(100));
-            }
+            serve_until_signalled();
             tent_destroy_engine(e);
             return Ok(0);
         }

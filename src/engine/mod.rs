@@ -67,11 +67,19 @@ fn metadata_settings(config: &Config, kind: &str) -> Result<StoreSettings> {
     })
 }
 
-/// The segment name: `ip:port` in p2p mode (a configured name is ignored, as upstream), else
-/// `local_segment_name`, or `segment_noname_` and 8 random letters when that is empty.
-fn segment_name_for(config: &Config, kind: &str, rpc_addr: &str) -> String {
+/// The segment name: in p2p mode `ip:port`, or `host:port` with `p2p_segment_host` (IPv6 in
+/// brackets), since peers reach the engine by its name there (a configured name is ignored, as
+/// upstream); else `local_segment_name`, or `segment_noname_` and 8 random letters when that is
+/// empty.
+fn segment_name_for(config: &Config, kind: &str, rpc_addr: &str, port: u16) -> String {
     if kind == "p2p" {
-        return rpc_addr.to_string();
+        let host = config.get_string(keys::P2P_SEGMENT_HOST.0, keys::P2P_SEGMENT_HOST.1);
+        let host = host.trim();
+        return match host {
+            "" => rpc_addr.to_string(),
+            h if h.contains(':') && !h.starts_with('[') => format!("[{h}]:{port}"),
+            h => format!("{h}:{port}"),
+        };
     }
     let configured = config.get_string(keys::LOCAL_SEGMENT_NAME.0, keys::LOCAL_SEGMENT_NAME.1);
     if configured.trim().is_empty() { format!("segment_noname_{}", memory::random_letters(8)) } else { configured }
@@ -261,7 +269,7 @@ impl Engine {
         let listener = addr::bind_rpc_listener(port, ip.is_ipv6())?;
         let port = listener.local_addr().map_err(Error::from)?.port();
         let rpc_addr = addr::host_port(&ip, port);
-        let name = segment_name_for(&config, &metadata_type, &rpc_addr);
+        let name = segment_name_for(&config, &metadata_type, &rpc_addr, port);
         let local =
             Arc::new(LocalSegment::new(name.clone(), memory::machine_id(), rpc_addr.clone(), memory::topology_json()));
         // With rpc_auth_token (or MC_TENT_AUTH_TOKEN) set, every connection must authenticate.
@@ -896,6 +904,17 @@ impl Engine {
     /// The transports loaded in this engine.
     pub fn loaded_transports(&self) -> Vec<TransportKind> {
         self.dispatcher.transports.iter().map(|t| t.kind()).collect()
+    }
+
+    /// The opened RDMA NICs as diagnostics report them; empty without RDMA.
+    pub fn nic_links(&self) -> Vec<crate::transport::rdma::NicLink> {
+        self.rdma.as_ref().map(|t| t.links()).unwrap_or_default()
+    }
+
+    /// The memory locations of this host (`cpu:N` per NUMA node), for diagnostics that map
+    /// locations to NICs.
+    pub fn memory_locations(&self) -> Vec<String> {
+        memory::numa_nodes().iter().map(|n| format!("cpu:{n}")).collect()
     }
 
     /// Per-NIC load; empty without RDMA.

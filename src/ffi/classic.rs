@@ -40,37 +40,95 @@ fn record(func: &str, e: &Error) {
     super::set_last_error(func, &e.to_string());
 }
 
-/// Splits a classic metadata connection string into (metadata type, servers).
-/// `P2PHANDSHAKE` is p2p; `type://servers` names its type; a bare string is etcd servers, as the
-/// classic engine reads it.
+/// Splits a classic metadata connection string into (metadata type, servers), as upstream's
+/// classic engine reads it: `P2PHANDSHAKE` is p2p; `type://rest` names its type, where `http`
+/// (and `https`, which the HTTP store then refuses: it speaks plain HTTP only) keeps the whole
+/// URL as the server and every other type gets `rest`; a string without `://` is etcd servers.
+/// Unknown types are returned as they are and fail the engine's start.
 fn parse_connection(conn: &str) -> (String, String) {
     if conn == P2P_HANDSHAKE {
         return ("p2p".into(), String::new());
     }
     match conn.split_once("://") {
+        Some((kind, _)) if kind.eq_ignore_ascii_case("http") || kind.eq_ignore_ascii_case("https") => {
+            ("http".into(), conn.to_string())
+        }
         Some((kind, servers)) => (kind.to_string(), servers.to_string()),
         None => ("etcd".into(), conn.to_string()),
     }
 }
 
-/// The explicit config of a classic engine: metadata from the connection string, the local
-/// segment name (outside p2p mode, where the name is always `ip:port`), and the RPC host and port.
-fn classic_config(conn: &str, local_server_name: &str, host: &str, port: u64) -> Result<Config> {
-    let port = u16::try_from(port).map_err(|_| Error::InvalidArgument(format!("rpc_port {port} is not a TCP port")))?;
+/// Splits a classic `local_server_name` into its host and port as upstream does: `[v6]:port`,
+/// `[v6]`, `host:port` or `host` (a bare IPv6 address is all host). A missing or unreadable port
+/// is `None`.
+fn split_server_name(name: &str) -> (String, Option<u16>) {
+    let name = name.trim();
+    if let Some(rest) = name.strip_prefix('[') {
+        if let Some((host, tail)) = rest.split_once(']') {
+            return (host.to_string(), tail.strip_prefix(':').and_then(|p| p.parse().ok()));
+        }
+    }
+    match name.rsplit_once(':') {
+        Some((host, port)) if !host.contains(':') => (host.to_string(), port.parse().ok()),
+        _ => (name.to_string(), None),
+    }
+}
+
+/// The port the legacy binding uses when `local_server_name` gives none: `MC_HANDSHAKE_PORT`,
+/// else 12001, as upstream.
+fn default_handshake_port(env: &dyn Fn(&str) -> Option<String>) -> u16 {
+    env("MC_HANDSHAKE_PORT").and_then(|p| p.trim().parse().ok()).filter(|&p| p > 0).unwrap_or(12001)
+}
+
+/// The explicit config of a classic engine, bound and named as upstream's classic engine does
+/// (`env` reads the environment):
+/// - `P2PHANDSHAKE`: the RPC server binds a free port whatever port `local_server_name` gives,
+///   so several engines given the same `host:port` all start; the segment (and what
+///   `getLocalIpAndPort` reports) is `<host as given>:<bound port>`.
+/// - a metadata server: the segment is named `local_server_name`; the RPC server listens on a
+///   free port and advertises `MC_TCP_BIND_ADDRESS` or this host's address, unless
+///   `MC_LEGACY_RPC_PORT_BINDING` is set, which binds the host and port of
+///   `local_server_name` (port `MC_HANDSHAKE_PORT` or 12001 when it has none).
+///
+/// `rpc_port` is ignored as upstream ignores it. `ip_or_host_name` is ignored too, except that
+/// it stands in for the host when `local_server_name` has none (upstream would then build a
+/// name without a host).
+fn classic_config(
+    conn: &str,
+    local_server_name: &str,
+    ip_or_host_name: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Config {
     let (kind, servers) = parse_connection(conn);
+    let (mut host, given_port) = split_server_name(local_server_name);
+    if host.is_empty() {
+        host = ip_or_host_name.trim().to_string();
+    }
     let mut cfg = Config::new();
     cfg.set(keys::METADATA_TYPE.0, kind.clone().into());
     if !servers.is_empty() {
         cfg.set(keys::METADATA_SERVERS.0, servers.into());
     }
-    if kind != "p2p" && !local_server_name.is_empty() {
-        cfg.set(keys::LOCAL_SEGMENT_NAME.0, local_server_name.into());
-    }
-    if !host.is_empty() {
-        cfg.set(keys::RPC_SERVER_HOSTNAME.0, host.into());
+    let (rpc_host, port) = if kind == "p2p" {
+        if !host.is_empty() {
+            cfg.set(keys::P2P_SEGMENT_HOST.0, host.clone().into());
+        }
+        (host, 0)
+    } else {
+        if !local_server_name.is_empty() {
+            cfg.set(keys::LOCAL_SEGMENT_NAME.0, local_server_name.into());
+        }
+        if env("MC_LEGACY_RPC_PORT_BINDING").is_some() {
+            (host, given_port.unwrap_or_else(|| default_handshake_port(env)))
+        } else {
+            (env("MC_TCP_BIND_ADDRESS").unwrap_or_default(), 0)
+        }
+    };
+    if !rpc_host.is_empty() {
+        cfg.set(keys::RPC_SERVER_HOSTNAME.0, rpc_host.into());
     }
     cfg.set(keys::RPC_SERVER_PORT.0, i64::from(port).into());
-    Ok(cfg)
+    cfg
 }
 
 /// Reads an optional C string: NULL is "".
@@ -156,12 +214,16 @@ fn malloc_string(s: &str) -> Result<*mut c_char> {
     Ok(p)
 }
 
-/// Creates an engine. `metadata_conn_string` is `P2PHANDSHAKE` or `type://servers` (a bare string
-/// means etcd servers); `local_server_name` names the segment outside p2p mode (in p2p mode the
-/// name is `ip:port`); the RPC server advertises `ip_or_host_name` (the default route's address
-/// when NULL or empty) and listens on `rpc_port` (0 picks a free port; a taken port fails).
-/// `auto_discover` is accepted and ignored: topology is always discovered. Returns NULL on
-/// failure, with the reason logged and readable with `tent_last_error`.
+/// Creates an engine. `metadata_conn_string` is `P2PHANDSHAKE`, `etcd://servers`,
+/// `redis://servers`, `http://host:port/path` (or a bare string of etcd servers).
+/// `local_server_name` is `host[:port]`. With `P2PHANDSHAKE` the RPC server binds a free port
+/// (not the one given, so engines given the same name all start) and the segment is named
+/// `<host>:<bound port>`, the host unresolved; with a metadata server the segment is named
+/// `local_server_name` and the RPC server binds a free port (the given one with
+/// `MC_LEGACY_RPC_PORT_BINDING` set). `ip_or_host_name` only stands in for a missing host,
+/// `rpc_port` is ignored, as upstream, and `auto_discover` is ignored: topology is always
+/// discovered. Returns NULL on failure, with the reason logged and readable with
+/// `tent_last_error`.
 ///
 /// # Safety
 /// The string arguments are NULL or NUL-terminated strings.
@@ -173,7 +235,7 @@ pub unsafe extern "C" fn createTransferEngine(
     rpc_port: u64,
     auto_discover: c_int,
 ) -> transfer_engine_t {
-    let _ = auto_discover;
+    let _ = (auto_discover, rpc_port);
     guard!("createTransferEngine", std::ptr::null_mut(), {
         let started = (|| -> Result<_> {
             // SAFETY: forwarded contract.
@@ -182,7 +244,7 @@ pub unsafe extern "C" fn createTransferEngine(
             let name = unsafe { opt_str(local_server_name, "local_server_name") }?;
             // SAFETY: forwarded contract.
             let host = unsafe { opt_str(ip_or_host_name, "ip_or_host_name") }?;
-            let cfg = classic_config(&conn, &name, &host, rpc_port)?;
+            let cfg = classic_config(&conn, &name, &host, &|k| std::env::var(k).ok());
             Engine::new(engine::effective_config(cfg))
         })();
         match started {
@@ -195,8 +257,9 @@ pub unsafe extern "C" fn createTransferEngine(
     })
 }
 
-/// Copies the `ip:port` that peers open this engine's segment by (IPv6 in brackets) into
-/// `buf_out`, NUL-terminated; a buffer too small for it fails with `ERR_INVALID_ARGUMENT`.
+/// Copies `host:port` into `buf_out`, NUL-terminated: with `P2PHANDSHAKE` the segment name
+/// peers open (the host as the caller gave it, IPv6 in brackets), otherwise the address the RPC
+/// server advertises. A buffer too small for it fails with `ERR_INVALID_ARGUMENT`.
 ///
 /// # Safety
 /// `buf_out` is NULL or valid for `buf_len` bytes.
@@ -208,11 +271,10 @@ pub unsafe extern "C" fn getLocalIpAndPort(engine: transfer_engine_t, buf_out: *
             (|| {
                 let e = super::engine(engine)?;
                 non_null(buf_out, "buf_out")?;
-                let ip = e.rpc_ip();
-                let addr = if ip.contains(':') {
-                    format!("[{ip}]:{}", e.rpc_port())
+                let addr = if e.config().get_string(keys::METADATA_TYPE.0, keys::METADATA_TYPE.1) == "p2p" {
+                    e.segment_name().to_string()
                 } else {
-                    format!("{ip}:{}", e.rpc_port())
+                    e.local_segment().rpc_server_addr.clone()
                 };
                 // SAFETY: non-NULL, `buf_len` bytes per the caller's contract.
                 if unsafe { write_c_string(&addr, buf_out, buf_len) } {
@@ -391,6 +453,7 @@ pub unsafe extern "C" fn warmupEfaSegment(engine: transfer_engine_t, segment_nam
 #[unsafe(no_mangle)]
 pub extern "C" fn destroyTransferEngine(engine: transfer_engine_t) {
     guard!("destroyTransferEngine", (), {
+        super::shutdown::forget(engine);
         // Dropped here, outside the registry lock: joining the engine's threads takes a while.
         drop(super::retire(engine));
         Ok(())
@@ -845,42 +908,109 @@ pub extern "C" fn discoverTopology(engine: transfer_engine_t) -> c_int {
     guard!("discoverTopology", ERR_CONTEXT, { classic_code("discoverTopology", super::engine(engine).map(|_| 0)) })
 }
 
-/// Accepted for compatibility and does nothing: the library never installs signal handlers in
-/// its host process. Destroy the engine when the process shuts down. Returns 0 for a live engine.
+/// Registers the engine for graceful shutdown: when the process exits normally, or receives
+/// SIGTERM or SIGINT, the engine is destroyed (its metadata key deleted, its connections
+/// closed); after a signal its default action then ends the process. The handlers are installed
+/// by the first call in a process and never before (the library takes over no signal unless
+/// asked); a child created by fork afterwards keeps the default action. Destroying the engine
+/// yourself unregisters it. A handle that is not a live engine is ignored, with the reason
+/// readable with `tent_last_error`.
 #[unsafe(no_mangle)]
-pub extern "C" fn enableGracefulShutdown(engine: transfer_engine_t) -> c_int {
-    guard!("enableGracefulShutdown", ERR_CONTEXT, {
-        classic_code(
-            "enableGracefulShutdown",
-            super::engine(engine).map(|_| {
-                tracing::info!(
-                    "enableGracefulShutdown: no signal handlers are installed; destroy the engine on shutdown"
-                );
-                0
-            }),
-        )
+pub extern "C" fn enableGracefulShutdown(engine: transfer_engine_t) {
+    guard!("enableGracefulShutdown", (), {
+        if let Err(e) = super::engine(engine).and_then(|_| super::shutdown::enable(engine)) {
+            record("enableGracefulShutdown", &e);
+        }
+        Ok(())
     })
 }
 
-/// Writes the RDMA links of the engine into `buf` (NUL-terminated): `{}` with `json` non-zero,
-/// else a line of text. Without RDMA there are no links.
+/// The `showLinks` report: with `json`, an object whose `local_nics` array has one entry per
+/// RDMA NIC (`device`, `numa`, `gid`, `gid_index`, `port`, `speed_gbps`, `source`) and, when
+/// RDMA is loaded, a `topology` member mapping each memory location to `[preferred NICs,
+/// other NICs]` (every NIC serves every location here, so all are listed as preferred);
+/// otherwise the same as readable text.
+fn links_report(e: &Engine, json: bool) -> String {
+    let nics = e.nic_links();
+    if json {
+        let local: Vec<serde_json::Value> = nics
+            .iter()
+            .map(|n| {
+                serde_json::json!({
+                    "device": n.device,
+                    "numa": n.numa_node,
+                    "gid": n.gid,
+                    "gid_index": n.gid_index,
+                    "port": n.port,
+                    "speed_gbps": n.speed_gbps,
+                    "source": "rdma_transport",
+                })
+            })
+            .collect();
+        let mut root = serde_json::Map::new();
+        root.insert("local_nics".into(), local.into());
+        if !nics.is_empty() {
+            let names: Vec<&str> = nics.iter().map(|n| n.device.as_str()).collect();
+            let topology: serde_json::Map<String, serde_json::Value> = e
+                .memory_locations()
+                .into_iter()
+                .map(|loc| (loc, serde_json::json!([names, Vec::<String>::new()])))
+                .collect();
+            root.insert("topology".into(), topology.into());
+        }
+        return serde_json::to_string_pretty(&serde_json::Value::Object(root)).unwrap_or_else(|_| "{}".into());
+    }
+    let mut text = String::from("=== Local NICs ===\n");
+    if nics.is_empty() {
+        text.push_str("  (no RDMA devices found)\n");
+    }
+    for n in &nics {
+        text.push_str(&format!(
+            "  {}  NUMA={}  GID={} (idx={})  Port={}  {}Gbps\n",
+            n.device, n.numa_node, n.gid, n.gid_index, n.port, n.speed_gbps
+        ));
+    }
+    if !nics.is_empty() {
+        let names = nics.iter().map(|n| n.device.as_str()).collect::<Vec<_>>().join(", ");
+        text.push_str("\n=== Topology (NIC Selection) ===\n");
+        for loc in e.memory_locations() {
+            text.push_str(&format!("  {loc} -> preferred: [{names}]  available: []\n"));
+        }
+    }
+    text
+}
+
+/// Writes the engine's RDMA links into `buf_out` (NUL-terminated): with `json` non-zero a JSON
+/// object with a `local_nics` array (one object per RDMA NIC: `device`, `numa`, `gid`,
+/// `gid_index`, `port`, `speed_gbps`, `source`) and, when RDMA is loaded, a `topology` object;
+/// with `json` 0 the same as readable text. Returns 0, or `ERR_INVALID_ARGUMENT` for a NULL
+/// buffer, a zero length or a buffer too small for the whole report (it then holds the start of
+/// it).
 ///
 /// # Safety
-/// `buf` is NULL or valid for `buf_len` bytes.
+/// `buf_out` is NULL or valid for `buf_len` bytes.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn showLinks(engine: transfer_engine_t, buf: *mut c_char, buf_len: usize, json: c_int) -> c_int {
+pub unsafe extern "C" fn showLinks(
+    engine: transfer_engine_t,
+    buf_out: *mut c_char,
+    buf_len: usize,
+    json: c_int,
+) -> c_int {
     guard!("showLinks", ERR_CONTEXT, {
         classic_code(
             "showLinks",
             (|| {
-                super::engine(engine)?;
-                non_null(buf, "buf")?;
-                let text = if json != 0 { "{}" } else { "no RDMA links" };
+                let e = super::engine(engine)?;
+                non_null(buf_out, "buf_out")?;
+                let text = links_report(&e, json != 0);
                 // SAFETY: non-NULL, `buf_len` bytes per the caller's contract.
-                if unsafe { write_c_string(text, buf, buf_len) } {
+                if unsafe { write_c_string(&text, buf_out, buf_len) } {
                     Ok(0)
                 } else {
-                    Err(Error::InvalidArgument(format!("buffer of {buf_len} bytes is too small")))
+                    Err(Error::InvalidArgument(format!(
+                        "buffer of {buf_len} bytes is too small for the {} bytes of the report",
+                        text.len() + 1
+                    )))
                 }
             })(),
         )
@@ -895,21 +1025,58 @@ mod tests {
     fn connection_strings_are_read_as_the_classic_engine_does() {
         assert_eq!(parse_connection("P2PHANDSHAKE"), ("p2p".into(), String::new()));
         assert_eq!(parse_connection("redis://10.0.0.1:6379"), ("redis".into(), "10.0.0.1:6379".into()));
-        assert_eq!(parse_connection("http://h:8080/metadata"), ("http".into(), "h:8080/metadata".into()));
+        assert_eq!(parse_connection("etcd://a:2379,b:2379"), ("etcd".into(), "a:2379,b:2379".into()));
+        // HTTP keeps its scheme: the whole URL is the server.
+        assert_eq!(parse_connection("http://h:8080/metadata"), ("http".into(), "http://h:8080/metadata".into()));
+        assert_eq!(parse_connection("https://h/m"), ("http".into(), "https://h/m".into()));
         assert_eq!(parse_connection("10.0.0.1:2379"), ("etcd".into(), "10.0.0.1:2379".into()));
+        assert_eq!(parse_connection("zk://z:1"), ("zk".into(), "z:1".into()));
     }
 
     #[test]
-    fn config_honours_host_and_port() {
-        let cfg = classic_config("P2PHANDSHAKE", "ignored:1", "127.0.0.1", 0).expect("config");
+    fn server_names_split_as_upstream() {
+        assert_eq!(split_server_name("vm:12345"), ("vm".into(), Some(12345)));
+        assert_eq!(split_server_name("vm"), ("vm".into(), None));
+        assert_eq!(split_server_name("vm:x"), ("vm".into(), None));
+        assert_eq!(split_server_name("[::1]:7"), ("::1".into(), Some(7)));
+        assert_eq!(split_server_name("[::1]"), ("::1".into(), None));
+        assert_eq!(split_server_name("fe80::1"), ("fe80::1".into(), None));
+    }
+
+    #[test]
+    fn config_binds_and_names_as_the_classic_engine_does() {
+        let no_env = |_: &str| None;
+        // P2P: the host of the name, any free port, no segment name of its own.
+        let cfg = classic_config("P2PHANDSHAKE", "vm:12345", "10.0.0.9", &no_env);
         assert_eq!(cfg.get_str("metadata_type").as_deref(), Some("p2p"));
-        assert_eq!(cfg.get_str("rpc_server_hostname").as_deref(), Some("127.0.0.1"));
+        assert_eq!(cfg.get_str("rpc_server_hostname").as_deref(), Some("vm"));
+        assert_eq!(cfg.get_str("p2p_segment_host").as_deref(), Some("vm"));
         assert_eq!(cfg.get_i64("rpc_server_port", -1), 0);
         assert!(cfg.get("local_segment_name").is_none());
-        let cfg = classic_config("etcd://e:2379", "node-a", "", 17000).expect("config");
-        assert_eq!(cfg.get_str("local_segment_name").as_deref(), Some("node-a"));
+        // Without a host in the name, ip_or_host_name stands in.
+        let cfg = classic_config("P2PHANDSHAKE", "", "::1", &no_env);
+        assert_eq!(cfg.get_str("p2p_segment_host").as_deref(), Some("::1"));
+        // A metadata server: named as given, a free port on this host's address.
+        let cfg = classic_config("etcd://e:2379", "node-a:17000", "10.0.0.9", &no_env);
+        assert_eq!(cfg.get_str("local_segment_name").as_deref(), Some("node-a:17000"));
+        assert_eq!(cfg.get_i64("rpc_server_port", -1), 0);
+        assert!(cfg.get("rpc_server_hostname").is_none());
+        let bind = |k: &str| (k == "MC_TCP_BIND_ADDRESS").then(|| "10.1.1.1".to_string());
+        let cfg = classic_config("etcd://e:2379", "node-a", "", &bind);
+        assert_eq!(cfg.get_str("rpc_server_hostname").as_deref(), Some("10.1.1.1"));
+        // The legacy binding: the host and port of the name, 12001 or MC_HANDSHAKE_PORT without one.
+        let legacy = |k: &str| (k == "MC_LEGACY_RPC_PORT_BINDING").then(String::new);
+        let cfg = classic_config("redis://r:6379", "127.0.0.1:17000", "", &legacy);
+        assert_eq!(cfg.get_str("rpc_server_hostname").as_deref(), Some("127.0.0.1"));
         assert_eq!(cfg.get_i64("rpc_server_port", -1), 17000);
-        assert!(classic_config("P2PHANDSHAKE", "", "", 70000).is_err());
+        let cfg = classic_config("redis://r:6379", "node", "", &legacy);
+        assert_eq!(cfg.get_i64("rpc_server_port", -1), 12001);
+        let legacy_port = |k: &str| match k {
+            "MC_LEGACY_RPC_PORT_BINDING" => Some("1".to_string()),
+            "MC_HANDSHAKE_PORT" => Some("13000".to_string()),
+            _ => None,
+        };
+        assert_eq!(classic_config("redis://r:6379", "node", "", &legacy_port).get_i64("rpc_server_port", -1), 13000);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 pub mod classic;
 /// cbindgen:ignore
 pub mod classic_types;
+mod shutdown;
 pub mod tent;
 pub mod types;
 

@@ -287,6 +287,37 @@ pub struct PortAttr {
     pub gid_tbl_len: u32,
     /// InfiniBand or Ethernet.
     pub link_layer: LinkLayer,
+    /// Per-lane signalling rate, as the `IB_SPEED_*` bit verbs reports (1 SDR ... 128 NDR).
+    pub active_speed: u8,
+    /// Number of lanes, as the `IB_WIDTH_*` bit verbs reports (1 = 1x, 2 = 4x, 4 = 8x, 8 = 12x,
+    /// 16 = 2x).
+    pub active_width: u8,
+}
+
+impl PortAttr {
+    /// The link rate in whole Gbit/s from the speed and width codes (0 when unknown), rounded
+    /// down per lane as NIC diagnostics print it (SDR counts as 2).
+    pub fn speed_gbps(&self) -> u32 {
+        let lane = match self.active_speed {
+            1 => 2,
+            2 => 5,
+            4 | 8 => 10,
+            16 => 14,
+            32 => 25,
+            64 => 50,
+            128 => 100,
+            other => u32::from(other),
+        };
+        let lanes = match self.active_width {
+            0 => 0,
+            2 => 4,
+            4 => 8,
+            8 => 12,
+            16 => 2,
+            _ => 1,
+        };
+        lane * lanes
+    }
 }
 
 /// QP states (`IBV_QPS_*`).

@@ -9,19 +9,28 @@ use super::http::{request, url_encode};
 use super::{MetadataStore, with_retries};
 use crate::error::{Error, Result};
 
-/// A store behind one `http://host:port/path` URL.
+/// A store behind one `[http://]host:port/path` URL.
 pub struct HttpStore {
     host_port: String,
     path: String,
     timeout: Duration,
 }
 
-/// Splits `http://host:port/path` into `host:port` (port 80 when absent) and `/path`.
+/// Splits `[http://]host[:port][/path]` into `host:port` (port 80 when absent) and `/path`. A
+/// URL without a scheme is an http URL, as upstream's HTTP client reads it (TENT passes the
+/// server without its scheme, the classic engine with it); any other scheme, https included, is
+/// refused since this client speaks plain HTTP only.
 pub fn parse_url(url: &str) -> Result<(String, String)> {
     let url = url.trim();
-    let rest = url.strip_prefix("http://").ok_or_else(|| {
-        Error::InvalidArgument(format!("http metadata server {url:?} must be an http:// URL (https is not supported)"))
-    })?;
+    let rest = match url.split_once("://") {
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => rest,
+        Some((scheme, _)) => {
+            return Err(Error::InvalidArgument(format!(
+                "http metadata server {url:?}: scheme {scheme:?} is not supported (plain http only)"
+            )));
+        }
+        None => url,
+    };
     let (authority, path) = match rest.find(['/', '?']) {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, ""),
@@ -39,7 +48,7 @@ pub fn parse_url(url: &str) -> Result<(String, String)> {
 }
 
 impl HttpStore {
-    /// A store on `server`, an `http://host[:port]/path` URL (nothing is contacted yet).
+    /// A store on `server`, an `[http://]host[:port]/path` URL (nothing is contacted yet).
     pub fn new(server: &str, timeout: Duration) -> Result<HttpStore> {
         let (host_port, path) = parse_url(server)?;
         Ok(HttpStore { host_port, path, timeout })
@@ -118,7 +127,11 @@ mod tests {
         assert_eq!(parse_url("http://h/m").unwrap(), ("h:80".into(), "/m".into()));
         assert_eq!(parse_url("http://[::1]:81/m").unwrap(), ("[::1]:81".into(), "/m".into()));
         assert!(parse_url("https://h/m").is_err());
-        assert!(parse_url("h:1/m").is_err());
+        assert!(parse_url("ftp://h/m").is_err());
+        assert_eq!(parse_url("127.0.0.1:8080/metadata").unwrap(), ("127.0.0.1:8080".into(), "/metadata".into()));
+        assert_eq!(parse_url("HTTP://h:1/m").unwrap(), ("h:1".into(), "/m".into()));
+        assert_eq!(parse_url("h:1/m").unwrap(), ("h:1".into(), "/m".into()));
+        assert!(parse_url("http:///m").is_err());
         let s = HttpStore::new("http://h:1/metadata", Duration::from_secs(1)).unwrap();
         assert_eq!(s.target("mooncake/tent/a"), "/metadata?key=mooncake%2Ftent%2Fa");
     }

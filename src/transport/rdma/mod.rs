@@ -58,6 +58,34 @@ struct LocalReg {
     reg: BufferRegistration,
 }
 
+/// One opened NIC as diagnostics (the classic `showLinks`) report it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NicLink {
+    /// The verbs device name.
+    pub device: String,
+    /// The NUMA node the NIC is attached to, -1 when the system does not say.
+    pub numa_node: i32,
+    /// The GID in use, in text form ("" when none).
+    pub gid: String,
+    /// Its index in the port's GID table, -1 when none.
+    pub gid_index: i32,
+    /// The port in use.
+    pub port: u8,
+    /// The port's LID (0 on RoCE).
+    pub lid: u16,
+    /// The link rate in Gbit/s (0 when unknown).
+    pub speed_gbps: u32,
+}
+
+/// The NUMA node sysfs gives for verbs device `name` (-1 for devices sysfs does not know, such
+/// as the simulated ones).
+fn numa_node_of(name: &str) -> i32 {
+    std::fs::read_to_string(format!("/sys/class/infiniband/{name}/device/numa_node"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(-1)
+}
+
 /// The RDMA transport of one engine.
 pub struct RdmaTransport {
     core: Arc<Core>,
@@ -147,16 +175,36 @@ impl RdmaTransport {
         &self.core
     }
 
-    /// The `devices` list of the segment descriptor: one `{name, lid, gid}` per NicID.
+    /// The `devices` list of the segment descriptor: one `{name, lid, gid, transport_attrs}` per
+    /// NicID. Upstream peers read all four keys as required (a missing one aborts their parse);
+    /// `transport_attrs` is upstream's per-transport attribute map, which we leave empty.
     pub fn devices(&self) -> Vec<Value> {
+        self.links()
+            .into_iter()
+            .map(|l| json!({"name": l.device, "lid": l.lid, "gid": l.gid, "transport_attrs": []}))
+            .collect()
+    }
+
+    /// What diagnostics report of each opened NIC, in NicID order.
+    pub fn links(&self) -> Vec<NicLink> {
         self.core
             .device_names
             .iter()
             .enumerate()
-            .map(|(i, n)| {
+            .map(|(i, name)| {
                 let ctx = self.core.contexts.get(i);
-                let gid = ctx.and_then(|c| c.gid()).map(|g| g.gid.to_wire_string()).unwrap_or_default();
-                json!({"name": n, "lid": ctx.and_then(|c| c.lid()).unwrap_or(0), "gid": gid})
+                let gid = ctx.and_then(|c| c.gid());
+                let port = ctx.map(|c| c.port()).unwrap_or(0);
+                let attr = ctx.and_then(|c| c.device()).and_then(|d| d.query_port(port).ok());
+                NicLink {
+                    device: name.clone(),
+                    numa_node: numa_node_of(name),
+                    gid: gid.as_ref().map(|g| g.gid.to_wire_string()).unwrap_or_default(),
+                    gid_index: gid.map(|g| g.index as i32).unwrap_or(-1),
+                    port,
+                    lid: ctx.and_then(|c| c.lid()).unwrap_or(0),
+                    speed_gbps: attr.map(|a| a.speed_gbps()).unwrap_or(0),
+                }
             })
             .collect()
     }

@@ -363,6 +363,8 @@ impl DeviceOps for IbvDevice {
             lid: a.lid,
             gid_tbl_len: a.gid_tbl_len.max(0) as u32,
             link_layer: if a.link_layer == 2 { LinkLayer::Ethernet } else { LinkLayer::InfiniBand },
+            active_speed: a.active_speed,
+            active_width: a.active_width,
         })
     }
 

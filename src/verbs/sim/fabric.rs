@@ -458,6 +458,9 @@ impl FabricState {
             lid: d.lid,
             gid_tbl_len: d.spec.gids.len() as u32,
             link_layer: d.spec.link_layer,
+            // A 4x EDR port (100 Gbit/s), what a common ConnectX NIC reports.
+            active_speed: 32,
+            active_width: 2,
         })
     }
 
