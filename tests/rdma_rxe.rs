@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, channel};
 use std::time::{Duration, Instant};
 
-use common::engines::{engine, req};
+use common::engines::{engine, req, wait};
 use common::stores::free_port;
 use tent::engine::types::{Opcode, Permission, Request, Status};
 use tent::engine::{Engine, MemoryOptions};
@@ -169,15 +169,17 @@ fn transfer(e: &Engine, reqs: &[Request]) -> (Vec<(Status, u64)>, Duration) {
 }
 
 fn wait_batch(e: &Engine, b: u64) -> Vec<(Status, u64)> {
-    let start = Instant::now();
-    loop {
-        let st = e.task_status_list(b).expect("status");
-        if st.iter().all(|(s, _)| *s != Status::Pending) {
-            return st;
-        }
-        assert!(start.elapsed() < BOUND, "tasks still pending after {BOUND:?}: {st:?}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    wait(e, b, BOUND)
+}
+
+/// A peer process serving `len` bytes, this process's engine with a registered buffer of `len`
+/// bytes, and the peer's segment handle.
+fn one_peer(len: usize) -> (Peer, Arc<Engine>, u64, *mut u8) {
+    let b = Peer::start(free_port(), len, 0);
+    let a = local_engine(&[]);
+    let h = a.open_segment(&b.name).expect("open the peer's segment");
+    let local = local_buffer(&a, len);
+    (b, a, h, local)
 }
 
 fn all_completed(st: &[(Status, u64)]) -> bool {
@@ -195,10 +197,7 @@ fn write_and_read_between_processes_every_byte_checked() {
         return;
     }
     const MAX: usize = 64 << 20;
-    let mut b = Peer::start(free_port(), MAX, 0);
-    let a = local_engine(&[]);
-    let h = a.open_segment(&b.name).expect("open the peer's segment");
-    let local = local_buffer(&a, MAX);
+    let (mut b, a, h, local) = one_peer(MAX);
     for (round, len) in [4096usize, 65536, 1 << 20, 16 << 20, MAX].into_iter().enumerate() {
         let seed = 2 * round as u8 + 1;
         fill(local, len, seed);
@@ -238,10 +237,7 @@ fn notifications_cross_the_notify_qp_both_ways() {
     if !rdma_here() {
         return;
     }
-    let mut b = Peer::start(free_port(), 1 << 20, 0);
-    let a = local_engine(&[]);
-    let h = a.open_segment(&b.name).expect("open");
-    let local = local_buffer(&a, 4096);
+    let (mut b, a, h, local) = one_peer(4096);
     // A data endpoint first, so the notification goes over its notify QP.
     let (st, _) = transfer(&a, &[req(Opcode::Write, local as u64, h, b.addr, 4096)]);
     assert!(all_completed(&st));
@@ -374,10 +370,7 @@ fn unregistered_target_fails_and_reregistered_works_again() {
         return;
     }
     const LEN: usize = 64 << 20;
-    let mut b = Peer::start(free_port(), LEN, 0);
-    let a = local_engine(&[]);
-    let h = a.open_segment(&b.name).expect("open");
-    let local = local_buffer(&a, LEN);
+    let (mut b, a, h, local) = one_peer(LEN);
     fill(local, LEN, 5);
     let batch = a.allocate_batch(64).expect("batch");
     a.submit(batch, &blocks(Opcode::Write, local, h, b.addr, 64, 1 << 20, 1 << 20), None).expect("submit");
