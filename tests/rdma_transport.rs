@@ -416,6 +416,30 @@ fn scenario03_peer_restart_recovers() {
     std::mem::forget((src, dst));
 }
 
+/// A peer whose process is gone: once its QPs time out, the new endpoint's bootstrap finds
+/// nothing listening, and the work fails at once instead of retrying with backoff until every
+/// attempt is spent.
+#[test]
+fn dead_peer_fails_work_at_the_refused_bootstrap() {
+    let name = "deadpeer";
+    let f = fabric(name);
+    let a = rdma_engine(name, &[("transports/rdma/workers/max_retry_count", "8")]);
+    let b = rdma_engine(name, &[]);
+    let len = 64 << 10;
+    let src = buffer(&a, len, pattern, Permission::GlobalReadWrite);
+    let dst = buffer(&b, len, |_| 0, Permission::GlobalReadWrite);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let write = [req(Opcode::Write, src.as_ptr() as u64, h, dst.as_ptr() as u64, len as u64)];
+    assert_eq!(run_advancing(&f, &a, &write, Duration::from_millis(20))[0].0, Status::Completed);
+    drop(b);
+    let before = counter(&a, |c| &c.bootstraps_sent);
+    let st = run_advancing(&f, &a, &write, Duration::from_millis(20));
+    assert_eq!(st[0].0, Status::Failed, "{st:?}");
+    let bootstraps = counter(&a, |c| &c.bootstraps_sent) - before;
+    assert!((1..=2).contains(&bootstraps), "one refused bootstrap ends it, not every retry ({bootstraps})");
+    std::mem::forget((src, dst));
+}
+
 /// Scenario 7: a port goes down: work moves to the other NIC; it comes back after PORT_ACTIVE.
 #[test]
 fn scenario07_port_down_then_up() {
