@@ -7,15 +7,19 @@
 #   - tent-bench between two processes with every byte checked, WRITE and READ.
 # TENT_REQUIRE_RDMA=1 in the guest turns a test that would skip for want of a device into a
 # failure. With --bench it also measures tent-bench against ib_write_bw / ib_read_bw in the
-# same guest run (not part of the test command: figures under emulation are for the README).
+# same guest run (not part of the test command: figures under emulation are for the README);
+# --bench-only measures without running the checks.
 #
 # Exit status: 0 when everything passed; 77 when this machine cannot run QEMU (said loudly);
 # anything else is a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bench=0
-[ "${1:-}" = "--bench" ] && bench=1
+bench=0 checks=1
+case "${1:-}" in
+    --bench) bench=1 ;;
+    --bench-only) bench=1 checks=0 ;;
+esac
 
 # The binaries the guest runs, exactly as cargo built them on the host.
 cargo build --all-targets --quiet
@@ -24,6 +28,12 @@ tests=$(cargo test --no-run --message-format=json --test verbs_conformance --tes
     grep -E '/(verbs_conformance|verbs_ibverbs|rdma_rxe)-[0-9a-f]+$')
 [ -n "$tests" ] || { echo "rxe-tests: cargo gave no test binaries" >&2; exit 1; }
 bin_dir=$(cd target/debug && pwd)
+# The figures compare with perftest's optimised C, so they are taken with a release build.
+bench_bin="$bin_dir/tent-bench"
+if [ "$bench" = 1 ]; then
+    cargo build --release --bin tent-bench --quiet
+    bench_bin=$(cd target/release && pwd)/tent-bench
+fi
 
 work="${TENT_RXE_DIR:-$PWD/target/rxe-guest}"
 mkdir -p "$work"
@@ -33,12 +43,14 @@ script="$work/tests.sh"
     echo '# Written by scripts/rxe-tests.sh; runs inside the soft-RoCE guest.'
     echo 'set -u'
     echo 'export TENT_REQUIRE_RDMA=1 RUST_BACKTRACE=1'
-    echo "bench=$bench"
+    echo "bench=$bench checks=$checks"
     echo "bin_dir='$bin_dir'"
+    echo "bench_bin='$bench_bin'"
     printf 'tests=(%s)\n' "$(printf "'%s' " $tests)"
     cat <<'EOF'
 failed=()
 ibv_devices | grep -q rxe0 || { echo "rxe0 is missing"; exit 1; }
+[ "$checks" = 1 ] || tests=()
 for t in "${tests[@]}"; do
     name=$(basename "$t")
     echo "=== $name (on rxe0)"
@@ -53,13 +65,13 @@ done
 
 # tent-bench between two processes; the target serves until it is killed.
 bench_pair() {
-    local port=$1; shift
+    local bin=$1 port=$2; shift 2
     rm -f /tmp/target.out
-    "$bin_dir/tent-bench" --role=target --xport_type=rdma --rdma_provider=ibverbs --rpc_server_port="$port" \
-        --total_buffer_size=64M --duration=0 >/tmp/target.out 2>&1 &
+    "$bin" --role=target --xport_type=rdma --rdma_provider=ibverbs --rpc_server_port="$port" \
+        --total_buffer_size=64M >/tmp/target.out 2>&1 &
     local target=$!
     for _ in $(seq 300); do grep -q "target segment" /tmp/target.out && break; sleep 0.1; done
-    "$bin_dir/tent-bench" --target_seg_name="127.0.0.1:$port" --xport_type=rdma --rdma_provider=ibverbs \
+    "$bin" --target_seg_name="127.0.0.1:$port" --xport_type=rdma --rdma_provider=ibverbs \
         --total_buffer_size=64M "$@"
     local rc=$?
     kill "$target" 2>/dev/null
@@ -67,8 +79,9 @@ bench_pair() {
     return $rc
 }
 for op in read write; do
+    [ "$checks" = 1 ] || break
     echo "=== tent-bench --op_type=$op --check_consistency (two processes)"
-    if bench_pair 17800 --op_type=$op --check_consistency --start_block_size=4096 --max_block_size=1M \
+    if bench_pair "$bin_dir/tent-bench" 17800 --op_type=$op --check_consistency --start_block_size=4096 --max_block_size=1M \
         --duration=0.5 | tee /tmp/bench.out && grep -q "consistency check: 0 mismatched bytes" /tmp/bench.out; then
         echo "=== tent-bench $op passed"
     else
@@ -84,8 +97,11 @@ if [ "$bench" = 1 ]; then
         sleep 1
         "ib_${op}_bw" -d rxe0 -x 1 -F -s 1048576 -n 300 127.0.0.1 | grep -A1 '#bytes'
         wait
-        echo "=== tent-bench $op 1 MiB"
-        bench_pair 17801 --op_type=$op --start_block_size=1M --max_block_size=1M --duration=8
+        # perftest keeps up to 128 messages in flight; batch 1 waits for each request, batch 8
+        # keeps several in flight too.
+        echo "=== tent-bench $op 1 MiB, batch 1 and 8"
+        bench_pair "$bench_bin" 17801 --op_type=$op --start_block_size=1M --max_block_size=1M --duration=6 \
+            --start_batch_size=1 --max_batch_size=8
     done
 fi
 
