@@ -385,3 +385,41 @@ fn unregistered_target_fails_and_reregistered_works_again() {
     assert_eq!(b.cmd("CHECK 0 1048576 5"), "OK");
     eprintln!("re-registered memory reachable again after {:.2} s", t.as_secs_f64());
 }
+
+/// A peer whose process is frozen (SIGSTOP) after we learnt its segment: our bootstrap to it is
+/// accepted by its kernel but never answered. A transfer to a healthy peer, started after the
+/// one to the frozen peer, still completes while that one waits.
+#[test]
+fn frozen_peer_does_not_hold_up_a_healthy_one() {
+    if !rdma_here() {
+        return;
+    }
+    let mut frozen = Peer::start(free_port(), 1 << 20, 0);
+    let mut healthy = Peer::start(free_port(), 1 << 20, 0);
+    let a = local_engine(&[("rpc_request_timeout_ms", "60000")]);
+    let (hf, hh) = (a.open_segment(&frozen.name).expect("open"), a.open_segment(&healthy.name).expect("open"));
+    // Learn both descriptors now: a descriptor fetched from a frozen owner would block too,
+    // and this test is about the RDMA bootstrap.
+    a.segment_info(hf).expect("frozen peer's descriptor");
+    a.segment_info(hh).expect("healthy peer's descriptor");
+    let local = local_buffer(&a, 65536);
+    fill(local, 65536, 11);
+    // SAFETY: plain signal to a child process we own.
+    assert_eq!(unsafe { libc::kill(frozen.child.id() as i32, libc::SIGSTOP) }, 0);
+    let stuck = a.allocate_batch(1).expect("batch");
+    let t0 = Instant::now();
+    a.submit(stuck, &[req(Opcode::Write, local as u64, hf, frozen.addr, 65536)], None).expect("submit");
+    eprintln!("submit to the frozen peer returned after {:.3} s", t0.elapsed().as_secs_f64());
+    let (st, t) = transfer(&a, &[req(Opcode::Write, local as u64, hh, healthy.addr, 65536)]);
+    eprintln!("frozen peer: a write to a healthy peer took {:.3} s meanwhile", t.as_secs_f64());
+    assert!(all_completed(&st), "the healthy peer was served: {st:?}");
+    assert_eq!(healthy.cmd("CHECK 0 65536 11"), "OK");
+    let frozen_status = a.task_status(stuck, 0).expect("status").0;
+    assert_eq!(frozen_status, Status::Pending, "the frozen peer's bootstrap is still waiting");
+    // SAFETY: as above.
+    unsafe { libc::kill(frozen.child.id() as i32, libc::SIGCONT) };
+    let st = wait_batch(&a, stuck);
+    a.free_batch(stuck).expect("free");
+    assert!(all_completed(&st), "the thawed peer is served too: {st:?}");
+    assert_eq!(frozen.cmd("CHECK 0 65536 11"), "OK");
+}

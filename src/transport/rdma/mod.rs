@@ -116,6 +116,8 @@ impl RdmaTransport {
             .map(|i| contexts.get(i).map(|_| EndpointStore::new(kind, cap).map(Arc::new)).transpose())
             .collect::<Result<Vec<_>>>()?;
         let (ctx_tx, ctx_rx) = mpsc::channel();
+        // Bootstrap threads report back on the same channel the lanes ask on.
+        let ctx_tx_for_attempts = ctx_tx.clone();
         let core = Arc::new(Core {
             contexts,
             device_names: names.clone(),
@@ -145,7 +147,8 @@ impl RdmaTransport {
                 lanes.push(tx);
             }
             let c = core.clone();
-            threads.push(spawn("tent-rdma-connect".into(), Box::new(move || workers::run_connector(c, ctx_rx)))?);
+            let back = ctx_tx_for_attempts.clone();
+            threads.push(spawn("tent-rdma-connect".into(), Box::new(move || workers::run_connector(c, ctx_rx, back)))?);
             let c = core.clone();
             let tick = Duration::from_millis(cfg.get_u64("transports/rdma/monitor_tick_ms", 2).clamp(1, 1000));
             threads.push(spawn("tent-rdma-monitor".into(), Box::new(move || workers::run_monitor(c, tick)))?);

@@ -5,8 +5,8 @@
 //! whose generation does not match its slot is stale and ignored, so a slot is released only by
 //! its own completion (or by the forced destroy of its endpoint), never by a timeout.
 //!
-//! Connection setup runs on the connector thread, never on a lane: slices wait in the lane's
-//! pending queue while their endpoint is HANDSHAKING. The monitor thread reclaims retired
+//! Connection setup runs off the lanes, one bootstrap thread per peer being connected (none
+//! when idle): slices wait in the lane's pending queue while their endpoint is HANDSHAKING. The monitor thread reclaims retired
 //! endpoints, drains async events and updates NIC statistics.
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -31,9 +31,6 @@ use crate::engine::types::Opcode;
 use crate::engine::unit::Task;
 use crate::error::{Error, Result};
 use crate::verbs::{AsyncEventKind, Clock, Cq, EventElement, SendOp, SendWr, Sge, Wc, WcStatus};
-
-/// A connect attempt to run: the endpoint and the peer's RPC address.
-pub type ConnectRequest = (Arc<Endpoint>, String);
 
 /// Lane tunables (`transports/rdma/workers/*`, `transports/rdma/max_timeout_ns`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,7 +131,7 @@ pub struct Core {
     /// Our NIC paths' server part (the segment name).
     pub local_server: String,
     pub client: Arc<RpcClient>,
-    pub connector: Mutex<Option<mpsc::Sender<ConnectRequest>>>,
+    pub connector: Mutex<Option<mpsc::Sender<ConnectorMsg>>>,
     pub rails: RailMonitor,
     pub stopping: AtomicBool,
     pub nics: Vec<NicStats>,
@@ -263,7 +260,7 @@ impl Core {
             return;
         }
         if let Some(tx) = self.connector.lock().as_ref() {
-            let _ = tx.send((ep.clone(), peer_rpc.to_string()));
+            let _ = tx.send(ConnectorMsg::Connect(ep.clone(), peer_rpc.to_string()));
         }
     }
 
@@ -853,23 +850,27 @@ fn refused_for_good(status: WcStatus) -> bool {
     matches!(status, WcStatus::RemAccessErr | WcStatus::RemInvReqErr | WcStatus::LocProtErr | WcStatus::LocLenErr)
 }
 
-/// The connector thread: runs connect attempts off the lanes, retrying with backoff. A peer that
-/// retired its endpoint is asked again at once; other failures back off exponentially.
-pub fn run_connector(core: Arc<Core>, rx: mpsc::Receiver<ConnectRequest>) {
+/// The connector thread: runs connect attempts off the lanes, each bootstrap on a thread of its
+/// own with at most one at a time per peer, so a peer that never answers holds up only its own
+/// endpoints (bounded by the RPC timeouts), never those of healthy peers. A peer that retired
+/// its endpoint is asked again at once; other failures back off exponentially.
+pub fn run_connector(core: Arc<Core>, rx: mpsc::Receiver<ConnectorMsg>, tx: mpsc::Sender<ConnectorMsg>) {
     let mut delayed: Vec<(Instant, Arc<Endpoint>, String)> = Vec::new();
+    // Attempts under way, by the peer's RPC address.
+    let mut running: HashMap<String, std::thread::JoinHandle<()>> = HashMap::new();
     loop {
         let wait = delayed
             .iter()
             .map(|(t, _, _)| t.saturating_duration_since(Instant::now()))
             .min()
             .unwrap_or(Duration::from_millis(100));
-        let item = match rx.recv_timeout(wait) {
-            Ok(x) => Some(x),
+        let msg = match rx.recv_timeout(wait) {
+            Ok(m) => Some(m),
             Err(mpsc::RecvTimeoutError::Timeout) => None,
-            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
         };
         if core.stopping.load(Ordering::Acquire) {
-            return;
+            break;
         }
         let now = Instant::now();
         let mut due: Vec<(Arc<Endpoint>, String)> = Vec::new();
@@ -881,42 +882,92 @@ pub fn run_connector(core: Arc<Core>, rx: mpsc::Receiver<ConnectRequest>) {
                 true
             }
         });
-        due.extend(item);
+        match msg {
+            Some(ConnectorMsg::Connect(ep, rpc)) => due.push((ep, rpc)),
+            Some(ConnectorMsg::Finished(ep, rpc, result)) => {
+                if let Some(h) = running.remove(&rpc) {
+                    let _ = h.join();
+                }
+                finish_attempt(&core, ep, rpc, result, &mut delayed);
+            }
+            None => {}
+        }
         for (ep, rpc) in due {
             if !ep.state().is_live() {
                 continue;
             }
-            match core.connect_once(&ep, &rpc) {
-                Ok(()) => {
-                    if ep.peer_is_tent() {
-                        core.learn_tent_peer(&ep.key);
-                    }
-                    ep.connecting.store(false, Ordering::Release);
+            if running.contains_key(&rpc) {
+                // This peer is busy with another bootstrap: look again shortly.
+                delayed.push((now + Duration::from_millis(5), ep, rpc));
+                continue;
+            }
+            let (c, t, e, r) = (core.clone(), tx.clone(), ep.clone(), rpc.clone());
+            let attempt = move || {
+                let result = c.connect_once(&e, &r);
+                let _ = t.send(ConnectorMsg::Finished(e, r, result));
+            };
+            match std::thread::Builder::new().name("tent-rdma-boot".into()).spawn(attempt) {
+                Ok(h) => {
+                    running.insert(rpc, h);
                 }
                 Err(e) => {
-                    // The first "retired, retry" is the expected answer when this endpoint
-                    // replaces one the peer still holds (stale accept): the peer has just made
-                    // room for it, so it is no failure. Any further one counts.
-                    let expected =
-                        e.result == BootstrapResult::RetiredRetry && !ep.met_retirement.swap(true, Ordering::AcqRel);
-                    let failures = if expected {
-                        ep.connect_failures.load(Ordering::Acquire)
-                    } else {
-                        ep.connect_failures.fetch_add(1, Ordering::AcqRel) + 1
-                    };
-                    tracing::debug!("connecting {} failed ({failures}): {}", ep.key, e.message);
-                    if !e.retryable || failures >= core.wp.max_retry_count {
-                        ep.fail_connect(e.message, core.clock.now());
-                        core.retire_endpoint(&ep);
-                    } else {
-                        let backoff = if e.result == BootstrapResult::RetiredRetry {
-                            Duration::ZERO
-                        } else {
-                            Duration::from_millis((1u64 << failures.min(7)).min(100))
-                        };
-                        delayed.push((Instant::now() + backoff, ep, rpc));
-                    }
+                    tracing::warn!("cannot start a bootstrap thread for {}: {e}", ep.key);
+                    delayed.push((now + Duration::from_millis(10), ep, rpc));
                 }
+            }
+        }
+    }
+    // Shutdown aborts the RPCs in flight, so these end promptly.
+    for (_, h) in running {
+        let _ = h.join();
+    }
+}
+
+/// What reaches the connector thread.
+pub enum ConnectorMsg {
+    /// A lane asks for `ep` to be connected to the peer whose RPC server is at the address.
+    Connect(Arc<Endpoint>, String),
+    /// A bootstrap attempt ended.
+    Finished(Arc<Endpoint>, String, std::result::Result<(), super::ConnectError>),
+}
+
+/// Applies the end of one connect attempt: success, a retry later (with backoff), or failure for
+/// good (the endpoint is retired and its work told why).
+fn finish_attempt(
+    core: &Core,
+    ep: Arc<Endpoint>,
+    rpc: String,
+    result: std::result::Result<(), super::ConnectError>,
+    delayed: &mut Vec<(Instant, Arc<Endpoint>, String)>,
+) {
+    match result {
+        Ok(()) => {
+            if ep.peer_is_tent() {
+                core.learn_tent_peer(&ep.key);
+            }
+            ep.connecting.store(false, Ordering::Release);
+        }
+        Err(e) => {
+            // The first "retired, retry" is the expected answer when this endpoint replaces one
+            // the peer still holds (stale accept): the peer has just made room for it, so it is
+            // no failure. Any further one counts.
+            let expected = e.result == BootstrapResult::RetiredRetry && !ep.met_retirement.swap(true, Ordering::AcqRel);
+            let failures = if expected {
+                ep.connect_failures.load(Ordering::Acquire)
+            } else {
+                ep.connect_failures.fetch_add(1, Ordering::AcqRel) + 1
+            };
+            tracing::debug!("connecting {} failed ({failures}): {}", ep.key, e.message);
+            if !e.retryable || failures >= core.wp.max_retry_count {
+                ep.fail_connect(e.message, core.clock.now());
+                core.retire_endpoint(&ep);
+            } else {
+                let backoff = if e.result == BootstrapResult::RetiredRetry {
+                    Duration::ZERO
+                } else {
+                    Duration::from_millis((1u64 << failures.min(7)).min(100))
+                };
+                delayed.push((Instant::now() + backoff, ep, rpc));
             }
         }
     }
