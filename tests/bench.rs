@@ -48,3 +48,13 @@ fn sim_rdma_is_consistent() {
     let t = bench(&["--xport_type=rdma", "--rdma_provider=sim", "--op_type=mix"]);
     assert!(t.contains("consistency check: 0 mismatched bytes"), "{t}");
 }
+
+#[test]
+fn file_segments_are_consistent_with_a_reference() {
+    for xport in ["--xport_type=io_uring", "--xport_type=bufio"] {
+        let t = bench(&[xport, "--op_type=mix"]);
+        assert!(t.contains("consistency check: 0 mismatched bytes"), "{t}");
+        assert!(t.contains("reference: fio") || t.contains("reference: an O_DIRECT"), "{t}");
+        assert!(rows(&t) >= 9, "a row per block and batch size:\n{t}");
+    }
+}
