@@ -1,9 +1,12 @@
 //! The io_uring transport for file segments (`TRANSPORT_IOURING`).
 //!
-//! Each ring belongs to one thread. Submitting hands whole requests (already checked and split
-//! into pieces, see the parent module) to a ring's queue and wakes its thread through an eventfd
-//! that the thread keeps a read posted on, so the thread sleeps in exactly one place: waiting for
-//! the next completion, whether of file I/O or of that wake-up. It keeps up to `queue_depth`
+//! Each ring belongs to one thread, and only that thread enters it: the kernel cancels io_uring
+//! requests of a thread that exits, and callers often submit from short-lived threads.
+//! Submitting hands whole requests (already checked and split into pieces, see the parent
+//! module) to a ring's queue. An idle thread sleeps on a condition variable and is woken by it
+//! (the quickest hand-over); a busy one waits in the ring, where it keeps a read posted on an
+//! eventfd that submitters write, so it wakes for new work as well as for completions. It keeps
+//! up to `queue_depth`
 //! pieces in flight, interleaving requests, submits everything it prepared with one system call,
 //! and on each completion copies bounce buffers out, continues short transfers, and ends a
 //! request when its last piece is done (after `fdatasync` when `sync_writes` is set).
@@ -16,7 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 
 use io_uring::{IoUring, opcode, squeue, types};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use super::{AlignedBuf, FileCache, FileParams, OpenFile, Piece, Step, bounce_copy};
 use crate::engine::segment::SegmentDesc;
@@ -38,11 +41,32 @@ struct Job {
 struct Inbox {
     jobs: Vec<Job>,
     closed: bool,
+    /// The thread has nothing in flight and sleeps on `Mailbox::ready`.
+    idle: bool,
+}
+
+/// An inbox and the condition variable an idle ring thread sleeps on.
+#[derive(Default)]
+struct Mailbox {
+    inbox: Mutex<Inbox>,
+    ready: Condvar,
+}
+
+impl Mailbox {
+    /// Wakes the ring's thread: through the condition variable when it is idle, else through
+    /// the eventfd it has a read posted on. Called after `inbox` changed, with the lock released.
+    fn wake(&self, idle: bool, fd: &OwnedFd) {
+        if idle {
+            self.ready.notify_one();
+        } else {
+            wake(fd);
+        }
+    }
 }
 
 /// One ring: its inbox, the eventfd that wakes its thread, and the thread.
 struct Ring {
-    inbox: Arc<Mutex<Inbox>>,
+    inbox: Arc<Mailbox>,
     wake: Arc<OwnedFd>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -78,7 +102,7 @@ impl IoUringTransport {
             }
             // SAFETY: fd was just created and is owned by nobody else.
             let wake_fd = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
-            let inbox = Arc::new(Mutex::new(Inbox::default()));
+            let inbox = Arc::new(Mailbox::default());
             let mut worker = Worker::new(ring, inbox.clone(), wake_fd.clone(), params);
             let thread = std::thread::Builder::new().name(format!("tent-uring-{i}")).spawn(move || worker.run())?;
             rings.push(Ring { inbox, wake: wake_fd, thread: Mutex::new(Some(thread)) });
@@ -121,7 +145,7 @@ impl Transport for IoUringTransport {
         }
         // Spread the submits over the rings; one submit stays on one ring.
         let ring = &self.rings[self.next.fetch_add(1, Ordering::Relaxed) % self.rings.len()];
-        let mut inbox = ring.inbox.lock();
+        let mut inbox = ring.inbox.inbox.lock();
         if inbox.closed {
             drop(inbox);
             for j in jobs {
@@ -130,8 +154,9 @@ impl Transport for IoUringTransport {
             return Ok(());
         }
         inbox.jobs.extend(jobs);
+        let idle = inbox.idle;
         drop(inbox);
-        wake(&ring.wake);
+        ring.inbox.wake(idle, &ring.wake);
         Ok(())
     }
 
@@ -145,7 +170,10 @@ impl Transport for IoUringTransport {
 
     fn shutdown(&self) {
         for r in &self.rings {
-            r.inbox.lock().closed = true;
+            r.inbox.inbox.lock().closed = true;
+            // Both: an idle thread may still have the eventfd read posted, which must complete
+            // before the thread can end.
+            r.inbox.ready.notify_one();
             wake(&r.wake);
         }
         for r in &self.rings {
@@ -186,7 +214,7 @@ struct Active {
 
 struct Worker {
     ring: IoUring,
-    inbox: Arc<Mutex<Inbox>>,
+    inbox: Arc<Mailbox>,
     wake_fd: Arc<OwnedFd>,
     /// The eventfd read's destination, boxed so its address stays put while a read is posted.
     wake_buf: Box<u64>,
@@ -204,7 +232,7 @@ struct Worker {
 }
 
 impl Worker {
-    fn new(ring: IoUring, inbox: Arc<Mutex<Inbox>>, wake_fd: Arc<OwnedFd>, params: FileParams) -> Worker {
+    fn new(ring: IoUring, inbox: Arc<Mailbox>, wake_fd: Arc<OwnedFd>, params: FileParams) -> Worker {
         Worker {
             ring,
             inbox,
@@ -250,8 +278,8 @@ impl Worker {
                             self.end(slot);
                         }
                     }
-                    self.inbox.lock().closed = true;
-                    let late = std::mem::take(&mut self.inbox.lock().jobs);
+                    self.inbox.inbox.lock().closed = true;
+                    let late = std::mem::take(&mut self.inbox.inbox.lock().jobs);
                     for j in late {
                         j.task.fail(reason.clone());
                     }
@@ -262,11 +290,17 @@ impl Worker {
         }
     }
 
-    /// Moves new jobs from the inbox; once the transport is shutting down, fails jobs not
-    /// started.
+    /// Moves new jobs from the inbox, sleeping on the condition variable while there is
+    /// nothing at all to do; once the transport is shutting down, fails jobs not started.
     fn take_inbox(&mut self) {
+        let nothing_to_do = self.in_flight == 0 && self.ready.is_empty();
         let (jobs, closed) = {
-            let mut inbox = self.inbox.lock();
+            let mut inbox = self.inbox.inbox.lock();
+            while nothing_to_do && inbox.jobs.is_empty() && !inbox.closed {
+                inbox.idle = true;
+                self.inbox.ready.wait(&mut inbox);
+            }
+            inbox.idle = false;
             (std::mem::take(&mut inbox.jobs), inbox.closed)
         };
         for job in jobs {
