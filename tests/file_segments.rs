@@ -184,6 +184,31 @@ fn io_uring_moves_256_mib_in_batches_of_64_kib_requests_aligned_and_not() {
 }
 
 #[test]
+fn a_submitting_thread_may_end_before_its_transfers() {
+    // Callers often submit from short-lived threads: the transfers belong to the engine, not to
+    // the thread (the kernel cancels io_uring requests of a thread that exits, so the rings are
+    // entered only by their own threads).
+    let dir = Scratch::new("exit");
+    let path = dir.file("kv", &[]);
+    let e = engine(&[("transports/file/direct_io", "false"), ("merge_requests", "false")]);
+    let h = open_file(&e, &path);
+    let mut m = Mem::new(&e, 64 * MIB);
+    for (i, b) in m.bytes().iter_mut().enumerate() {
+        *b = pattern(i, 9);
+    }
+    let reqs: Vec<Request> = (0..64).map(|k| req(Opcode::Write, m.base + k * MIB, h, k * MIB, MIB)).collect();
+    let b = e.allocate_batch(reqs.len()).expect("batch");
+    let (e2, r2) = (e.clone(), reqs.clone());
+    std::thread::spawn(move || e2.submit(b, &r2, None).expect("submit")).join().expect("submitter");
+    let st = wait(&e, b, BOUND);
+    for (i, (s, _)) in st.iter().enumerate() {
+        assert_eq!(*s, Status::Completed, "task {i}: {:?}", e.task_error(b, i));
+    }
+    e.free_batch(b).expect("free");
+    assert!(std::fs::read(&path).expect("read") == m.bytes()[..], "every byte reached the file");
+}
+
+#[test]
 fn the_plain_path_gives_the_same_bytes_and_buffered_io_works() {
     let dir = Scratch::new("plain");
     let uring = engine(&[]);
