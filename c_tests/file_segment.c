@@ -64,6 +64,15 @@ static int batch_tent(tent_engine_t e, int op, unsigned char *mem, tent_segment_
     return st;
 }
 
+/* Creates an empty file `base` in `dir`; fills its path and its file:// segment name. */
+static void empty_file(const char *dir, const char *base, char *path, size_t path_len, char *name, size_t name_len) {
+    snprintf(path, path_len, "%s/%s", dir, base);
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (f) fclose(f);
+    snprintf(name, name_len, "file://%s", path);
+}
+
 static void tent_api(const char *dir) {
     tent_set_config("rpc_server_hostname", "127.0.0.1");
     tent_set_config("log_level", "error");
@@ -72,11 +81,7 @@ static void tent_api(const char *dir) {
     CHECK(e != NULL && tent_available(e) == 1);
 
     char path[512], name[600];
-    snprintf(path, sizeof path, "%s/kv.bin", dir);
-    FILE *f = fopen(path, "w");
-    CHECK(f != NULL);
-    if (f) fclose(f);
-    snprintf(name, sizeof name, "file://%s", path);
+    empty_file(dir, "kv.bin", path, sizeof path, name, sizeof name);
 
     const size_t len = 16 * MIB;
     void *src = NULL, *dst = NULL;
@@ -170,11 +175,7 @@ static void classic_api(const char *dir) {
     CHECK(e != NULL);
     if (!e) return;
     char path[512], name[600];
-    snprintf(path, sizeof path, "%s/classic.bin", dir);
-    FILE *f = fopen(path, "w");
-    CHECK(f != NULL);
-    if (f) fclose(f);
-    snprintf(name, sizeof name, "file://%s", path);
+    empty_file(dir, "classic.bin", path, sizeof path, name, sizeof name);
 
     const size_t len = 4 * MIB;
     unsigned char *src = aligned_alloc(4096, len), *dst = aligned_alloc(4096, len);

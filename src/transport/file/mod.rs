@@ -45,6 +45,7 @@ use parking_lot::Mutex;
 use crate::config::Config;
 use crate::engine::segment::{FileTarget, SegmentDesc};
 use crate::engine::types::{Opcode, Request};
+use crate::engine::unit::Task;
 use crate::error::{Error, Result};
 use crate::transport::Transport;
 
@@ -435,6 +436,35 @@ pub unsafe fn bounce_copy(op: Opcode, mem: u64, bounce: *mut u8, len: u64) {
     // SAFETY: both ranges are valid for len bytes (caller contract) and never overlap (the
     // bounce buffer is our own allocation).
     unsafe { std::ptr::copy_nonoverlapping(src, dst, len as usize) };
+}
+
+/// A task with the pieces it was split into.
+pub type PlannedTask = (Task, Vec<Piece>);
+
+/// Opens the file of `target` and plans every task against it: a task that cannot run fails
+/// with the reason, one of 0 bytes completes; the rest are returned with their pieces. An error
+/// (the file cannot be opened) means no task was touched.
+pub fn plan_tasks(
+    files: &FileCache,
+    params: &FileParams,
+    target: &SegmentDesc,
+    tasks: Vec<Task>,
+) -> Result<(Arc<OpenFile>, Vec<PlannedTask>)> {
+    let file = files.get(target, params.direct_io)?;
+    let mut planned = Vec::new();
+    for task in tasks {
+        let r = *task.request();
+        match file.plan(&r, params.chunk_size) {
+            Err(e) => {
+                task.fail(e.to_string());
+            }
+            Ok(pieces) if pieces.is_empty() => {
+                task.complete();
+            }
+            Ok(pieces) => planned.push((task, pieces)),
+        }
+    }
+    Ok((file, planned))
 }
 
 /// The open files of one transport, by segment name. A file segment's descriptor is built from a

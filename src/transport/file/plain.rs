@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 
 use parking_lot::Mutex;
 
-use super::{AlignedBuf, FileCache, FileParams, OpenFile, Piece, Step, bounce_copy};
+use super::{AlignedBuf, FileCache, FileParams, OpenFile, Piece, Step, bounce_copy, plan_tasks};
 use crate::control::queue::WorkQueue;
 use crate::engine::segment::SegmentDesc;
 use crate::engine::types::{Opcode, TransportKind};
@@ -149,28 +149,17 @@ impl Transport for PlainFileTransport {
     }
 
     fn submit(&self, target: &Arc<SegmentDesc>, tasks: Vec<Task>) -> Result<()> {
-        let file = self.files.get(target, self.params.direct_io)?;
+        let (file, planned) = plan_tasks(&self.files, &self.params, target, tasks)?;
         let mut work = Vec::new();
-        for task in tasks {
-            let r = *task.request();
-            let pieces = match file.plan(&r, self.params.chunk_size) {
-                Err(e) => {
-                    task.fail(e.to_string());
-                    continue;
-                }
-                Ok(p) if p.is_empty() => {
-                    task.complete();
-                    continue;
-                }
-                Ok(p) => p,
-            };
+        for (task, pieces) in planned {
+            let op = task.request().opcode;
             let job = Arc::new(Job {
                 task,
                 file: file.clone(),
-                op: r.opcode,
+                op,
                 remaining: AtomicUsize::new(pieces.len()),
                 error: Mutex::new(None),
-                sync: r.opcode == Opcode::Write && self.params.sync_writes,
+                sync: op == Opcode::Write && self.params.sync_writes,
             });
             work.extend(pieces.into_iter().map(|piece| Work { job: job.clone(), piece }));
         }

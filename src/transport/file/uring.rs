@@ -21,7 +21,7 @@ use std::thread::JoinHandle;
 use io_uring::{IoUring, opcode, squeue, types};
 use parking_lot::{Condvar, Mutex};
 
-use super::{AlignedBuf, FileCache, FileParams, OpenFile, Piece, Step, bounce_copy};
+use super::{AlignedBuf, FileCache, FileParams, OpenFile, Piece, Step, bounce_copy, plan_tasks};
 use crate::engine::segment::SegmentDesc;
 use crate::engine::types::{Opcode, TransportKind};
 use crate::engine::unit::Task;
@@ -126,20 +126,11 @@ impl Transport for IoUringTransport {
     }
 
     fn submit(&self, target: &Arc<SegmentDesc>, tasks: Vec<Task>) -> Result<()> {
-        let file = self.files.get(target, self.params.direct_io)?;
-        let mut jobs = Vec::new();
-        for task in tasks {
-            let r = *task.request();
-            match file.plan(&r, self.params.chunk_size) {
-                Err(e) => {
-                    task.fail(e.to_string());
-                }
-                Ok(pieces) if pieces.is_empty() => {
-                    task.complete();
-                }
-                Ok(pieces) => jobs.push(Job { task, file: file.clone(), op: r.opcode, pieces: pieces.into() }),
-            }
-        }
+        let (file, planned) = plan_tasks(&self.files, &self.params, target, tasks)?;
+        let jobs: Vec<Job> = planned
+            .into_iter()
+            .map(|(task, pieces)| Job { op: task.request().opcode, task, file: file.clone(), pieces: pieces.into() })
+            .collect();
         if jobs.is_empty() {
             return Ok(());
         }
