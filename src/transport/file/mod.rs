@@ -574,6 +574,16 @@ mod tests {
     }
 
     #[test]
+    fn a_file_descriptor_from_a_peer_is_never_opened() {
+        let peer = r#"{"name":"file:///etc/hostname","type":"file","machine_id":"m","rpc_server_addr":"","detail":{"buffers":[{"path":"/etc/hostname","length":1,"offset":0}]}}"#;
+        let desc = SegmentDesc::from_json(peer).expect("parses");
+        let cache = FileCache::default();
+        let e = cache.get(&desc, true).err().expect("refused");
+        assert!(matches!(e, Error::PermissionDenied(_)), "{e}");
+        assert_eq!(cache.direct(&desc.name), None, "nothing was opened");
+    }
+
+    #[test]
     fn short_transfers_continue_and_errors_fail() {
         let dir = std::env::temp_dir().join(format!("tent-file-adv-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
