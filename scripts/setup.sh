@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs what building and testing tent-rs needs on a fresh Debian/Ubuntu machine: C and C++
 # compilers, Go (the cgo callers in go/), the rdma-core development packages (for the ibverbs
-# provider), and redis-server and etcd-server, whose binaries the metadata-store tests start
-# themselves on free loopback ports (no service needs to run). Safe to re-run: it only installs
+# provider), redis-server and etcd-server, whose binaries the metadata-store tests start
+# themselves on free loopback ports (no service needs to run), and fio, the reference tent-bench
+# measures file segments against. Safe to re-run: it only installs
 # what is missing.
 set -euo pipefail
 
-packages=(gcc g++ make pkg-config libibverbs-dev librdmacm-dev libclang-dev golang-go redis-server etcd-server valgrind)
+packages=(gcc g++ make pkg-config libibverbs-dev librdmacm-dev libclang-dev golang-go redis-server etcd-server valgrind fio)
 missing=()
 for p in "${packages[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

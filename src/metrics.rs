@@ -14,10 +14,11 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use serde_json::json;
 
-/// Number of transport slots: the 13 `TRANSPORT_*` values plus the local-segment copy path.
-pub const TRANSPORT_SLOTS: usize = 14;
+/// Number of transport slots: the 13 `TRANSPORT_*` values, the internal plain file path
+/// (`bufio`), and the local-segment copy path.
+pub const TRANSPORT_SLOTS: usize = 15;
 /// The slot of transfers to the engine's own segment (memcpy, no transport).
-pub const LOCAL_SLOT: usize = 13;
+pub const LOCAL_SLOT: usize = 14;
 /// Upper bounds (microseconds) of the task latency histogram buckets; the last is +Inf.
 pub const LATENCY_BUCKETS_US: [u64; 12] =
     [10, 50, 100, 500, 1_000, 5_000, 10_000, 50_000, 100_000, 500_000, 1_000_000, 5_000_000];
@@ -37,6 +38,7 @@ const TRANSPORT_NAMES: [&str; TRANSPORT_SLOTS] = [
     "tpu",
     "ub",
     "mpcomm",
+    "bufio",
     "local",
 ];
 

@@ -87,3 +87,13 @@ fn target_serves_until_sigterm() {
     assert!(status.success(), "the target did not stop cleanly: {status:?}");
     assert!(lines.map_while(Result::ok).any(|l| l.contains("stopping the target")));
 }
+
+#[test]
+fn file_segments_are_consistent_with_a_reference() {
+    for xport in ["--xport_type=io_uring", "--xport_type=bufio"] {
+        let t = bench(&[xport, "--op_type=mix"]);
+        assert!(t.contains("consistency check: 0 mismatched bytes"), "{t}");
+        assert!(t.contains("reference: fio") || t.contains("reference: an O_DIRECT"), "{t}");
+        assert!(rows(&t) >= 9, "a row per block and batch size:\n{t}");
+    }
+}

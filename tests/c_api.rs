@@ -36,6 +36,11 @@ fn program_built_against_upstream_declarations() {
 }
 
 #[test]
+fn file_segments_through_both_c_apis() {
+    c_test("file_segment");
+}
+
+#[test]
 fn tcp_between_two_processes() {
     c_test("tcp_two_process");
 }

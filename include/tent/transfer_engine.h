@@ -303,7 +303,9 @@ int tent_rpc_server_addr_port(tent_engine_t engine, char *addr_buf, size_t buf_l
 
 /**
  * Maps a segment name to a handle (0 for the engine's own name or ""). The peer is contacted
- * only when its descriptor is first needed.
+ * only when its descriptor is first needed. A name `file://<path>` opens a file segment: a
+ * regular file on this machine, read and written with `target_offset` = the file offset; it
+ * is checked (`stat`) at every use, not here, and is never reachable by peers.
  *
  * # Safety
  * `handle` is NULL or writable; `segment_name` is NULL or a NUL-terminated string.
@@ -317,7 +319,9 @@ int tent_close_segment(tent_engine_t engine, tent_segment_id_t handle);
 
 /**
  * Fills `info` with the segment's type and its non-internal buffers (`buffers` is malloc'd,
- * NULL when there are none; release with `tent_free_segment_info`). On error `info` is zeroed.
+ * NULL when there are none; release with `tent_free_segment_info`). A file segment is
+ * `TYPE_FILE` with one buffer: base 0, length = the file's current size, location "*". On
+ * error `info` is zeroed.
  *
  * # Safety
  * `info` is NULL or writable.

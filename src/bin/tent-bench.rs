@@ -7,6 +7,11 @@
 //! process (a quick local measurement). `--compare` adds, for the same sizes and in the same run,
 //! the plain reference for the transport (a single-stream loopback socket copy for TCP, memcpy for
 //! SHM and sim RDMA) and the ratio. `--check_consistency` verifies every byte moved.
+//!
+//! `--xport_type=io_uring` (or `iouring`; `bufio` for the plain pread/pwrite path) measures a
+//! file segment instead: the engine moves data between its memory and the file at
+//! `--file_path`, and `--compare` runs `fio` on the same file with the same block size, queue
+//! depth (the batch size) and direct I/O (an O_DIRECT pread/pwrite loop when fio is missing).
 
 use std::ffi::{CStr, CString, c_void};
 use std::io::{Read, Write};
@@ -39,13 +44,14 @@ struct Opts {
     rpc_server_hostname: String,
     rpc_server_port: u16,
     compare: bool,
+    file_path: String,
 }
 
 const USAGE: &str = "usage: tent-bench [--role=target | --target_seg_name=NAME] [--xport_type=tcp|shm|rdma] \
 [--rdma_provider=sim|ibverbs] [--op_type=read|write|mix] [--check_consistency] [--total_buffer_size=BYTES] \
 [--start_block_size=B] [--max_block_size=B] [--start_batch_size=N] [--max_batch_size=N] [--start_num_threads=N] \
 [--max_num_threads=N] [--duration=SECONDS] [--metadata_type=p2p|etcd|redis|http] [--metadata_url_list=URLS] \
-[--rpc_server_hostname=IP] [--rpc_server_port=PORT] [--compare]";
+[--rpc_server_hostname=IP] [--rpc_server_port=PORT] [--compare] [--xport_type=io_uring|bufio --file_path=PATH]";
 
 fn parse_size(v: &str) -> Option<usize> {
     let v = v.trim();
@@ -79,6 +85,7 @@ fn parse_args() -> Result<Opts, String> {
         rpc_server_hostname: "127.0.0.1".into(),
         rpc_server_port: 0,
         compare: false,
+        file_path: String::new(),
     };
     for a in std::env::args().skip(1) {
         if a == "--bench" {
@@ -109,12 +116,16 @@ fn parse_args() -> Result<Opts, String> {
             "rpc_server_hostname" => o.rpc_server_hostname = v.into(),
             "rpc_server_port" => o.rpc_server_port = v.parse().map_err(|_| format!("--rpc_server_port: {v}"))?,
             "compare" => o.compare = flag(),
+            "file_path" => o.file_path = v.into(),
             "help" | "h" => return Err(USAGE.into()),
             _ => return Err(format!("unknown option --{k}\n{USAGE}")),
         }
     }
-    if !matches!(o.xport_type.as_str(), "tcp" | "shm" | "rdma") {
-        return Err(format!("--xport_type must be tcp, shm or rdma, not {}", o.xport_type));
+    if o.xport_type == "iouring" {
+        o.xport_type = "io_uring".into();
+    }
+    if !matches!(o.xport_type.as_str(), "tcp" | "shm" | "rdma" | "io_uring" | "bufio") {
+        return Err(format!("--xport_type must be tcp, shm, rdma, io_uring or bufio, not {}", o.xport_type));
     }
     if !matches!(o.op_type.as_str(), "read" | "write" | "mix") {
         return Err(format!("--op_type must be read, write or mix, not {}", o.op_type));
@@ -150,6 +161,7 @@ fn start_engine(o: &Opts) -> Result<tent_engine_t, String> {
     set("transports/shm/enable", if o.xport_type == "shm" { "true" } else { "false" });
     set("transports/rdma/enable", if o.xport_type == "rdma" { "true" } else { "false" });
     set("transports/rdma/provider", &o.rdma_provider);
+    set("transports/io_uring/enable", if o.xport_type == "io_uring" { "true" } else { "false" });
     let e = tent_create_engine();
     if tent_available(e) != 1 {
         return Err(format!("engine failed to start: {}", last_error()));
@@ -501,7 +513,7 @@ fn run_initiator(o: &Opts, e: tent_engine_t, target: &Target) -> Result<u64, Str
                     pct(&r.lat_us, 0.999)
                 );
                 if o.compare {
-                    let rf = reference(o, region);
+                    let rf = file_reference(o, block, batch, threads).unwrap_or_else(|| reference(o, region));
                     print!(" {rf:>10.3} {:>7.2}", if rf > 0.0 { bw / rf } else { 0.0 });
                 }
                 println!();
@@ -564,6 +576,9 @@ fn main() -> ExitCode {
             tent_destroy_engine(e);
             return Ok(0);
         }
+        if is_file_xport(&o) {
+            return run_file(&o);
+        }
         let initiator = start_engine(&o)?;
         if !o.target_seg_name.is_empty() {
             let t = open_target(initiator, &o.target_seg_name)?;
@@ -590,4 +605,131 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+fn is_file_xport(o: &Opts) -> bool {
+    matches!(o.xport_type.as_str(), "io_uring" | "bufio")
+}
+
+/// The file the file transports are measured on: `--file_path`, or a scratch file in the
+/// temporary directory (removed afterwards).
+fn bench_file(o: &Opts) -> (String, bool) {
+    if o.file_path.is_empty() {
+        (std::env::temp_dir().join(format!("tent-bench-{}.dat", std::process::id())).display().to_string(), true)
+    } else {
+        (o.file_path.clone(), false)
+    }
+}
+
+/// Measures a file segment: fills the file with `--total_buffer_size` bytes of the pattern
+/// `--check_consistency` expects (so reads hit written blocks, not holes), then runs the usual
+/// sweep against `file://<path>`.
+fn run_file(o: &Opts) -> Result<u64, String> {
+    let (path, scratch) = bench_file(o);
+    {
+        let mut f = std::fs::File::create(&path).map_err(|e| format!("cannot create {path}: {e}"))?;
+        let mut chunk = vec![0u8; 8 << 20];
+        let mut off = 0usize;
+        while off < o.total_buffer_size {
+            let n = chunk.len().min(o.total_buffer_size - off);
+            fill(&mut chunk[..n], off as u64, 0);
+            f.write_all(&chunk[..n]).map_err(|e| format!("cannot fill {path}: {e}"))?;
+            off += n;
+        }
+        f.sync_all().map_err(|e| format!("cannot sync {path}: {e}"))?;
+    }
+    let reference = if o.compare {
+        if fio_available() { "fio (io_uring engine, direct=1)" } else { "an O_DIRECT pread/pwrite loop" }
+    } else {
+        "none"
+    };
+    println!("file segment {path} via {}, reference: {reference}", o.xport_type);
+    // The poll loop sleeps 20 us between checks once a transfer is not done at once; Linux would
+    // stretch each sleep by its default 50 us timer slack, which the reference (fio, blocked in
+    // the kernel until a completion) never pays. Ask for the sleeps as written.
+    // SAFETY: PR_SET_TIMERSLACK takes a plain integer; it affects this thread and the threads it
+    // starts afterwards (the benchmark threads).
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
+    let e = start_engine(o)?;
+    let t = open_target(e, &format!("file://{path}"));
+    let r = t.and_then(|t| run_initiator(o, e, &t));
+    tent_destroy_engine(e);
+    if scratch {
+        let _ = std::fs::remove_file(&path);
+    }
+    r
+}
+
+fn fio_available() -> bool {
+    std::process::Command::new("fio").arg("--version").output().is_ok_and(|o| o.status.success())
+}
+
+/// The reference for a file segment case, in GB/s: fio on the same file with the same block
+/// size, queue depth (`batch` requests in flight, submitted and reaped together as the engine
+/// is driven), jobs (`threads`) and direct I/O; without fio, an O_DIRECT loop. `None` for other
+/// transports.
+fn file_reference(o: &Opts, block: usize, batch: usize, threads: usize) -> Option<f64> {
+    if !is_file_xport(o) {
+        return None;
+    }
+    let (path, _) = bench_file(o);
+    if !fio_available() {
+        return Some(direct_loop(o, &path, block));
+    }
+    let rw = match o.op_type.as_str() {
+        "read" => "read",
+        "write" => "write",
+        _ => "rw",
+    };
+    let out = std::process::Command::new("fio")
+        .args(["--name=ref", "--ioengine=io_uring", "--direct=1", "--time_based", "--group_reporting"])
+        .arg("--output-format=json")
+        .arg(format!("--filename={path}"))
+        .arg(format!("--rw={rw}"))
+        .arg(format!("--bs={block}"))
+        .arg(format!("--iodepth={batch}"))
+        .arg(format!("--iodepth_batch_submit={batch}"))
+        .arg(format!("--iodepth_batch_complete_min={batch}"))
+        .arg(format!("--numjobs={threads}"))
+        .arg(format!("--size={}", o.total_buffer_size / threads))
+        .arg(format!("--offset_increment={}", o.total_buffer_size / threads))
+        .arg(format!("--runtime={}ms", (o.duration * 1000.0).max(10.0) as u64))
+        .output()
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    let job = v.get("jobs")?.get(0)?;
+    let bw =
+        |dir: &str| job.get(dir).and_then(|d| d.get("bw_bytes")).and_then(serde_json::Value::as_f64).unwrap_or(0.0);
+    Some((bw("read") + bw("write")) / 1e9)
+}
+
+/// Sequential O_DIRECT `pwrite` (or `pread`) of `block` bytes over the file for the duration,
+/// one at a time.
+fn direct_loop(o: &Opts, path: &str, block: usize) -> f64 {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    let Ok(f) = std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_DIRECT).open(path) else {
+        return 0.0;
+    };
+    let Ok(layout) = std::alloc::Layout::from_size_align(block.max(4096), 4096) else { return 0.0 };
+    // SAFETY: the layout has a non-zero size; the memory is freed below.
+    let buf = unsafe { std::alloc::alloc_zeroed(layout) };
+    if buf.is_null() {
+        return 0.0;
+    }
+    // SAFETY: buf holds layout.size() >= block bytes, zeroed.
+    let data = unsafe { std::slice::from_raw_parts_mut(buf, block) };
+    let slots = (o.total_buffer_size / block).max(1);
+    let (start, mut moved, mut i) = (Instant::now(), 0u64, 0usize);
+    while start.elapsed().as_secs_f64() < o.duration.max(0.01) {
+        let off = ((i % slots) * block) as u64;
+        let r = if o.op_type == "read" { f.read_at(data, off) } else { f.write_at(data, off) };
+        match r {
+            Ok(n) => moved += n as u64,
+            Err(_) => break,
+        }
+        i += 1;
+    }
+    // SAFETY: allocated above with this layout.
+    unsafe { std::alloc::dealloc(buf, layout) };
+    moved as f64 / start.elapsed().as_secs_f64() / 1e9
 }

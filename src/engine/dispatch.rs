@@ -21,7 +21,7 @@ pub struct Dispatcher {
     pub failover: Arc<FailoverConfig>,
     pub merge: bool,
     /// Units handed to each transport (by `TRANSPORT_*` value), failovers included.
-    pub submitted: [AtomicU64; 13],
+    pub submitted: [AtomicU64; TransportKind::COUNT],
     /// Descriptor cache: a failed attempt drops the target's cached descriptor, so later requests
     /// see the peer as it is now (it may have restarted or re-registered).
     pub remote: Arc<super::remote::Remote>,
@@ -38,18 +38,22 @@ impl Dispatcher {
         self.transport(kind).is_some()
     }
 
-    /// The transports to try, in order, for `r` against buffer `buf` of segment `desc`: those the
-    /// buffer offers, loaded here and able to reach the peer, ordered by policy (or the default),
-    /// with the hint first. An unusable hint or an empty list is an error.
-    pub fn candidates(&self, desc: &SegmentDesc, buf: &BufferDesc, r: &Request) -> Result<Vec<TransportKind>> {
+    /// The transports to try, in order, for `r` against buffer `buf` of segment `desc` (no
+    /// buffer for a file segment): those the buffer offers, loaded here, able to reach the peer
+    /// and made for the segment's type (file transports serve only file segments and the others
+    /// only memory), ordered by policy (or the default), with the hint first. An unusable hint or
+    /// an empty list is an error.
+    pub fn candidates(&self, desc: &SegmentDesc, buf: Option<&BufferDesc>, r: &Request) -> Result<Vec<TransportKind>> {
         let usable = |k: TransportKind| {
-            buf.transports.contains(&(k as i32)) && self.transport(k).is_some_and(|t| t.reaches(desc, &self.machine_id))
+            k.serves_files() == desc.is_file()
+                && buf.is_none_or(|b| b.transports.contains(&(k as i32)))
+                && self.transport(k).is_some_and(|t| t.reaches(desc, &self.machine_id))
         };
         let ctx = SelectCtx {
             segment_type: &desc.kind,
             same_machine: desc.machine_id == self.machine_id,
             local_memory: "cpu",
-            remote_memory: policy::memory_kind(&buf.location),
+            remote_memory: buf.map(|b| policy::memory_kind(&b.location)).unwrap_or("cpu"),
             size: r.length,
             priority: r.priority,
         };
@@ -67,10 +71,16 @@ impl Dispatcher {
             list.insert(0, r.hint);
         }
         if list.is_empty() {
-            return Err(Error::NoTransport(format!(
-                "no loaded transport serves the target buffer of segment {} (it offers {:?})",
-                desc.name, buf.transports
-            )));
+            return Err(Error::NoTransport(match buf {
+                Some(b) => format!(
+                    "no loaded transport serves the target buffer of segment {} (it offers {:?})",
+                    desc.name, b.transports
+                ),
+                None => format!(
+                    "no loaded transport serves file segment {} (transports/io_uring/enable and transports/bufio/enable)",
+                    desc.name
+                ),
+            }));
         }
         Ok(list)
     }
@@ -120,11 +130,13 @@ impl Dispatcher {
     /// True when `merged` still lies in the one remote buffer and one local registered buffer that
     /// hold `first`.
     fn same_buffers(&self, desc: &SegmentDesc, first: &Request, merged: &Request) -> bool {
-        let remote = desc
-            .buffers
-            .iter()
-            .find(|b| range_within(first.target_offset, first.length, b.addr, b.length))
-            .is_some_and(|b| range_within(merged.target_offset, merged.length, b.addr, b.length));
+        // A file segment is one file: any contiguous range of it is one target.
+        let remote = desc.is_file()
+            || desc
+                .buffers
+                .iter()
+                .find(|b| range_within(first.target_offset, first.length, b.addr, b.length))
+                .is_some_and(|b| range_within(merged.target_offset, merged.length, b.addr, b.length));
         let local = self.local.snapshot().iter().any(|b| {
             range_within(first.source, first.length, b.addr, b.len)
                 && range_within(merged.source, merged.length, b.addr, b.len)
@@ -141,9 +153,12 @@ impl Dispatcher {
             let length = group.iter().map(|&i| entries[i].request.length).sum();
             let request = Request { length, ..first };
             let members: Vec<Arc<TaskState>> = group.iter().map(|&i| entries[i].state.clone()).collect();
-            let candidates = desc
-                .find_buffer(request.target_offset, request.length, request.opcode, true)
-                .and_then(|buf| self.candidates(desc, buf, &request));
+            let candidates = if desc.is_file() {
+                self.file_candidates(desc, &request)
+            } else {
+                desc.find_buffer(request.target_offset, request.length, request.opcode, true)
+                    .and_then(|buf| self.candidates(desc, Some(buf), &request))
+            };
             let candidates = match candidates {
                 Ok(c) => c,
                 Err(e) => {
@@ -164,6 +179,20 @@ impl Dispatcher {
         for (kind, tasks) in per_transport {
             self.submit(kind, desc, tasks);
         }
+    }
+
+    /// The transports for a request to a file segment. Only a segment this engine described from
+    /// its own file qualifies (a file descriptor from a peer never does), and the local memory
+    /// must be registered, since the kernel or a bounce copy touches it after submit returns.
+    fn file_candidates(&self, desc: &SegmentDesc, r: &Request) -> Result<Vec<TransportKind>> {
+        if desc.file.is_none() {
+            return Err(Error::PermissionDenied(format!(
+                "segment {} is a file segment of another engine; file segments are never served to peers",
+                desc.name
+            )));
+        }
+        self.local.check_range(r.source, r.length, None)?;
+        self.candidates(desc, None, r)
     }
 
     /// Hands tasks to a transport; a submit-stage error fails them, which may fail them over.

@@ -280,7 +280,8 @@ impl Engine {
             let l = local.clone();
             Arc::new(Publication::new(store.clone(), &name, Box::new(move || l.descriptor_json())))
         };
-        let remote = Arc::new(Remote::new(client.clone(), store.clone(), name.clone(), rpc_addr));
+        let remote =
+            Arc::new(Remote::new(client.clone(), store.clone(), name.clone(), rpc_addr, local.machine_id.clone()));
         let metrics = Arc::new(Metrics::default());
         let mut transports: Vec<Arc<dyn Transport>> = Vec::new();
         let shm_params = ShmParams::from_config(&config);
@@ -295,6 +296,9 @@ impl Engine {
                 metrics.clone(),
             )?));
         }
+        // File segments: io_uring, or the plain pread/pwrite path when io_uring is unavailable
+        // or disabled.
+        transports.extend(crate::transport::file::load(&config)?);
         let rdma = Self::start_rdma(&config, &name, &client);
         if let Some(t) = &rdma {
             local.set_devices(t.devices());
@@ -467,7 +471,9 @@ impl Engine {
         self.remote.close(handle)
     }
 
-    /// The non-internal buffers of a segment.
+    /// The non-internal buffers of a segment; for a file segment one buffer `{base 0, length =
+    /// file size now, location "*"}`. A file segment whose file is missing or not a regular file
+    /// is an error.
     pub fn segment_info(&self, handle: u64) -> Result<SegmentInfo> {
         if handle == 0 {
             let buffers = self
@@ -480,6 +486,11 @@ impl Engine {
             return Ok(SegmentInfo { is_file: false, buffers });
         }
         let desc = self.remote.descriptor(handle, false)?;
+        if let Some(f) = &desc.file {
+            // One buffer: the whole file, addressed by file offset from 0.
+            let whole = BufferInfo { base: 0, length: f.length, location: "*".into() };
+            return Ok(SegmentInfo { is_file: true, buffers: vec![whole] });
+        }
         let buffers = desc
             .buffers
             .iter()
@@ -492,7 +503,11 @@ impl Engine {
     /// Allocates memory (not registered, as upstream). Returns the address.
     pub fn allocate_memory(&self, size: usize, opts: &MemoryOptions) -> Result<(u64, Option<String>)> {
         match opts.transport {
-            TransportKind::Unspec | TransportKind::Tcp | TransportKind::Rdma => {
+            TransportKind::Unspec
+            | TransportKind::Tcp
+            | TransportKind::Rdma
+            | TransportKind::IoUring
+            | TransportKind::BufIo => {
                 let ptr = memory::allocate(size, &opts.location)?;
                 self.allocations.lock().insert(ptr as u64, Allocation { size, shm_name: None });
                 Ok((ptr as u64, None))
@@ -560,7 +575,7 @@ impl Engine {
             .transports
             .iter()
             .map(|t| t.kind())
-            .filter(|k| *k != TransportKind::Shm || has_shm)
+            .filter(|k| (*k != TransportKind::Shm || has_shm) && !k.serves_files())
             .collect();
         if wanted == TransportKind::Unspec {
             let mut v = loaded;
@@ -572,7 +587,10 @@ impl Engine {
             });
             return Ok(v);
         }
-        if self.dispatcher.loaded(wanted) {
+        if wanted.serves_files() && self.dispatcher.loaded(wanted) {
+            // Memory is only ever the local side of a file transfer: registered, not tagged.
+            Ok(Vec::new())
+        } else if self.dispatcher.loaded(wanted) {
             Ok(vec![wanted])
         } else {
             Err(Error::InvalidArgument(format!("transport {} is not loaded", wanted.name())))
@@ -763,9 +781,10 @@ impl Engine {
     fn dispatch_remote(&self, target: u64, tasks: Vec<Entry>) {
         let mut desc = self.remote.descriptor(target, false);
         let stale = |d: &segment::SegmentDesc| {
-            tasks
-                .iter()
-                .any(|t| d.find_buffer(t.request.target_offset, t.request.length, t.request.opcode, true).is_err())
+            !d.is_file()
+                && tasks
+                    .iter()
+                    .any(|t| d.find_buffer(t.request.target_offset, t.request.length, t.request.opcode, true).is_err())
         };
         if desc.as_ref().is_ok_and(|d| stale(d)) {
             desc = self.remote.descriptor(target, true);
@@ -820,6 +839,12 @@ impl Engine {
             pending_poll();
         }
         Ok(st)
+    }
+
+    /// Why a task failed (`None` while it has not failed): the message a transport or the
+    /// engine gave when it ended the task.
+    pub fn task_error(&self, batch_id: u64, task: usize) -> Result<Option<String>> {
+        Ok(self.batches.get(batch_id)?.task(task)?.state.error())
     }
 
     /// Status of every task, in id order (failing over parked tasks as [`Engine::task_status`]).
@@ -915,6 +940,13 @@ impl Engine {
     /// locations to NICs.
     pub fn memory_locations(&self) -> Vec<String> {
         memory::numa_nodes().iter().map(|n| format!("cpu:{n}")).collect()
+    }
+
+    /// Whether the file of file segment `handle` is open with direct I/O: `None` when the
+    /// handle is not an open file segment or has not been used for a transfer yet.
+    pub fn file_direct_io(&self, handle: u64) -> Option<bool> {
+        let name = self.remote.segments.name_of(handle)?;
+        self.dispatcher.transports.iter().find_map(|t| t.direct_io(&name))
     }
 
     /// Per-NIC load; empty without RDMA.

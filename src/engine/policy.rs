@@ -36,7 +36,7 @@ pub struct SelectCtx<'a> {
 
 /// Maps a transport name from config to its kind.
 pub fn transport_by_name(name: &str) -> Option<TransportKind> {
-    (1..13).filter_map(TransportKind::from_i32).find(|k| {
+    (1..13).filter_map(TransportKind::from_i32).chain([TransportKind::BufIo]).find(|k| {
         k.name() == name.to_ascii_lowercase() || (name.eq_ignore_ascii_case("iouring") && *k == TransportKind::IoUring)
     })
 }
@@ -141,10 +141,12 @@ impl Policy {
 }
 
 /// The transports to try for a request: the first matching policy's list, else the default
-/// order (same-machine SHM, then RDMA, then TCP).
+/// order: for memory segments same-machine SHM, then RDMA, then TCP; for file segments GDS, then
+/// io_uring, then the plain `pread`/`pwrite` path (loaded only when io_uring is not).
 pub fn order(policies: &[Policy], c: &SelectCtx) -> Vec<TransportKind> {
     match policies.iter().find(|p| p.matches(c)) {
         Some(p) => p.transports.clone(),
+        None if c.segment_type == "file" => vec![TransportKind::Gds, TransportKind::IoUring, TransportKind::BufIo],
         None => vec![TransportKind::Shm, TransportKind::Rdma, TransportKind::Tcp],
     }
 }
@@ -178,6 +180,8 @@ mod tests {
         assert_eq!(order(&p, &ctx(100, true)), vec![TransportKind::Tcp]);
         assert_eq!(order(&p, &ctx(1 << 20, true)), vec![TransportKind::Shm, TransportKind::Tcp]);
         assert_eq!(order(&p, &ctx(1 << 20, false)), vec![TransportKind::Shm, TransportKind::Rdma, TransportKind::Tcp]);
+        let file = SelectCtx { segment_type: "file", ..ctx(1 << 20, true) };
+        assert_eq!(order(&p, &file), vec![TransportKind::Gds, TransportKind::IoUring, TransportKind::BufIo]);
         assert!(parse(None).is_empty());
         let text = Value::String(r#"[{"segment_type":"memory","transports":["tcp"]}]"#.into());
         assert_eq!(parse(Some(&text)).len(), 1, "JSON text from tent_set_config");
@@ -188,6 +192,8 @@ mod tests {
     fn names_and_memory_kinds() {
         assert_eq!(transport_by_name("TCP"), Some(TransportKind::Tcp));
         assert_eq!(transport_by_name("iouring"), Some(TransportKind::IoUring));
+        assert_eq!(transport_by_name("io_uring"), Some(TransportKind::IoUring));
+        assert_eq!(transport_by_name("bufio"), Some(TransportKind::BufIo));
         assert_eq!(transport_by_name("carrier-pigeon"), None);
         assert_eq!(memory_kind("cpu:1"), "cpu");
         assert_eq!(memory_kind("*"), "cpu");

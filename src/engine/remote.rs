@@ -33,6 +33,8 @@ pub struct Remote {
     epoch: AtomicU64,
     local_name: String,
     local_rpc_addr: String,
+    /// This machine's id, given to file segments (they are always local).
+    machine_id: String,
     /// Told about every freshly fetched descriptor (`Some`) and every closed segment (`None`).
     on_fetch: Mutex<Option<FetchHook>>,
 }
@@ -47,6 +49,7 @@ impl Remote {
         store: Arc<dyn MetadataStore>,
         local_name: String,
         local_rpc_addr: String,
+        machine_id: String,
     ) -> Remote {
         Remote {
             client,
@@ -59,6 +62,7 @@ impl Remote {
             epoch: AtomicU64::new(0),
             local_name,
             local_rpc_addr,
+            machine_id,
             on_fetch: Mutex::new(None),
         }
     }
@@ -78,11 +82,18 @@ impl Remote {
     /// through the metadata store (`GetSegmentDesc` to the owner in p2p mode) and subscribes to
     /// the peer's updates; the first subscription to a peer is followed by a second read, so a
     /// change that raced the subscription is not missed.
+    ///
+    /// A file segment (`file://<path>`) is described from a fresh `stat` of the file on every
+    /// call and never cached, so its length is current and a removed or replaced file is noticed
+    /// before the next transfer; no peer or store is involved.
     pub fn descriptor(&self, handle: u64, refresh: bool) -> Result<Arc<SegmentDesc>> {
         let name = self
             .segments
             .name_of(handle)
             .ok_or_else(|| Error::InvalidEntry(format!("segment handle {handle} is not open")))?;
+        if SegmentDesc::is_file_name(&name) {
+            return SegmentDesc::for_file(&name, &self.machine_id).map(Arc::new);
+        }
         if !refresh {
             if let Some(d) = self.cache.lock().get(&handle) {
                 return Ok(d.clone());

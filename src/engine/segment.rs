@@ -62,9 +62,71 @@ pub struct SegmentDesc {
     /// Everything else of `detail` kept verbatim (topology, device_attrs, transport_attrs).
     pub detail_extra: serde_json::Map<String, Value>,
     pub rdma_server_name: Option<String>,
+    /// The file behind a `file://` segment, set only by [`SegmentDesc::for_file`] on this
+    /// machine and never parsed from JSON: a descriptor from a peer or a store can never make
+    /// this engine touch a local file.
+    pub file: Option<FileTarget>,
+}
+
+/// Name prefix of file segments.
+pub const FILE_SEGMENT_PREFIX: &str = "file://";
+
+/// The regular file behind a file segment, as `stat` saw it when the descriptor was built.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileTarget {
+    /// The path after `file://`, as given (relative paths are relative to the working directory).
+    pub path: String,
+    /// Size in bytes.
+    pub length: u64,
+    /// Device and inode: an open file whose identity differs was replaced and is reopened.
+    pub dev: u64,
+    pub ino: u64,
 }
 
 impl SegmentDesc {
+    /// Whether `name` names a file segment (`file://<path>`).
+    pub fn is_file_name(name: &str) -> bool {
+        name.starts_with(FILE_SEGMENT_PREFIX)
+    }
+
+    /// Builds the descriptor of file segment `name` (`file://<path>`) after a successful `stat`
+    /// of a regular file: one buffer `{path, length = file size, offset 0}` and this machine's
+    /// id. A missing path, a directory or anything else that is not a regular file is an error
+    /// that names the path.
+    pub fn for_file(name: &str, machine_id: &str) -> Result<SegmentDesc> {
+        use std::os::unix::fs::MetadataExt;
+        let path = name.strip_prefix(FILE_SEGMENT_PREFIX).unwrap_or(name);
+        if path.is_empty() {
+            return Err(Error::InvalidArgument(format!("file segment {name:?} names no path")));
+        }
+        let meta = std::fs::metadata(path)
+            .map_err(|e| Error::InvalidArgument(format!("file segment {name}: cannot stat {path}: {e}")))?;
+        if !meta.is_file() {
+            let what = if meta.is_dir() { "a directory" } else { "not a regular file" };
+            return Err(Error::InvalidArgument(format!("file segment {name}: {path} is {what}")));
+        }
+        let target = FileTarget { path: path.to_string(), length: meta.len(), dev: meta.dev(), ino: meta.ino() };
+        let mut detail = serde_json::Map::new();
+        detail
+            .insert("buffers".into(), serde_json::json!([{"path": target.path, "length": target.length, "offset": 0}]));
+        Ok(SegmentDesc {
+            name: name.to_string(),
+            kind: "file".into(),
+            machine_id: machine_id.to_string(),
+            rpc_server_addr: String::new(),
+            buffers: Vec::new(),
+            devices: Vec::new(),
+            detail_extra: detail,
+            rdma_server_name: None,
+            file: Some(target),
+        })
+    }
+
+    /// Whether this is a file segment (local or, refused everywhere, from a peer).
+    pub fn is_file(&self) -> bool {
+        self.kind == "file"
+    }
+
     /// Serialises in upstream's shape: sorted keys, no indentation, every required key present.
     pub fn to_json(&self) -> String {
         let mut detail = self.detail_extra.clone();
@@ -132,6 +194,7 @@ impl SegmentDesc {
             devices,
             detail_extra: detail,
             rdma_server_name: obj.get("rdma_server_name").and_then(Value::as_str).map(str::to_string),
+            file: None,
         })
     }
 
@@ -384,6 +447,7 @@ impl LocalSegment {
             devices: self.devices.read().clone(),
             detail_extra: extra,
             rdma_server_name: None,
+            file: None,
         }
     }
 
@@ -523,6 +587,33 @@ mod tests {
         assert!(back.find_buffer(0x1000, 8192, Opcode::Write, true).is_ok());
         assert!(SegmentDesc::from_json("{\"name\":1}").is_err());
         assert!(SegmentDesc::from_json("not json").is_err());
+    }
+
+    #[test]
+    fn file_descriptors_come_only_from_a_local_stat() {
+        let dir = std::env::temp_dir().join(format!("tent-segdesc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let f = dir.join("f");
+        std::fs::write(&f, [7u8; 5000]).expect("write");
+        let name = format!("file://{}", f.display());
+        assert!(SegmentDesc::is_file_name(&name));
+        let d = SegmentDesc::for_file(&name, "m").expect("regular file");
+        assert!(d.is_file());
+        assert_eq!(d.machine_id, "m");
+        let t = d.file.as_ref().expect("local file target");
+        assert_eq!((t.path.as_str(), t.length), (f.to_str().unwrap_or_default(), 5000));
+        assert_eq!(d.detail_extra["buffers"][0]["offset"], 0);
+        let dir_name = format!("file://{}", dir.display());
+        let e = SegmentDesc::for_file(&dir_name, "m").expect_err("a directory");
+        assert!(e.to_string().contains("is a directory"), "{e}");
+        let e = SegmentDesc::for_file("file:///no/such/tent/file", "m").expect_err("missing");
+        assert!(e.to_string().contains("No such file"), "{e}");
+        assert!(SegmentDesc::for_file("file://", "m").is_err());
+        // The same shape from a peer parses, but never carries a local file to open.
+        let peer = r#"{"name":"file:///etc/passwd","type":"file","machine_id":"m","rpc_server_addr":"","detail":{"buffers":[{"path":"/etc/passwd","length":1,"offset":0}]}}"#;
+        let parsed = SegmentDesc::from_json(peer).expect("parses");
+        assert!(parsed.is_file() && parsed.file.is_none());
+        std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 
     #[test]

@@ -41,9 +41,21 @@ pub enum TransportKind {
     Tpu = 10,
     Ub = 11,
     Mpcomm = 12,
+    /// tent-rs only, never on the wire or in C: plain `pread`/`pwrite` on file segments, used
+    /// when io_uring is unavailable or disabled. `from_i32` never yields it, so a C hint cannot
+    /// name it.
+    BufIo = 13,
 }
 
 impl TransportKind {
+    /// Number of kinds, the internal ones included (for per-transport counters).
+    pub const COUNT: usize = 14;
+
+    /// Whether this transport moves data to and from file segments (never memory segments).
+    pub fn serves_files(self) -> bool {
+        matches!(self, TransportKind::Gds | TransportKind::IoUring | TransportKind::BufIo)
+    }
+
     /// Converts a wire or C value; out-of-range values are `None`.
     pub fn from_i32(v: i32) -> Option<TransportKind> {
         use TransportKind::*;
@@ -82,6 +94,7 @@ impl TransportKind {
             Tpu => "tpu",
             Ub => "ub",
             Mpcomm => "mpcomm",
+            BufIo => "bufio",
         }
     }
 }

@@ -387,7 +387,9 @@ unsafe fn open_classic(engine: transfer_engine_t, segment_name: *const c_char, r
 }
 
 /// Opens a segment by name and fetches its descriptor (cached for later calls); returns its
-/// handle (0 for this engine's own name) or a negative code when the peer cannot be reached.
+/// handle (0 for this engine's own name) or a negative code when the peer cannot be reached. A
+/// name `file://<path>` opens a file segment of this machine (`target_offset` is the file
+/// offset); a missing path or one that is not a regular file gives `ERR_INVALID_ARGUMENT`.
 ///
 /// # Safety
 /// `segment_name` is NULL or a NUL-terminated string.

@@ -231,7 +231,9 @@ pub unsafe extern "C" fn tent_rpc_server_addr_port(
 }
 
 /// Maps a segment name to a handle (0 for the engine's own name or ""). The peer is contacted
-/// only when its descriptor is first needed.
+/// only when its descriptor is first needed. A name `file://<path>` opens a file segment: a
+/// regular file on this machine, read and written with `target_offset` = the file offset; it
+/// is checked (`stat`) at every use, not here, and is never reachable by peers.
 ///
 /// # Safety
 /// `handle` is NULL or writable; `segment_name` is NULL or a NUL-terminated string.
@@ -263,7 +265,9 @@ pub extern "C" fn tent_close_segment(engine: tent_engine_t, handle: tent_segment
 }
 
 /// Fills `info` with the segment's type and its non-internal buffers (`buffers` is malloc'd,
-/// NULL when there are none; release with `tent_free_segment_info`). On error `info` is zeroed.
+/// NULL when there are none; release with `tent_free_segment_info`). A file segment is
+/// `TYPE_FILE` with one buffer: base 0, length = the file's current size, location "*". On
+/// error `info` is zeroed.
 ///
 /// # Safety
 /// `info` is NULL or writable.

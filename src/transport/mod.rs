@@ -12,6 +12,7 @@ use crate::engine::types::TransportKind;
 use crate::engine::unit::Task;
 use crate::error::Result;
 
+pub mod file;
 pub mod shm;
 pub mod tcp;
 
@@ -34,6 +35,13 @@ pub trait Transport: Send + Sync {
     /// so cached per-segment state (mappings, connections) can be dropped.
     fn segment_changed(&self, name: &str, desc: Option<&SegmentDesc>) {
         let _ = (name, desc);
+    }
+
+    /// For the file transports: whether the file of segment `name` is open with direct I/O
+    /// (`None` for other transports, or before the segment's first transfer).
+    fn direct_io(&self, name: &str) -> Option<bool> {
+        let _ = name;
+        None
     }
 
     /// Stops workers and waits for them; pending tasks end FAILED.

@@ -1,0 +1,610 @@
+//! File segments: READ and WRITE between registered memory and a regular file on this machine.
+//!
+//! A `file://<path>` segment is described locally (see `SegmentDesc::for_file`) and served by one
+//! of two transports that share everything in this module:
+//!
+//! - [`uring::IoUringTransport`] (`TRANSPORT_IOURING`): a few rings, each driven by one thread
+//!   that keeps up to `transports/io_uring/queue_depth` operations in flight and reaps their
+//!   completions, so no thread waits on any single request;
+//! - [`plain::PlainFileTransport`] (internal kind `bufio`): a small pool of threads calling
+//!   `pread`/`pwrite`, loaded only when io_uring is unavailable or disabled.
+//!
+//! **Direct I/O.** Each file is opened twice on the same inode: buffered, and with `O_DIRECT`
+//! when `transports/file/direct_io` is on (default) and the file system accepts it. `O_DIRECT`
+//! needs the file offset, the length and the memory address aligned (to the alignment `statx`
+//! reports, else 4 KiB). A request is therefore split into an unaligned head, an aligned middle
+//! and an unaligned tail: the middle goes through the direct descriptor (through an aligned
+//! bounce buffer when the caller's memory is not aligned), the head and tail, each smaller than
+//! one block, through the buffered descriptor. Letting the page cache handle sub-block pieces
+//! avoids read-modify-write of shared blocks, which would lose updates when two requests in
+//! flight touch the same block, and never grows the file past what was written. Linux keeps the
+//! two descriptors coherent: a direct write invalidates cached pages of its range and a direct
+//! read first writes back dirty ones.
+//!
+//! **What a completed WRITE guarantees.** The bytes are in the file: any later read, through
+//! this engine or any other process, sees them. It does not guarantee that they survive a power
+//! failure or a crash of the machine: the buffered pieces may still be in the page cache and the
+//! direct ones in the device's volatile cache. With `transports/file/sync_writes` set, a WRITE
+//! completes only after `fdatasync` of the file succeeded, which makes it durable.
+//!
+//! **Bounds.** A READ that runs past the end of the file is refused (the caller's buffer would
+//! not be filled); a file that shrank during a READ fails it. A WRITE past the end extends the
+//! file (as `pwrite` does, and as upstream does), leaving a hole when it starts beyond the end.
+
+pub mod plain;
+pub mod uring;
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::config::Config;
+use crate::engine::segment::{FileTarget, SegmentDesc};
+use crate::engine::types::{Opcode, Request};
+use crate::engine::unit::Task;
+use crate::error::{Error, Result};
+use crate::transport::Transport;
+
+/// Tunables of both file transports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileParams {
+    /// Use `O_DIRECT` where the file system allows it (`transports/file/direct_io`, true).
+    pub direct_io: bool,
+    /// Complete a WRITE only after `fdatasync` (`transports/file/sync_writes`, false).
+    pub sync_writes: bool,
+    /// Largest single read or write; larger requests are split (`transports/file/chunk_size`,
+    /// 1 MiB).
+    pub chunk_size: u64,
+    /// Operations in flight per ring (`transports/io_uring/queue_depth`, 32).
+    pub queue_depth: u32,
+    /// Rings, each with its own thread (`transports/io_uring/rings`, 1).
+    pub rings: usize,
+    /// Threads of the plain path (`transports/bufio/threads`, 4).
+    pub plain_threads: usize,
+}
+
+impl FileParams {
+    /// Reads the parameters from the config, clamped to sane ranges.
+    pub fn from_config(cfg: &Config) -> FileParams {
+        FileParams {
+            direct_io: cfg.get_bool("transports/file/direct_io", true),
+            sync_writes: cfg.get_bool("transports/file/sync_writes", false),
+            // Whole 64 KiB multiples keep every split of an aligned request aligned.
+            chunk_size: cfg.get_u64("transports/file/chunk_size", 1 << 20).clamp(64 << 10, 1 << 30) & !((64 << 10) - 1),
+            queue_depth: cfg.get_u64("transports/io_uring/queue_depth", 32).clamp(1, 4096) as u32,
+            rings: cfg.get_u64("transports/io_uring/rings", 1).clamp(1, 64) as usize,
+            plain_threads: cfg.get_u64("transports/bufio/threads", 4).clamp(1, 256) as usize,
+        }
+    }
+}
+
+/// Loads the file transports: io_uring when `transports/io_uring/enable` (default true) and the
+/// kernel lets this process set up a ring; otherwise the plain path, when
+/// `transports/bufio/enable` (default true). Never both, so a file segment has exactly one way.
+pub fn load(cfg: &Config) -> Result<Vec<Arc<dyn Transport>>> {
+    let params = FileParams::from_config(cfg);
+    if cfg.get_bool("transports/io_uring/enable", true) {
+        match uring::IoUringTransport::new(params) {
+            Ok(t) => return Ok(vec![Arc::new(t)]),
+            Err(e) => tracing::info!("io_uring transport not loaded ({e}); file segments use pread/pwrite"),
+        }
+    }
+    if cfg.get_bool("transports/bufio/enable", true) {
+        return Ok(vec![Arc::new(plain::PlainFileTransport::new(params)?)]);
+    }
+    Ok(Vec::new())
+}
+
+/// Memory with a chosen alignment, for direct I/O from or into unaligned caller memory.
+pub struct AlignedBuf {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: the buffer is plain heap memory owned by this value; it is handed between threads only
+// as a whole (never aliased by two owners).
+unsafe impl Send for AlignedBuf {}
+
+impl AlignedBuf {
+    /// Allocates `len` bytes aligned to `align` (a power of two); failure is an error, not an
+    /// abort.
+    pub fn new(len: u64, align: u64) -> Result<AlignedBuf> {
+        let layout = std::alloc::Layout::from_size_align(len.max(1) as usize, align.max(1) as usize)
+            .map_err(|e| Error::Internal(format!("bounce buffer layout: {e}")))?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        if ptr.is_null() {
+            return Err(Error::Os(format!("cannot allocate a {len}-byte bounce buffer")));
+        }
+        Ok(AlignedBuf { ptr, layout })
+    }
+
+    /// The start of the buffer.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: ptr was allocated with this layout and is freed once.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+    }
+}
+
+/// One read or write of a request: a range of the file and the caller's memory it maps to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Piece {
+    /// Offset in the file.
+    pub offset: u64,
+    pub len: u64,
+    /// The caller's memory for this piece.
+    pub addr: u64,
+    /// Through the `O_DIRECT` descriptor.
+    pub direct: bool,
+    /// Through an aligned bounce buffer (direct, caller memory not aligned).
+    pub bounce: bool,
+    /// Interrupted attempts so far.
+    pub retries: u8,
+}
+
+/// What to do after one attempt at a piece.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Step {
+    /// The piece is done.
+    Done,
+    /// Carry on with what is left (a short transfer or an interrupted one).
+    Again(Piece),
+    /// The request failed, with the reason.
+    Failed(String),
+}
+
+/// Interrupted or would-block attempts tolerated per piece before it fails.
+const MAX_RETRIES: u8 = 16;
+
+/// A file opened for one file segment.
+pub struct OpenFile {
+    pub path: String,
+    buffered: OwnedFd,
+    direct: Option<OwnedFd>,
+    readable: bool,
+    writable: bool,
+    /// Why the access mode that is missing could not be had (for the error message).
+    denied: String,
+    /// Offset and length alignment of direct I/O.
+    pub align: u64,
+    /// Memory alignment of direct I/O.
+    pub mem_align: u64,
+    dev: u64,
+    ino: u64,
+}
+
+fn open_path(path: &str, flags: libc::c_int) -> io::Result<OwnedFd> {
+    let c = CString::new(path).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: c is a valid NUL-terminated path; the result is checked.
+    let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd was just opened and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn fstat(fd: RawFd) -> io::Result<libc::stat> {
+    // SAFETY: `stat` is plain old data; all-zero is a valid value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is open; st is a valid out-parameter.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
+/// The direct I/O alignment `statx` reports for `fd`: `Some((offset, memory))`, `Some((0, _))`
+/// when the file system says it cannot do direct I/O, `None` when the kernel does not say.
+fn dio_alignment(fd: RawFd) -> Option<(u64, u64)> {
+    // SAFETY: `statx` is plain old data; all-zero is a valid value.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: an empty path with AT_EMPTY_PATH queries fd itself; stx is a valid out-parameter.
+    let rc = unsafe { libc::statx(fd, c"".as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_DIOALIGN, &mut stx) };
+    if rc != 0 || stx.stx_mask & libc::STATX_DIOALIGN == 0 {
+        return None;
+    }
+    Some((stx.stx_dio_offset_align as u64, stx.stx_dio_mem_align as u64))
+}
+
+fn is_permission(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM | libc::EROFS | libc::ETXTBSY))
+}
+
+impl OpenFile {
+    /// Opens `t` for reading and writing, or for the one of the two the file's permissions
+    /// allow, plus an `O_DIRECT` descriptor when `direct` and the file system accepts it.
+    pub fn open(t: &FileTarget, direct: bool) -> Result<OpenFile> {
+        let path = t.path.as_str();
+        let (buffered, readable, writable, denied) = match open_path(path, libc::O_RDWR) {
+            Ok(fd) => (fd, true, true, String::new()),
+            Err(e) if is_permission(&e) => match open_path(path, libc::O_RDONLY) {
+                Ok(fd) => (fd, true, false, format!("opening {path} for writing failed: {e}")),
+                Err(re) if is_permission(&re) => match open_path(path, libc::O_WRONLY) {
+                    Ok(fd) => (fd, false, true, format!("opening {path} for reading failed: {re}")),
+                    Err(_) => return Err(Error::PermissionDenied(format!("cannot open {path}: {e}"))),
+                },
+                Err(re) => return Err(Error::InvalidArgument(format!("cannot open {path}: {re}"))),
+            },
+            Err(e) => return Err(Error::InvalidArgument(format!("cannot open {path}: {e}"))),
+        };
+        let st = fstat(buffered.as_raw_fd()).map_err(|e| Error::Os(format!("fstat of {path}: {e}")))?;
+        if (st.st_mode & libc::S_IFMT) != libc::S_IFREG {
+            return Err(Error::InvalidArgument(format!("{path} is not a regular file")));
+        }
+        let (dev, ino) = (st.st_dev, st.st_ino);
+        if (dev, ino) != (t.dev, t.ino) {
+            return Err(Error::InvalidEntry(format!("{path} was replaced while it was being opened; try again")));
+        }
+        let mode = match (readable, writable) {
+            (true, true) => libc::O_RDWR,
+            (true, false) => libc::O_RDONLY,
+            _ => libc::O_WRONLY,
+        };
+        let (mut align, mut mem_align) = (4096u64, 4096u64);
+        let direct = if !direct {
+            None
+        } else {
+            match dio_alignment(buffered.as_raw_fd()) {
+                Some((0, _)) => {
+                    tracing::warn!("{path}: the file system does not support direct I/O; using buffered I/O");
+                    None
+                }
+                reported => {
+                    if let Some((off, mem)) = reported {
+                        (align, mem_align) = (off.max(1), mem.max(1));
+                    }
+                    match open_path(path, mode | libc::O_DIRECT) {
+                        Ok(fd) if fstat(fd.as_raw_fd()).is_ok_and(|s| (s.st_dev, s.st_ino) == (dev, ino)) => Some(fd),
+                        Ok(_) => {
+                            return Err(Error::InvalidEntry(format!(
+                                "{path} was replaced while it was being opened; try again"
+                            )));
+                        }
+                        Err(e) => {
+                            tracing::warn!("{path}: O_DIRECT refused ({e}); using buffered I/O");
+                            None
+                        }
+                    }
+                }
+            }
+        };
+        if !align.is_power_of_two() || !mem_align.is_power_of_two() {
+            return Err(Error::Os(format!("{path}: unusable direct I/O alignment {align}/{mem_align}")));
+        }
+        Ok(OpenFile {
+            path: path.to_string(),
+            buffered,
+            direct,
+            readable,
+            writable,
+            denied,
+            align,
+            mem_align,
+            dev,
+            ino,
+        })
+    }
+
+    /// Whether aligned pieces bypass the page cache.
+    pub fn is_direct(&self) -> bool {
+        self.direct.is_some()
+    }
+
+    /// Whether this is still the file `t` names (same device and inode).
+    pub fn same_file(&self, t: &FileTarget) -> bool {
+        (self.dev, self.ino) == (t.dev, t.ino)
+    }
+
+    /// The descriptor for a piece.
+    pub fn fd(&self, direct: bool) -> RawFd {
+        match (&self.direct, direct) {
+            (Some(fd), true) => fd.as_raw_fd(),
+            _ => self.buffered.as_raw_fd(),
+        }
+    }
+
+    /// The file's size now.
+    pub fn size(&self) -> Result<u64> {
+        fstat(self.buffered.as_raw_fd())
+            .map(|st| st.st_size as u64)
+            .map_err(|e| Error::Os(format!("fstat of {}: {e}", self.path)))
+    }
+
+    /// Checks a request against the file (access mode, and for a READ the current size) and
+    /// splits it into pieces of at most `chunk` bytes (a multiple of the alignment). A request of
+    /// 0 bytes gives no pieces.
+    pub fn plan(&self, r: &Request, chunk: u64) -> Result<Vec<Piece>> {
+        let allowed = match r.opcode {
+            Opcode::Read => self.readable,
+            Opcode::Write => self.writable,
+        };
+        if !allowed {
+            return Err(Error::PermissionDenied(format!(
+                "{:?} on {} is not possible: {}",
+                r.opcode, self.path, self.denied
+            )));
+        }
+        let end = r.target_offset.checked_add(r.length).filter(|e| *e <= i64::MAX as u64).ok_or_else(|| {
+            Error::InvalidArgument(format!("{} bytes at offset {} overflow a file offset", r.length, r.target_offset))
+        })?;
+        if r.opcode == Opcode::Read {
+            let size = self.size()?;
+            if end > size {
+                return Err(Error::InvalidArgument(format!(
+                    "READ of {} bytes at offset {} runs past the end of {} ({size} bytes)",
+                    r.length, r.target_offset, self.path
+                )));
+            }
+        }
+        let mut out = Vec::new();
+        if r.length == 0 {
+            return Ok(out);
+        }
+        let at = |off: u64| r.source + (off - r.target_offset);
+        let a = self.align;
+        let (mid_start, mid_end) = (r.target_offset.div_ceil(a) * a, end / a * a);
+        if self.direct.is_none() || mid_start >= mid_end {
+            split(r.target_offset, end, chunk, false, &at, &mut out, self.mem_align);
+            return Ok(out);
+        }
+        split(r.target_offset, mid_start, chunk, false, &at, &mut out, self.mem_align);
+        split(mid_start, mid_end, (chunk / a * a).max(a), true, &at, &mut out, self.mem_align);
+        split(mid_end, end, chunk, false, &at, &mut out, self.mem_align);
+        Ok(out)
+    }
+
+    /// Judges one attempt at piece `p` of a `op` request: `res` is the byte count or the error.
+    pub fn advance(&self, op: Opcode, p: &Piece, res: io::Result<usize>) -> Step {
+        let n = match res {
+            Ok(n) => n as u64,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN)) && p.retries < MAX_RETRIES => {
+                return Step::Again(Piece { retries: p.retries + 1, ..*p });
+            }
+            Err(e) => {
+                return Step::Failed(format!(
+                    "{op:?} of {} bytes at offset {} of {} failed: {e}",
+                    p.len, p.offset, self.path
+                ));
+            }
+        };
+        if n >= p.len {
+            return Step::Done;
+        }
+        if n == 0 {
+            return Step::Failed(match op {
+                Opcode::Read => format!("{} ended at byte {} during a READ (the file shrank)", self.path, p.offset),
+                Opcode::Write => format!("WRITE at offset {} of {} made no progress", p.offset, self.path),
+            });
+        }
+        // A short transfer: carry on from where it stopped, directly only while that is aligned.
+        let (offset, len, addr) = (p.offset + n, p.len - n, p.addr + n);
+        let direct = p.direct && offset % self.align == 0 && len % self.align == 0;
+        let bounce = direct && addr % self.mem_align != 0;
+        Step::Again(Piece { offset, len, addr, direct, bounce, retries: p.retries })
+    }
+
+    /// Flushes the file's data to stable storage (`fdatasync`).
+    pub fn sync(&self) -> Result<()> {
+        // SAFETY: the descriptor is open for the life of self.
+        if unsafe { libc::fdatasync(self.buffered.as_raw_fd()) } != 0 {
+            return Err(Error::Os(format!("fdatasync of {} failed: {}", self.path, io::Error::last_os_error())));
+        }
+        Ok(())
+    }
+}
+
+/// Splits `[start, end)` of the file into pieces of at most `chunk` bytes.
+fn split(
+    start: u64,
+    end: u64,
+    chunk: u64,
+    direct: bool,
+    at: &dyn Fn(u64) -> u64,
+    out: &mut Vec<Piece>,
+    mem_align: u64,
+) {
+    let mut off = start;
+    while off < end {
+        let len = (end - off).min(chunk);
+        let addr = at(off);
+        out.push(Piece { offset: off, len, addr, direct, bounce: direct && addr % mem_align != 0, retries: 0 });
+        off += len;
+    }
+}
+
+/// Copies a finished bounce READ into the caller's memory, or fills a bounce buffer for a WRITE.
+///
+/// # Safety
+/// `mem` is valid for `len` bytes of the caller's transfer memory, `bounce` for `len` bytes.
+pub unsafe fn bounce_copy(op: Opcode, mem: u64, bounce: *mut u8, len: u64) {
+    let mem = mem as *mut u8;
+    let (src, dst) = match op {
+        Opcode::Read => (bounce as *const u8, mem),
+        Opcode::Write => (mem as *const u8, bounce),
+    };
+    // SAFETY: both ranges are valid for len bytes (caller contract) and never overlap (the
+    // bounce buffer is our own allocation).
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, len as usize) };
+}
+
+/// A task with the pieces it was split into.
+pub type PlannedTask = (Task, Vec<Piece>);
+
+/// Opens the file of `target` and plans every task against it: a task that cannot run fails
+/// with the reason, one of 0 bytes completes; the rest are returned with their pieces. An error
+/// (the file cannot be opened) means no task was touched.
+pub fn plan_tasks(
+    files: &FileCache,
+    params: &FileParams,
+    target: &SegmentDesc,
+    tasks: Vec<Task>,
+) -> Result<(Arc<OpenFile>, Vec<PlannedTask>)> {
+    let file = files.get(target, params.direct_io)?;
+    let mut planned = Vec::new();
+    for task in tasks {
+        let r = *task.request();
+        match file.plan(&r, params.chunk_size) {
+            Err(e) => {
+                task.fail(e.to_string());
+            }
+            Ok(pieces) if pieces.is_empty() => {
+                task.complete();
+            }
+            Ok(pieces) => planned.push((task, pieces)),
+        }
+    }
+    Ok((file, planned))
+}
+
+/// The open files of one transport, by segment name. A file segment's descriptor is built from a
+/// fresh `stat` before each submit; when that names another inode (the file was replaced), the
+/// file is opened again.
+#[derive(Default)]
+pub struct FileCache {
+    files: Mutex<HashMap<String, Arc<OpenFile>>>,
+}
+
+impl FileCache {
+    /// The open file of segment `target`; a descriptor without a local file (one from a peer) is
+    /// refused: file segments are served only to the engine that opened them.
+    pub fn get(&self, target: &SegmentDesc, direct: bool) -> Result<Arc<OpenFile>> {
+        let Some(t) = target.file.as_ref() else {
+            return Err(Error::PermissionDenied(format!(
+                "segment {} is a file segment of another engine; file segments are never served to peers",
+                target.name
+            )));
+        };
+        let mut files = self.files.lock();
+        if let Some(f) = files.get(&target.name).filter(|f| f.same_file(t)) {
+            return Ok(f.clone());
+        }
+        let f = Arc::new(OpenFile::open(t, direct)?);
+        files.insert(target.name.clone(), f.clone());
+        Ok(f)
+    }
+
+    /// Closes the file of a segment that was closed (`None`), or whose file is gone.
+    pub fn forget(&self, name: &str, desc: Option<&SegmentDesc>) {
+        if desc.is_none() {
+            self.files.lock().remove(name);
+        }
+    }
+
+    /// Closes every file.
+    pub fn clear(&self) {
+        self.files.lock().clear();
+    }
+
+    /// Whether the file of segment `name` is open with direct I/O (`None` when not open).
+    pub fn direct(&self, name: &str) -> Option<bool> {
+        self.files.lock().get(name).map(|f| f.is_direct())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::types::TransportKind;
+
+    fn target(path: &std::path::Path) -> FileTarget {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).expect("stat");
+        FileTarget { path: path.to_string_lossy().into_owned(), length: m.len(), dev: m.dev(), ino: m.ino() }
+    }
+
+    fn req(op: Opcode, source: u64, offset: u64, length: u64) -> Request {
+        Request {
+            opcode: op,
+            source,
+            target_id: 1,
+            target_offset: offset,
+            length,
+            priority: 0,
+            hint: TransportKind::Unspec,
+        }
+    }
+
+    #[test]
+    fn requests_split_into_buffered_edges_and_a_direct_middle() {
+        let dir = std::env::temp_dir().join(format!("tent-file-plan-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let p = dir.join("f");
+        std::fs::write(&p, vec![0u8; 1 << 20]).expect("write");
+        let f = OpenFile::open(&target(&p), true).expect("open");
+        let a = f.align;
+        // Aligned everything: direct pieces of the chunk size, no bounce.
+        let pieces = f.plan(&req(Opcode::Read, 1 << 30, 0, 256 << 10), 64 << 10).expect("plan");
+        assert_eq!(pieces.len(), 4);
+        assert!(pieces.iter().all(|p| p.direct == f.is_direct() && !p.bounce && p.len == 64 << 10));
+        if f.is_direct() {
+            // Unaligned offset and length: a buffered head and tail around a direct middle.
+            let r = req(Opcode::Write, (1 << 30) + 1, 100, 3 * a);
+            let pieces = f.plan(&r, 1 << 20).expect("plan");
+            assert_eq!(pieces.len(), 3, "{pieces:?}");
+            assert_eq!((pieces[0].offset, pieces[0].len, pieces[0].direct), (100, a - 100, false));
+            assert_eq!((pieces[1].offset, pieces[1].len, pieces[1].direct), (a, 2 * a, true));
+            assert!(pieces[1].bounce, "the caller's memory is not aligned");
+            assert_eq!((pieces[2].offset, pieces[2].len), (3 * a, 100));
+            assert_eq!(pieces[1].addr, r.source + (a - 100));
+            // Smaller than a block: one buffered piece.
+            let pieces = f.plan(&req(Opcode::Write, 1 << 30, 10, 20), 1 << 20).expect("plan");
+            assert_eq!(
+                pieces,
+                vec![Piece { offset: 10, len: 20, addr: 1 << 30, direct: false, bounce: false, retries: 0 }]
+            );
+        }
+        // A READ past the end is refused; a WRITE past the end is planned.
+        let e = f.plan(&req(Opcode::Read, 1 << 30, (1 << 20) - 10, 20), 1 << 20).expect_err("past the end");
+        assert!(e.to_string().contains("runs past the end"), "{e}");
+        assert!(f.plan(&req(Opcode::Write, 1 << 30, 1 << 20, 20), 1 << 20).is_ok());
+        assert!(f.plan(&req(Opcode::Write, 1 << 30, u64::MAX - 1, 20), 1 << 20).is_err());
+        assert!(f.plan(&req(Opcode::Read, 1 << 30, 0, 0), 1 << 20).expect("empty").is_empty());
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+
+    #[test]
+    fn a_file_descriptor_from_a_peer_is_never_opened() {
+        let peer = r#"{"name":"file:///etc/hostname","type":"file","machine_id":"m","rpc_server_addr":"","detail":{"buffers":[{"path":"/etc/hostname","length":1,"offset":0}]}}"#;
+        let desc = SegmentDesc::from_json(peer).expect("parses");
+        let cache = FileCache::default();
+        let e = cache.get(&desc, true).err().expect("refused");
+        assert!(matches!(e, Error::PermissionDenied(_)), "{e}");
+        assert_eq!(cache.direct(&desc.name), None, "nothing was opened");
+    }
+
+    #[test]
+    fn short_transfers_continue_and_errors_fail() {
+        let dir = std::env::temp_dir().join(format!("tent-file-adv-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let p = dir.join("f");
+        std::fs::write(&p, [1u8; 100]).expect("write");
+        let f = OpenFile::open(&target(&p), false).expect("open");
+        let piece = Piece { offset: 0, len: 100, addr: 4096, direct: false, bounce: false, retries: 0 };
+        assert_eq!(f.advance(Opcode::Read, &piece, Ok(100)), Step::Done);
+        assert_eq!(
+            f.advance(Opcode::Read, &piece, Ok(40)),
+            Step::Again(Piece { offset: 40, len: 60, addr: 4136, ..piece })
+        );
+        assert!(matches!(f.advance(Opcode::Read, &piece, Ok(0)), Step::Failed(m) if m.contains("shrank")));
+        let enospc = io::Error::from_raw_os_error(libc::ENOSPC);
+        assert!(
+            matches!(f.advance(Opcode::Write, &piece, Err(enospc)), Step::Failed(m) if m.contains("No space left"))
+        );
+        let eintr = || io::Error::from_raw_os_error(libc::EINTR);
+        assert!(matches!(f.advance(Opcode::Write, &piece, Err(eintr())), Step::Again(_)));
+        let tired = Piece { retries: MAX_RETRIES, ..piece };
+        assert!(matches!(f.advance(Opcode::Write, &tired, Err(eintr())), Step::Failed(_)));
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+}

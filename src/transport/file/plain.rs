@@ -1,0 +1,198 @@
+//! The plain file transport (internal kind `bufio`): `pread`/`pwrite` on a pool of threads, for
+//! kernels or sandboxes where io_uring is unavailable, or when `transports/io_uring/enable` is
+//! off. It uses the same checks, splitting and direct I/O rules as the io_uring transport, so both
+//! give the same bytes; the pieces of one request run on several threads at once.
+
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+
+use parking_lot::Mutex;
+
+use super::{AlignedBuf, FileCache, FileParams, OpenFile, Piece, Step, bounce_copy, plan_tasks};
+use crate::control::queue::WorkQueue;
+use crate::engine::segment::SegmentDesc;
+use crate::engine::types::{Opcode, TransportKind};
+use crate::engine::unit::Task;
+use crate::error::Result;
+use crate::transport::Transport;
+
+/// A request whose pieces count down; the last one ends it.
+struct Job {
+    task: Task,
+    file: Arc<OpenFile>,
+    op: Opcode,
+    remaining: AtomicUsize,
+    error: Mutex<Option<String>>,
+    sync: bool,
+}
+
+struct Work {
+    job: Arc<Job>,
+    piece: Piece,
+}
+
+/// The plain `pread`/`pwrite` transport.
+pub struct PlainFileTransport {
+    params: FileParams,
+    files: FileCache,
+    queue: Arc<WorkQueue<Work>>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl PlainFileTransport {
+    /// Starts the threads.
+    pub fn new(params: FileParams) -> Result<PlainFileTransport> {
+        let queue = Arc::new(WorkQueue::<Work>::default());
+        let mut workers = Vec::new();
+        for i in 0..params.plain_threads {
+            let q = queue.clone();
+            workers.push(std::thread::Builder::new().name(format!("tent-bufio-{i}")).spawn(move || {
+                while let Some(w) = q.pop() {
+                    run(&w);
+                    piece_done(&w.job);
+                }
+            })?);
+        }
+        Ok(PlainFileTransport { params, files: FileCache::default(), queue, workers: Mutex::new(workers) })
+    }
+}
+
+/// Moves one piece (and whatever is left after short transfers), unless the request already
+/// failed or was cancelled.
+fn run(w: &Work) {
+    let job = &w.job;
+    let mut piece = w.piece;
+    loop {
+        if job.error.lock().is_some() {
+            return;
+        }
+        if job.task.cancel_requested() {
+            job.error.lock().get_or_insert_with(|| "canceled".into());
+            return;
+        }
+        let res = transfer(job, &piece);
+        match job.file.advance(job.op, &piece, res) {
+            Step::Done => return,
+            Step::Again(rest) => piece = rest,
+            Step::Failed(reason) => {
+                job.error.lock().get_or_insert(reason);
+                return;
+            }
+        }
+    }
+}
+
+/// One `pread` or `pwrite` of a piece, through a bounce buffer when it needs one.
+fn transfer(job: &Job, p: &Piece) -> io::Result<usize> {
+    let bounce = if p.bounce {
+        let b = AlignedBuf::new(p.len, job.file.mem_align.max(job.file.align))
+            .map_err(|_| io::Error::from_raw_os_error(libc::ENOMEM))?;
+        if job.op == Opcode::Write {
+            // SAFETY: p.addr lies in the caller's transfer memory for p.len bytes; the buffer
+            // holds p.len bytes.
+            unsafe { bounce_copy(Opcode::Write, p.addr, b.as_ptr(), p.len) };
+        }
+        Some(b)
+    } else {
+        None
+    };
+    let ptr = bounce.as_ref().map(|b| b.as_ptr()).unwrap_or(p.addr as *mut u8);
+    let fd = job.file.fd(p.direct);
+    let len = p.len as usize;
+    // SAFETY: ptr is valid for len bytes (the caller's transfer memory or the bounce buffer);
+    // the offset fits an off_t (checked when the request was planned).
+    let n = unsafe {
+        match job.op {
+            Opcode::Read => libc::pread(fd, ptr.cast(), len, p.offset as libc::off_t),
+            Opcode::Write => libc::pwrite(fd, ptr.cast::<libc::c_void>(), len, p.offset as libc::off_t),
+        }
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if let (Some(b), Opcode::Read) = (&bounce, job.op) {
+        // SAFETY: pread filled n <= len bytes of the bounce buffer; the caller's memory holds len.
+        unsafe { bounce_copy(Opcode::Read, p.addr, b.as_ptr(), n as u64) };
+    }
+    Ok(n as usize)
+}
+
+/// Counts a piece done; the last one ends the request (after `fdatasync` for a synced WRITE).
+fn piece_done(job: &Job) {
+    if job.remaining.fetch_sub(1, Ordering::AcqRel) != 1 {
+        return;
+    }
+    let mut error = job.error.lock().take();
+    if error.is_none() && job.sync {
+        error = job.file.sync().err().map(|e| e.to_string());
+    }
+    match error {
+        Some(reason) => {
+            tracing::debug!("file transfer failed: {reason}");
+            job.task.fail(reason);
+        }
+        None => {
+            job.task.complete();
+        }
+    }
+}
+
+impl Transport for PlainFileTransport {
+    fn kind(&self) -> TransportKind {
+        TransportKind::BufIo
+    }
+
+    fn reaches(&self, target: &SegmentDesc, _local_machine_id: &str) -> bool {
+        target.file.is_some()
+    }
+
+    fn submit(&self, target: &Arc<SegmentDesc>, tasks: Vec<Task>) -> Result<()> {
+        let (file, planned) = plan_tasks(&self.files, &self.params, target, tasks)?;
+        let mut work = Vec::new();
+        for (task, pieces) in planned {
+            let op = task.request().opcode;
+            let job = Arc::new(Job {
+                task,
+                file: file.clone(),
+                op,
+                remaining: AtomicUsize::new(pieces.len()),
+                error: Mutex::new(None),
+                sync: op == Opcode::Write && self.params.sync_writes,
+            });
+            work.extend(pieces.into_iter().map(|piece| Work { job: job.clone(), piece }));
+        }
+        if let Err(rest) = self.queue.push_all(work) {
+            for w in rest {
+                w.job.task.fail("file transport is shutting down".into());
+            }
+        }
+        Ok(())
+    }
+
+    fn segment_changed(&self, name: &str, desc: Option<&SegmentDesc>) {
+        self.files.forget(name, desc);
+    }
+
+    fn direct_io(&self, name: &str) -> Option<bool> {
+        self.files.direct(name)
+    }
+
+    fn shutdown(&self) {
+        for w in self.queue.close() {
+            w.job.error.lock().get_or_insert_with(|| "file transport is shutting down".into());
+            piece_done(&w.job);
+        }
+        for t in self.workers.lock().drain(..) {
+            let _ = t.join();
+        }
+        self.files.clear();
+    }
+}
+
+impl Drop for PlainFileTransport {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
