@@ -78,7 +78,8 @@ fn write_header(
 /// Creates `libtent_shared.so`, `libtransfer_engine.so` and `libtransfer_engine.a` (upstream's
 /// library names) as relative symlinks to `libtent.so` / `libtent.a` next to the build output, so
 /// `-ltent_shared`, `dlopen` of upstream's names and callers that link the classic library
-/// statically (upstream's Rust binding asks for `static=transfer_engine`) find this library.
+/// statically (upstream's Rust binding asks for `static=transfer_engine`) find this library;
+/// and empty `libbase.a` / `libasio.a` for the other two libraries that binding links.
 fn link_upstream_names(out_dir: &Path) {
     // OUT_DIR is <target>/<profile>/build/<pkg>-<hash>/out.
     let Some(profile_dir) = out_dir.ancestors().nth(3) else {
@@ -96,6 +97,18 @@ fn link_upstream_names(out_dir: &Path) {
         #[cfg(unix)]
         if let Err(e) = std::os::unix::fs::symlink(file, &link) {
             println!("cargo:warning=could not create {}: {e}", link.display());
+        }
+    }
+    // Upstream's Rust binding also links upstream's internal libraries `static=base` and `asio`
+    // from the same directory. libtent.a holds everything the classic API needs, so empty
+    // archives under those names let the binding's build script link unchanged.
+    for name in ["libbase.a", "libasio.a"] {
+        let path = profile_dir.join(name);
+        if path.exists() {
+            continue;
+        }
+        if let Err(e) = fs::write(&path, b"!<arch>\n") {
+            println!("cargo:warning=could not create {}: {e}", path.display());
         }
     }
 }

@@ -192,8 +192,8 @@ fn classic_behaviour_upstream_callers_rely_on() {
     assert!(ok && out.contains("classic_upstream sim: ") && out.contains(", 0 failed"), "{out}");
 }
 
-/// Upstream's Rust binding links the classic library as `-l static=transfer_engine` from its
-/// library directory, and the Go p2p-store links `-ltransfer_engine` statically: a Rust program
+/// Upstream's Rust binding links the classic library as `-l static=transfer_engine` (with
+/// upstream's `static=base` and `asio`, empty stand-ins here) from its library directory, and the Go p2p-store links `-ltransfer_engine` statically: a Rust program
 /// declared that way (built by rustc) and a C program linked with `-Bstatic` both find
 /// `libtransfer_engine.a` next to the shared library, carry no dependency on it and run.
 #[test]
@@ -205,6 +205,11 @@ fn static_library_under_upstreams_name_links_from_rust_and_c() {
     std::fs::write(
         &rs,
         r#"use std::ffi::{c_char, c_int, c_void, CStr};
+// The binding's build script also asks for upstream's `static=base` and `asio`.
+#[link(name = "base", kind = "static")]
+unsafe extern "C" {}
+#[link(name = "asio")]
+unsafe extern "C" {}
 #[link(name = "transfer_engine", kind = "static")]
 unsafe extern "C" {
     fn createTransferEngine(conn: *const c_char, name: *const c_char, host: *const c_char, port: u64, auto: c_int) -> *mut c_void;
