@@ -344,8 +344,9 @@ fn killed_peer_fails_its_work_and_a_restarted_one_is_reached_again() {
     assert!(all_completed(&st), "the other peer is still served: {st:?}");
     assert_eq!(c.cmd("CHECK 0 1048576 9"), "OK");
 
-    std::thread::sleep(Duration::from_secs(1));
     drop(b);
+    // The peer comes back 1 s after its work failed, at the same address.
+    std::thread::sleep((failed_at + Duration::from_secs(1)).saturating_duration_since(Instant::now()));
     let mut b2 = Peer::start(port, 1 << 20, 0);
     let bootstraps = a.rdma().expect("rdma").core().counters.bootstraps_sent.load(Ordering::Relaxed);
     a.refresh_segment(hb).expect("learn the restarted peer's buffer");
