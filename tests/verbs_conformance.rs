@@ -429,9 +429,6 @@ fn vanished_responder_gives_retry_exceeded_after_the_budget() {
     assert_eq!(a.qp.state().unwrap(), QpState::Err);
 }
 
-/// Sim-only: a real NIC NAKs a PSN ahead of the expected one but re-acknowledges one behind it
-/// without executing, so the requester's view depends on the direction; the sim models the
-/// outcome that matters (the bytes never land) as the requester running out of retries.
 #[test]
 fn vanished_responder_ends_in_retry_exceeded() {
     each_bench(|bench| {
@@ -450,6 +447,9 @@ fn vanished_responder_ends_in_retry_exceeded() {
     });
 }
 
+/// Sim-only: a real NIC NAKs a PSN ahead of the expected one but re-acknowledges one behind it
+/// without executing, so the requester's view depends on the direction; the sim models the
+/// outcome that matters (the bytes never land) as the requester running out of retries.
 #[test]
 fn mismatched_first_psns_never_deliver() {
     let (fabric, _ha, _hb, mut a, mut b) = sim_pair();
