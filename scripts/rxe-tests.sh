@@ -93,9 +93,14 @@ done
 if [ "$bench" = 1 ]; then
     for op in write read; do
         echo "=== ib_${op}_bw 1 MiB (reference)"
-        "ib_${op}_bw" -d rxe0 -x 1 -F -s 1048576 -n 300 >/tmp/ib.out 2>&1 &
-        sleep 1
-        "ib_${op}_bw" -d rxe0 -x 1 -F -s 1048576 -n 300 127.0.0.1 | grep -A1 '#bytes'
+        # Bounded: a perftest pair that fails to meet must not hang the guest.
+        timeout 120 "ib_${op}_bw" -d rxe0 -x 1 -F -s 1048576 -n 300 >/tmp/ib.out 2>&1 &
+        # The server may take a while to listen under emulation: the client retries.
+        for _ in 1 2 3 4 5 6 7 8 9 10; do
+            sleep 1
+            timeout 60 "ib_${op}_bw" -d rxe0 -x 1 -F -s 1048576 -n 300 127.0.0.1 >/tmp/ibc.out 2>&1 && break
+        done
+        grep -A1 '#bytes' /tmp/ibc.out
         wait
         # perftest keeps up to 128 messages in flight; batch 1 waits for each request, batch 8
         # keeps several in flight too.
