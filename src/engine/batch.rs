@@ -4,7 +4,7 @@
 //! check and is rejected without touching memory. Task state is a pair of atomics that
 //! transports update on completion; polling reads them without any engine-wide lock.
 
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::{Mutex, RwLock};
@@ -70,6 +70,8 @@ struct BatchLife {
     suspended: AtomicUsize,
     /// Bytes of the tasks that completed, so a poll of a batch still running is O(1).
     completed_bytes: AtomicU64,
+    /// Status polls that found the batch pending (see `Batch::pending_poll`).
+    pending_polls: AtomicU32,
     free_requested: AtomicBool,
     table: Weak<BatchTable>,
     metrics: Arc<Metrics>,
@@ -349,6 +351,16 @@ impl Batch {
         (status, bytes)
     }
 
+    /// Counts a status poll that found this batch pending; returns how many did before it.
+    pub fn pending_poll(&self) -> u32 {
+        self.life.pending_polls.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Restarts the count of pending polls (the batch was found settled).
+    pub fn settled(&self) {
+        self.life.pending_polls.store(0, Ordering::Relaxed);
+    }
+
     /// Asks every pending task to stop; returns whether task `i` ended as CANCELED by this call.
     pub fn cancel(&self, i: usize) -> Result<bool> {
         let t = self.task(i)?;
@@ -412,6 +424,7 @@ impl BatchTable {
             pending: AtomicUsize::new(0),
             suspended: AtomicUsize::new(0),
             completed_bytes: AtomicU64::new(0),
+            pending_polls: AtomicU32::new(0),
             free_requested: AtomicBool::new(false),
             table: self.me.clone(),
             metrics: self.metrics.clone(),
