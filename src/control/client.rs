@@ -77,6 +77,30 @@ pub enum DataOp<'a> {
     Read { remote: u64, out: &'a mut [u8] },
 }
 
+/// Checks a reply header read into `hdr` against request `seq` and reads its body; an
+/// err_code reply (a refusal) is returned as a remote error with its attachment drained.
+fn reply_head(
+    addr: &str,
+    s: &mut TcpStream,
+    hdr: &[u8; frame::RESPONSE_HEADER_LEN],
+    seq: u32,
+) -> Result<frame::ResponseHeader> {
+    let h = frame::parse_response_header(hdr);
+    if h.seq != seq {
+        return Err(rpc_err(addr, format!("reply sequence {} does not match request {seq}", h.seq)));
+    }
+    if h.body_len > frame::MAX_BODY_LEN.max(1 << 20) {
+        return Err(rpc_err(addr, format!("reply body of {} bytes is too large", h.body_len)));
+    }
+    let mut body = vec![0u8; h.body_len as usize];
+    s.read_exact(&mut body).map_err(|e| rpc_err(addr, format!("truncated reply: {e}")))?;
+    if h.err_code != 0 {
+        frame::discard(s, h.attach_len as u64).ok();
+        return Err(Error::Remote(format!("{addr}: {}", frame::decode_string(&body))));
+    }
+    Ok(h)
+}
+
 /// How a call failed.
 fn rpc_err(addr: &str, what: impl std::fmt::Display) -> Error {
     Error::Rpc(format!("{addr}: {what}"))
@@ -231,20 +255,9 @@ impl RpcClient {
                 }
                 return Err(rpc_err(addr, format!("call failed: {e}")));
             }
-            let h = frame::parse_response_header(&hdr);
-            if h.seq != seq {
-                return Err(rpc_err(addr, format!("reply sequence {} does not match request {seq}", h.seq)));
-            }
-            if h.body_len > frame::MAX_BODY_LEN.max(1 << 20) {
-                return Err(rpc_err(addr, format!("reply body of {} bytes is too large", h.body_len)));
-            }
-            let mut body = vec![0u8; h.body_len as usize];
-            c.stream.read_exact(&mut body).map_err(|e| rpc_err(addr, format!("truncated reply: {e}")))?;
-            if h.err_code != 0 {
-                // Upstream clients close the connection after an err_code reply; so do we.
-                frame::discard(&mut c.stream, h.attach_len as u64).ok();
-                return Err(Error::Remote(format!("{addr}: {}", frame::decode_string(&body))));
-            }
+            // Upstream clients close the connection after an err_code reply; so do we (an error
+            // here drops `c`).
+            let h = reply_head(addr, &mut c.stream, &hdr, seq)?;
             let out = recv(&mut c.stream, &h)?;
             self.give_back(addr, c);
             return Ok(out);
@@ -379,19 +392,7 @@ impl RpcClient {
     fn read_data_reply(&self, addr: &str, s: &mut TcpStream, seq: u32, op: &mut DataOp<'_>) -> Result<()> {
         let mut hdr = [0u8; frame::RESPONSE_HEADER_LEN];
         s.read_exact(&mut hdr).map_err(|e| rpc_err(addr, format!("call failed: {e}")))?;
-        let h = frame::parse_response_header(&hdr);
-        if h.seq != seq {
-            return Err(rpc_err(addr, format!("reply sequence {} does not match request {seq}", h.seq)));
-        }
-        if h.body_len > frame::MAX_BODY_LEN.max(1 << 20) {
-            return Err(rpc_err(addr, format!("reply body of {} bytes is too large", h.body_len)));
-        }
-        let mut body = vec![0u8; h.body_len as usize];
-        s.read_exact(&mut body).map_err(|e| rpc_err(addr, format!("truncated reply: {e}")))?;
-        if h.err_code != 0 {
-            frame::discard(s, h.attach_len as u64).ok();
-            return Err(Error::Remote(format!("{addr}: {}", frame::decode_string(&body))));
-        }
+        let h = reply_head(addr, s, &hdr, seq)?;
         match op {
             DataOp::Write { .. } if h.attach_len == 0 => Ok(()),
             DataOp::Read { out, .. } if h.attach_len as u64 == out.len() as u64 => {
