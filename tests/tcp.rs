@@ -282,3 +282,37 @@ fn ipv6_loopback_names_are_bracketed_and_work() {
     assert_eq!(st[0].0, Status::Completed);
     assert!(peer == src);
 }
+
+#[test]
+fn many_small_scattered_requests_each_report_their_own_result() {
+    // KV-cache shape: small blocks to every other slot of the peer's buffer, so they travel as
+    // pipelined groups; a few requests in the middle are refused and must fail alone.
+    let a = engine(&[]);
+    let b = engine(&[]);
+    let (block, n) = (16usize << 10, 256usize);
+    let peer = buffer(&b, 2 * n * block, |_| 0, Permission::GlobalReadWrite);
+    let src = buffer(&a, n * block, pattern, Permission::GlobalReadWrite);
+    let mut back = vec![0u8; n * block];
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let base = peer.as_ptr() as u64;
+    let bad = |i: usize| i % 37 == 5;
+    let slot = |i: usize| if bad(i) { 0x1000 } else { base + (2 * i * block) as u64 };
+    let writes: Vec<_> = (0..n)
+        .map(|i| req(Opcode::Write, src.as_ptr() as u64 + (i * block) as u64, h, slot(i), block as u64))
+        .collect();
+    for (i, (s, bytes)) in run(&a, &writes, BOUND).into_iter().enumerate() {
+        let want = if bad(i) { (Status::Failed, 0) } else { (Status::Completed, block as u64) };
+        assert_eq!((s, bytes), want, "write {i}");
+    }
+    let reads: Vec<_> = (0..n)
+        .map(|i| req(Opcode::Read, back.as_mut_ptr() as u64 + (i * block) as u64, h, slot(i), block as u64))
+        .collect();
+    for (i, (s, _)) in run(&a, &reads, BOUND).into_iter().enumerate() {
+        assert_eq!(s, if bad(i) { Status::Failed } else { Status::Completed }, "read {i}");
+    }
+    for i in (0..n).filter(|&i| !bad(i)) {
+        let (b0, p0) = (i * block, 2 * i * block);
+        assert!(peer[p0..p0 + block] == src[b0..b0 + block], "block {i} differs on the peer");
+        assert!(back[b0..b0 + block] == src[b0..b0 + block], "block {i} differs after reading back");
+    }
+}

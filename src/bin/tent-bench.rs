@@ -12,6 +12,10 @@
 //! file segment instead: the engine moves data between its memory and the file at
 //! `--file_path`, and `--compare` runs `fio` on the same file with the same block size, queue
 //! depth (the batch size) and direct I/O (an O_DIRECT pread/pwrite loop when fio is missing).
+//!
+//! `--kv` measures the shape inference engines move KV cache in: one batch of many 16-256 KiB
+//! blocks, scattered over the target buffer (no two adjacent, so no request merging helps),
+//! written and read back with every byte checked; see [`run_kv`].
 
 use std::ffi::{CStr, CString, c_void};
 use std::io::{Read, Write};
@@ -45,13 +49,20 @@ struct Opts {
     rpc_server_port: u16,
     compare: bool,
     file_path: String,
+    /// `--kv`: the KV-cache preset (see `run_kv`) instead of the sweep.
+    kv: bool,
+    /// Rounds per KV shape (`--kv_rounds`); the median is reported.
+    kv_rounds: usize,
+    /// How the KV caller polls: `sleep` (yield, then 20 us sleeps), `yield` or `spin`.
+    kv_poll: String,
 }
 
 const USAGE: &str = "usage: tent-bench [--role=target | --target_seg_name=NAME] [--xport_type=tcp|shm|rdma] \
 [--rdma_provider=sim|ibverbs] [--op_type=read|write|mix] [--check_consistency] [--total_buffer_size=BYTES] \
 [--start_block_size=B] [--max_block_size=B] [--start_batch_size=N] [--max_batch_size=N] [--start_num_threads=N] \
 [--max_num_threads=N] [--duration=SECONDS] [--metadata_type=p2p|etcd|redis|http] [--metadata_url_list=URLS] \
-[--rpc_server_hostname=IP] [--rpc_server_port=PORT] [--compare] [--xport_type=io_uring|bufio --file_path=PATH]";
+[--rpc_server_hostname=IP] [--rpc_server_port=PORT] [--compare] [--xport_type=io_uring|bufio --file_path=PATH] \
+[--kv [--kv_rounds=N] [--kv_poll=sleep|yield|spin]]";
 
 fn parse_size(v: &str) -> Option<usize> {
     let v = v.trim();
@@ -86,6 +97,9 @@ fn parse_args() -> Result<Opts, String> {
         rpc_server_port: 0,
         compare: false,
         file_path: String::new(),
+        kv: false,
+        kv_rounds: 10,
+        kv_poll: "sleep".into(),
     };
     for a in std::env::args().skip(1) {
         if a == "--bench" {
@@ -117,6 +131,9 @@ fn parse_args() -> Result<Opts, String> {
             "rpc_server_port" => o.rpc_server_port = v.parse().map_err(|_| format!("--rpc_server_port: {v}"))?,
             "compare" => o.compare = flag(),
             "file_path" => o.file_path = v.into(),
+            "kv" => o.kv = flag(),
+            "kv_rounds" => o.kv_rounds = num()?.max(1),
+            "kv_poll" => o.kv_poll = v.into(),
             "help" | "h" => return Err(USAGE.into()),
             _ => return Err(format!("unknown option --{k}\n{USAGE}")),
         }
@@ -129,6 +146,9 @@ fn parse_args() -> Result<Opts, String> {
     }
     if !matches!(o.op_type.as_str(), "read" | "write" | "mix") {
         return Err(format!("--op_type must be read, write or mix, not {}", o.op_type));
+    }
+    if !matches!(o.kv_poll.as_str(), "sleep" | "yield" | "spin") {
+        return Err(format!("--kv_poll must be sleep, yield or spin, not {}", o.kv_poll));
     }
     if o.start_block_size == 0 || o.start_batch_size == 0 || o.start_num_threads == 0 || o.total_buffer_size == 0 {
         return Err("sizes, batch sizes and thread counts must be at least 1".into());
@@ -618,7 +638,7 @@ fn main() -> ExitCode {
         let initiator = start_engine(&o)?;
         if !o.target_seg_name.is_empty() {
             let t = open_target(initiator, &o.target_seg_name)?;
-            let r = run_initiator(&o, initiator, &t);
+            let r = if o.kv { run_kv(&o, initiator, &t) } else { run_initiator(&o, initiator, &t) };
             tent_destroy_engine(initiator);
             return r;
         }
@@ -628,7 +648,7 @@ fn main() -> ExitCode {
         // SAFETY: p holds total_buffer_size bytes.
         fill(unsafe { std::slice::from_raw_parts_mut(p, o.total_buffer_size) }, 0, 0);
         let t = open_target(initiator, &segment_name(target))?;
-        let r = run_initiator(&o, initiator, &t);
+        let r = if o.kv { run_kv(&o, initiator, &t) } else { run_initiator(&o, initiator, &t) };
         tent_destroy_engine(initiator);
         tent_destroy_engine(target);
         r
@@ -768,4 +788,164 @@ fn direct_loop(o: &Opts, path: &str, block: usize) -> f64 {
     // SAFETY: allocated above with this layout.
     unsafe { std::alloc::dealloc(buf, layout) };
     moved as f64 / start.elapsed().as_secs_f64() / 1e9
+}
+
+/// The KV shapes: `(block, batch)`. Batches of 32 blocks (one layer's pages), and one batch of
+/// 64 MiB in blocks of each size (a whole request's cache).
+const KV_SHAPES: [(usize, usize); 8] = [
+    (16 << 10, 32),
+    (64 << 10, 32),
+    (128 << 10, 32),
+    (256 << 10, 32),
+    (16 << 10, 4096),
+    (64 << 10, 1024),
+    (128 << 10, 512),
+    (256 << 10, 256),
+];
+
+/// Submits `batch` requests of `block` bytes (`op`, local block `i` at `local + i * block`,
+/// remote block `i` at `slots[i]`) as one batch and polls until it ends, as `poll` says.
+/// Returns the seconds it took, or what went wrong.
+fn kv_batch(
+    e: tent_engine_t,
+    t: &Target,
+    op: i32,
+    local: *mut u8,
+    slots: &[u64],
+    block: usize,
+    poll: &str,
+) -> Result<f64, String> {
+    let mut reqs: Vec<tent_request_t> = slots
+        .iter()
+        .enumerate()
+        .map(|(i, &remote)| tent_request {
+            opcode: op,
+            source: local.wrapping_add(i * block).cast(),
+            target_id: t.handle,
+            target_offset: remote,
+            length: block as u64,
+            priority: 0,
+            transport_hint: 0,
+        })
+        .collect();
+    let start = Instant::now();
+    let id = tent_allocate_batch(e, reqs.len());
+    // SAFETY: valid engine; reqs holds reqs.len() requests.
+    if unsafe { tent_submit(e, id, reqs.as_mut_ptr(), reqs.len()) } != 0 {
+        let msg = last_error();
+        tent_free_batch(e, id);
+        return Err(format!("tent_submit failed: {msg}"));
+    }
+    let mut st = tent_status { status: STATUS_PENDING, transferred_bytes: 0 };
+    let mut polls = 0u32;
+    while st.status == STATUS_PENDING {
+        // SAFETY: valid engine and out-pointer.
+        if unsafe { tent_overall_status(e, id, &mut st) } != 0 {
+            break;
+        }
+        polls += 1;
+        match poll {
+            "spin" => {}
+            "yield" => std::thread::yield_now(),
+            _ if polls < 64 => std::thread::yield_now(),
+            _ => std::thread::sleep(Duration::from_micros(20)),
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    tent_free_batch(e, id);
+    if st.status != STATUS_COMPLETED {
+        return Err(format!("a batch of {} x {block} B ended {}", slots.len(), status_name(st.status)));
+    }
+    Ok(secs)
+}
+
+/// `--kv`: for each of [`KV_SHAPES`], `--kv_rounds` rounds of one WRITE batch and one READ batch
+/// back into a second buffer, every byte compared; prints the median GB/s of each against the
+/// plain reference for the same bytes in the same run: for SHM a single-thread memcpy of the
+/// same blocks to the same scattered places of a plain buffer as large as the target's, for TCP
+/// one loopback socket stream (`--duration` seconds) moving the batch's bytes per write. The
+/// blocks of a batch go to every other block-sized slot of the target, starting at a different
+/// place each round, so no two are adjacent (requests are not merged) and caches stay as cold as
+/// a KV pool's. Returns the number of mismatched bytes.
+fn run_kv(o: &Opts, e: tent_engine_t, t: &Target) -> Result<u64, String> {
+    let local_len = KV_SHAPES.iter().map(|(b, n)| b * n).max().unwrap_or(0);
+    if t.len < 2 * local_len {
+        return Err(format!("--kv needs a target buffer of at least {} bytes", 2 * local_len));
+    }
+    let local = buffer(e, o, local_len)?;
+    let back = buffer(e, o, local_len)?;
+    // Steady state, as a KV pool in use is: every page of the target was touched through this
+    // engine once (the first touch of a mapped page faults), and so was the reference's buffer.
+    let mut plain = vec![1u8; t.len];
+    let mut off = 0;
+    while off < t.len {
+        let len = (t.len - off).min(local_len);
+        kv_batch(e, t, OPCODE_WRITE, local, &[t.base + off as u64], len, "sleep")?;
+        off += len;
+    }
+    println!(
+        "{:>8} {:>6} {:>9} {:>10} {:>10} {:>10} {:>7} {:>7}   ({}, median of {} rounds, polling: {})",
+        "Block",
+        "Batch",
+        "Total",
+        "WRITE GB/s",
+        "READ GB/s",
+        "Ref GB/s",
+        "W ratio",
+        "R ratio",
+        o.xport_type,
+        o.kv_rounds,
+        o.kv_poll
+    );
+    let mut mismatches = 0u64;
+    for &(block, batch) in &KV_SHAPES {
+        let region = block * batch;
+        let nslots = t.len / block;
+        let (mut w, mut r, mut m) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..=o.kv_rounds {
+            // Every other slot from a base that moves each round (round 0 is a warm-up).
+            let base = (round * 2 * batch + round) % nslots;
+            let slots: Vec<usize> = (0..batch).map(|i| (base + 2 * i) % nslots).collect();
+            let remote: Vec<u64> = slots.iter().map(|s| t.base + (s * block) as u64).collect();
+            // SAFETY: local and back hold local_len >= region bytes.
+            let (lbuf, bbuf) = unsafe {
+                (std::slice::from_raw_parts_mut(local, region), std::slice::from_raw_parts_mut(back, region))
+            };
+            fill(lbuf, region as u64, round as u64 ^ 0x6b76);
+            bbuf.fill(0);
+            let tw = kv_batch(e, t, OPCODE_WRITE, local, &remote, block, &o.kv_poll)?;
+            let tr = kv_batch(e, t, OPCODE_READ, back, &remote, block, &o.kv_poll)?;
+            mismatches += lbuf.iter().zip(bbuf.iter()).filter(|(a, b)| a != b).count() as u64;
+            let src = lbuf.to_vec();
+            let start = Instant::now();
+            for (i, s) in slots.iter().enumerate() {
+                plain[s * block..(s + 1) * block]
+                    .copy_from_slice(std::hint::black_box(&src[i * block..(i + 1) * block]));
+            }
+            // The copies must happen: nothing else reads `plain`.
+            std::hint::black_box(&mut plain);
+            let tm = start.elapsed().as_secs_f64();
+            if round > 0 {
+                w.push(region as f64 / tw / 1e9);
+                r.push(region as f64 / tr / 1e9);
+                m.push(region as f64 / tm / 1e9);
+            }
+        }
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(|a, b| a.total_cmp(b));
+            v[v.len() / 2]
+        };
+        let (w, r) = (median(w), median(r));
+        let rf = if o.xport_type == "tcp" { reference(o, region) } else { median(m) };
+        let ratio = |x: f64| if rf > 0.0 { x / rf } else { 0.0 };
+        println!(
+            "{:>7}K {batch:>6} {:>8}M {w:>10.3} {r:>10.3} {rf:>10.3} {:>7.2} {:>7.2}",
+            block >> 10,
+            region as f64 / (1 << 20) as f64,
+            ratio(w),
+            ratio(r)
+        );
+    }
+    println!("consistency check: {mismatches} mismatched bytes");
+    Ok(mismatches)
 }

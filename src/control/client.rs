@@ -69,6 +69,38 @@ fn in_band_refusal(s: &mut TcpStream, h: &frame::ResponseHeader, addr: &str) -> 
     Error::Remote(format!("{addr}: {}", String::from_utf8_lossy(&text)))
 }
 
+/// One data call of a pipelined group (see [`RpcClient::data_pipeline`]).
+pub enum DataOp<'a> {
+    /// SendData: write `data` at `remote` in the peer's registered memory.
+    Write { remote: u64, data: &'a [u8] },
+    /// RecvData: read `out.len()` bytes at `remote` straight into `out`.
+    Read { remote: u64, out: &'a mut [u8] },
+}
+
+/// Checks a reply header read into `hdr` against request `seq` and reads its body; an
+/// err_code reply (a refusal) is returned as a remote error with its attachment drained.
+fn reply_head(
+    addr: &str,
+    s: &mut TcpStream,
+    hdr: &[u8; frame::RESPONSE_HEADER_LEN],
+    seq: u32,
+) -> Result<frame::ResponseHeader> {
+    let h = frame::parse_response_header(hdr);
+    if h.seq != seq {
+        return Err(rpc_err(addr, format!("reply sequence {} does not match request {seq}", h.seq)));
+    }
+    if h.body_len > frame::MAX_BODY_LEN.max(1 << 20) {
+        return Err(rpc_err(addr, format!("reply body of {} bytes is too large", h.body_len)));
+    }
+    let mut body = vec![0u8; h.body_len as usize];
+    s.read_exact(&mut body).map_err(|e| rpc_err(addr, format!("truncated reply: {e}")))?;
+    if h.err_code != 0 {
+        frame::discard(s, h.attach_len as u64).ok();
+        return Err(Error::Remote(format!("{addr}: {}", frame::decode_string(&body))));
+    }
+    Ok(h)
+}
+
 /// How a call failed.
 fn rpc_err(addr: &str, what: impl std::fmt::Display) -> Error {
     Error::Rpc(format!("{addr}: {what}"))
@@ -223,20 +255,9 @@ impl RpcClient {
                 }
                 return Err(rpc_err(addr, format!("call failed: {e}")));
             }
-            let h = frame::parse_response_header(&hdr);
-            if h.seq != seq {
-                return Err(rpc_err(addr, format!("reply sequence {} does not match request {seq}", h.seq)));
-            }
-            if h.body_len > frame::MAX_BODY_LEN.max(1 << 20) {
-                return Err(rpc_err(addr, format!("reply body of {} bytes is too large", h.body_len)));
-            }
-            let mut body = vec![0u8; h.body_len as usize];
-            c.stream.read_exact(&mut body).map_err(|e| rpc_err(addr, format!("truncated reply: {e}")))?;
-            if h.err_code != 0 {
-                // Upstream clients close the connection after an err_code reply; so do we.
-                frame::discard(&mut c.stream, h.attach_len as u64).ok();
-                return Err(Error::Remote(format!("{addr}: {}", frame::decode_string(&body))));
-            }
+            // Upstream clients close the connection after an err_code reply; so do we (an error
+            // here drops `c`).
+            let h = reply_head(addr, &mut c.stream, &hdr, seq)?;
             let out = recv(&mut c.stream, &h)?;
             self.give_back(addr, c);
             return Ok(out);
@@ -292,6 +313,93 @@ impl RpcClient {
                 Err(in_band_refusal(s, h, addr))
             },
         )
+    }
+
+    /// Runs several SendData / RecvData calls on one connection, all requests sent before the
+    /// first reply is read, and returns each call's own result in order. Small transfers are
+    /// dominated by the round trip and the wake-ups on both sides; pipelining pays them once
+    /// per group. The server answers in order, so replies match requests by sequence number.
+    /// After the first failed reply the connection is dropped and the calls after it report
+    /// a transport error (their replies are never read), so the caller may retry them alone.
+    pub fn data_pipeline(&self, addr: &str, ops: &mut [DataOp<'_>]) -> Vec<Result<()>> {
+        let mut results: Vec<Result<()>> = Vec::with_capacity(ops.len());
+        if ops.is_empty() {
+            return results;
+        }
+        if self.aborted.load(std::sync::atomic::Ordering::SeqCst) {
+            return ops.iter().map(|_| Err(rpc_err(addr, "client is shutting down"))).collect();
+        }
+        let mut c = match self.take(addr) {
+            Ok(c) => c,
+            Err(e) => return ops.iter().map(|_| Err(rpc_err(addr, format!("connect failed: {e}")))).collect(),
+        };
+        let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Ok(clone) = c.stream.try_clone() {
+            self.active.lock().insert(id, clone);
+        }
+        let _active = ActiveGuard { map: &self.active, id };
+        let first = c.seq;
+        c.seq = c.seq.wrapping_add(ops.len() as u32);
+        let sent = ops.iter().enumerate().try_for_each(|(i, op)| {
+            let seq = first.wrapping_add(i as u32);
+            let mut head = [0u8; 31 + 16];
+            match op {
+                DataOp::Write { remote, data } => {
+                    let attach = u32::try_from(data.len() as u64 + 16)
+                        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "SendData chunk over 4 GiB"))?;
+                    head[..31].copy_from_slice(&frame::encode_request(
+                        seq,
+                        msg::SEND_DATA,
+                        attach,
+                        frame::MSG_TYPE_TENT_RS,
+                    ));
+                    head[31..].copy_from_slice(&frame::encode_data_header(*remote, data.len() as u64));
+                    c.stream.write_all(&head)?;
+                    c.stream.write_all(data)
+                }
+                DataOp::Read { remote, out } => {
+                    head[..31].copy_from_slice(&frame::encode_request(
+                        seq,
+                        msg::RECV_DATA,
+                        16,
+                        frame::MSG_TYPE_TENT_RS,
+                    ));
+                    head[31..].copy_from_slice(&frame::encode_data_header(*remote, out.len() as u64));
+                    c.stream.write_all(&head)
+                }
+            }
+        });
+        if let Err(e) = sent {
+            return ops.iter().map(|_| Err(rpc_err(addr, format!("call failed: {e}")))).collect();
+        }
+        let mut healthy = true;
+        for (i, op) in ops.iter_mut().enumerate() {
+            if !healthy {
+                results.push(Err(rpc_err(addr, "an earlier call of the pipelined group failed")));
+                continue;
+            }
+            let r = self.read_data_reply(addr, &mut c.stream, first.wrapping_add(i as u32), op);
+            healthy = r.is_ok();
+            results.push(r);
+        }
+        if healthy {
+            self.give_back(addr, c);
+        }
+        results
+    }
+
+    /// Reads the reply to one call of a pipelined group (as `send_data` / `recv_data` do).
+    fn read_data_reply(&self, addr: &str, s: &mut TcpStream, seq: u32, op: &mut DataOp<'_>) -> Result<()> {
+        let mut hdr = [0u8; frame::RESPONSE_HEADER_LEN];
+        s.read_exact(&mut hdr).map_err(|e| rpc_err(addr, format!("call failed: {e}")))?;
+        let h = reply_head(addr, s, &hdr, seq)?;
+        match op {
+            DataOp::Write { .. } if h.attach_len == 0 => Ok(()),
+            DataOp::Read { out, .. } if h.attach_len as u64 == out.len() as u64 => {
+                s.read_exact(out).map_err(|e| rpc_err(addr, format!("truncated data: {e}")))
+            }
+            _ => Err(in_band_refusal(s, &h, addr)),
+        }
     }
 
     /// Reads `out.len()` bytes from `remote` in the peer's registered memory (one RecvData),

@@ -60,6 +60,20 @@ impl<T> WorkQueue<T> {
         }
     }
 
+    /// Takes, without waiting, items from the front while `take` accepts them, at most `max`:
+    /// a worker that woke up for one item moves those that go with it in the same trip.
+    pub fn pop_more(&self, max: usize, mut take: impl FnMut(&T) -> bool) -> Vec<T> {
+        let mut g = self.inner.lock();
+        let mut out = Vec::new();
+        while out.len() < max {
+            match g.0.front() {
+                Some(item) if take(item) => out.extend(g.0.pop_front()),
+                _ => break,
+            }
+        }
+        out
+    }
+
     /// Closes the queue and returns what was still waiting.
     pub fn close(&self) -> Vec<T> {
         let mut g = self.inner.lock();
@@ -75,6 +89,17 @@ impl<T> WorkQueue<T> {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    #[test]
+    fn pop_more_takes_a_matching_run_from_the_front() {
+        let q = WorkQueue::<u32>::default();
+        q.push_all(vec![2, 4, 6, 7, 8]).map_err(|_| ()).expect("open");
+        assert_eq!(q.pop_more(2, |v| v % 2 == 0), vec![2, 4], "at most max");
+        assert_eq!(q.pop_more(8, |v| v % 2 == 0), vec![6], "stops at the first that does not match");
+        assert_eq!(q.pop(), Some(7));
+        assert_eq!(q.pop_more(8, |_| true), vec![8]);
+        assert!(q.pop_more(8, |_| true).is_empty());
+    }
 
     #[test]
     fn close_wakes_workers_and_returns_leftovers() {

@@ -22,6 +22,9 @@ use crate::error::Result;
 pub const MAX_CONTROL_ATTACHMENT: u32 = 16 << 20;
 /// Largest RecvData upstream serves in one message.
 pub const MAX_RECV_DATA: u64 = 1 << 30;
+/// Requests a data worker serves back to back on one connection when the next one is already
+/// waiting (a pipelining client), before it returns the connection to the reactor.
+const MAX_SERVED_IN_A_ROW: usize = 64;
 /// Most connections the server keeps open at once; more are refused with a log line.
 const MAX_CONNECTIONS: usize = 4096;
 
@@ -340,7 +343,20 @@ fn worker(shared: &Shared, queue: &WorkQueue<Conn>) {
             // `stop` may have drained the active list just before this connection joined it.
             let _ = c.stream.shutdown(std::net::Shutdown::Both);
         }
-        let served = serve_one(shared, &mut c);
+        let mut served = serve_one(shared, &mut c);
+        // A client that pipelines small transfers has the next request waiting already: serve
+        // it here instead of handing the connection back to the reactor and waking a worker
+        // again for each one. Bounded, so other connections are not starved.
+        let mut more = 0;
+        while served.is_ok()
+            && more < MAX_SERVED_IN_A_ROW
+            && c.authed
+            && !shared.stopping.load(Ordering::SeqCst)
+            && matches!(waiting(&c.stream), Waiting::Data)
+        {
+            served = serve_one(shared, &mut c);
+            more += 1;
+        }
         shared.active.lock().retain(|(k, _)| *k != key);
         match served {
             Ok(()) => {

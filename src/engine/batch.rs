@@ -4,7 +4,7 @@
 //! check and is rejected without touching memory. Task state is a pair of atomics that
 //! transports update on completion; polling reads them without any engine-wide lock.
 
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::{Mutex, RwLock};
@@ -66,6 +66,12 @@ impl NotifyHook {
 struct BatchLife {
     id: u64,
     pending: AtomicUsize,
+    /// Tasks parked for a failover decision, so a poll that finds none skips the scan.
+    suspended: AtomicUsize,
+    /// Bytes of the tasks that completed, so a poll of a batch still running is O(1).
+    completed_bytes: AtomicU64,
+    /// Status polls that found the batch pending (see `Batch::pending_poll`).
+    pending_polls: AtomicU32,
     free_requested: AtomicBool,
     table: Weak<BatchTable>,
     metrics: Arc<Metrics>,
@@ -143,8 +149,12 @@ impl TaskState {
 
     /// Parks a pending task after a failed attempt; returns false if it already ended.
     pub fn suspend(&self, reason: String) -> bool {
+        // Counted before the task shows as suspended, so the finisher's decrement never runs
+        // first and a poll that sees the state also sees the count.
+        self.life.suspended.fetch_add(1, Ordering::AcqRel);
         if self.status.compare_exchange(Status::Pending as i32, SUSPENDED, Ordering::AcqRel, Ordering::Acquire).is_err()
         {
+            self.life.suspended.fetch_sub(1, Ordering::AcqRel);
             return false;
         }
         *self.error.lock() = Some(reason);
@@ -153,7 +163,14 @@ impl TaskState {
 
     /// Makes a suspended task pending again for a new attempt; false if it is not suspended.
     pub fn resume(&self) -> bool {
-        self.status.compare_exchange(SUSPENDED, Status::Pending as i32, Ordering::AcqRel, Ordering::Acquire).is_ok()
+        let resumed = self
+            .status
+            .compare_exchange(SUSPENDED, Status::Pending as i32, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if resumed {
+            self.life.suspended.fetch_sub(1, Ordering::AcqRel);
+        }
+        resumed
     }
 
     /// Ends a pending or suspended task with `status` once; later calls are ignored so that
@@ -162,16 +179,24 @@ impl TaskState {
         debug_assert!(status.is_terminal());
         // Claim the task first so a late second finisher cannot overwrite bytes or reason.
         let claimed = [Status::Pending as i32, SUSPENDED]
-            .iter()
-            .any(|&from| self.status.compare_exchange(from, FINISHING, Ordering::AcqRel, Ordering::Acquire).is_ok());
-        if !claimed {
-            return false;
+            .into_iter()
+            .find(|&from| self.status.compare_exchange(from, FINISHING, Ordering::AcqRel, Ordering::Acquire).is_ok());
+        match claimed {
+            None => return false,
+            Some(SUSPENDED) => {
+                self.life.suspended.fetch_sub(1, Ordering::AcqRel);
+            }
+            Some(_) => {}
         }
         if error.is_some() {
             *self.error.lock() = error;
         }
         self.transferred.store(bytes, Ordering::Release);
         self.status.store(status as i32, Ordering::Release);
+        if status == Status::Completed {
+            // Before `pending` drops: a poll that sees nothing pending scans the tasks anyway.
+            self.life.completed_bytes.fetch_add(bytes, Ordering::AcqRel);
+        }
         let unit = self.unit.lock().take();
         let slot =
             if self.local { LOCAL_SLOT } else { unit.and_then(|u| u.transport()).map(|k| k as usize).unwrap_or(0) };
@@ -287,6 +312,9 @@ impl Batch {
     /// Tasks parked after a failed attempt, waiting for a failover decision. Usually there are
     /// none, and then nothing is allocated: status polls call this on every poll.
     pub fn suspended(&self) -> Vec<Entry> {
+        if self.life.suspended.load(Ordering::Acquire) == 0 {
+            return Vec::new();
+        }
         self.tasks.read().iter().filter(|t| t.state.is_suspended()).cloned().collect()
     }
 
@@ -298,6 +326,12 @@ impl Batch {
     /// Aggregated status: COMPLETED when every task completed (also for an empty batch), the
     /// worst failure once all ended and some failed, else PENDING. Bytes count completed tasks.
     pub fn overall(&self) -> (Status, u64) {
+        // While anything runs the answer is PENDING with the bytes completed so far; counting
+        // them on the way keeps a tight polling loop from scanning a batch of thousands of
+        // tasks (and their cache lines, which the transports' threads are writing) each time.
+        if self.life.pending.load(Ordering::Acquire) > 0 {
+            return (Status::Pending, self.life.completed_bytes.load(Ordering::Acquire));
+        }
         let mut bytes = 0u64;
         let mut worst: Option<Status> = None;
         let mut pending = false;
@@ -315,6 +349,16 @@ impl Batch {
         }
         let status = if pending { Status::Pending } else { worst.unwrap_or(Status::Completed) };
         (status, bytes)
+    }
+
+    /// Counts a status poll that found this batch pending; returns how many did before it.
+    pub fn pending_poll(&self) -> u32 {
+        self.life.pending_polls.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Restarts the count of pending polls (the batch was found settled).
+    pub fn settled(&self) {
+        self.life.pending_polls.store(0, Ordering::Relaxed);
     }
 
     /// Asks every pending task to stop; returns whether task `i` ended as CANCELED by this call.
@@ -378,6 +422,9 @@ impl BatchTable {
         let life = Arc::new(BatchLife {
             id,
             pending: AtomicUsize::new(0),
+            suspended: AtomicUsize::new(0),
+            completed_bytes: AtomicU64::new(0),
+            pending_polls: AtomicU32::new(0),
             free_requested: AtomicBool::new(false),
             table: self.me.clone(),
             metrics: self.metrics.clone(),

@@ -323,7 +323,12 @@ impl Transport for ShmTransport {
 
     fn submit(&self, target: &Arc<SegmentDesc>, tasks: Vec<Task>) -> Result<()> {
         let mut chunks = Vec::new();
+        let mut inline = Vec::new();
         let mut inline_budget = INLINE_BUDGET;
+        // A KV batch sends hundreds of requests into the same peer buffer: look its mapping up
+        // (and check the object is still alive, a syscall) once per buffer per submit, not once
+        // per request.
+        let mut last: Option<(u64, Arc<Mapping>)> = None;
         for task in tasks {
             let r = *task.request();
             let prepared = target.find_buffer(r.target_offset, r.length, r.opcode, true).and_then(|buf| {
@@ -333,7 +338,15 @@ impl Transport for ShmTransport {
                         target.name
                     )));
                 }
-                Ok((self.mapping(&target.name, buf)?, r.target_offset - buf.addr))
+                let map = match &last {
+                    Some((addr, m)) if *addr == buf.addr => m.clone(),
+                    _ => {
+                        let m = self.mapping(&target.name, buf)?;
+                        last = Some((buf.addr, m.clone()));
+                        m
+                    }
+                };
+                Ok((map, r.target_offset - buf.addr))
             });
             let (map, remote_off) = match prepared {
                 Ok(p) => p,
@@ -351,8 +364,7 @@ impl Transport for ShmTransport {
             if r.length <= INLINE_MAX && inline_budget >= r.length {
                 inline_budget -= r.length;
                 let job = Arc::new(Job { task, remaining: AtomicUsize::new(1) });
-                copy_chunk(&Chunk { job: job.clone(), map, remote_off, offset: 0, len: r.length });
-                job.task.complete();
+                inline.push(Chunk { job, map, remote_off, offset: 0, len: r.length });
                 continue;
             }
             let n = r.length.div_ceil(self.params.chunk_size);
@@ -364,10 +376,16 @@ impl Transport for ShmTransport {
                 off += len;
             }
         }
+        // Queue first, then copy the small ones here: the copy threads work meanwhile instead
+        // of waiting for the inline copies to finish.
         if let Err(rest) = self.queue.push_all(chunks) {
             for c in rest {
                 c.job.task.fail("shm transport is shutting down".into());
             }
+        }
+        for c in inline {
+            copy_chunk(&c);
+            c.job.task.complete();
         }
         Ok(())
     }
