@@ -6,8 +6,8 @@
 //! its own completion (or by the forced destroy of its endpoint), never by a timeout.
 //!
 //! Connection setup runs off the lanes, one bootstrap thread per peer being connected (none
-//! when idle): slices wait in the lane's pending queue while their endpoint is HANDSHAKING. The monitor thread reclaims retired
-//! endpoints, drains async events and updates NIC statistics.
+//! when idle): slices wait in the lane's pending queue while their endpoint is HANDSHAKING. The
+//! monitor thread reclaims retired endpoints, drains async events and updates NIC statistics.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
