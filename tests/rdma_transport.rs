@@ -435,8 +435,10 @@ fn dead_peer_fails_work_at_the_refused_bootstrap() {
     let before = counter(&a, |c| &c.bootstraps_sent);
     let st = run_advancing(&f, &a, &write, Duration::from_millis(20));
     assert_eq!(st[0].0, Status::Failed, "{st:?}");
+    // None when the engine learnt of the peer's end before the write (its descriptor is then
+    // gone); otherwise the first refused bootstrap ends the work instead of every retry.
     let bootstraps = counter(&a, |c| &c.bootstraps_sent) - before;
-    assert!((1..=2).contains(&bootstraps), "one refused bootstrap ends it, not every retry ({bootstraps})");
+    assert!(bootstraps <= 2, "one refused bootstrap ends it, not every retry ({bootstraps})");
     std::mem::forget((src, dst));
 }
 
