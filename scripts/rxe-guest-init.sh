@@ -23,17 +23,35 @@ done </mods/order
 
 opts=trans=virtio,version=9p2000.L,msize=512000
 mount -t 9p -o "$opts,ro" hostroot /newroot || fail "cannot mount the host root over 9p"
-mount -t 9p -o "$opts" results "/newroot$out" || fail "cannot mount the results share at $out"
-. "/newroot$out/guest.env"
+mkdir -p /results /host
+mount -t 9p -o "$opts" results /results || fail "cannot mount the results share"
+. /results/guest.env
 
 mount -t proc proc /newroot/proc
 mount -t sysfs sysfs /newroot/sys
 mount -t devtmpfs devtmpfs /newroot/dev
 mkdir -p /newroot/dev/pts /newroot/dev/shm 2>/dev/null
 mount -t devpts devpts /newroot/dev/pts
-for d in /dev/shm /run /tmp /root; do
+# The guest writes into fresh tmpfs at these places (the host's root is read-only here). The
+# repository, the kernel's modules or the results may live under one of them on the host (a CI
+# clone in /tmp, say): such a directory is bound back from the host's view on top of the tmpfs.
+for d in /run /tmp /root; do
+    mkdir -p "/host$d"
+    mount -o bind "/newroot$d" "/host$d" || fail "cannot keep the host's $d"
     mount -t tmpfs -o mode=1777 tmpfs "/newroot$d" || fail "cannot mount tmpfs at $d"
+    for p in "$TENT_RXE_CWD" "$TENT_RXE_MODULES" "$TENT_RXE_OUT"; do
+        case "$p" in
+            "$d"/*)
+                rest=${p#"$d"/}
+                top="$d/${rest%%/*}"
+                mkdir -p "/newroot$top"
+                mount -o bind "/host$top" "/newroot$top" || fail "cannot bind $top back"
+                ;;
+        esac
+    done
 done
+mount -t tmpfs -o mode=1777 tmpfs /newroot/dev/shm || fail "cannot mount tmpfs at /dev/shm"
+mount -o bind /results "/newroot$out" || fail "cannot mount the results share at $out"
 
 # Loading happens from inside the host's root so kmod's modprobe resolves dependencies from the
 # unpacked kernel's modules.dep. The kernel's own on-demand loads (rxe asks for the crc32 hash when
