@@ -163,13 +163,9 @@ fn transfer(e: &Engine, reqs: &[Request]) -> (Vec<(Status, u64)>, Duration) {
     let start = Instant::now();
     let b = e.allocate_batch(reqs.len()).expect("batch");
     e.submit(b, reqs, None).expect("submit");
-    let st = wait_batch(e, b);
+    let st = wait(e, b, BOUND);
     e.free_batch(b).expect("free");
     (st, start.elapsed())
-}
-
-fn wait_batch(e: &Engine, b: u64) -> Vec<(Status, u64)> {
-    wait(e, b, BOUND)
 }
 
 /// A peer process serving `len` bytes, this process's engine with a registered buffer of `len`
@@ -330,7 +326,7 @@ fn killed_peer_fails_its_work_and_a_restarted_one_is_reached_again() {
     std::thread::sleep(Duration::from_millis(100));
     let killed = Instant::now();
     b.kill();
-    let st = wait_batch(&a, batch);
+    let st = wait(&a, batch, BOUND);
     let failed_at = Instant::now();
     let failed_after = failed_at - killed;
     a.free_batch(batch).expect("free");
@@ -376,7 +372,7 @@ fn unregistered_target_fails_and_reregistered_works_again() {
     let batch = a.allocate_batch(64).expect("batch");
     a.submit(batch, &blocks(Opcode::Write, local, h, b.addr, 64, 1 << 20, 1 << 20), None).expect("submit");
     b.expect_ok("UNREG");
-    let st = wait_batch(&a, batch);
+    let st = wait(&a, batch, BOUND);
     a.free_batch(batch).expect("free");
     assert!(st.iter().any(|(s, _)| *s == Status::Failed), "writes into unregistered memory fail: {st:?}");
 
@@ -419,7 +415,7 @@ fn frozen_peer_does_not_hold_up_a_healthy_one() {
     assert_eq!(frozen_status, Status::Pending, "the frozen peer's bootstrap is still waiting");
     // SAFETY: as above.
     unsafe { libc::kill(frozen.child.id() as i32, libc::SIGCONT) };
-    let st = wait_batch(&a, stuck);
+    let st = wait(&a, stuck, BOUND);
     a.free_batch(stuck).expect("free");
     assert!(all_completed(&st), "the thawed peer is served too: {st:?}");
     assert_eq!(frozen.cmd("CHECK 0 65536 11"), "OK");

@@ -491,35 +491,9 @@ fn sweep(start: usize, max: usize) -> Vec<usize> {
 /// the first case does not carry the connection setup (RDMA endpoints, TCP connections), as
 /// perftest leaves it out too. Fails when the target cannot be reached at all.
 fn warm_up(e: tent_engine_t, target: &Target, local: *mut u8, len: usize) -> Result<(), String> {
-    let mut r = tent_request {
-        opcode: OPCODE_READ,
-        source: local.cast(),
-        target_id: target.handle,
-        target_offset: target.base,
-        length: len as u64,
-        priority: 0,
-        transport_hint: 0,
-    };
-    let id = tent_allocate_batch(e, 1);
-    // SAFETY: valid engine; one request whose source holds `len` bytes.
-    let rc = unsafe { tent_submit(e, id, &mut r, 1) };
-    let mut st = tent_status { status: STATUS_PENDING, transferred_bytes: 0 };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while rc == 0 && st.status == STATUS_PENDING && Instant::now() < deadline {
-        // SAFETY: valid engine and out-pointer.
-        if unsafe { tent_overall_status(e, id, &mut st) } != 0 {
-            break;
-        }
-        std::thread::sleep(Duration::from_micros(100));
-    }
-    tent_free_batch(e, id);
-    if rc != 0 {
-        return Err(format!("the warm-up transfer was refused: {}", last_error()));
-    }
-    if st.status != STATUS_COMPLETED {
-        return Err(format!("the warm-up transfer ended {}", status_name(st.status)));
-    }
-    Ok(())
+    kv_batch(e, target, OPCODE_READ, local, &[target.base], len, "sleep")
+        .map(|_| ())
+        .map_err(|why| format!("the warm-up transfer failed: {why}"))
 }
 
 /// Runs every case against `target` and prints a row each. Returns the number of mismatched
