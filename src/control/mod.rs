@@ -7,4 +7,5 @@ pub mod client;
 pub mod frame;
 pub mod metadata;
 pub mod queue;
+pub mod rawio;
 pub mod server;

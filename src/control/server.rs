@@ -16,6 +16,7 @@ use parking_lot::Mutex;
 
 use super::frame::{self, FrameError, msg};
 use super::queue::WorkQueue;
+use super::rawio;
 use crate::error::Result;
 
 /// Largest attachment accepted for a control message; larger frames close the connection.
@@ -489,8 +490,7 @@ fn serve_send_data(
         shared.handler.with_memory(addr, len, true, &mut |dst| {
             // SAFETY: with_memory checked that [dst, dst+len) is registered, writable by peers,
             // and keeps it registered while this closure runs.
-            let buf = unsafe { std::slice::from_raw_parts_mut(dst, len as usize) };
-            copied = c.read_exact(buf);
+            copied = unsafe { rawio::read_exact_raw(c, dst, len as usize) };
             Ok(())
         })
     };
@@ -539,11 +539,10 @@ fn serve_recv_data(
     }
     let mut sent: io::Result<()> = Ok(());
     let outcome = shared.handler.with_memory(addr, len, false, &mut |src| {
+        let hdr = frame::encode_response(h.seq, len as u32);
         // SAFETY: with_memory checked that [src, src+len) is registered and readable by peers,
         // and keeps it registered while this closure runs.
-        let buf = unsafe { std::slice::from_raw_parts(src as *const u8, len as usize) };
-        let hdr = frame::encode_response(h.seq, len as u32);
-        sent = c.write_all(&hdr).and_then(|_| c.write_all(buf));
+        sent = c.write_all(&hdr).and_then(|_| unsafe { rawio::write_all_raw(c, src, len as usize) });
         Ok(())
     });
     match outcome {

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -228,6 +228,33 @@ impl SegmentDesc {
 /// performs it (`None`: only registration is required).
 pub type RangeCheck = (u64, u64, Option<(Opcode, bool)>);
 
+/// The buffer of `snap` that holds `[addr, addr+len)` and allows `access` (any buffer holding it
+/// when `access` is `None`).
+fn find_buffer(snap: &[LocalBuffer], addr: u64, len: u64, access: Option<(Opcode, bool)>) -> Result<&LocalBuffer> {
+    let mut contained = false;
+    for b in snap {
+        if range_within(addr, len, b.addr, b.len) {
+            contained = true;
+            match access {
+                None => return Ok(b),
+                Some((op, remote)) if b.permission.allows(op, remote) => return Ok(b),
+                Some(_) => {}
+            }
+        }
+    }
+    if contained {
+        Err(Error::PermissionDenied(format!(
+            "{len} bytes at {addr:#x}: the registered buffer's permission does not allow this access"
+        )))
+    } else {
+        Err(not_registered(addr, len))
+    }
+}
+
+fn not_registered(addr: u64, len: u64) -> Error {
+    Error::AddressNotRegistered(format!("{len} bytes at {addr:#x} are not inside memory registered with this engine"))
+}
+
 /// A buffer registered in this engine.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LocalBuffer {
@@ -242,6 +269,59 @@ pub struct LocalBuffer {
     pub refcount: u32,
     /// RDMA remote keys by NicID (empty without RDMA).
     pub rkey: Vec<u32>,
+    /// Counts the copies moving bytes in or out of this buffer right now; shared by every
+    /// snapshot that lists the buffer.
+    life: Arc<BufferLife>,
+}
+
+/// Who is using one registered buffer, so removing it waits for exactly the copies into that
+/// buffer and nothing else.
+#[derive(Debug, Default)]
+struct BufferLife {
+    /// (copies in progress, removed): a removed buffer takes no new copies.
+    state: Mutex<(u32, bool)>,
+    idle: Condvar,
+}
+
+impl PartialEq for BufferLife {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other)
+    }
+}
+
+impl BufferLife {
+    /// Starts a copy, unless the buffer was removed meanwhile.
+    fn enter(self: &Arc<Self>) -> Option<Lease> {
+        let mut g = self.state.lock();
+        if g.1 {
+            return None;
+        }
+        g.0 += 1;
+        Some(Lease(self.clone()))
+    }
+
+    /// Refuses new copies, then waits until the running ones ended. The copies are bounded by
+    /// their own I/O timeouts, so this wait is too.
+    fn retire(&self) {
+        let mut g = self.state.lock();
+        g.1 = true;
+        while g.0 > 0 {
+            self.idle.wait(&mut g);
+        }
+    }
+}
+
+/// Keeps one buffer registered while a copy moves bytes in or out of it.
+struct Lease(Arc<BufferLife>);
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let mut g = self.0.state.lock();
+        g.0 -= 1;
+        if g.0 == 0 && g.1 {
+            self.0.idle.notify_all();
+        }
+    }
 }
 
 /// The engine's own segment: registered buffers as an immutable snapshot replaced on change, so
@@ -256,9 +336,6 @@ pub struct LocalSegment {
     write_lock: Mutex<()>,
     version: AtomicU64,
     json_cache: Mutex<(u64, Arc<String>)>,
-    /// Held (shared) while bytes move in or out of registered memory, and exclusively while a
-    /// buffer is removed, so an unregister never races a copy into that memory.
-    gate: RwLock<()>,
     /// The RDMA NICs published as `devices` (empty without RDMA).
     devices: RwLock<Vec<Value>>,
 }
@@ -290,7 +367,6 @@ impl LocalSegment {
             write_lock: Mutex::new(()),
             version: AtomicU64::new(1),
             json_cache: Mutex::new((0, Arc::new(String::new()))),
-            gate: RwLock::new(()),
             devices: RwLock::new(Vec::new()),
         }
     }
@@ -333,6 +409,7 @@ impl LocalSegment {
                 transports: r.transports.clone(),
                 refcount: 1,
                 rkey: r.rkey.clone(),
+                life: Arc::default(),
             });
             changed = true;
         }
@@ -342,10 +419,19 @@ impl LocalSegment {
     }
 
     /// Drops one reference of each `(addr, len)`; `len == 0` matches any length at `addr`.
-    /// Unknown addresses are ignored (upstream returns success). Returns the buffers removed.
+    /// Unknown addresses are ignored (upstream returns success). Returns the buffers removed,
+    /// once no copy into them is running any more: only copies into these buffers are waited
+    /// for, and other registrations go on meanwhile.
     pub fn unregister(&self, entries: &[(u64, u64)]) -> Vec<LocalBuffer> {
+        let removed = self.remove(entries);
+        for b in &removed {
+            b.life.retire();
+        }
+        removed
+    }
+
+    fn remove(&self, entries: &[(u64, u64)]) -> Vec<LocalBuffer> {
         let _w = self.write_lock.lock();
-        let _no_copies = self.gate.write();
         let mut list: Vec<LocalBuffer> = (**self.buffers.read()).clone();
         let mut removed = Vec::new();
         for &(addr, len) in entries {
@@ -381,37 +467,23 @@ impl LocalSegment {
     /// when the access comes through a segment (`via_segment`), or any buffer when it is only
     /// used as local memory.
     pub fn check_range(&self, addr: u64, len: u64, access: Option<(Opcode, bool)>) -> Result<()> {
-        let snap = self.snapshot();
-        let mut contained = false;
-        for b in snap.iter() {
-            if range_within(addr, len, b.addr, b.len) {
-                contained = true;
-                match access {
-                    None => return Ok(()),
-                    Some((op, remote)) if b.permission.allows(op, remote) => return Ok(()),
-                    Some(_) => {}
-                }
-            }
-        }
-        if contained {
-            Err(Error::PermissionDenied(format!(
-                "{len} bytes at {addr:#x}: the registered buffer's permission does not allow this access"
-            )))
-        } else {
-            Err(Error::AddressNotRegistered(format!(
-                "{len} bytes at {addr:#x} are not inside memory registered with this engine"
-            )))
-        }
+        find_buffer(&self.snapshot(), addr, len, access).map(|_| ())
     }
 
-    /// Runs `f` while no buffer can be unregistered, after checking each `(addr, len, access)`
-    /// range as [`LocalSegment::check_range`] does.
+    /// Runs `f` after checking each `(addr, len, access)` range as [`LocalSegment::check_range`]
+    /// does, while the buffers holding them cannot be unregistered. Nothing else waits for `f`:
+    /// unregistering other buffers, registering, and other copies go on meanwhile.
     pub fn with_ranges<T>(&self, ranges: &[RangeCheck], f: impl FnOnce() -> T) -> Result<T> {
-        let _copying = self.gate.read();
+        let snap = self.snapshot();
+        let mut leases = Vec::with_capacity(ranges.len());
         for &(addr, len, access) in ranges {
-            self.check_range(addr, len, access)?;
+            let b = find_buffer(&snap, addr, len, access)?;
+            // Removed after our snapshot was taken: as if it had never been there.
+            leases.push(b.life.enter().ok_or_else(|| not_registered(addr, len))?);
         }
-        Ok(f())
+        let out = f();
+        drop(leases);
+        Ok(out)
     }
 
     /// The descriptor of this segment as peers see it.

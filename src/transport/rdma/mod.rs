@@ -31,7 +31,7 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use serde_json::{Value, json};
 
 use crate::config::Config;
@@ -93,7 +93,8 @@ pub struct RdmaTransport {
     lanes: Mutex<Vec<mpsc::Sender<LaneMsg>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// Registrations by (address, length); overlapping ranges are allowed, as in the segment.
-    regs: Mutex<BTreeMap<(u64, u64), LocalReg>>,
+    /// Never held across a verbs call.
+    regs: RwLock<BTreeMap<(u64, u64), LocalReg>>,
     next_lane: AtomicUsize,
     stopped: AtomicBool,
 }
@@ -159,7 +160,7 @@ impl RdmaTransport {
             provider,
             lanes: Mutex::new(lanes),
             threads: Mutex::new(threads),
-            regs: Mutex::new(BTreeMap::new()),
+            regs: RwLock::new(BTreeMap::new()),
             next_lane: AtomicUsize::new(0),
             stopped: AtomicBool::new(false),
         };
@@ -218,37 +219,56 @@ impl RdmaTransport {
     /// # Safety
     /// The memory must stay valid until the matching [`RdmaTransport::unregister_buffer`].
     pub unsafe fn register_buffer(&self, addr: u64, len: u64, perm: Permission) -> Result<Vec<u32>> {
-        let mut regs = self.regs.lock();
-        if let Some(r) = regs.get_mut(&(addr, len)) {
+        if let Some(r) = self.regs.write().get_mut(&(addr, len)) {
             r.refs += 1;
             return Ok(r.reg.rkeys().to_vec());
         }
+        // Pinning memory on every NIC can take long for large buffers: it runs without the
+        // lock, so submits (which look up local keys) and other registrations go on meanwhile.
         let access = context::access_for(perm, false);
         // SAFETY: forwarded from this function's contract.
         let reg = unsafe { self.core.contexts.register(addr as *mut u8, len as usize, access)? };
+        let mut regs = self.regs.write();
+        if let Some(r) = regs.get_mut(&(addr, len)) {
+            // A concurrent registration of the same range won: share it and drop ours (after
+            // the lock is released, since deregistering is slow too).
+            r.refs += 1;
+            let rkeys = r.reg.rkeys().to_vec();
+            drop(regs);
+            drop(reg);
+            return Ok(rkeys);
+        }
         let rkeys = reg.rkeys().to_vec();
         regs.insert((addr, len), LocalReg { refs: 1, reg });
         Ok(rkeys)
     }
 
-    /// Drops one reference of a registration; the last one deregisters on every NIC.
+    /// Drops one reference of a registration; the last one deregisters on every NIC (after the
+    /// lock is released, so lookups of other buffers never wait for it).
     pub fn unregister_buffer(&self, addr: u64, len: u64) {
-        let mut regs = self.regs.lock();
-        let key =
-            if len == 0 { regs.range((addr, 0)..=(addr, u64::MAX)).next().map(|(k, _)| *k) } else { Some((addr, len)) };
-        if let Some(key) = key {
-            if let Some(r) = regs.get_mut(&key) {
-                r.refs -= 1;
-                if r.refs == 0 {
-                    regs.remove(&key);
+        let removed = {
+            let mut regs = self.regs.write();
+            let key = if len == 0 {
+                regs.range((addr, 0)..=(addr, u64::MAX)).next().map(|(k, _)| *k)
+            } else {
+                Some((addr, len))
+            };
+            let Some(key) = key else { return };
+            match regs.get_mut(&key) {
+                Some(r) if r.refs > 1 => {
+                    r.refs -= 1;
+                    None
                 }
+                Some(_) => regs.remove(&key),
+                None => None,
             }
-        }
+        };
+        drop(removed);
     }
 
     fn lkeys_for(&self, addr: u64, len: u64) -> Option<Vec<u32>> {
         let end = addr.checked_add(len)?;
-        let regs = self.regs.lock();
+        let regs = self.regs.read();
         regs.range(..=(addr, u64::MAX))
             .rev()
             .find(|((base, l), _)| base.checked_add(*l).is_some_and(|e| end <= e))

@@ -1,0 +1,109 @@
+//! Socket I/O straight into and out of registered memory through raw pointers.
+//!
+//! Registered memory belongs to the program that registered it, which may read or write it
+//! while a transfer runs. A Rust reference (`&[u8]` / `&mut [u8]`) to such memory would promise
+//! the compiler that nobody else touches it, so these functions never form one: the kernel
+//! copies between the socket and the raw range directly.
+
+use std::io;
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+
+/// Reads exactly `len` bytes from `s` into `[dst, dst+len)`. A read timeout set on the socket
+/// ends the call with `TimedOut`; a peer that closes early gives `UnexpectedEof`.
+///
+/// # Safety
+/// `[dst, dst+len)` must stay valid for writes for the whole call.
+pub unsafe fn read_exact_raw(s: &TcpStream, dst: *mut u8, len: usize) -> io::Result<()> {
+    let mut done = 0usize;
+    while done < len {
+        // SAFETY: the range is valid for writes by this function's contract; `done < len`.
+        let n = unsafe { libc::recv(s.as_raw_fd(), dst.add(done).cast(), len - done, 0) };
+        match n {
+            0 => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed the connection mid-transfer")),
+            n if n > 0 => done += n as usize,
+            _ => io_error()?,
+        }
+    }
+    Ok(())
+}
+
+/// Writes `[src, src+len)` to `s` in full. A write timeout set on the socket ends the call with
+/// `TimedOut`; a closed peer gives an error, never SIGPIPE.
+///
+/// # Safety
+/// `[src, src+len)` must stay valid for reads for the whole call.
+pub unsafe fn write_all_raw(s: &TcpStream, src: *const u8, len: usize) -> io::Result<()> {
+    let mut done = 0usize;
+    while done < len {
+        // SAFETY: the range is valid for reads by this function's contract; `done < len`.
+        let n = unsafe { libc::send(s.as_raw_fd(), src.add(done).cast(), len - done, libc::MSG_NOSIGNAL) };
+        match n {
+            0 => return Err(io::Error::new(io::ErrorKind::WriteZero, "the socket took no bytes")),
+            n if n > 0 => done += n as usize,
+            _ => io_error()?,
+        }
+    }
+    Ok(())
+}
+
+/// The error of the failed call: EINTR is retried (`Ok`), a socket timeout (EAGAIN) becomes
+/// `TimedOut`, the rest keep their errno.
+fn io_error() -> io::Result<()> {
+    let e = io::Error::last_os_error();
+    match e.kind() {
+        io::ErrorKind::Interrupted => Ok(()),
+        io::ErrorKind::WouldBlock => Err(io::Error::new(io::ErrorKind::TimedOut, e)),
+        _ => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+    use std::time::Duration;
+
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let a = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+        let (b, _) = l.accept().expect("accept");
+        (a, b)
+    }
+
+    #[test]
+    fn bytes_cross_in_both_directions() {
+        let (mut a, b) = pair();
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let sender = {
+            let d = data.clone();
+            std::thread::spawn(move || a.write_all(&d).map(|_| a))
+        };
+        let mut got = vec![0u8; data.len()];
+        // SAFETY: `got` outlives the call and nothing else touches it.
+        unsafe { read_exact_raw(&b, got.as_mut_ptr(), got.len()) }.expect("read");
+        assert_eq!(got, data);
+        let mut a = sender.join().expect("thread").expect("write");
+        // SAFETY: `data` outlives the call.
+        unsafe { write_all_raw(&b, data.as_ptr(), data.len()) }.expect("write");
+        let mut back = vec![0u8; data.len()];
+        a.read_exact(&mut back).expect("read back");
+        assert_eq!(back, data);
+    }
+
+    #[test]
+    fn a_silent_peer_times_out_and_a_closed_one_is_an_eof() {
+        let (mut a, b) = pair();
+        b.set_read_timeout(Some(Duration::from_millis(50))).expect("timeout");
+        a.write_all(&[1, 2, 3]).expect("write");
+        let mut got = [0u8; 8];
+        // SAFETY: `got` outlives the call.
+        let e = unsafe { read_exact_raw(&b, got.as_mut_ptr(), got.len()) }.expect_err("only 3 of 8 bytes came");
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        drop(a);
+        // SAFETY: as above.
+        let e = unsafe { read_exact_raw(&b, got.as_mut_ptr(), got.len()) }.expect_err("closed");
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+    }
+}
