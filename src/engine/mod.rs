@@ -1,8 +1,10 @@
 //! The engine: identity, segments, memory, batches, transfers and notifications.
 
+pub mod background;
 pub mod batch;
 pub mod dispatch;
 pub mod memory;
+pub mod peers;
 pub mod policy;
 pub mod remote;
 pub mod segment;
@@ -12,8 +14,7 @@ pub mod unit;
 use std::collections::HashMap;
 use std::io;
 use std::net::IpAddr;
-use std::sync::{Arc, Weak, mpsc};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -30,8 +31,10 @@ use crate::transport::Transport;
 use crate::transport::rdma::RdmaTransport;
 use crate::transport::shm::{self, ShmParams, ShmTransport};
 use crate::transport::tcp::{TcpParams, TcpTransport};
+use background::{ProgressWorker, Published, Publisher};
 use batch::{BatchTable, Entry, HookSink, NotifyHook};
 use dispatch::Dispatcher;
+use peers::{Fetcher, HookLanes, PeerLanes};
 use remote::Remote;
 use segment::{LocalSegment, Registration};
 use types::{Notification, Opcode, Permission, Request, Status, TransportKind};
@@ -83,6 +86,76 @@ fn segment_name_for(config: &Config, kind: &str, rpc_addr: &str, port: u16) -> S
     }
     let configured = config.get_string(keys::LOCAL_SEGMENT_NAME.0, keys::LOCAL_SEGMENT_NAME.1);
     if configured.trim().is_empty() { format!("segment_noname_{}", memory::random_letters(8)) } else { configured }
+}
+
+/// The RPC server's and client's settings.
+struct RpcSettings {
+    port: u16,
+    hostname: String,
+    threads: usize,
+    data_threads: usize,
+    timeouts: ClientTimeouts,
+    /// With `rpc_auth_token` (or MC_TENT_AUTH_TOKEN) set, every connection must authenticate.
+    token: Option<Vec<u8>>,
+}
+
+impl RpcSettings {
+    fn from_config(config: &Config) -> Result<RpcSettings> {
+        let int =
+            |key: (&str, i64), lo, hi| config.get_i64_checked(key.0, key.1, lo, hi).map_err(Error::InvalidArgument);
+        Ok(RpcSettings {
+            port: int(keys::RPC_SERVER_PORT, 0, 65535)? as u16,
+            hostname: config.get_string(keys::RPC_SERVER_HOSTNAME.0, keys::RPC_SERVER_HOSTNAME.1),
+            threads: int(keys::RPC_SERVER_THREADS, 1, 1024)? as usize,
+            data_threads: int(("rpc_server_data_threads", 4), 1, 1024)? as usize,
+            timeouts: ClientTimeouts {
+                connect: Duration::from_millis(config.get_u64("rpc_connect_timeout_ms", 5000).max(1)),
+                request: Duration::from_millis(config.get_u64("rpc_request_timeout_ms", 30000).max(1)),
+            },
+            token: config.get_str("rpc_auth_token").filter(|t| !t.is_empty()).map(String::into_bytes),
+        })
+    }
+}
+
+/// The SHM, TCP and file transports the config enables. Each stops its threads when dropped,
+/// so a failure here or later leaves none running.
+fn load_transports(
+    config: &Config,
+    client: &Arc<RpcClient>,
+    metrics: &Arc<Metrics>,
+) -> Result<Vec<Arc<dyn Transport>>> {
+    let mut transports: Vec<Arc<dyn Transport>> = Vec::new();
+    if config.get_bool(keys::SHM_ENABLE.0, keys::SHM_ENABLE.1) {
+        transports.push(Arc::new(ShmTransport::new(ShmParams::from_config(config))?));
+    }
+    if config.get_bool(keys::TCP_ENABLE.0, keys::TCP_ENABLE.1) {
+        let params = TcpParams::from_config(config);
+        transports.push(Arc::new(TcpTransport::new(client.clone(), params, metrics.clone())?));
+    }
+    // File segments: io_uring, or the plain pread/pwrite path when io_uring is unavailable or
+    // disabled.
+    transports.extend(crate::transport::file::load(config)?);
+    Ok(transports)
+}
+
+/// Publishes the RDMA NICs in the descriptor, routes notifications received over RDMA to the
+/// engine's queue, and lets the metrics read the transport's endpoint events.
+fn attach_rdma(t: &Arc<RdmaTransport>, local: &LocalSegment, remote: &Arc<Remote>, metrics: &Metrics) {
+    local.set_devices(t.devices());
+    let r = remote.clone();
+    t.set_notify_sink(Arc::new(move |name, msg| r.deliver(name, msg, None)));
+    let core = Arc::downgrade(t.core());
+    metrics.set_rdma_source(Box::new(move || core.upgrade().map(|c| rdma_snapshot(&c))));
+}
+
+/// The metrics HTTP endpoint when `metrics/enabled` is set and its port can be bound.
+fn start_metrics_server(config: &Config, metrics: &Arc<Metrics>) -> Option<MetricsServer> {
+    if !config.get_bool(keys::METRICS_ENABLED.0, keys::METRICS_ENABLED.1) {
+        return None;
+    }
+    let host = config.get_string("metrics/http_host", "0.0.0.0");
+    let port = config.get_u64("metrics/http_port", 9100).min(65535) as u16;
+    MetricsServer::start(&host, port, metrics.clone())
 }
 
 /// The RDMA transport's counters in the metrics' terms.
@@ -194,12 +267,16 @@ pub struct Engine {
     rdma: Option<Arc<RdmaTransport>>,
     shm_dir: String,
     server: RpcServer,
-    /// Units waiting for the progress worker's failover decision (`enable_progress_worker`).
-    progress: Option<Arc<WorkQueue<Arc<Unit>>>>,
-    progress_worker: Mutex<Option<JoinHandle<()>>>,
-    /// Wakes the publisher thread after the buffer list changed; dropping it stops the thread.
-    publish: Mutex<Option<mpsc::Sender<()>>>,
-    publisher: Mutex<Option<JoinHandle<()>>>,
+    /// Decides failovers of parked units (`enable_progress_worker`).
+    progress_worker: Mutex<Option<ProgressWorker>>,
+    /// Work for one peer at a time (descriptor fetches, notifications, update announcements).
+    lanes: Arc<PeerLanes>,
+    /// Starts remote tasks once their segment's descriptor is known.
+    fetcher: Arc<Fetcher>,
+    /// Where submit-with-notification hooks send their notification.
+    hooks: Arc<HookLanes>,
+    /// Writes the descriptor and tells subscribers after the buffer list changed.
+    publisher: Mutex<Option<Publisher>>,
     /// This engine's descriptor in the metadata store (a no-op in p2p mode).
     publication: Arc<Publication>,
     /// Refreshes the descriptor's TTL or lease in central modes; dropping it joins its thread.
@@ -258,34 +335,21 @@ impl RpcHandler for ServerView {
 
 impl Engine {
     /// Starts an engine from an effective config (see [`effective_config`]). Any failure is
-    /// returned with its reason; nothing is left running.
+    /// returned with its reason; nothing is left running: every step's threads and sockets are
+    /// owned by values that stop them when a later step fails.
     pub fn new(config: Config) -> Result<Arc<Engine>> {
         crate::log::init(&config.get_string(keys::LOG_LEVEL.0, keys::LOG_LEVEL.1));
         let metadata_type = config.get_string(keys::METADATA_TYPE.0, keys::METADATA_TYPE.1);
         let store_settings = metadata_settings(&config, &metadata_type)?;
-        let port = config
-            .get_i64_checked(keys::RPC_SERVER_PORT.0, keys::RPC_SERVER_PORT.1, 0, 65535)
-            .map_err(Error::InvalidArgument)? as u16;
-        let threads = config
-            .get_i64_checked(keys::RPC_SERVER_THREADS.0, keys::RPC_SERVER_THREADS.1, 1, 1024)
-            .map_err(Error::InvalidArgument)? as usize;
-        let data_threads =
-            config.get_i64_checked("rpc_server_data_threads", 4, 1, 1024).map_err(Error::InvalidArgument)? as usize;
-        let timeouts = ClientTimeouts {
-            connect: Duration::from_millis(config.get_u64("rpc_connect_timeout_ms", 5000).max(1)),
-            request: Duration::from_millis(config.get_u64("rpc_request_timeout_ms", 30000).max(1)),
-        };
-        let hostname = config.get_string(keys::RPC_SERVER_HOSTNAME.0, keys::RPC_SERVER_HOSTNAME.1);
-        let ip = addr::advertised_ip(&hostname)?;
-        let listener = addr::bind_rpc_listener(port, ip.is_ipv6())?;
+        let rpc = RpcSettings::from_config(&config)?;
+        let ip = addr::advertised_ip(&rpc.hostname)?;
+        let listener = addr::bind_rpc_listener(rpc.port, ip.is_ipv6())?;
         let port = listener.local_addr().map_err(Error::from)?.port();
         let rpc_addr = addr::host_port(&ip, port);
         let name = segment_name_for(&config, &metadata_type, &rpc_addr, port);
         let local =
             Arc::new(LocalSegment::new(name.clone(), memory::machine_id(), rpc_addr.clone(), memory::topology_json()));
-        // With rpc_auth_token (or MC_TENT_AUTH_TOKEN) set, every connection must authenticate.
-        let token = config.get_str("rpc_auth_token").filter(|t| !t.is_empty()).map(String::into_bytes);
-        let client = Arc::new(RpcClient::new(timeouts).with_token(token.clone()));
+        let client = Arc::new(RpcClient::new(rpc.timeouts).with_token(rpc.token.clone()));
         let store = metadata::open(&store_settings, client.clone())?;
         let publication = {
             let l = local.clone();
@@ -294,105 +358,34 @@ impl Engine {
         let remote =
             Arc::new(Remote::new(client.clone(), store.clone(), name.clone(), rpc_addr, local.machine_id.clone()));
         let metrics = Arc::new(Metrics::default());
-        let mut transports: Vec<Arc<dyn Transport>> = Vec::new();
-        let shm_params = ShmParams::from_config(&config);
-        let shm_dir = shm_params.cxl_mount_path.clone();
-        if config.get_bool(keys::SHM_ENABLE.0, keys::SHM_ENABLE.1) {
-            transports.push(Arc::new(ShmTransport::new(shm_params)?));
-        }
-        if config.get_bool(keys::TCP_ENABLE.0, keys::TCP_ENABLE.1) {
-            transports.push(Arc::new(TcpTransport::new(
-                client.clone(),
-                TcpParams::from_config(&config),
-                metrics.clone(),
-            )?));
-        }
-        // File segments: io_uring, or the plain pread/pwrite path when io_uring is unavailable
-        // or disabled.
-        transports.extend(crate::transport::file::load(&config)?);
+        let shm_dir = ShmParams::from_config(&config).cxl_mount_path;
+        let mut transports = load_transports(&config, &client, &metrics)?;
         let rdma = Self::start_rdma(&config, &name, &client);
         if let Some(t) = &rdma {
-            local.set_devices(t.devices());
-            let r = remote.clone();
-            t.set_notify_sink(Arc::new(move |name, msg| r.deliver(name, msg, None)));
-            // The metrics endpoint reads the transport's endpoint events and store occupancy.
-            let core = Arc::downgrade(t.core());
-            metrics.set_rdma_source(Box::new(move || core.upgrade().map(|c| rdma_snapshot(&c))));
+            attach_rdma(t, &local, &remote, &metrics);
             transports.push(t.clone());
         }
         let progress = config
             .get_bool(keys::ENABLE_PROGRESS_WORKER.0, keys::ENABLE_PROGRESS_WORKER.1)
             .then(|| Arc::new(WorkQueue::<Arc<Unit>>::default()));
-        let failover = Arc::new(FailoverConfig {
-            metrics: metrics.clone(),
-            budget: config.get_u64(keys::MAX_FAILOVER_ATTEMPTS.0, keys::MAX_FAILOVER_ATTEMPTS.1 as u64).min(64) as u32,
-            on_poll: config.get_bool(keys::ENABLE_AUTO_FAILOVER_ON_POLL.0, keys::ENABLE_AUTO_FAILOVER_ON_POLL.1),
-            progress: progress.clone(),
-        });
-        let dispatcher = Arc::new(Dispatcher {
-            transports,
-            local: local.clone(),
-            machine_id: local.machine_id.clone(),
-            policies: policy::parse(config.get("policy")),
-            failover,
-            merge: config.get_bool(keys::MERGE_REQUESTS.0, keys::MERGE_REQUESTS.1),
-            submitted: Default::default(),
-            remote: remote.clone(),
-        });
-        // Transports drop per-segment state (e.g. shm mappings) when a peer's descriptor changes.
-        let weak = Arc::downgrade(&dispatcher);
-        remote.on_fetch(Box::new(move |name, desc| {
-            if let Some(d) = weak.upgrade() {
-                for t in &d.transports {
-                    t.segment_changed(name, desc);
-                }
-            }
-        }));
-        let progress_worker = match &progress {
-            Some(q) => {
-                let (q, d) = (q.clone(), dispatcher.clone());
-                Some(std::thread::Builder::new().name("tent-progress".into()).spawn(move || {
-                    while let Some(unit) = q.pop() {
-                        d.fail_over(&unit);
-                    }
-                })?)
-            }
-            None => None,
-        };
+        let dispatcher = Self::dispatcher(&config, transports, &local, &remote, &metrics, progress.clone());
+        let lanes = PeerLanes::new();
+        let fetcher = Fetcher::new(lanes.clone(), remote.clone(), dispatcher.clone());
+        let hooks = Arc::new(HookLanes { lanes: lanes.clone(), remote: remote.clone() });
+        let progress_worker = progress.map(|q| ProgressWorker::start(q, dispatcher.clone())).transpose()?;
         let view = Arc::new(ServerView { local: local.clone(), remote: remote.clone(), rdma: rdma.clone() });
-        let server = RpcServer::start(listener, view, threads, data_threads, timeouts.request, token)?;
-        // Central stores: the descriptor is written before the engine counts as started; the
-        // RPC server and transports are dropped again if that fails.
-        publication
-            .publish()
+        let server = RpcServer::start(listener, view, rpc.threads, rpc.data_threads, rpc.timeouts.request, rpc.token)?;
+        // Central stores: the descriptor is written before the engine counts as started, and
+        // removed again (with everything above stopped) when a later step fails.
+        let published = Published::publish(&publication)
             .map_err(|e| Error::Metadata(format!("cannot publish segment {name} to the {metadata_type} store: {e}")))?;
-        let keepalive = if store.needs_keep_alive() {
-            Some(KeepAlive::start(publication.clone(), store_settings.ttl)?)
-        } else {
-            None
+        let keepalive = match store.needs_keep_alive() {
+            true => Some(KeepAlive::start(publication.clone(), store_settings.ttl)?),
+            false => None,
         };
-        let (tx, rx) = mpsc::channel::<()>();
-        let r = remote.clone();
-        let p = publication.clone();
-        let publisher = std::thread::Builder::new().name("tent-publish".into()).spawn(move || {
-            while rx.recv().is_ok() {
-                // Coalesce bursts of changes into one round of updates. The store is written
-                // before subscribers are told, so their refetch sees the change.
-                while rx.try_recv().is_ok() {}
-                if let Err(e) = p.publish() {
-                    tracing::warn!("segment descriptor not published (retried later): {e}");
-                }
-                r.publish_update();
-            }
-        })?;
-        let metrics_server = config
-            .get_bool(keys::METRICS_ENABLED.0, keys::METRICS_ENABLED.1)
-            .then(|| {
-                let host = config.get_string("metrics/http_host", "0.0.0.0");
-                let port = config.get_u64("metrics/http_port", 9100).min(65535) as u16;
-                MetricsServer::start(&host, port, metrics.clone())
-            })
-            .flatten();
+        let publisher = Publisher::start(publication.clone(), remote.clone(), lanes.clone())?;
+        let metrics_server = start_metrics_server(&config, &metrics);
+        published.keep();
         let engine = Arc::new(Engine {
             config,
             ip,
@@ -407,15 +400,53 @@ impl Engine {
             rdma,
             shm_dir,
             server,
-            progress,
             progress_worker: Mutex::new(progress_worker),
-            publish: Mutex::new(Some(tx)),
+            lanes,
+            fetcher,
+            hooks,
             publisher: Mutex::new(Some(publisher)),
             publication,
             keepalive: Mutex::new(keepalive),
         });
         tracing::info!("transfer engine {name} started");
         Ok(engine)
+    }
+
+    /// The dispatcher over `transports`, wired so that transports drop per-segment state (e.g.
+    /// shm mappings) when a peer's descriptor changes.
+    fn dispatcher(
+        config: &Config,
+        transports: Vec<Arc<dyn Transport>>,
+        local: &Arc<LocalSegment>,
+        remote: &Arc<Remote>,
+        metrics: &Arc<Metrics>,
+        progress: Option<Arc<WorkQueue<Arc<Unit>>>>,
+    ) -> Arc<Dispatcher> {
+        let failover = Arc::new(FailoverConfig {
+            metrics: metrics.clone(),
+            budget: config.get_u64(keys::MAX_FAILOVER_ATTEMPTS.0, keys::MAX_FAILOVER_ATTEMPTS.1 as u64).min(64) as u32,
+            on_poll: config.get_bool(keys::ENABLE_AUTO_FAILOVER_ON_POLL.0, keys::ENABLE_AUTO_FAILOVER_ON_POLL.1),
+            progress,
+        });
+        let dispatcher = Arc::new(Dispatcher {
+            transports,
+            local: local.clone(),
+            machine_id: local.machine_id.clone(),
+            policies: policy::parse(config.get("policy")),
+            failover,
+            merge: config.get_bool(keys::MERGE_REQUESTS.0, keys::MERGE_REQUESTS.1),
+            submitted: Default::default(),
+            remote: remote.clone(),
+        });
+        let weak = Arc::downgrade(&dispatcher);
+        remote.on_fetch(Box::new(move |name, desc| {
+            if let Some(d) = weak.upgrade() {
+                for t in &d.transports {
+                    t.segment_changed(name, desc);
+                }
+            }
+        }));
+        dispatcher
     }
 
     /// Starts the RDMA transport when `transports/rdma/enable` (default true) and the provider
@@ -705,8 +736,8 @@ impl Engine {
 
     /// Tells subscribed peers, in the background, that the buffer list changed.
     fn published(&self) {
-        if let Some(tx) = self.publish.lock().as_ref() {
-            let _ = tx.send(());
+        if let Some(p) = self.publisher.lock().as_ref() {
+            p.wake();
         }
     }
 
@@ -743,7 +774,7 @@ impl Engine {
             let mut targets: Vec<u64> = requests.iter().map(|r| r.target_id).collect();
             targets.sort_unstable();
             targets.dedup();
-            let sink: Weak<dyn HookSink> = Arc::downgrade(&self.remote) as Weak<dyn HookSink>;
+            let sink: Weak<dyn HookSink> = Arc::downgrade(&self.hooks) as Weak<dyn HookSink>;
             NotifyHook::new(requests.len(), targets, name, msg, sink)
         });
         if requests.is_empty() {
@@ -782,33 +813,7 @@ impl Engine {
             }
         }
         for (target, tasks) in remote {
-            self.dispatch_remote(target, tasks);
-        }
-    }
-
-    /// Sends tasks for one remote segment to the dispatcher. When a target range is missing from
-    /// the cached descriptor, the descriptor is fetched again once (the peer may have registered
-    /// it since).
-    fn dispatch_remote(&self, target: u64, tasks: Vec<Entry>) {
-        let mut desc = self.remote.descriptor(target, false);
-        let stale = |d: &segment::SegmentDesc| {
-            !d.is_file()
-                && tasks
-                    .iter()
-                    .any(|t| d.find_buffer(t.request.target_offset, t.request.length, t.request.opcode, true).is_err())
-        };
-        if desc.as_ref().is_ok_and(|d| stale(d)) {
-            desc = self.remote.descriptor(target, true);
-        }
-        match desc {
-            Ok(d) => self.dispatcher.dispatch(&d, tasks),
-            Err(e) => {
-                let reason = e.to_string();
-                tracing::debug!("transfers to segment handle {target} failed: {reason}");
-                for t in tasks {
-                    t.state.fail(reason.clone());
-                }
-            }
+            self.fetcher.dispatch(target, tasks);
         }
     }
 
@@ -1002,16 +1007,11 @@ impl Drop for Engine {
         // Peers first lose access to memory, then workers stop, then state is freed.
         self.server.stop();
         self.dispatcher.shutdown();
-        if let Some(q) = &self.progress {
-            drop(q.close());
-        }
-        if let Some(p) = self.progress_worker.lock().take() {
-            let _ = p.join();
-        }
-        drop(self.publish.lock().take());
-        if let Some(p) = self.publisher.lock().take() {
-            let _ = p.join();
-        }
+        drop(self.progress_worker.lock().take());
+        drop(self.publisher.lock().take());
+        // Peer work still queued fails fast once the client refuses calls.
+        self.remote.client.abort_all();
+        self.lanes.close();
         // No write can follow now: stop the keep-alive, then delete the key (clean shutdown).
         drop(self.keepalive.lock().take());
         if let Err(e) = self.publication.remove() {

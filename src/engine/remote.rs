@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-use super::batch::HookSink;
 use super::segment::{SegmentDesc, SegmentTable};
 use super::types::Notification;
 use crate::control::client::RpcClient;
@@ -128,6 +127,11 @@ impl Remote {
         Ok(desc)
     }
 
+    /// The cached descriptor of `handle`, if there is one (never a file segment's).
+    pub fn cached(&self, handle: u64) -> Option<Arc<SegmentDesc>> {
+        self.cache.lock().get(&handle).cloned()
+    }
+
     /// Reads and parses the descriptor of segment `name` from the metadata store.
     fn fetch(&self, name: &str) -> Result<Arc<SegmentDesc>> {
         let text =
@@ -161,16 +165,17 @@ impl Remote {
         }
     }
 
-    /// Tells every subscriber that this segment changed; subscribers that cannot be reached are
-    /// dropped.
-    pub fn publish_update(&self) {
-        let subs: Vec<String> = self.subscribers.lock().iter().cloned().collect();
+    /// The rpc addresses of the peers subscribed to this segment's updates.
+    pub fn subscribers(&self) -> Vec<String> {
+        self.subscribers.lock().iter().cloned().collect()
+    }
+
+    /// Tells subscriber `addr` that this segment changed; one that cannot be reached is dropped.
+    pub fn announce_update_to(&self, addr: &str) {
         let me = serde_json::Value::String(self.local_name.clone()).to_string();
-        for s in subs {
-            if let Err(e) = self.client.call(&s, msg::NOTIFY_SEGMENT_UPDATED, me.as_bytes()) {
-                tracing::debug!("dropping subscriber {s}: {e}");
-                self.subscribers.lock().remove(&s);
-            }
+        if let Err(e) = self.client.call(addr, msg::NOTIFY_SEGMENT_UPDATED, me.as_bytes()) {
+            tracing::debug!("dropping subscriber {addr}: {e}");
+            self.subscribers.lock().remove(addr);
         }
     }
 
@@ -208,16 +213,6 @@ impl Remote {
             Err(_) => {
                 let desc = self.descriptor(handle, true)?;
                 self.client.call(&desc.rpc_server_addr, msg::NOTIFY, body.as_bytes()).map(|_| ())
-            }
-        }
-    }
-}
-
-impl HookSink for Remote {
-    fn fire(&self, targets: &[u64], name: &str, msg: &str) {
-        for &t in targets {
-            if let Err(e) = self.send_notification(t, name, msg) {
-                tracing::warn!("notification after transfer to segment handle {t} not sent: {e}");
             }
         }
     }

@@ -79,6 +79,7 @@ pub fn run_c(exe: &Path, envs: &[(&str, &str)]) -> String {
 }
 
 pub mod engines;
+pub mod fake_peer;
 pub mod stores;
 
 pub mod soak;

@@ -1,0 +1,196 @@
+//! A slow or frozen peer stalls only the work meant for it: never the engine's caller, the
+//! registration of other buffers, local copies, or transfers to healthy peers.
+//!
+//! Each stall is made deterministic: the peer is known to be stuck (the server already took its
+//! bytes, or already began its reply) before the unrelated work starts, and the assertion is that
+//! the stuck request is still alive after that work ended. Before the fix, the unrelated work
+//! waited for the stuck request's timeout, which also killed it.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::engines::{buffer, engine, req, run, wait};
+use common::fake_peer::FakePeer;
+use tent::control::frame::{self, msg};
+use tent::engine::Engine;
+use tent::engine::types::{Opcode, Permission, Status};
+
+/// The peer stays stuck for this long unless the engine gives up on it first.
+const STALL_TIMEOUT: &str = "15000";
+
+fn stalling_engine() -> std::sync::Arc<Engine> {
+    engine(&[
+        ("transports/rdma/enable", "false"),
+        ("rpc_request_timeout_ms", STALL_TIMEOUT),
+        ("rpc_connect_timeout_ms", STALL_TIMEOUT),
+    ])
+}
+
+fn connect(e: &Engine) -> TcpStream {
+    let c = TcpStream::connect((e.rpc_ip().as_str(), e.rpc_port())).expect("connect");
+    c.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+    c
+}
+
+/// Bytes the server side of connection `client` has not read yet, from `/proc/net/tcp`: the
+/// row whose local port is the server's and remote port is the client's.
+fn server_unread(server_port: u16, client: &TcpStream) -> Option<u64> {
+    let client_port = client.local_addr().ok()?.port();
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    table.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let port = |a: &str| a.rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok());
+        if port(f.get(1)?)? != server_port || port(f.get(2)?)? != client_port {
+            return None;
+        }
+        u64::from_str_radix(f.get(4)?.split(':').nth(1)?, 16).ok()
+    })
+}
+
+/// Registers a buffer, unregisters an unrelated one and runs a local copy, checking bytes.
+fn unrelated_work(e: &Engine) {
+    let other = buffer(e, 65536, |i| i as u8, Permission::GlobalReadWrite);
+    e.unregister_memory(&[(other.as_ptr() as u64, other.len() as u64)]).expect("unregister an unrelated buffer");
+    let src = buffer(e, 1 << 20, |i| (i % 253) as u8, Permission::GlobalReadWrite);
+    let dst = buffer(e, 1 << 20, |_| 0, Permission::GlobalReadWrite);
+    let st =
+        run(e, &[req(Opcode::Write, src.as_ptr() as u64, 0, dst.as_ptr() as u64, 1 << 20)], Duration::from_secs(10));
+    assert_eq!(st[0].0, Status::Completed, "a local copy of unrelated memory");
+    assert_eq!(src, dst);
+}
+
+#[test]
+fn half_sent_send_data_stalls_only_its_own_buffer() {
+    let e = stalling_engine();
+    let target = buffer(&e, 1 << 20, |_| 0, Permission::GlobalReadWrite);
+    let mut c = connect(&e);
+    // A SendData for 1 MiB of which only the first KiB comes now.
+    let payload: Vec<u8> = (0..1 << 20).map(|i| (i % 239) as u8).collect();
+    c.write_all(&frame::encode_request(1, msg::SEND_DATA, 16 + (1 << 20), 0)).expect("header");
+    c.write_all(&frame::encode_data_header(target.as_ptr() as u64, 1 << 20)).expect("data header");
+    c.write_all(&payload[..1024]).expect("first KiB");
+    // The server has taken everything sent so far: it is inside the copy, waiting for the rest.
+    let start = Instant::now();
+    while server_unread(e.rpc_port(), &c) != Some(0) {
+        assert!(start.elapsed() < Duration::from_secs(10), "the server never read the request");
+        std::thread::yield_now();
+    }
+    unrelated_work(&e);
+    // The stuck request is still alive: the rest of it lands and is acknowledged.
+    c.write_all(&payload[1024..]).expect("the rest");
+    let mut reply = [0u8; frame::RESPONSE_HEADER_LEN];
+    c.read_exact(&mut reply).expect("reply to the stalled SendData");
+    assert_eq!(frame::parse_response_header(&reply).err_code, 0);
+    let mut body = vec![0u8; frame::parse_response_header(&reply).body_len as usize];
+    c.read_exact(&mut body).expect("reply body");
+    assert_eq!(target, payload, "the stalled SendData still delivered every byte");
+}
+
+#[test]
+fn unread_recv_data_stalls_only_its_own_buffer() {
+    let e = stalling_engine();
+    const LEN: usize = 64 << 20;
+    let source = buffer(&e, LEN, |i| (i % 241) as u8, Permission::GlobalReadWrite);
+    let mut c = connect(&e);
+    c.write_all(&frame::encode_request(1, msg::RECV_DATA, 16, 0)).expect("header");
+    c.write_all(&frame::encode_data_header(source.as_ptr() as u64, LEN as u64)).expect("data header");
+    // The reply has begun: the server is inside the copy out of `source`, and 64 MiB cannot fit
+    // in the socket buffers while we read nothing.
+    let mut head = [0u8; frame::RESPONSE_HEADER_LEN];
+    c.read_exact(&mut head).expect("reply header");
+    let h = frame::parse_response_header(&head);
+    assert_eq!((h.err_code, h.attach_len as usize), (0, LEN));
+    let mut body = vec![0u8; h.body_len as usize];
+    c.read_exact(&mut body).expect("reply body");
+    let mut first = [0u8; 1];
+    c.read_exact(&mut first).expect("first data byte");
+    unrelated_work(&e);
+    let mut rest = vec![0u8; LEN - 1];
+    c.read_exact(&mut rest).expect("the rest of the stalled RecvData");
+    assert_eq!(first[0], source[0]);
+    assert!(rest == source[1..], "every byte of the stalled RecvData");
+}
+
+/// Unregistering the very buffer a stalled request copies into waits for that request only, and
+/// the copy completes intact once the peer resumes.
+#[test]
+fn unregister_of_a_buffer_in_use_waits_for_its_copy() {
+    let e = stalling_engine();
+    let target = buffer(&e, 65536, |_| 0, Permission::GlobalReadWrite);
+    let mut c = connect(&e);
+    let payload: Vec<u8> = (0..65536).map(|i| (i % 233) as u8).collect();
+    c.write_all(&frame::encode_request(1, msg::SEND_DATA, 16 + 65536, 0)).expect("header");
+    c.write_all(&frame::encode_data_header(target.as_ptr() as u64, 65536)).expect("data header");
+    c.write_all(&payload[..100]).expect("a little");
+    let start = Instant::now();
+    while server_unread(e.rpc_port(), &c) != Some(0) {
+        assert!(start.elapsed() < Duration::from_secs(10), "the server never read the request");
+        std::thread::yield_now();
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let e2 = e.clone();
+    let range = (target.as_ptr() as u64, 65536u64);
+    let unregister = std::thread::spawn(move || {
+        e2.unregister_memory(&[range]).expect("unregister");
+        let _ = tx.send(());
+    });
+    c.write_all(&payload[100..]).expect("the rest");
+    let mut reply = [0u8; frame::RESPONSE_HEADER_LEN];
+    c.read_exact(&mut reply).expect("reply");
+    assert_eq!(frame::parse_response_header(&reply).err_code, 0);
+    rx.recv_timeout(Duration::from_secs(10)).expect("the unregister ended once the copy did");
+    unregister.join().expect("thread");
+    assert_eq!(target, payload);
+    // And the range is gone for later requests.
+    let st =
+        run(&e, &[req(Opcode::Write, payload.as_ptr() as u64, 0, target.as_ptr() as u64, 16)], Duration::from_secs(10));
+    assert_eq!(st[0].0, Status::Failed);
+}
+
+/// A peer that never answers `GetSegmentDesc`: `submit` to it returns at once, and a transfer
+/// to a healthy peer submitted afterwards completes while the frozen one is still pending.
+#[test]
+fn frozen_descriptor_owner_holds_up_only_its_own_tasks() {
+    let a = stalling_engine();
+    let b = stalling_engine();
+    let frozen = FakePeer::start(|_| None);
+    let src = buffer(&a, 65536, |i| i as u8, Permission::GlobalReadWrite);
+    let dst = buffer(&b, 65536, |_| 0, Permission::GlobalReadWrite);
+    let (hf, hb) = (a.open_segment(&frozen.addr).expect("open"), a.open_segment(b.segment_name()).expect("open"));
+    let stuck = a.allocate_batch(1).expect("batch");
+    a.submit(stuck, &[req(Opcode::Write, src.as_ptr() as u64, hf, 0x1000, 65536)], None).expect("submit");
+    let st =
+        run(&a, &[req(Opcode::Write, src.as_ptr() as u64, hb, dst.as_ptr() as u64, 65536)], Duration::from_secs(10));
+    assert_eq!(st[0].0, Status::Completed);
+    assert_eq!(src, dst);
+    assert_eq!(a.task_status(stuck, 0).expect("status").0, Status::Pending, "still waiting for the frozen peer");
+    // The frozen peer goes away: its task ends, FAILED.
+    frozen.close();
+    let st = wait(&a, stuck, Duration::from_secs(20));
+    assert_eq!(st[0].0, Status::Failed);
+    assert!(a.task_error(stuck, 0).expect("error").is_some_and(|m| !m.is_empty()));
+}
+
+/// Many submits to a frozen owner share one descriptor fetch: none waits for another's timeout.
+#[test]
+fn submits_to_a_frozen_owner_share_one_fetch() {
+    let a = engine(&[
+        ("transports/rdma/enable", "false"),
+        ("rpc_request_timeout_ms", "1500"),
+        ("rpc_connect_timeout_ms", "1500"),
+    ]);
+    let frozen = FakePeer::start(|_| None);
+    let src = buffer(&a, 4096, |i| i as u8, Permission::GlobalReadWrite);
+    let h = a.open_segment(&frozen.addr).expect("open");
+    let batch = a.allocate_batch(16).expect("batch");
+    for _ in 0..16 {
+        a.submit(batch, &[req(Opcode::Write, src.as_ptr() as u64, h, 0x1000, 4096)], None).expect("submit");
+    }
+    // One request timeout ends all of them (16 fetches in a row would take 16 of them).
+    let st = wait(&a, batch, Duration::from_secs(12));
+    assert!(st.iter().all(|(s, _)| *s == Status::Failed), "{st:?}");
+    assert!(frozen.accepted() <= 2, "the fetch under way and one for all the rest: {}", frozen.accepted());
+}
