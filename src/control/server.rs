@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::frame::{self, FrameError, msg};
-use super::queue::WorkQueue;
+use super::queue::{Pool, WorkQueue};
 use super::rawio;
 use crate::error::Result;
 
@@ -66,9 +66,23 @@ pub struct RpcServer {
     shared: Arc<Shared>,
     stopping: Arc<AtomicBool>,
     waker: UnixStream,
-    threads: Mutex<Vec<JoinHandle<()>>>,
-    control: Arc<WorkQueue<Conn>>,
-    data: Arc<WorkQueue<Conn>>,
+    reactor: Mutex<Option<JoinHandle<()>>>,
+    control: Arc<Pool<Conn>>,
+    data: Arc<Pool<Conn>>,
+}
+
+/// How an [`RpcServer`] runs.
+pub struct ServerParams {
+    /// The most workers serving control messages at once.
+    pub control_threads: usize,
+    /// The most workers serving SendData / RecvData at once.
+    pub data_threads: usize,
+    /// The read and write timeout of each request's I/O.
+    pub request_timeout: Duration,
+    /// After this long without work, a worker above its pool's minimum ends.
+    pub idle_exit: Duration,
+    /// When set, a connection must authenticate (challenge-response) before any request.
+    pub token: Option<Vec<u8>>,
 }
 
 struct Shared {
@@ -84,16 +98,11 @@ struct Shared {
 }
 
 impl RpcServer {
-    /// Starts serving on `listener` with `control_threads` workers for control messages and
-    /// `data_threads` for SendData / RecvData.
-    pub fn start(
-        listener: TcpListener,
-        handler: Arc<dyn RpcHandler>,
-        control_threads: usize,
-        data_threads: usize,
-        request_timeout: Duration,
-        token: Option<Vec<u8>>,
-    ) -> Result<RpcServer> {
+    /// Starts serving on `listener`: a reactor thread watching idle connections, and pools of
+    /// up to `params.control_threads` workers for control messages and `params.data_threads`
+    /// for SendData / RecvData (one control worker always runs; the rest start on demand).
+    pub fn start(listener: TcpListener, handler: Arc<dyn RpcHandler>, params: ServerParams) -> Result<RpcServer> {
+        let ServerParams { control_threads, data_threads, request_timeout, idle_exit, token } = params;
         let auth_required = token.is_some();
         listener.set_nonblocking(true)?;
         let (wake_rx, wake_tx) = UnixStream::pair()?;
@@ -110,29 +119,15 @@ impl RpcServer {
             request_timeout,
             token,
         });
-        let control = Arc::new(WorkQueue::<Conn>::default());
-        let data = Arc::new(WorkQueue::<Conn>::default());
-        let mut threads = Vec::new();
-        for (i, (q, n)) in
-            [(control.clone(), control_threads.max(1)), (data.clone(), data_threads.max(1))].into_iter().enumerate()
-        {
-            for k in 0..n {
-                let q = q.clone();
-                let s = shared.clone();
-                threads.push(
-                    std::thread::Builder::new()
-                        .name(format!("tent-rpc-{}{k}", if i == 0 { "c" } else { "d" }))
-                        .spawn(move || worker(&s, &q))?,
-                );
-            }
-        }
+        let s = shared.clone();
+        let control = Arc::new(Pool::new("tent-rpc-c", 1, control_threads, idle_exit, move |q| worker(&s, q))?);
+        let s = shared.clone();
+        let data = Arc::new(Pool::new("tent-rpc-d", 0, data_threads, idle_exit, move |q| worker(&s, q))?);
         let (c, d, s) = (control.clone(), data.clone(), stopping.clone());
-        threads.push(
-            std::thread::Builder::new()
-                .name("tent-rpc-reactor".into())
-                .spawn(move || reactor(listener, wake_rx, ret_rx, &c, &d, &s, request_timeout, auth_required))?,
-        );
-        Ok(RpcServer { shared, stopping, waker: wake_tx, threads: Mutex::new(threads), control, data })
+        let reactor = std::thread::Builder::new()
+            .name("tent-rpc-reactor".into())
+            .spawn(move || reactor(listener, wake_rx, ret_rx, &c, &d, &s, request_timeout, auth_required))?;
+        Ok(RpcServer { shared, stopping, waker: wake_tx, reactor: Mutex::new(Some(reactor)), control, data })
     }
 
     /// Stops accepting, closes every connection and joins all threads. Idempotent.
@@ -144,7 +139,9 @@ impl RpcServer {
         for (_, c) in self.shared.active.lock().drain(..) {
             let _ = c.shutdown(std::net::Shutdown::Both);
         }
-        for t in self.threads.lock().drain(..) {
+        self.control.join();
+        self.data.join();
+        if let Some(t) = self.reactor.lock().take() {
             let _ = t.join();
         }
     }
@@ -189,8 +186,8 @@ fn reactor(
     listener: TcpListener,
     wake: UnixStream,
     returns: mpsc::Receiver<Conn>,
-    control: &WorkQueue<Conn>,
-    data: &WorkQueue<Conn>,
+    control: &Pool<Conn>,
+    data: &Pool<Conn>,
     stopping: &AtomicBool,
     request_timeout: Duration,
     auth_required: bool,

@@ -2,8 +2,9 @@
 //! it, so an engine that fails half-way through starting leaves no thread behind.
 
 use std::collections::HashSet;
-use std::sync::{Arc, mpsc};
+use std::sync::{Arc, OnceLock, Weak, mpsc};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use parking_lot::Mutex;
 
@@ -12,38 +13,28 @@ use super::peers::{self, PeerLanes};
 use super::remote::Remote;
 use super::unit::Unit;
 use crate::control::metadata::Publication;
-use crate::control::queue::WorkQueue;
+use crate::control::queue::{Pool, WorkQueue};
 use crate::error::Result;
 
 /// The progress worker: decides failovers of units parked in its queue
-/// (`enable_progress_worker`).
-pub struct ProgressWorker {
-    queue: Arc<WorkQueue<Arc<Unit>>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl ProgressWorker {
-    /// Starts the worker on `queue`.
-    pub fn start(queue: Arc<WorkQueue<Arc<Unit>>>, dispatcher: Arc<Dispatcher>) -> Result<ProgressWorker> {
-        let q = queue.clone();
-        let thread = std::thread::Builder::new().name("tent-progress".into()).spawn(move || {
-            while let Some(unit) = q.pop() {
-                dispatcher.fail_over(&unit);
+/// (`enable_progress_worker`). Its thread runs only while units wait.
+pub fn progress_worker(idle_exit: Duration) -> Result<(ProgressPool, Arc<OnceLock<Weak<Dispatcher>>>)> {
+    // The dispatcher is made after the pool (its failover settings hold the pool), so the
+    // worker learns it later, and only weakly, so that a failed start frees both.
+    let target: Arc<OnceLock<Weak<Dispatcher>>> = Arc::default();
+    let t = target.clone();
+    let pool = Pool::new("tent-progress", 0, 1, idle_exit, move |q: &WorkQueue<Arc<Unit>>| {
+        while let Some(unit) = q.pop() {
+            if let Some(d) = t.get().and_then(Weak::upgrade) {
+                d.fail_over(&unit);
             }
-        })?;
-        Ok(ProgressWorker { queue, thread: Some(thread) })
-    }
+        }
+    })?;
+    Ok((Arc::new(pool), target))
 }
 
-impl Drop for ProgressWorker {
-    fn drop(&mut self) {
-        // Units still queued are dropped; their transports already ended them at shutdown.
-        drop(self.queue.close());
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
+/// The progress worker's pool.
+pub type ProgressPool = Arc<Pool<Arc<Unit>>>;
 
 /// The publisher: after the buffer list changed, writes the descriptor to the metadata store
 /// and then tells subscribed peers (each on its own lane).

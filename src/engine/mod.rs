@@ -23,22 +23,22 @@ use crate::config::{Config, keys};
 use crate::control::addr;
 use crate::control::client::{ClientTimeouts, RpcClient};
 use crate::control::metadata::{self, KeepAlive, Publication, StoreSettings};
-use crate::control::queue::WorkQueue;
-use crate::control::server::{Refusal, RpcHandler, RpcServer};
+use crate::control::queue::idle_exit;
+use crate::control::server::{Refusal, RpcHandler, RpcServer, ServerParams};
 use crate::error::{Error, Result};
 use crate::metrics::{Metrics, MetricsServer};
 use crate::transport::Transport;
 use crate::transport::rdma::RdmaTransport;
 use crate::transport::shm::{self, ShmParams, ShmTransport};
 use crate::transport::tcp::{TcpParams, TcpTransport};
-use background::{ProgressWorker, Published, Publisher};
+use background::{ProgressPool, Published, Publisher};
 use batch::{BatchTable, Entry, HookSink, NotifyHook};
 use dispatch::Dispatcher;
 use peers::{Fetcher, HookLanes, PeerLanes};
 use remote::Remote;
 use segment::{LocalSegment, Registration};
 use types::{Notification, Opcode, Permission, Request, Status, TransportKind};
-use unit::{FailoverConfig, Unit};
+use unit::FailoverConfig;
 
 /// Builds the effective config from what the caller gave explicitly: `MC_TENT_CONF` is merged
 /// over it, then the legacy `MC_*` variables, then the caller's identity keys are put back.
@@ -100,6 +100,16 @@ struct RpcSettings {
 }
 
 impl RpcSettings {
+    fn server_params(&self, config: &Config) -> ServerParams {
+        ServerParams {
+            control_threads: self.threads,
+            data_threads: self.data_threads,
+            request_timeout: self.timeouts.request,
+            idle_exit: idle_exit(config),
+            token: self.token.clone(),
+        }
+    }
+
     fn from_config(config: &Config) -> Result<RpcSettings> {
         let int =
             |key: (&str, i64), lo, hi| config.get_i64_checked(key.0, key.1, lo, hi).map_err(Error::InvalidArgument);
@@ -268,7 +278,7 @@ pub struct Engine {
     shm_dir: String,
     server: RpcServer,
     /// Decides failovers of parked units (`enable_progress_worker`).
-    progress_worker: Mutex<Option<ProgressWorker>>,
+    progress: Option<ProgressPool>,
     /// Work for one peer at a time (descriptor fetches, notifications, update announcements).
     lanes: Arc<PeerLanes>,
     /// Starts remote tasks once their segment's descriptor is known.
@@ -365,16 +375,20 @@ impl Engine {
             attach_rdma(t, &local, &remote, &metrics);
             transports.push(t.clone());
         }
-        let progress = config
-            .get_bool(keys::ENABLE_PROGRESS_WORKER.0, keys::ENABLE_PROGRESS_WORKER.1)
-            .then(|| Arc::new(WorkQueue::<Arc<Unit>>::default()));
-        let dispatcher = Self::dispatcher(&config, transports, &local, &remote, &metrics, progress.clone());
+        let progress = match config.get_bool(keys::ENABLE_PROGRESS_WORKER.0, keys::ENABLE_PROGRESS_WORKER.1) {
+            true => Some(background::progress_worker(idle_exit(&config))?),
+            false => None,
+        };
+        let dispatcher =
+            Self::dispatcher(&config, transports, &local, &remote, &metrics, progress.as_ref().map(|p| p.0.clone()));
+        if let Some((_, target)) = &progress {
+            let _ = target.set(Arc::downgrade(&dispatcher));
+        }
         let lanes = PeerLanes::new();
         let fetcher = Fetcher::new(lanes.clone(), remote.clone(), dispatcher.clone());
         let hooks = Arc::new(HookLanes { lanes: lanes.clone(), remote: remote.clone() });
-        let progress_worker = progress.map(|q| ProgressWorker::start(q, dispatcher.clone())).transpose()?;
         let view = Arc::new(ServerView { local: local.clone(), remote: remote.clone(), rdma: rdma.clone() });
-        let server = RpcServer::start(listener, view, rpc.threads, rpc.data_threads, rpc.timeouts.request, rpc.token)?;
+        let server = RpcServer::start(listener, view, rpc.server_params(&config))?;
         // Central stores: the descriptor is written before the engine counts as started, and
         // removed again (with everything above stopped) when a later step fails.
         let published = Published::publish(&publication)
@@ -400,7 +414,7 @@ impl Engine {
             rdma,
             shm_dir,
             server,
-            progress_worker: Mutex::new(progress_worker),
+            progress: progress.map(|p| p.0),
             lanes,
             fetcher,
             hooks,
@@ -420,7 +434,7 @@ impl Engine {
         local: &Arc<LocalSegment>,
         remote: &Arc<Remote>,
         metrics: &Arc<Metrics>,
-        progress: Option<Arc<WorkQueue<Arc<Unit>>>>,
+        progress: Option<ProgressPool>,
     ) -> Arc<Dispatcher> {
         let failover = Arc::new(FailoverConfig {
             metrics: metrics.clone(),
@@ -1007,7 +1021,10 @@ impl Drop for Engine {
         // Peers first lose access to memory, then workers stop, then state is freed.
         self.server.stop();
         self.dispatcher.shutdown();
-        drop(self.progress_worker.lock().take());
+        if let Some(p) = &self.progress {
+            // Units still queued are dropped; their transports already ended them at shutdown.
+            p.join();
+        }
         drop(self.publisher.lock().take());
         // Peer work still queued fails fast once the client refuses calls.
         self.remote.client.abort_all();

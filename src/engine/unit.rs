@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use super::batch::TaskState;
 use super::segment::SegmentDesc;
 use super::types::{Request, TransportKind};
-use crate::control::queue::WorkQueue;
+use crate::control::queue::Pool;
 
 /// How failures are handled for the units of one engine.
 pub struct FailoverConfig {
@@ -22,7 +22,7 @@ pub struct FailoverConfig {
     /// Status polls run pending failovers (`enable_auto_failover_on_poll`).
     pub on_poll: bool,
     /// The progress worker's queue when `enable_progress_worker` is set.
-    pub progress: Option<Arc<WorkQueue<Arc<Unit>>>>,
+    pub progress: Option<Arc<Pool<Arc<Unit>>>>,
     /// Where failovers are counted.
     pub metrics: Arc<crate::metrics::Metrics>,
 }

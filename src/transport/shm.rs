@@ -10,12 +10,11 @@ use std::collections::HashMap;
 use std::ffi::CString;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::thread::JoinHandle;
 
 use parking_lot::Mutex;
 
 use crate::config::Config;
-use crate::control::queue::WorkQueue;
+use crate::control::queue::{Pool, WorkQueue, idle_exit};
 use crate::engine::segment::{BufferDesc, SegmentDesc};
 use crate::engine::types::{Opcode, TransportKind};
 use crate::engine::unit::Task;
@@ -31,6 +30,8 @@ pub struct ShmParams {
     pub copy_threads: usize,
     /// Requests up to this size are copied by one thread in one piece.
     pub chunk_size: u64,
+    /// An idle copy thread ends after this long (`idle_thread_exit_ms`); they start on demand.
+    pub idle_exit: std::time::Duration,
 }
 
 impl ShmParams {
@@ -41,6 +42,7 @@ impl ShmParams {
             cxl_mount_path: cfg.get_string("transports/shm/cxl_mount_path", ""),
             copy_threads: cfg.get_u64("transports/shm/copy_threads", cpus.min(8) as u64).clamp(1, 64) as usize,
             chunk_size: cfg.get_u64("transports/shm/chunk_size", 8 << 20).clamp(64 << 10, 1 << 30),
+            idle_exit: idle_exit(cfg),
         }
     }
 }
@@ -239,31 +241,26 @@ struct Chunk {
 pub struct ShmTransport {
     params: ShmParams,
     mappings: Mutex<HashMap<MapKey, Arc<Mapping>>>,
-    queue: Arc<WorkQueue<Chunk>>,
+    pool: Pool<Chunk>,
     stopping: Arc<AtomicBool>,
-    workers: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl ShmTransport {
-    /// Starts the copy threads.
+    /// Sets up the copy threads: up to `copy_threads`, started when chunks wait and ended when
+    /// idle.
     pub fn new(params: ShmParams) -> Result<ShmTransport> {
-        let queue = Arc::new(WorkQueue::<Chunk>::default());
         let stopping = Arc::new(AtomicBool::new(false));
-        let mut workers = Vec::new();
-        for i in 0..params.copy_threads {
-            let q = queue.clone();
-            workers.push(std::thread::Builder::new().name(format!("tent-shm-{i}")).spawn(move || {
-                while let Some(c) = q.pop() {
-                    if !c.job.task.cancel_requested() {
-                        copy_chunk(&c);
-                    }
-                    if c.job.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-                        c.job.task.complete();
-                    }
+        let pool = Pool::new("tent-shm", 0, params.copy_threads, params.idle_exit, |q: &WorkQueue<Chunk>| {
+            while let Some(c) = q.pop() {
+                if !c.job.task.cancel_requested() {
+                    copy_chunk(&c);
                 }
-            })?);
-        }
-        Ok(ShmTransport { params, mappings: Mutex::new(HashMap::new()), queue, stopping, workers: Mutex::new(workers) })
+                if c.job.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    c.job.task.complete();
+                }
+            }
+        })?;
+        Ok(ShmTransport { params, mappings: Mutex::new(HashMap::new()), pool, stopping })
     }
 
     /// The parameters in use.
@@ -378,7 +375,7 @@ impl Transport for ShmTransport {
         }
         // Queue first, then copy the small ones here: the copy threads work meanwhile instead
         // of waiting for the inline copies to finish.
-        if let Err(rest) = self.queue.push_all(chunks) {
+        if let Err(rest) = self.pool.push_all(chunks) {
             for c in rest {
                 c.job.task.fail("shm transport is shutting down".into());
             }
@@ -398,12 +395,10 @@ impl Transport for ShmTransport {
 
     fn shutdown(&self) {
         self.stopping.store(true, Ordering::Release);
-        for c in self.queue.close() {
+        for c in self.pool.close() {
             c.job.task.fail("shm transport is shutting down".into());
         }
-        for w in self.workers.lock().drain(..) {
-            let _ = w.join();
-        }
+        self.pool.join();
         self.mappings.lock().clear();
     }
 }

@@ -9,14 +9,11 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::thread::JoinHandle;
 use std::time::Duration;
-
-use parking_lot::Mutex;
 
 use crate::config::{Config, keys};
 use crate::control::client::{DataOp, RpcClient};
-use crate::control::queue::WorkQueue;
+use crate::control::queue::{Pool, WorkQueue, idle_exit};
 use crate::engine::segment::SegmentDesc;
 use crate::engine::types::{Opcode, TransportKind};
 use crate::engine::unit::Task;
@@ -38,6 +35,8 @@ pub struct TcpParams {
     pub fail_every_nth_chunk: u64,
     /// Fault injection for tests (`transports/tcp/fault/refuse_submit`): submit itself fails.
     pub refuse_submit: bool,
+    /// An idle worker ends after this long (`idle_thread_exit_ms`); workers start on demand.
+    pub idle_exit: Duration,
 }
 
 impl TcpParams {
@@ -55,6 +54,7 @@ impl TcpParams {
             chunk_size: cfg.get_u64("transports/tcp/chunk_size", 4 << 20).clamp(4096, 1 << 30),
             fail_every_nth_chunk: cfg.get_u64("transports/tcp/fault/fail_every_nth_chunk", 0),
             refuse_submit: cfg.get_bool("transports/tcp/fault/refuse_submit", false),
+            idle_exit: idle_exit(cfg),
         }
     }
 
@@ -83,26 +83,20 @@ struct Chunk {
 pub struct TcpTransport {
     client: Arc<RpcClient>,
     params: TcpParams,
-    queue: Arc<WorkQueue<Chunk>>,
+    pool: Pool<Chunk>,
     stopping: Arc<AtomicBool>,
-    workers: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl TcpTransport {
-    /// Starts the worker pool.
+    /// Sets up the worker pool: up to `max_concurrent_tasks` threads, started when chunks wait
+    /// and ended when idle.
     pub fn new(client: Arc<RpcClient>, params: TcpParams, metrics: Arc<Metrics>) -> Result<TcpTransport> {
-        let queue = Arc::new(WorkQueue::<Chunk>::default());
         let stopping = Arc::new(AtomicBool::new(false));
-        let mut workers = Vec::new();
-        for i in 0..params.max_concurrent_tasks {
-            let (q, c, s, m) = (queue.clone(), client.clone(), stopping.clone(), metrics.clone());
-            workers.push(
-                std::thread::Builder::new()
-                    .name(format!("tent-tcp-{i}"))
-                    .spawn(move || worker(&q, &c, &s, params, &m))?,
-            );
-        }
-        Ok(TcpTransport { client, params, queue, stopping, workers: Mutex::new(workers) })
+        let (c, s) = (client.clone(), stopping.clone());
+        let pool = Pool::new("tent-tcp", 0, params.max_concurrent_tasks, params.idle_exit, move |q| {
+            worker(q, &c, &s, params, &metrics)
+        })?;
+        Ok(TcpTransport { client, params, pool, stopping })
     }
 
     /// The parameters in use.
@@ -121,13 +115,15 @@ const PIPELINE_MAX_OPS: usize = 16;
 const PIPELINE_MAX_BYTES: u64 = 1 << 20;
 
 fn worker(queue: &WorkQueue<Chunk>, client: &RpcClient, stopping: &AtomicBool, p: TcpParams, metrics: &Metrics) {
-    while let Some(chunk) = queue.pop() {
+    // A chunk taken off the queue that did not fit the last pipelined group goes first.
+    let mut held: Option<Chunk> = None;
+    while let Some(chunk) = held.take().or_else(|| queue.pop()) {
         // Fault injection counts single chunk attempts; keep that path when it is on.
         if chunk.len <= PIPELINE_MAX_CHUNK && p.fail_every_nth_chunk == 0 {
             let (addr, opcode) = (chunk.job.rpc_addr.clone(), chunk.job.task.request().opcode);
             let mut bytes = chunk.len;
             let mut group = vec![chunk];
-            group.extend(queue.pop_more(PIPELINE_MAX_OPS - 1, |c| {
+            let (more, other) = queue.pop_more(PIPELINE_MAX_OPS - 1, |c| {
                 let fits = c.len <= PIPELINE_MAX_CHUNK
                     && bytes + c.len <= PIPELINE_MAX_BYTES
                     && c.job.rpc_addr == addr
@@ -136,7 +132,9 @@ fn worker(queue: &WorkQueue<Chunk>, client: &RpcClient, stopping: &AtomicBool, p
                     bytes += c.len;
                 }
                 fits
-            }));
+            });
+            group.extend(more);
+            held = other;
             if group.len() > 1 {
                 move_group(client, &group, stopping, p, metrics);
                 continue;
@@ -297,7 +295,7 @@ impl Transport for TcpTransport {
                 off += l;
             }
         }
-        if let Err(rest) = self.queue.push_all(chunks) {
+        if let Err(rest) = self.pool.push_all(chunks) {
             for c in rest {
                 c.job.task.fail("tcp transport is shutting down".into());
             }
@@ -309,13 +307,11 @@ impl Transport for TcpTransport {
         self.stopping.store(true, Ordering::Release);
         // Interrupt chunks blocked on a slow peer; their tasks fail instead of holding teardown.
         self.client.abort_all();
-        for c in self.queue.close() {
+        for c in self.pool.close() {
             c.job.failed.store(true, Ordering::Release);
             c.job.task.fail("tcp transport is shutting down".into());
         }
-        for w in self.workers.lock().drain(..) {
-            let _ = w.join();
-        }
+        self.pool.join();
     }
 }
 

@@ -63,8 +63,10 @@ pub struct FileParams {
     pub queue_depth: u32,
     /// Rings, each with its own thread (`transports/io_uring/rings`, 1).
     pub rings: usize,
-    /// Threads of the plain path (`transports/bufio/threads`, 4).
+    /// Threads of the plain path (`transports/bufio/threads`, 4), started on demand.
     pub plain_threads: usize,
+    /// An idle thread of the plain path ends after this long (`idle_thread_exit_ms`).
+    pub idle_exit: std::time::Duration,
 }
 
 impl FileParams {
@@ -78,6 +80,7 @@ impl FileParams {
             queue_depth: cfg.get_u64("transports/io_uring/queue_depth", 32).clamp(1, 4096) as u32,
             rings: cfg.get_u64("transports/io_uring/rings", 1).clamp(1, 64) as usize,
             plain_threads: cfg.get_u64("transports/bufio/threads", 4).clamp(1, 256) as usize,
+            idle_exit: crate::control::queue::idle_exit(cfg),
         }
     }
 }

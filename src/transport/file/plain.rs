@@ -6,12 +6,11 @@
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::thread::JoinHandle;
 
 use parking_lot::Mutex;
 
 use super::{AlignedBuf, FileCache, FileParams, OpenFile, Piece, Step, bounce_copy, plan_tasks};
-use crate::control::queue::WorkQueue;
+use crate::control::queue::{Pool, WorkQueue};
 use crate::engine::segment::SegmentDesc;
 use crate::engine::types::{Opcode, TransportKind};
 use crate::engine::unit::Task;
@@ -37,25 +36,19 @@ struct Work {
 pub struct PlainFileTransport {
     params: FileParams,
     files: FileCache,
-    queue: Arc<WorkQueue<Work>>,
-    workers: Mutex<Vec<JoinHandle<()>>>,
+    pool: Pool<Work>,
 }
 
 impl PlainFileTransport {
-    /// Starts the threads.
+    /// Sets up the threads: up to `plain_threads`, started when work waits and ended when idle.
     pub fn new(params: FileParams) -> Result<PlainFileTransport> {
-        let queue = Arc::new(WorkQueue::<Work>::default());
-        let mut workers = Vec::new();
-        for i in 0..params.plain_threads {
-            let q = queue.clone();
-            workers.push(std::thread::Builder::new().name(format!("tent-bufio-{i}")).spawn(move || {
-                while let Some(w) = q.pop() {
-                    run(&w);
-                    piece_done(&w.job);
-                }
-            })?);
-        }
-        Ok(PlainFileTransport { params, files: FileCache::default(), queue, workers: Mutex::new(workers) })
+        let pool = Pool::new("tent-bufio", 0, params.plain_threads, params.idle_exit, |q: &WorkQueue<Work>| {
+            while let Some(w) = q.pop() {
+                run(&w);
+                piece_done(&w.job);
+            }
+        })?;
+        Ok(PlainFileTransport { params, files: FileCache::default(), pool })
     }
 }
 
@@ -163,7 +156,7 @@ impl Transport for PlainFileTransport {
             });
             work.extend(pieces.into_iter().map(|piece| Work { job: job.clone(), piece }));
         }
-        if let Err(rest) = self.queue.push_all(work) {
+        if let Err(rest) = self.pool.push_all(work) {
             for w in rest {
                 w.job.task.fail("file transport is shutting down".into());
             }
@@ -180,13 +173,11 @@ impl Transport for PlainFileTransport {
     }
 
     fn shutdown(&self) {
-        for w in self.queue.close() {
+        for w in self.pool.close() {
             w.job.error.lock().get_or_insert_with(|| "file transport is shutting down".into());
             piece_done(&w.job);
         }
-        for t in self.workers.lock().drain(..) {
-            let _ = t.join();
-        }
+        self.pool.join();
         self.files.clear();
     }
 }
