@@ -11,17 +11,13 @@ use sha2::Sha256;
 
 const LABEL: &[u8] = b"tent-rs rpc auth v1\0";
 
-/// A fresh random challenge.
-pub fn nonce() -> [u8; 32] {
+/// A fresh random challenge from the OS's random source (`getrandom`). There is no fallback:
+/// a guessable challenge would let a recorded answer be replayed, so without randomness the
+/// server refuses the connection instead.
+pub fn nonce() -> Result<[u8; 32], getrandom::Error> {
     let mut n = [0u8; 32];
-    let filled =
-        std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut n)).is_ok();
-    if !filled {
-        // Never reached on Linux; still not a constant.
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-        n[..16].copy_from_slice(&t.to_le_bytes());
-    }
-    n
+    getrandom::fill(&mut n)?;
+    Ok(n)
 }
 
 /// The answer to `nonce` for `token`.
@@ -46,13 +42,13 @@ mod tests {
 
     #[test]
     fn answers_depend_on_token_and_nonce() {
-        let n = nonce();
-        assert_ne!(n, nonce(), "nonces are fresh");
+        let n = nonce().expect("random");
+        assert_ne!(n, nonce().expect("random"), "nonces are fresh");
         let a = respond(b"secret", &n);
         assert_eq!(a.len(), 32);
         assert!(verify(b"secret", &n, &a));
         assert!(!verify(b"other", &n, &a));
-        assert!(!verify(b"secret", &nonce(), &a));
+        assert!(!verify(b"secret", &nonce().expect("random"), &a));
         assert!(!verify(b"secret", &n, &a[..31]));
     }
 }

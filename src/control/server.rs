@@ -412,7 +412,7 @@ fn serve_one(shared: &Shared, conn: &mut Conn) -> std::result::Result<(), String
         c.read_exact(&mut att).map_err(|e| format!("truncated attachment: {e}"))?;
         match (id, nonce.take()) {
             (msg::AUTH_CHALLENGE, _) => {
-                let fresh = super::auth::nonce();
+                let fresh = super::auth::nonce().map_err(|e| format!("no random challenge: {e}"))?;
                 *nonce = Some(fresh);
                 return reply(c, h.seq, &fresh);
             }

@@ -146,22 +146,18 @@ pub fn machine_id() -> String {
     }
 }
 
-/// `n` random lower-case letters (from the OS random source, falling back to the clock).
+/// `n` random lower-case letters, for names that must not collide (segment, machine and shm
+/// object names). From the OS random source (`getrandom`); without one, std's per-process
+/// random hash keys and a counter stand in, since names need not be secret.
 pub fn random_letters(n: usize) -> String {
     let mut bytes = vec![0u8; n];
-    let filled =
-        std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes)).is_ok();
-    if !filled {
-        let mut x = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0x9e37_79b9)
-            ^ std::process::id() as u64;
+    if getrandom::fill(&mut bytes).is_err() {
+        use std::hash::{BuildHasher, Hasher};
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         for b in bytes.iter_mut() {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            *b = x as u8;
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u64(COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+            *b = h.finish() as u8;
         }
     }
     bytes.iter().map(|b| (b'a' + b % 26) as char).collect()

@@ -191,13 +191,17 @@ pub struct Endpoint {
     notify_declined: AtomicBool,
 }
 
-/// A fresh random 64-bit value (process-unique even without a good entropy source).
+/// A fresh random 64-bit value, never 0, from the OS's random source (`getrandom`). Endpoint
+/// nonces and first PSNs only need to differ between incarnations, not to be secret, so when
+/// the OS has no randomness std's per-process hash keys and a counter stand in.
 pub fn random_nonce() -> u64 {
+    if let Ok(v) = getrandom::u64() {
+        return v | 1;
+    }
     use std::hash::{BuildHasher, Hasher};
     static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
     h.finish() | 1
 }
 
