@@ -1,39 +1,26 @@
-//! Mutation fuzzing, on stable Rust, of every decoder that reads bytes from the network or the
-//! user: RPC request and response frames, segment descriptors, notifications, config text and
+//! Fuzzing, on stable Rust, of every decoder that reads bytes from the network or the user:
+//! RPC request and response frames, segment descriptors, notifications, config text and
 //! policies, plus a live RPC server fed mutated frames.
 //!
-//! Each target starts from the committed corpus in `fuzz/corpus/<target>/` and mutates it (bit
-//! flips, random bytes, inserts, deletes, duplicated ranges, splices, boundary values) for
-//! `TENT_FUZZ_SECS` seconds (default 1). A panic fails the test and the input is written to
-//! `target/fuzz-findings/`; copied into the corpus it becomes a regression input that runs first
-//! every time.
+//! Each target first runs every input of the committed corpus in `fuzz/corpus/<target>/`, then
+//! bolero's generated inputs: a corpus input picked and edited (bit flips, bytes set, inserts,
+//! deletes, duplicated ranges, splices with another input, boundary values). Under `cargo test`
+//! the edits are random, for `TENT_FUZZ_SECS` seconds per target (default 1). Under
+//! `cargo bolero test fuzz::<target> --sanitizer NONE` (stable) libFuzzer chooses them, guided by
+//! coverage. A failing input is printed by bolero; copied into the corpus it becomes a
+//! regression input that runs first every time.
 
 mod common;
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use bolero::generator::TypeGenerator;
 use tent::config::Config;
 use tent::control::frame;
 use tent::control::server::{json_string, parse_notification};
 use tent::engine::policy;
 use tent::engine::segment::SegmentDesc;
 use tent::engine::types::Opcode;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        if n == 0 { 0 } else { (self.next() % n as u64) as usize }
-    }
-}
 
 fn corpus(target: &str) -> Vec<Vec<u8>> {
     let dir = common::root().join("fuzz/corpus").join(target);
@@ -49,87 +36,99 @@ fn corpus(target: &str) -> Vec<Vec<u8>> {
 
 const INTERESTING: [u64; 10] = [0, 1, 0x7f, 0xff, 0xffff, 0x7fff_ffff, 0xffff_ffff, 1 << 30, u64::MAX, 16];
 
-fn mutate(rng: &mut Rng, seeds: &[Vec<u8>]) -> Vec<u8> {
-    let mut d = seeds[rng.below(seeds.len())].clone();
-    for _ in 0..1 + rng.below(4) {
-        match rng.below(7) {
-            0 if !d.is_empty() => {
-                let i = rng.below(d.len());
-                d[i] ^= 1 << rng.below(8);
-            }
-            1 if !d.is_empty() => {
-                let i = rng.below(d.len());
-                d[i] = rng.next() as u8;
-            }
-            2 => {
-                let i = rng.below(d.len() + 1);
-                let n = 1 + rng.below(8);
-                let bytes: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
-                d.splice(i..i, bytes);
-            }
-            3 if !d.is_empty() => {
-                let a = rng.below(d.len());
-                let b = (a + 1 + rng.below(16)).min(d.len());
-                d.drain(a..b);
-            }
-            4 if !d.is_empty() => {
-                let a = rng.below(d.len());
-                let b = (a + 1 + rng.below(32)).min(d.len());
-                let piece = d[a..b].to_vec();
-                let at = rng.below(d.len() + 1);
-                d.splice(at..at, piece);
-            }
-            5 => {
-                let other = &seeds[rng.below(seeds.len())];
-                let cut = rng.below(d.len() + 1);
-                let from = rng.below(other.len() + 1);
-                d.truncate(cut);
-                d.extend_from_slice(&other[from..]);
-            }
-            _ if d.len() >= 4 => {
-                let v = INTERESTING[rng.below(INTERESTING.len())];
-                let i = rng.below(d.len() - 3);
-                let w = 1 << rng.below(3);
-                let end = (i + w).min(d.len());
-                d[i..end].copy_from_slice(&v.to_le_bytes()[..end - i]);
-            }
-            _ => d.push(rng.next() as u8),
-        }
-    }
-    d
+/// One edit of an input. Positions are taken modulo the input's length, so every generated
+/// edit applies.
+#[derive(Debug, Clone, TypeGenerator)]
+enum Edit {
+    FlipBit { at: u32, bit: u8 },
+    SetByte { at: u32, value: u8 },
+    Insert { at: u32, bytes: Vec<u8> },
+    Delete { at: u32, len: u8 },
+    Duplicate { from: u32, len: u8, to: u32 },
+    Splice { other: u16, cut: u32, from: u32 },
+    Boundary { at: u32, which: u8, width: u8 },
+    Append { value: u8 },
 }
 
-/// Runs `f` on the corpus, then on mutations for the time budget; returns the number of inputs.
-fn fuzz(target: &str, f: impl Fn(&[u8])) -> u64 {
-    let seeds = corpus(target);
-    let secs: f64 = std::env::var("TENT_FUZZ_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(1.0);
-    let deadline = Instant::now() + Duration::from_secs_f64(secs);
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ target.len() as u64);
-    let mut n = 0u64;
-    let mut run = |input: &[u8]| {
-        if catch_unwind(AssertUnwindSafe(|| f(input))).is_err() {
-            let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("../fuzz-findings");
-            let _ = std::fs::create_dir_all(&dir);
-            let path = dir.join(format!("{target}-{n}.bin"));
-            let _ = std::fs::write(&path, input);
-            panic!("{target}: input {n} panicked; saved to {}", path.display());
+/// A corpus input and the edits made to it.
+#[derive(Debug, Clone, TypeGenerator)]
+struct Mutant {
+    seed: u16,
+    edits: Vec<Edit>,
+}
+
+fn pos(at: u32, len: usize) -> usize {
+    if len == 0 { 0 } else { at as usize % len }
+}
+
+impl Mutant {
+    fn apply(&self, seeds: &[Vec<u8>]) -> Vec<u8> {
+        let mut d = seeds[self.seed as usize % seeds.len()].clone();
+        for e in self.edits.iter().take(8) {
+            match e {
+                Edit::FlipBit { at, bit } if !d.is_empty() => {
+                    let i = pos(*at, d.len());
+                    d[i] ^= 1 << (bit % 8);
+                }
+                Edit::SetByte { at, value } if !d.is_empty() => {
+                    let i = pos(*at, d.len());
+                    d[i] = *value;
+                }
+                Edit::Insert { at, bytes } => {
+                    let i = pos(*at, d.len() + 1);
+                    d.splice(i..i, bytes.iter().take(16).copied());
+                }
+                Edit::Delete { at, len } if !d.is_empty() => {
+                    let a = pos(*at, d.len());
+                    let b = (a + 1 + *len as usize % 16).min(d.len());
+                    d.drain(a..b);
+                }
+                Edit::Duplicate { from, len, to } if !d.is_empty() => {
+                    let a = pos(*from, d.len());
+                    let b = (a + 1 + *len as usize % 32).min(d.len());
+                    let piece = d[a..b].to_vec();
+                    let at = pos(*to, d.len() + 1);
+                    d.splice(at..at, piece);
+                }
+                Edit::Splice { other, cut, from } => {
+                    let other = &seeds[*other as usize % seeds.len()];
+                    d.truncate(pos(*cut, d.len() + 1));
+                    d.extend_from_slice(&other[pos(*from, other.len() + 1)..]);
+                }
+                Edit::Boundary { at, which, width } if d.len() >= 4 => {
+                    let v = INTERESTING[*which as usize % INTERESTING.len()];
+                    let i = pos(*at, d.len() - 3);
+                    let end = (i + (1 << (width % 3))).min(d.len());
+                    d[i..end].copy_from_slice(&v.to_le_bytes()[..end - i]);
+                }
+                Edit::Append { value } => d.push(*value),
+                _ => {}
+            }
         }
-        n += 1;
-    };
-    for s in &seeds {
-        run(s);
+        d
     }
-    while Instant::now() < deadline {
-        let input = mutate(&mut rng, &seeds);
-        run(&input);
-    }
-    println!("{target}: {n} inputs in {secs} s");
-    n
+}
+
+/// The time each target runs generated inputs under `cargo test`.
+fn budget() -> Duration {
+    Duration::from_secs_f64(std::env::var("TENT_FUZZ_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(1.0))
+}
+
+/// Runs `$f` on every corpus input of `$target`, then on generated mutants of them.
+macro_rules! fuzz {
+    ($target:expr, $f:expr) => {{
+        let seeds = corpus($target);
+        let f = $f;
+        for s in &seeds {
+            f(s.as_slice());
+        }
+        bolero::check!().with_type::<Mutant>().with_test_time(budget()).for_each(|m: &Mutant| f(&m.apply(&seeds)));
+    }};
 }
 
 #[test]
 fn rpc_request_frames() {
-    fuzz("rpc_request", |b| {
+    fuzz!("rpc_request", |b: &[u8]| {
         if b.len() < frame::REQUEST_HEADER_LEN {
             return;
         }
@@ -154,7 +153,7 @@ fn rpc_request_frames() {
 
 #[test]
 fn rpc_response_frames() {
-    fuzz("rpc_response", |b| {
+    fuzz!("rpc_response", |b: &[u8]| {
         if b.len() < frame::RESPONSE_HEADER_LEN {
             let _ = frame::decode_string(b);
             return;
@@ -170,7 +169,7 @@ fn rpc_response_frames() {
 
 #[test]
 fn segment_descriptors() {
-    fuzz("segment_descriptor", |b| {
+    fuzz!("segment_descriptor", |b: &[u8]| {
         let text = String::from_utf8_lossy(b);
         if let Ok(d) = SegmentDesc::from_json(&text) {
             // What we parse we can serialise and parse back to the same thing.
@@ -187,7 +186,7 @@ fn segment_descriptors() {
 #[test]
 fn rdma_bootstrap_messages() {
     use tent::transport::rdma::bootstrap::{BootstrapDesc, split_nic_path};
-    fuzz("bootstrap", |b| {
+    fuzz!("bootstrap", |b: &[u8]| {
         if let Ok(d) = BootstrapDesc::parse(b) {
             let _ = d.outcome();
             let _ = split_nic_path(&d.local_nic_path);
@@ -200,7 +199,7 @@ fn rdma_bootstrap_messages() {
 
 #[test]
 fn notifications() {
-    fuzz("notification", |b| {
+    fuzz!("notification", |b: &[u8]| {
         if let Ok(n) = parse_notification(b) {
             assert!(n.name.len() + n.msg.len() <= b.len());
         }
@@ -209,7 +208,7 @@ fn notifications() {
 
 #[test]
 fn config_text_and_policies() {
-    fuzz("config", |b| {
+    fuzz!("config", |b: &[u8]| {
         let Ok(v) = serde_json::from_slice::<serde_json::Value>(b) else { return };
         let mut c = Config::from_value(v);
         let _ = policy::parse(c.get("policy"));
@@ -236,19 +235,19 @@ fn live_server_survives_mutated_frames() {
     let e = common::engines::engine(&[]);
     let port = e.rpc_port();
     let seeds = corpus("rpc_request");
-    let mut rng = Rng(42);
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let mut sent = 0;
-    while Instant::now() < deadline && sent < 400 {
-        let input = mutate(&mut rng, &seeds);
-        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
-            let _ = s.set_read_timeout(Some(Duration::from_millis(20)));
-            let _ = s.write_all(&input);
-            let mut sink = [0u8; 256];
-            let _ = s.read(&mut sink);
-        }
-        sent += 1;
-    }
+    let sent = std::sync::atomic::AtomicUsize::new(0);
+    bolero::check!().with_type::<Mutant>().with_iterations(400).with_test_time(Duration::from_secs(2)).for_each(
+        |m: &Mutant| {
+            if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+                let _ = s.set_read_timeout(Some(Duration::from_millis(20)));
+                let _ = s.write_all(&m.apply(&seeds));
+                let mut sink = [0u8; 256];
+                let _ = s.read(&mut sink);
+            }
+            sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        },
+    );
+    let sent = sent.into_inner();
     // Still serving, and quickly.
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
@@ -266,23 +265,25 @@ fn live_rdma_engine_survives_mutated_bootstraps() {
     assert!(e.loaded_transports().contains(&tent::engine::types::TransportKind::Rdma));
     let port = e.rpc_port();
     let seeds = corpus("bootstrap");
-    let mut rng = Rng(7);
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let mut sent = 0u32;
-    while Instant::now() < deadline && sent < 2000 {
-        let body = mutate(&mut rng, &seeds);
-        let mut req = frame::encode_request(sent, frame::msg::BOOTSTRAP_RDMA, body.len() as u32, 0).to_vec();
-        req.extend_from_slice(&body);
-        s.write_all(&req).expect("send");
-        let mut h = [0u8; 16];
-        s.read_exact(&mut h).expect("every bootstrap gets a reply");
-        let h = frame::parse_response_header(&h);
-        assert_eq!(h.seq, sent);
-        let mut rest = vec![0u8; (h.body_len + h.attach_len) as usize];
-        s.read_exact(&mut rest).expect("reply body");
-        sent += 1;
-    }
+    let s = std::sync::Mutex::new(std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect"));
+    s.lock().expect("stream").set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let sent = std::sync::atomic::AtomicU32::new(0);
+    bolero::check!().with_type::<Mutant>().with_iterations(2000).with_test_time(Duration::from_secs(2)).for_each(
+        |m: &Mutant| {
+            let mut s = s.lock().expect("stream");
+            let seq = sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let body = m.apply(&seeds);
+            let mut req = frame::encode_request(seq, frame::msg::BOOTSTRAP_RDMA, body.len() as u32, 0).to_vec();
+            req.extend_from_slice(&body);
+            s.write_all(&req).expect("send");
+            let mut h = [0u8; 16];
+            s.read_exact(&mut h).expect("every bootstrap gets a reply");
+            let h = frame::parse_response_header(&h);
+            assert_eq!(h.seq, seq);
+            let mut rest = vec![0u8; (h.body_len + h.attach_len) as usize];
+            s.read_exact(&mut rest).expect("reply body");
+        },
+    );
+    let sent = sent.into_inner();
     println!("live rdma engine: {sent} mutated bootstraps answered");
 }

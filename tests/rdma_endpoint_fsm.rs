@@ -1,10 +1,13 @@
 //! Property test of the endpoint state machine and the store: random interleavings of connect,
 //! accept (including duplicated bootstraps), failure, eviction and reclaim between two simulated
 //! hosts never move an endpoint backwards in the one-way order and never leave two READY
-//! endpoints for one key on one side. Deterministic: a seeded xorshift generator, a virtual clock.
+//! endpoints for one key on one side. The interleavings come from proptest, which shrinks a
+//! failing one to a short sequence of steps before reporting it; time is a virtual clock.
 
 use std::sync::Arc;
 use std::time::Duration;
+
+use proptest::prelude::*;
 
 use tent::config::Config;
 use tent::transport::rdma::bootstrap::{BootstrapDesc, BootstrapResult};
@@ -12,21 +15,38 @@ use tent::transport::rdma::context::{ContextParams, ContextSet};
 use tent::transport::rdma::{Endpoint, EndpointParams, EndpointStore, EpState, StoreKind};
 use tent::verbs::sim::{HostSpec, SimFabric, SimHost};
 
-struct Rng(u64);
+/// What one step of an interleaving does, after the clock moved on.
+#[derive(Debug, Clone)]
+enum Action {
+    /// One side connects to the other, the bootstrap possibly delivered twice.
+    Connect { duplicated: bool },
+    /// A reordered copy of the last bootstrap arrives late.
+    Replay,
+    /// One side drops one of its endpoints (failure or eviction).
+    Remove { pick: usize },
+    /// One side creates an endpoint towards a third peer (store pressure).
+    Touch { peer: u8 },
+    /// Both sides reclaim what drained.
+    Reclaim,
+}
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
+#[derive(Debug, Clone)]
+struct Step {
+    advance_ms: u64,
+    /// Whether side A acts (or connects first).
+    a_first: bool,
+    action: Action,
+}
 
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
+fn step() -> impl Strategy<Value = Step> {
+    let action = prop_oneof![
+        2 => any::<bool>().prop_map(|d| Action::Connect { duplicated: d }),
+        1 => Just(Action::Replay),
+        1 => any::<usize>().prop_map(|pick| Action::Remove { pick }),
+        1 => (0u8..4).prop_map(|peer| Action::Touch { peer }),
+        3 => Just(Action::Reclaim),
+    ];
+    (0u64..3000, any::<bool>(), action).prop_map(|(advance_ms, a_first, action)| Step { advance_ms, a_first, action })
 }
 
 struct Side {
@@ -115,51 +135,47 @@ fn connect(from: &mut Side, to: &mut Side, now: Duration, dup: bool) -> Option<B
     Some(req)
 }
 
-fn run(seed: u64, kind: StoreKind, cap: usize) {
+fn run(steps: &[Step], kind: StoreKind, cap: usize) {
     let f = SimFabric::new_virtual();
     let mut a = Side::new(&f, "A", kind, cap);
     let mut b = Side::new(&f, "B", kind, cap);
-    let mut rng = Rng(seed);
     let mut last: Option<(bool, BootstrapDesc)> = None;
-    for step in 0..300 {
-        f.advance(Duration::from_millis(rng.below(3000)));
+    for (i, step) in steps.iter().enumerate() {
+        f.advance(Duration::from_millis(step.advance_ms));
         let now = f.now();
-        let a_first = rng.below(2) == 0;
-        match rng.below(8) {
-            0 | 1 => {
+        let a_first = step.a_first;
+        match step.action {
+            Action::Connect { duplicated } => {
                 let (x, y) = if a_first { (&mut a, &mut b) } else { (&mut b, &mut a) };
-                if let Some(req) = connect(x, y, now, rng.below(4) == 0) {
+                if let Some(req) = connect(x, y, now, duplicated) {
                     last = Some((a_first, req));
                 }
             }
-            2 => {
-                // A reordered copy of an earlier bootstrap arrives late.
+            Action::Replay => {
                 if let Some((from_a, req)) = &last {
                     let to = if *from_a { &mut b } else { &mut a };
                     to.serve(req, now);
                 }
             }
-            3 => {
+            Action::Remove { pick } => {
                 let s = if a_first { &mut a } else { &mut b };
                 let eps = s.store.endpoints();
                 if !eps.is_empty() {
-                    let ep = &eps[rng.below(eps.len() as u64) as usize];
-                    s.store.remove(ep, now);
+                    s.store.remove(&eps[pick % eps.len()], now);
                 }
             }
-            4 => {
+            Action::Touch { peer } => {
                 let s = if a_first { &mut a } else { &mut b };
-                let key = format!("P{}@sim_mlx5_0", rng.below(4));
-                s.endpoint(&key, now);
+                s.endpoint(&format!("P{peer}@sim_mlx5_0"), now);
             }
-            _ => {
+            Action::Reclaim => {
                 a.store.reclaim(now);
                 b.store.reclaim(now);
             }
         }
         a.check();
         b.check();
-        assert!(a.store.len() <= cap && b.store.len() <= cap, "step {step}: store over capacity");
+        assert!(a.store.len() <= cap && b.store.len() <= cap, "step {i}: store over capacity");
     }
     // Both sides converge: a connect from A now gives one READY pair. An endpoint of A that is
     // READY towards a partner B no longer has is the stale case: its traffic would fail and
@@ -176,7 +192,7 @@ fn run(seed: u64, kind: StoreKind, cap: usize) {
     }
     let ea = a.store.get("B@sim_mlx5_0").expect("A has an endpoint to B");
     let eb = b.store.get("A@sim_mlx5_0").expect("B has an endpoint to A");
-    assert_eq!((ea.state(), eb.state()), (EpState::Ready, EpState::Ready), "seed {seed}");
+    assert_eq!((ea.state(), eb.state()), (EpState::Ready, EpState::Ready), "A and B converge");
     a.check();
     b.check();
     f.advance(Duration::from_secs(60));
@@ -185,12 +201,16 @@ fn run(seed: u64, kind: StoreKind, cap: usize) {
     assert_eq!(a.store.reclaim(f.now()) + b.store.reclaim(f.now()), 0, "everything drains");
 }
 
-#[test]
-fn random_interleavings_keep_the_one_way_order() {
-    for seed in 1..=40u64 {
-        let cap = 1 + (seed % 3) as usize;
-        let kind = if seed % 2 == 0 { StoreKind::Sieve } else { StoreKind::Fifo };
-        run(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15), kind, cap);
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_interleavings_keep_the_one_way_order(
+        steps in proptest::collection::vec(step(), 1..300),
+        sieve in any::<bool>(),
+        cap in 1usize..=3,
+    ) {
+        run(&steps, if sieve { StoreKind::Sieve } else { StoreKind::Fifo }, cap);
     }
 }
 
