@@ -38,12 +38,34 @@ impl<T> WorkQueue<T> {
         let n = items.len();
         g.0.extend(items);
         drop(g);
+        if n == 0 {
+            return Ok(());
+        }
         if n == 1 {
             self.ready.notify_one();
         } else {
             self.ready.notify_all();
         }
         Ok(())
+    }
+
+    /// Adds many items without waking anyone (a later `push_all` or `wake_if_pending` does);
+    /// returns them back when the queue is closed.
+    pub fn push_all_quiet(&self, items: Vec<T>) -> Result<(), Vec<T>> {
+        let mut g = self.inner.lock();
+        if g.1 {
+            return Err(items);
+        }
+        g.0.extend(items);
+        Ok(())
+    }
+
+    /// Wakes every waiting worker when items are waiting (added by `push_all_quiet`).
+    pub fn wake_if_pending(&self) {
+        let pending = !self.inner.lock().0.is_empty();
+        if pending {
+            self.ready.notify_all();
+        }
     }
 
     /// Waits for an item; `None` once the queue is closed and drained.
