@@ -92,12 +92,14 @@ done
 
 # perftest between two processes, bounded in time; the server may take a while to listen under
 # emulation, so the client retries.
+# Message size: $PERF_SIZE (1 MiB by default).
 perftest() {
     local op=$1; shift
-    timeout 120 "ib_${op}_bw" -d rxe0 -x 1 -F -s 1048576 "$@" >/tmp/ib.out 2>&1 &
+    local size=${PERF_SIZE:-1048576}
+    timeout 120 "ib_${op}_bw" -d rxe0 -x 1 -F -s "$size" "$@" >/tmp/ib.out 2>&1 &
     for _ in 1 2 3 4 5 6 7 8 9 10; do
         sleep 1
-        timeout 60 "ib_${op}_bw" -d rxe0 -x 1 -F -s 1048576 "$@" 127.0.0.1 >/tmp/ibc.out 2>&1 && break
+        timeout 60 "ib_${op}_bw" -d rxe0 -x 1 -F -s "$size" "$@" 127.0.0.1 >/tmp/ibc.out 2>&1 && break
     done
     grep -A1 '#bytes' /tmp/ibc.out
     wait
@@ -119,6 +121,15 @@ if [ "$bench" = 1 ]; then
             bench_pair "$bench_bin" 17802 --op_type=$op --start_block_size=1M --max_block_size=1M --duration=6 \
             --start_batch_size=1 --max_batch_size=8
     done
+    # KV-cache shapes: one batch of many small blocks against perftest with the same message size.
+    for size in 65536 16384; do
+        for op in write read; do
+            echo "=== ib_${op}_bw $size B (reference for the KV shapes)"
+            PERF_SIZE=$size perftest "$op" -n 1000
+        done
+    done
+    echo "=== tent-bench --kv 64 KiB x 32 and 16 KiB x 256 (the Ref column is a memcpy; compare with perftest)"
+    bench_pair "$bench_bin" 17803 --kv --kv_shapes=64Kx32,16Kx256 --kv_rounds=5
 fi
 
 if [ ${#failed[@]} -gt 0 ]; then

@@ -327,3 +327,33 @@ fn failover_rdma_to_tcp_on_injected_work_request_failures() {
         std::mem::forget(v);
     }
 }
+
+/// The dispatcher hands a batch to the transport in slices and wakes the copy threads with the
+/// last one. Batches whose last request fills a slice exactly (one 2 MiB request; 64 small
+/// ones) must still be copied when nobody polls in a way that lets the caller copy (the wait
+/// here reads the task list, which never does), and so must a 2 MiB request, above what a
+/// polling caller copies itself.
+#[test]
+fn batches_ending_on_a_slice_boundary_complete_without_polls() {
+    let a = engine(&[SHM_ON]);
+    let b = engine(&[SHM_ON]);
+    let len = 4 << 20;
+    let (base, _name) = shm_block(&b, len);
+    let src = buffer(&a, len, pattern, Permission::GlobalReadWrite);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let bound = Duration::from_secs(10);
+    let one = [req(Opcode::Write, src.as_ptr() as u64, h, base, 2 << 20)];
+    // Every other 16 KiB slot, so no two requests merge.
+    let many: Vec<_> =
+        (0..64u64).map(|i| req(Opcode::Write, src.as_ptr() as u64 + i * 32768, h, base + i * 32768, 16384)).collect();
+    for reqs in [&one[..], &many[..]] {
+        let id = a.allocate_batch(reqs.len()).expect("batch");
+        a.submit(id, reqs, None).expect("submit");
+        assert!(wait(&a, id, bound).iter().all(|(s, _)| *s == Status::Completed));
+        a.free_batch(id).expect("free");
+        for r in reqs {
+            let (off, s) = ((r.target_offset - base) as usize, (r.source - src.as_ptr() as u64) as usize);
+            assert!(slice(base, len)[off..off + r.length as usize] == src[s..s + r.length as usize]);
+        }
+    }
+}

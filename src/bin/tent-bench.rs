@@ -55,6 +55,8 @@ struct Opts {
     kv_rounds: usize,
     /// How the KV caller polls: `sleep` (yield, then 20 us sleeps), `yield` or `spin`.
     kv_poll: String,
+    /// The KV shapes to run (`--kv_shapes=BLOCKxBATCH,...`), [`KV_SHAPES`] by default.
+    kv_shapes: Vec<(usize, usize)>,
 }
 
 const USAGE: &str = "usage: tent-bench [--role=target | --target_seg_name=NAME] [--xport_type=tcp|shm|rdma] \
@@ -62,7 +64,7 @@ const USAGE: &str = "usage: tent-bench [--role=target | --target_seg_name=NAME] 
 [--start_block_size=B] [--max_block_size=B] [--start_batch_size=N] [--max_batch_size=N] [--start_num_threads=N] \
 [--max_num_threads=N] [--duration=SECONDS] [--metadata_type=p2p|etcd|redis|http] [--metadata_url_list=URLS] \
 [--rpc_server_hostname=IP] [--rpc_server_port=PORT] [--compare] [--xport_type=io_uring|bufio --file_path=PATH] \
-[--kv [--kv_rounds=N] [--kv_poll=sleep|yield|spin]]";
+[--kv [--kv_rounds=N] [--kv_poll=sleep|yield|spin] [--kv_shapes=64Kx32,16Kx4096,...]]";
 
 fn parse_size(v: &str) -> Option<usize> {
     let v = v.trim();
@@ -100,6 +102,7 @@ fn parse_args() -> Result<Opts, String> {
         kv: false,
         kv_rounds: 10,
         kv_poll: "sleep".into(),
+        kv_shapes: KV_SHAPES.to_vec(),
     };
     for a in std::env::args().skip(1) {
         if a == "--bench" {
@@ -134,6 +137,17 @@ fn parse_args() -> Result<Opts, String> {
             "kv" => o.kv = flag(),
             "kv_rounds" => o.kv_rounds = num()?.max(1),
             "kv_poll" => o.kv_poll = v.into(),
+            "kv_shapes" => {
+                o.kv_shapes = v
+                    .split(',')
+                    .map(|shape| {
+                        let (b, n) = shape.split_once(['x', 'X'])?;
+                        let (b, n) = (parse_size(b)?, n.trim().parse::<usize>().ok()?);
+                        (b > 0 && n > 0).then_some((b, n))
+                    })
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| format!("--kv_shapes: expected BLOCKxBATCH[,...] such as 64Kx32, not {v}"))?
+            }
             "help" | "h" => return Err(USAGE.into()),
             _ => return Err(format!("unknown option --{k}\n{USAGE}")),
         }
@@ -833,7 +847,7 @@ fn kv_batch(
     Ok(secs)
 }
 
-/// `--kv`: for each of [`KV_SHAPES`], `--kv_rounds` rounds of one WRITE batch and one READ batch
+/// `--kv`: for each of `--kv_shapes` ([`KV_SHAPES`] by default), `--kv_rounds` rounds of one WRITE batch and one READ batch
 /// back into a second buffer, every byte compared; prints the median GB/s of each against the
 /// plain reference for the same bytes in the same run: for SHM a single-thread memcpy of the
 /// same blocks to the same scattered places of a plain buffer as large as the target's, for TCP
@@ -842,7 +856,7 @@ fn kv_batch(
 /// place each round, so no two are adjacent (requests are not merged) and caches stay as cold as
 /// a KV pool's. Returns the number of mismatched bytes.
 fn run_kv(o: &Opts, e: tent_engine_t, t: &Target) -> Result<u64, String> {
-    let local_len = KV_SHAPES.iter().map(|(b, n)| b * n).max().unwrap_or(0);
+    let local_len = o.kv_shapes.iter().map(|(b, n)| b * n).max().unwrap_or(0);
     if t.len < 2 * local_len {
         return Err(format!("--kv needs a target buffer of at least {} bytes", 2 * local_len));
     }
@@ -872,7 +886,7 @@ fn run_kv(o: &Opts, e: tent_engine_t, t: &Target) -> Result<u64, String> {
         o.kv_poll
     );
     let mut mismatches = 0u64;
-    for &(block, batch) in &KV_SHAPES {
+    for &(block, batch) in &o.kv_shapes {
         let region = block * batch;
         let nslots = t.len / block;
         let (mut w, mut r, mut m) = (Vec::new(), Vec::new(), Vec::new());

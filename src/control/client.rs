@@ -60,13 +60,27 @@ impl Drop for ActiveGuard<'_> {
 }
 
 /// Reads an upstream server's in-band refusal text (at most 4 KiB kept, the rest drained).
-fn in_band_refusal(s: &mut TcpStream, h: &frame::ResponseHeader, addr: &str) -> Error {
+fn in_band_refusal(s: &mut impl Read, h: &frame::ResponseHeader, addr: &str) -> Error {
     let n = h.attach_len.min(4096);
     let mut text = vec![0u8; n as usize];
     if let Err(e) = s.read_exact(&mut text).and_then(|_| frame::discard(s, (h.attach_len - n) as u64)) {
         return rpc_err(addr, format!("truncated refusal: {e}"));
     }
     Error::Remote(format!("{addr}: {}", String::from_utf8_lossy(&text)))
+}
+
+/// Writes every byte of `slices` (advancing them), retrying short writes.
+fn write_all_vectored(s: &mut TcpStream, mut slices: &mut [io::IoSlice<'_>]) -> io::Result<()> {
+    io::IoSlice::advance_slices(&mut slices, 0);
+    while !slices.is_empty() {
+        match s.write_vectored(slices) {
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "connection closed while writing")),
+            Ok(n) => io::IoSlice::advance_slices(&mut slices, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// One data call of a pipelined group (see [`RpcClient::data_pipeline`]).
@@ -81,7 +95,7 @@ pub enum DataOp<'a> {
 /// err_code reply (a refusal) is returned as a remote error with its attachment drained.
 fn reply_head(
     addr: &str,
-    s: &mut TcpStream,
+    s: &mut impl Read,
     hdr: &[u8; frame::RESPONSE_HEADER_LEN],
     seq: u32,
 ) -> Result<frame::ResponseHeader> {
@@ -340,48 +354,55 @@ impl RpcClient {
         let _active = ActiveGuard { map: &self.active, id };
         let first = c.seq;
         c.seq = c.seq.wrapping_add(ops.len() as u32);
-        let sent = ops.iter().enumerate().try_for_each(|(i, op)| {
-            let seq = first.wrapping_add(i as u32);
-            let mut head = [0u8; 31 + 16];
-            match op {
-                DataOp::Write { remote, data } => {
-                    let attach = u32::try_from(data.len() as u64 + 16)
-                        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "SendData chunk over 4 GiB"))?;
-                    head[..31].copy_from_slice(&frame::encode_request(
-                        seq,
-                        msg::SEND_DATA,
-                        attach,
-                        frame::MSG_TYPE_TENT_RS,
-                    ));
-                    head[31..].copy_from_slice(&frame::encode_data_header(*remote, data.len() as u64));
-                    c.stream.write_all(&head)?;
-                    c.stream.write_all(data)
-                }
-                DataOp::Read { remote, out } => {
-                    head[..31].copy_from_slice(&frame::encode_request(
-                        seq,
-                        msg::RECV_DATA,
-                        16,
-                        frame::MSG_TYPE_TENT_RS,
-                    ));
-                    head[31..].copy_from_slice(&frame::encode_data_header(*remote, out.len() as u64));
-                    c.stream.write_all(&head)
-                }
+        // Every request of the group in one gathered write (a syscall per group, not two per
+        // call); the bytes on the wire are the same as one call after the other.
+        let heads: Vec<[u8; 31 + 16]> = ops
+            .iter()
+            .enumerate()
+            .map(|(i, op)| {
+                let seq = first.wrapping_add(i as u32);
+                let mut head = [0u8; 31 + 16];
+                let (id, attach, remote, len) = match op {
+                    // Chunks are at most the TCP chunk size (1 GiB), so the attachment fits.
+                    DataOp::Write { remote, data } => (msg::SEND_DATA, data.len() as u64 + 16, *remote, data.len()),
+                    DataOp::Read { remote, out } => (msg::RECV_DATA, 16, *remote, out.len()),
+                };
+                let attach = u32::try_from(attach).unwrap_or(u32::MAX);
+                head[..31].copy_from_slice(&frame::encode_request(seq, id, attach, frame::MSG_TYPE_TENT_RS));
+                head[31..].copy_from_slice(&frame::encode_data_header(remote, len as u64));
+                head
+            })
+            .collect();
+        if ops.iter().any(|op| matches!(op, DataOp::Write { data, .. } if data.len() as u64 + 16 > u32::MAX as u64)) {
+            return ops.iter().map(|_| Err(rpc_err(addr, "SendData chunk over 4 GiB"))).collect();
+        }
+        let mut slices: Vec<io::IoSlice<'_>> = Vec::with_capacity(2 * ops.len());
+        for (head, op) in heads.iter().zip(ops.iter()) {
+            slices.push(io::IoSlice::new(head));
+            if let DataOp::Write { data, .. } = op {
+                slices.push(io::IoSlice::new(data));
             }
-        });
-        if let Err(e) = sent {
+        }
+        if let Err(e) = write_all_vectored(&mut c.stream, &mut slices) {
             return ops.iter().map(|_| Err(rpc_err(addr, format!("call failed: {e}")))).collect();
         }
+        // The replies of a group arrive together: read them through a small buffer (one
+        // syscall for many replies). Larger READ payloads bypass it once it is drained.
+        let mut replies = io::BufReader::with_capacity(4096, &mut c.stream);
         let mut healthy = true;
         for (i, op) in ops.iter_mut().enumerate() {
             if !healthy {
                 results.push(Err(rpc_err(addr, "an earlier call of the pipelined group failed")));
                 continue;
             }
-            let r = self.read_data_reply(addr, &mut c.stream, first.wrapping_add(i as u32), op);
+            let r = self.read_data_reply(addr, &mut replies, first.wrapping_add(i as u32), op);
             healthy = r.is_ok();
             results.push(r);
         }
+        // A server only answers requests: bytes beyond the last reply mean the stream is out of
+        // step, and the connection is not reused.
+        healthy &= replies.buffer().is_empty();
+        drop(replies);
         if healthy {
             self.give_back(addr, c);
         }
@@ -389,7 +410,7 @@ impl RpcClient {
     }
 
     /// Reads the reply to one call of a pipelined group (as `send_data` / `recv_data` do).
-    fn read_data_reply(&self, addr: &str, s: &mut TcpStream, seq: u32, op: &mut DataOp<'_>) -> Result<()> {
+    fn read_data_reply(&self, addr: &str, s: &mut impl Read, seq: u32, op: &mut DataOp<'_>) -> Result<()> {
         let mut hdr = [0u8; frame::RESPONSE_HEADER_LEN];
         s.read_exact(&mut hdr).map_err(|e| rpc_err(addr, format!("call failed: {e}")))?;
         let h = reply_head(addr, s, &hdr, seq)?;

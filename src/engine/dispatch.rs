@@ -12,6 +12,11 @@ use super::unit::{FailoverConfig, Task, Unit};
 use crate::error::{Error, Result};
 use crate::transport::Transport;
 
+/// At most this many units, or about this many bytes, are handed to a transport per submit call
+/// while a batch is being dispatched.
+const DISPATCH_SLICE: usize = 64;
+const DISPATCH_SLICE_BYTES: u64 = 256 << 10;
+
 /// Everything needed to start and fail over units; shared by the engine and its progress worker.
 pub struct Dispatcher {
     pub transports: Vec<Arc<dyn Transport>>,
@@ -147,7 +152,7 @@ impl Dispatcher {
     /// Builds the units for `entries` (all aimed at `desc`) and submits them. Entries whose
     /// request cannot be served end FAILED.
     pub fn dispatch(&self, desc: &Arc<SegmentDesc>, entries: Vec<Entry>) {
-        let mut per_transport: Vec<(TransportKind, Vec<Task>)> = Vec::new();
+        let mut per_transport: Vec<(TransportKind, (Vec<Task>, u64))> = Vec::new();
         for group in self.merge_groups(desc, &entries) {
             let first = entries[group[0]].request;
             let length = group.iter().map(|&i| entries[i].request.length).sum();
@@ -171,12 +176,28 @@ impl Dispatcher {
             };
             let kind = candidates[0];
             let unit = Unit::new(request, desc.clone(), members, candidates, self.failover.clone());
-            match per_transport.iter_mut().find(|(k, _)| *k == kind) {
-                Some((_, v)) => v.push(unit.task()),
-                None => per_transport.push((kind, vec![unit.task()])),
+            let slot = match per_transport.iter().position(|(k, _)| *k == kind) {
+                Some(i) => i,
+                None => {
+                    per_transport.push((kind, (Vec::new(), 0)));
+                    per_transport.len() - 1
+                }
+            };
+            let (tasks, bytes) = &mut per_transport[slot].1;
+            tasks.push(unit.task());
+            *bytes += length;
+            // Hand a batch over in slices: the transport's threads start moving the first blocks
+            // while this thread prepares the rest (about 1.5 us per request on this VM's
+            // shared cores, 50 us for 32 requests), instead of waiting for all of them.
+            if tasks.len() >= DISPATCH_SLICE || *bytes >= DISPATCH_SLICE_BYTES {
+                let slice = std::mem::take(tasks);
+                *bytes = 0;
+                self.submit_slice(kind, desc, slice, true);
             }
         }
-        for (kind, tasks) in per_transport {
+        // Every transport handed a slice gets a final submit, even an empty one: that is what
+        // wakes its threads for the slices queued before (see `Transport::submit_partial`).
+        for (kind, (tasks, _)) in per_transport {
             self.submit(kind, desc, tasks);
         }
     }
@@ -197,6 +218,11 @@ impl Dispatcher {
 
     /// Hands tasks to a transport; a submit-stage error fails them, which may fail them over.
     fn submit(&self, kind: TransportKind, desc: &Arc<SegmentDesc>, tasks: Vec<Task>) {
+        self.submit_slice(kind, desc, tasks, false)
+    }
+
+    /// As `submit`; `more` says this thread hands the same transport more tasks right after.
+    fn submit_slice(&self, kind: TransportKind, desc: &Arc<SegmentDesc>, tasks: Vec<Task>, more: bool) {
         let Some(t) = self.transport(kind) else {
             for task in tasks {
                 task.fail(format!("transport {} is not loaded", kind.name()));
@@ -206,7 +232,8 @@ impl Dispatcher {
         };
         let keep = tasks.clone();
         self.submitted[kind as usize].fetch_add(tasks.len() as u64, Ordering::Relaxed);
-        if let Err(e) = t.submit(desc, tasks) {
+        let submitted = if more { t.submit_partial(desc, tasks) } else { t.submit(desc, tasks) };
+        if let Err(e) = submitted {
             tracing::debug!("{} refused a submit: {e}", kind.name());
             for task in keep {
                 task.fail(e.to_string());
@@ -234,6 +261,11 @@ impl Dispatcher {
                 self.fail_over(&unit);
             }
         }
+    }
+
+    /// Lets a polling caller do a bounded piece of queued transport work; true when it did.
+    pub fn help(&self) -> bool {
+        self.transports.iter().any(|t| t.help())
     }
 
     /// How many units were handed to the transport of `kind` so far.

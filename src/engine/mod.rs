@@ -195,8 +195,13 @@ const YIELDING_POLLS: u32 = 64;
 /// A yield is enough while a transfer is short, and costs nothing in latency; but on a small
 /// machine a yielding spinner still takes a core's share from the copy threads of a long
 /// transfer (measured: 1 MiB SHM requests at 0.53-0.69x memcpy under a spinning caller), so
-/// once a batch has stayed pending for many polls the poll sleeps a little instead.
-fn pending_poll(polls: u32) {
+/// once a batch has stayed pending for many polls the poll sleeps a little instead. Before
+/// either, the poll does a bounded piece of queued transport work (an SHM copy) itself: the
+/// caller is waiting for that work anyway, and doing it costs no wake-up of another thread.
+fn pending_poll(dispatcher: &Dispatcher, polls: u32) {
+    if dispatcher.help() {
+        return;
+    }
     if polls < YIELDING_POLLS {
         std::thread::yield_now();
     } else {
@@ -867,7 +872,7 @@ impl Engine {
         self.dispatcher.on_poll(&e.state);
         let st = e.state.load();
         if st.0 == Status::Pending {
-            pending_poll(batch.pending_poll());
+            pending_poll(&self.dispatcher, batch.pending_poll());
         }
         Ok(st)
     }
@@ -895,7 +900,7 @@ impl Engine {
         }
         let st = b.overall();
         if st.0 == Status::Pending {
-            pending_poll(b.pending_poll());
+            pending_poll(&self.dispatcher, b.pending_poll());
         } else {
             // A batch submitted to again starts with cheap yields.
             b.settled();

@@ -25,6 +25,14 @@ pub trait Transport: Send + Sync {
     /// none of them was started; the engine then fails them.
     fn submit(&self, target: &Arc<SegmentDesc>, tasks: Vec<Task>) -> Result<()>;
 
+    /// As `submit`, for one slice of a batch whose next slice the same thread submits right
+    /// after: a transport may start fewer of its threads meanwhile, leaving the submitting
+    /// thread a core to prepare the rest. The batch always ends with a `submit` (with no tasks
+    /// when none are left), which must start whatever the slices queued.
+    fn submit_partial(&self, target: &Arc<SegmentDesc>, tasks: Vec<Task>) -> Result<()> {
+        self.submit(target, tasks)
+    }
+
     /// Whether this transport can reach `target` at all (e.g. SHM only on the same machine).
     fn reaches(&self, target: &SegmentDesc, local_machine_id: &str) -> bool {
         let _ = (target, local_machine_id);
@@ -42,6 +50,14 @@ pub trait Transport: Send + Sync {
     fn direct_io(&self, name: &str) -> Option<bool> {
         let _ = name;
         None
+    }
+
+    /// Called by a status poll that found work pending, on the caller's thread: moves a small,
+    /// bounded piece of this transport's queued work there and returns whether it did any.
+    /// A caller waiting for a batch is otherwise only spinning, yielding or sleeping; on a small
+    /// machine that takes CPU from the transport's own threads without moving a byte.
+    fn help(&self) -> bool {
+        false
     }
 
     /// Stops workers and waits for them; pending tasks end FAILED.

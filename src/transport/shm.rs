@@ -218,10 +218,19 @@ impl Mapping {
 
 type MapKey = (String, u64, String);
 
-/// Requests up to this size are copied on the submitting thread.
+/// A submit carrying at most this many bytes in all is copied on the submitting thread: a lone
+/// small request (the latency case) is cheaper to copy than to hand to a copy thread. Larger
+/// submits are queued whole, so the copy threads start at once, and the caller copies queued
+/// chunks itself while it polls for their end (see `help`).
 const INLINE_MAX: u64 = 64 << 10;
-/// At most this many bytes are copied on the submitting thread per submit call.
-const INLINE_BUDGET: u64 = 1 << 20;
+/// A copy thread (or a polling caller) takes queued chunks up to this many bytes per trip to the
+/// queue, so a batch of small blocks does not pay a lock round trip (contended by the other
+/// copy threads and the submitter) per block; small enough that the other threads still find
+/// work in a batch of a few hundred KiB.
+const TRIP_BYTES: u64 = 128 << 10;
+/// A polling caller copies a queued chunk only up to this size, which bounds how long a status
+/// poll can take (about 0.1 ms here).
+const HELP_MAX_BYTES: u64 = 1 << 20;
 
 struct Job {
     task: Task,
@@ -237,11 +246,35 @@ struct Chunk {
     len: u64,
 }
 
+/// Copies one chunk (unless its task was cancelled) and completes the task after its last chunk.
+fn run_chunk(c: &Chunk) {
+    if !c.job.task.cancel_requested() {
+        copy_chunk(c);
+    }
+    if c.job.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+        c.job.task.complete();
+    }
+}
+
+/// Takes further chunks from the front of `queue` while they fit in `budget` bytes (`taken`
+/// already counted); also gives the first chunk that did not fit, already taken off the queue.
+fn take_more(queue: &WorkQueue<Chunk>, mut taken: u64, budget: u64) -> (Vec<Chunk>, Option<Chunk>) {
+    queue.pop_more(usize::MAX, |c| {
+        let fits = taken + c.len <= budget;
+        if fits {
+            taken += c.len;
+        }
+        fits
+    })
+}
+
 /// The SHM transport.
 pub struct ShmTransport {
     params: ShmParams,
     mappings: Mutex<HashMap<MapKey, Arc<Mapping>>>,
     pool: Pool<Chunk>,
+    /// Chunks of batch slices queued without waking a copy thread (see `start`).
+    staged: Mutex<Vec<Chunk>>,
     stopping: Arc<AtomicBool>,
 }
 
@@ -252,15 +285,19 @@ impl ShmTransport {
         let stopping = Arc::new(AtomicBool::new(false));
         let pool = Pool::new("tent-shm", 0, params.copy_threads, params.idle_exit, |q: &WorkQueue<Chunk>| {
             while let Some(c) = q.pop() {
-                if !c.job.task.cancel_requested() {
-                    copy_chunk(&c);
-                }
-                if c.job.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-                    c.job.task.complete();
-                }
+                let (more, next) = take_more(q, c.len, TRIP_BYTES);
+                run_chunk(&c);
+                more.iter().for_each(run_chunk);
+                next.iter().for_each(run_chunk);
             }
         })?;
-        Ok(ShmTransport { params, mappings: Mutex::new(HashMap::new()), pool, stopping })
+        Ok(ShmTransport {
+            params,
+            mappings: Mutex::new(HashMap::new()),
+            pool,
+            staged: Mutex::new(Vec::new()),
+            stopping,
+        })
     }
 
     /// The parameters in use.
@@ -271,6 +308,78 @@ impl ShmTransport {
     /// Number of peer objects currently mapped.
     pub fn mapped(&self) -> usize {
         self.mappings.lock().len()
+    }
+
+    /// Prepares the chunks of `tasks` and queues them (`partial`: more slices of the same batch
+    /// follow from this thread).
+    fn start(&self, target: &Arc<SegmentDesc>, tasks: Vec<Task>, partial: bool) -> Result<()> {
+        let mut chunks = Vec::new();
+        let total: u64 = tasks.iter().map(|t| t.request().length).fold(0, u64::saturating_add);
+        // A KV batch sends hundreds of requests into the same peer buffer: look its mapping up
+        // (and check the object is still alive, a syscall) once per buffer per submit, not once
+        // per request.
+        let mut last: Option<(u64, Arc<Mapping>)> = None;
+        for task in tasks {
+            let r = *task.request();
+            let prepared = target.find_buffer(r.target_offset, r.length, r.opcode, true).and_then(|buf| {
+                if buf.shm_path.is_empty() {
+                    return Err(Error::NoTransport(format!(
+                        "the target buffer of segment {} has no shared-memory object",
+                        target.name
+                    )));
+                }
+                let map = match &last {
+                    Some((addr, m)) if *addr == buf.addr => m.clone(),
+                    _ => {
+                        let m = self.mapping(&target.name, buf)?;
+                        last = Some((buf.addr, m.clone()));
+                        m
+                    }
+                };
+                Ok((map, r.target_offset - buf.addr))
+            });
+            let (map, remote_off) = match prepared {
+                Ok(p) => p,
+                Err(e) => {
+                    task.fail(e.to_string());
+                    continue;
+                }
+            };
+            if r.length == 0 {
+                task.complete();
+                continue;
+            }
+            let n = r.length.div_ceil(self.params.chunk_size);
+            let job = Arc::new(Job { task, remaining: AtomicUsize::new(n as usize) });
+            let mut off = 0;
+            while off < r.length {
+                let len = (r.length - off).min(self.params.chunk_size);
+                chunks.push(Chunk { job: job.clone(), map: map.clone(), remote_off, offset: off, len });
+                off += len;
+            }
+        }
+        // While the submitter still prepares further slices of its batch the copy threads are
+        // not woken: on a machine with as many cores as copy threads, woken copy threads
+        // preempted the submitter until they were done, and a batch of 32 x 64 KiB took 3 to 20
+        // times longer. The slices wait in `staged` and the last one queues them all. A last
+        // slice this small is copied here.
+        if partial {
+            self.staged.lock().extend(chunks);
+            return Ok(());
+        }
+        let mut queued = std::mem::take(&mut *self.staged.lock());
+        if total <= INLINE_MAX {
+            chunks.iter().for_each(run_chunk);
+        } else {
+            queued.extend(chunks);
+        }
+        let pushed = if queued.is_empty() { Ok(()) } else { self.pool.push_all(queued) };
+        if let Err(rest) = pushed {
+            for c in rest {
+                c.job.task.fail("shm transport is shutting down".into());
+            }
+        }
+        Ok(())
     }
 
     fn mapping(&self, segment: &str, buf: &BufferDesc) -> Result<Arc<Mapping>> {
@@ -319,72 +428,28 @@ impl Transport for ShmTransport {
     }
 
     fn submit(&self, target: &Arc<SegmentDesc>, tasks: Vec<Task>) -> Result<()> {
-        let mut chunks = Vec::new();
-        let mut inline = Vec::new();
-        let mut inline_budget = INLINE_BUDGET;
-        // A KV batch sends hundreds of requests into the same peer buffer: look its mapping up
-        // (and check the object is still alive, a syscall) once per buffer per submit, not once
-        // per request.
-        let mut last: Option<(u64, Arc<Mapping>)> = None;
-        for task in tasks {
-            let r = *task.request();
-            let prepared = target.find_buffer(r.target_offset, r.length, r.opcode, true).and_then(|buf| {
-                if buf.shm_path.is_empty() {
-                    return Err(Error::NoTransport(format!(
-                        "the target buffer of segment {} has no shared-memory object",
-                        target.name
-                    )));
-                }
-                let map = match &last {
-                    Some((addr, m)) if *addr == buf.addr => m.clone(),
-                    _ => {
-                        let m = self.mapping(&target.name, buf)?;
-                        last = Some((buf.addr, m.clone()));
-                        m
-                    }
-                };
-                Ok((map, r.target_offset - buf.addr))
-            });
-            let (map, remote_off) = match prepared {
-                Ok(p) => p,
-                Err(e) => {
-                    task.fail(e.to_string());
-                    continue;
-                }
-            };
-            if r.length == 0 {
-                task.complete();
-                continue;
-            }
-            // Small copies are cheaper than waking a copy thread: do them here, up to a bounded
-            // amount per submit so a large batch never holds the caller for long.
-            if r.length <= INLINE_MAX && inline_budget >= r.length {
-                inline_budget -= r.length;
-                let job = Arc::new(Job { task, remaining: AtomicUsize::new(1) });
-                inline.push(Chunk { job, map, remote_off, offset: 0, len: r.length });
-                continue;
-            }
-            let n = r.length.div_ceil(self.params.chunk_size);
-            let job = Arc::new(Job { task, remaining: AtomicUsize::new(n as usize) });
-            let mut off = 0;
-            while off < r.length {
-                let len = (r.length - off).min(self.params.chunk_size);
-                chunks.push(Chunk { job: job.clone(), map: map.clone(), remote_off, offset: off, len });
-                off += len;
-            }
-        }
-        // Queue first, then copy the small ones here: the copy threads work meanwhile instead
-        // of waiting for the inline copies to finish.
-        if let Err(rest) = self.pool.push_all(chunks) {
-            for c in rest {
+        self.start(target, tasks, false)
+    }
+
+    fn submit_partial(&self, target: &Arc<SegmentDesc>, tasks: Vec<Task>) -> Result<()> {
+        self.start(target, tasks, true)
+    }
+
+    fn help(&self) -> bool {
+        let q = self.pool.queue();
+        let (mut first, large) = q.pop_more(1, |c| c.len <= HELP_MAX_BYTES);
+        if let Some(large) = large {
+            // Too long for a status poll: back to the copy threads (chunk order is free).
+            if let Err(c) = self.pool.push(large) {
                 c.job.task.fail("shm transport is shutting down".into());
             }
         }
-        for c in inline {
-            copy_chunk(&c);
-            c.job.task.complete();
-        }
-        Ok(())
+        let Some(first) = first.pop() else { return false };
+        let (more, next) = take_more(q, first.len, TRIP_BYTES);
+        run_chunk(&first);
+        more.iter().for_each(run_chunk);
+        next.iter().for_each(run_chunk);
+        true
     }
 
     fn segment_changed(&self, name: &str, desc: Option<&SegmentDesc>) {
@@ -395,7 +460,8 @@ impl Transport for ShmTransport {
 
     fn shutdown(&self) {
         self.stopping.store(true, Ordering::Release);
-        for c in self.pool.close() {
+        let staged = std::mem::take(&mut *self.staged.lock());
+        for c in self.pool.close().into_iter().chain(staged) {
             c.job.task.fail("shm transport is shutting down".into());
         }
         self.pool.join();
