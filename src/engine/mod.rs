@@ -846,11 +846,22 @@ impl Engine {
         let batch = self.batches.get(batch_id)?;
         let e = batch.task(task)?;
         self.dispatcher.on_poll(&e.state);
-        let st = e.state.load();
+        let mut st = e.state.load();
+        if st.0 == Status::Pending {
+            self.poll_transports();
+            st = e.state.load();
+        }
         if st.0 == Status::Pending {
             pending_poll(batch.pending_poll());
         }
         Ok(st)
+    }
+
+    /// Lets transports that finish work on the polling thread do so (see `Transport::poll`).
+    fn poll_transports(&self) {
+        for t in &self.dispatcher.transports {
+            t.poll();
+        }
     }
 
     /// Why a task failed (`None` while it has not failed): the message a transport or the
@@ -865,6 +876,11 @@ impl Engine {
         for e in b.suspended() {
             self.dispatcher.on_poll(&e.state);
         }
+        let st = b.statuses();
+        if st.iter().all(|(s, _)| *s != Status::Pending) {
+            return Ok(st);
+        }
+        self.poll_transports();
         Ok(b.statuses())
     }
 
@@ -874,7 +890,11 @@ impl Engine {
         for e in b.suspended() {
             self.dispatcher.on_poll(&e.state);
         }
-        let st = b.overall();
+        let mut st = b.overall();
+        if st.0 == Status::Pending {
+            self.poll_transports();
+            st = b.overall();
+        }
         if st.0 == Status::Pending {
             pending_poll(b.pending_poll());
         } else {

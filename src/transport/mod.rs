@@ -44,6 +44,11 @@ pub trait Transport: Send + Sync {
         None
     }
 
+    /// Called by status polls that found a task pending: a transport that completes work on
+    /// the polling thread (the io_uring file transport reaps its completion queue) does so here.
+    /// Must not block.
+    fn poll(&self) {}
+
     /// Stops workers and waits for them; pending tasks end FAILED.
     fn shutdown(&self) {}
 }

@@ -3,9 +3,10 @@
 //! A `file://<path>` segment is described locally (see `SegmentDesc::for_file`) and served by one
 //! of two transports that share everything in this module:
 //!
-//! - [`uring::IoUringTransport`] (`TRANSPORT_IOURING`): a few rings, each driven by one thread
-//!   that keeps up to `transports/io_uring/queue_depth` operations in flight and reaps their
-//!   completions, so no thread waits on any single request;
+//! - [`uring::IoUringTransport`] (`TRANSPORT_IOURING`): a few rings with up to
+//!   `transports/io_uring/queue_depth` operations in flight each, entered by the submitting
+//!   caller itself; completions are reaped by the caller's status polls or, when nobody polls,
+//!   by one reaper thread per ring, so no thread waits on any single request;
 //! - [`plain::PlainFileTransport`] (internal kind `bufio`): a small pool of threads calling
 //!   `pread`/`pwrite`, loaded only when io_uring is unavailable or disabled.
 //!
@@ -61,7 +62,7 @@ pub struct FileParams {
     pub chunk_size: u64,
     /// Operations in flight per ring (`transports/io_uring/queue_depth`, 32).
     pub queue_depth: u32,
-    /// Rings, each with its own thread (`transports/io_uring/rings`, 1).
+    /// Rings, each with its own reaper thread (`transports/io_uring/rings`, 1).
     pub rings: usize,
     /// Threads of the plain path (`transports/bufio/threads`, 4).
     pub plain_threads: usize,
