@@ -186,8 +186,8 @@ fn io_uring_moves_256_mib_in_batches_of_64_kib_requests_aligned_and_not() {
 #[test]
 fn a_submitting_thread_may_end_before_its_transfers() {
     // Callers often submit from short-lived threads: the transfers belong to the engine, not to
-    // the thread (the kernel cancels io_uring requests of a thread that exits, so the rings are
-    // entered only by their own threads).
+    // the thread. The kernel cancels io_uring requests of a thread that exits (buffered writes
+    // handed to its workers): those are issued again by whichever thread reaps them.
     let dir = Scratch::new("exit");
     let path = dir.file("kv", &[]);
     let e = engine(&[("transports/file/direct_io", "false"), ("merge_requests", "false")]);
@@ -206,6 +206,72 @@ fn a_submitting_thread_may_end_before_its_transfers() {
     }
     e.free_batch(b).expect("free");
     assert!(std::fs::read(&path).expect("read") == m.bytes()[..], "every byte reached the file");
+}
+
+/// Waits, without polling any task's status, until the engine counted `n` io_uring tasks
+/// that ended with `status`.
+fn ended_without_polling(e: &Engine, status: Status, n: u64) {
+    let start = std::time::Instant::now();
+    let slot = TransportKind::IoUring as usize;
+    while e.metrics().tasks(slot, status as i32) < n {
+        assert!(start.elapsed() < BOUND, "only {} of {n} tasks ended", e.metrics().tasks(slot, status as i32));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn transfers_end_when_nobody_polls() {
+    // Callers' status polls reap completions, but a caller that never polls (or freed its
+    // batch) must still see every task end: the ring's reaper issues the pieces beyond the
+    // queue depth, runs the syncs and ends the tasks. Nothing here polls a task's status.
+    let dir = Scratch::new("nopoll");
+    let path = dir.file("kv", &[]);
+    let e = engine(&[
+        ("merge_requests", "false"),
+        ("transports/io_uring/queue_depth", "2"),
+        ("transports/file/chunk_size", "65536"),
+        ("transports/file/sync_writes", "true"),
+    ]);
+    let h = open_file(&e, &path);
+    let mut m = Mem::new(&e, 16 * MIB);
+    for (i, b) in m.bytes()[..8 * MIB as usize].iter_mut().enumerate() {
+        *b = pattern(i, 3);
+    }
+    let reqs = |op, base: u64| -> Vec<Request> { (0..8).map(|k| req(op, base + k * MIB, h, k * MIB, MIB)).collect() };
+    let b = e.allocate_batch(8).expect("batch");
+    e.submit(b, &reqs(Opcode::Write, m.base), None).expect("submit");
+    ended_without_polling(&e, Status::Completed, 8);
+    e.free_batch(b).expect("free");
+    // Idle long enough for the reaper to sleep until the next submit wakes it.
+    std::thread::sleep(Duration::from_millis(400));
+    let b = e.allocate_batch(8).expect("batch");
+    e.submit(b, &reqs(Opcode::Read, m.base + 8 * MIB), None).expect("submit");
+    // Freed before anything ended: the tasks still end, and the batch is reclaimed then.
+    e.free_batch(b).expect("free");
+    ended_without_polling(&e, Status::Completed, 16);
+    assert_eq!(e.metrics().tasks(TransportKind::IoUring as usize, Status::Failed as i32), 0);
+    let (written, read) = m.bytes().split_at(8 * MIB as usize);
+    assert!(written == read, "the bytes read back are the bytes written");
+    assert!(std::fs::read(&path).expect("read") == written, "every byte reached the file");
+}
+
+#[test]
+fn a_cancelled_transfer_stops_and_the_ring_stays_usable() {
+    // One piece in flight at a time: the cancel lands while most of the request is not issued.
+    let dir = Scratch::new("cancel");
+    let path = dir.file("kv", &[]);
+    let e = engine(&[("transports/io_uring/queue_depth", "1"), ("transports/file/chunk_size", "65536")]);
+    let h = open_file(&e, &path);
+    let m = Mem::new(&e, 64 * MIB);
+    let b = e.allocate_batch(1).expect("batch");
+    e.submit(b, &[req(Opcode::Write, m.base, h, 0, 64 * MIB)], None).expect("submit");
+    e.cancel_task(b, 0).expect("cancel");
+    assert_eq!(wait(&e, b, BOUND)[0].0, Status::Canceled);
+    e.free_batch(b).expect("free");
+    // The ring still serves requests, and the cancelled WRITE issued no more pieces.
+    assert_eq!(run_one(&e, req(Opcode::Write, m.base, h, 0, 4096)).0, Status::Completed);
+    let len = std::fs::metadata(&path).expect("stat").len();
+    assert!(len < 64 * MIB, "the cancelled WRITE stopped early ({len} bytes written)");
 }
 
 #[test]

@@ -12,6 +12,8 @@
 //! file segment instead: the engine moves data between its memory and the file at
 //! `--file_path`, and `--compare` runs `fio` on the same file with the same block size, queue
 //! depth (the batch size) and direct I/O (an O_DIRECT pread/pwrite loop when fio is missing).
+//! `--direct_io=false` measures buffered I/O instead, on both sides (the page cache then serves
+//! most of it, so the engine's own cost per request shows).
 //!
 //! `--kv` measures the shape inference engines move KV cache in: one batch of many 16-256 KiB
 //! blocks, scattered over the target buffer (no two adjacent, so no request merging helps),
@@ -49,6 +51,8 @@ struct Opts {
     rpc_server_port: u16,
     compare: bool,
     file_path: String,
+    /// `--direct_io`: file segments with `O_DIRECT` (default), or buffered, and fio likewise.
+    direct_io: bool,
     /// `--kv`: the KV-cache preset (see `run_kv`) instead of the sweep.
     kv: bool,
     /// Rounds per KV shape (`--kv_rounds`); the median is reported.
@@ -63,7 +67,8 @@ const USAGE: &str = "usage: tent-bench [--role=target | --target_seg_name=NAME] 
 [--rdma_provider=sim|ibverbs] [--op_type=read|write|mix] [--check_consistency] [--total_buffer_size=BYTES] \
 [--start_block_size=B] [--max_block_size=B] [--start_batch_size=N] [--max_batch_size=N] [--start_num_threads=N] \
 [--max_num_threads=N] [--duration=SECONDS] [--metadata_type=p2p|etcd|redis|http] [--metadata_url_list=URLS] \
-[--rpc_server_hostname=IP] [--rpc_server_port=PORT] [--compare] [--xport_type=io_uring|bufio --file_path=PATH] \
+[--rpc_server_hostname=IP] [--rpc_server_port=PORT] [--compare] [--xport_type=io_uring|bufio --file_path=PATH \
+[--direct_io=false]] \
 [--kv [--kv_rounds=N] [--kv_poll=sleep|yield|spin] [--kv_shapes=64Kx32,16Kx4096,...]]";
 
 fn parse_size(v: &str) -> Option<usize> {
@@ -99,6 +104,7 @@ fn parse_args() -> Result<Opts, String> {
         rpc_server_port: 0,
         compare: false,
         file_path: String::new(),
+        direct_io: true,
         kv: false,
         kv_rounds: 10,
         kv_poll: "sleep".into(),
@@ -134,6 +140,7 @@ fn parse_args() -> Result<Opts, String> {
             "rpc_server_port" => o.rpc_server_port = v.parse().map_err(|_| format!("--rpc_server_port: {v}"))?,
             "compare" => o.compare = flag(),
             "file_path" => o.file_path = v.into(),
+            "direct_io" => o.direct_io = flag(),
             "kv" => o.kv = flag(),
             "kv_rounds" => o.kv_rounds = num()?.max(1),
             "kv_poll" => o.kv_poll = v.into(),
@@ -196,6 +203,7 @@ fn start_engine(o: &Opts) -> Result<tent_engine_t, String> {
     set("transports/rdma/enable", if o.xport_type == "rdma" { "true" } else { "false" });
     set("transports/rdma/provider", &o.rdma_provider);
     set("transports/io_uring/enable", if o.xport_type == "io_uring" { "true" } else { "false" });
+    set("transports/file/direct_io", if o.direct_io { "true" } else { "false" });
     let e = tent_create_engine();
     if tent_available(e) != 1 {
         return Err(format!("engine failed to start: {}", last_error()));
@@ -683,7 +691,12 @@ fn run_file(o: &Opts) -> Result<u64, String> {
         f.sync_all().map_err(|e| format!("cannot sync {path}: {e}"))?;
     }
     let reference = if o.compare {
-        if fio_available() { "fio (io_uring engine, direct=1)" } else { "an O_DIRECT pread/pwrite loop" }
+        match (fio_available(), o.direct_io) {
+            (true, true) => "fio (io_uring engine, direct=1)",
+            (true, false) => "fio (io_uring engine, direct=0)",
+            (false, true) => "an O_DIRECT pread/pwrite loop",
+            (false, false) => "a buffered pread/pwrite loop",
+        }
     } else {
         "none"
     };
@@ -710,7 +723,7 @@ fn fio_available() -> bool {
 
 /// The reference for a file segment case, in GB/s: fio on the same file with the same block
 /// size, queue depth (`batch` requests in flight, submitted and reaped together as the engine
-/// is driven), jobs (`threads`) and direct I/O; without fio, an O_DIRECT loop. `None` for other
+/// is driven), jobs (`threads`) and direct I/O (or not); without fio, a pread/pwrite loop. `None` for other
 /// transports.
 fn file_reference(o: &Opts, block: usize, batch: usize, threads: usize) -> Option<f64> {
     if !is_file_xport(o) {
@@ -726,7 +739,11 @@ fn file_reference(o: &Opts, block: usize, batch: usize, threads: usize) -> Optio
         _ => "rw",
     };
     let out = std::process::Command::new("fio")
-        .args(["--name=ref", "--ioengine=io_uring", "--direct=1", "--time_based", "--group_reporting"])
+        .args(["--name=ref", "--ioengine=io_uring", "--time_based", "--group_reporting"])
+        .arg(format!("--direct={}", o.direct_io as u8))
+        // Buffered, the engine finds the file in the page cache (just written): fio must not
+        // drop it first, as it does by default.
+        .arg(format!("--invalidate={}", o.direct_io as u8))
         .arg("--output-format=json")
         .arg(format!("--filename={path}"))
         .arg(format!("--rw={rw}"))
@@ -747,11 +764,12 @@ fn file_reference(o: &Opts, block: usize, batch: usize, threads: usize) -> Optio
     Some((bw("read") + bw("write")) / 1e9)
 }
 
-/// Sequential O_DIRECT `pwrite` (or `pread`) of `block` bytes over the file for the duration,
-/// one at a time.
+/// Sequential `pwrite` (or `pread`) of `block` bytes over the file for the duration, one at a
+/// time, with `O_DIRECT` unless `--direct_io=false`.
 fn direct_loop(o: &Opts, path: &str, block: usize) -> f64 {
     use std::os::unix::fs::{FileExt, OpenOptionsExt};
-    let Ok(f) = std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_DIRECT).open(path) else {
+    let flags = if o.direct_io { libc::O_DIRECT } else { 0 };
+    let Ok(f) = std::fs::OpenOptions::new().read(true).write(true).custom_flags(flags).open(path) else {
         return 0.0;
     };
     let Ok(layout) = std::alloc::Layout::from_size_align(block.max(4096), 4096) else { return 0.0 };

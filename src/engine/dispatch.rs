@@ -263,9 +263,10 @@ impl Dispatcher {
         }
     }
 
-    /// Lets a polling caller do a bounded piece of queued transport work; true when it did.
-    pub fn help(&self) -> bool {
-        self.transports.iter().any(|t| t.help())
+    /// Lets a polling caller do a bounded piece of queued transport work (see
+    /// `Transport::poll`); true when some transport did.
+    pub fn poll(&self) -> bool {
+        self.transports.iter().fold(false, |did, t| t.poll() | did)
     }
 
     /// How many units were handed to the transport of `kind` so far.

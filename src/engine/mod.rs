@@ -195,13 +195,9 @@ const YIELDING_POLLS: u32 = 64;
 /// A yield is enough while a transfer is short, and costs nothing in latency; but on a small
 /// machine a yielding spinner still takes a core's share from the copy threads of a long
 /// transfer (measured: 1 MiB SHM requests at 0.53-0.69x memcpy under a spinning caller), so
-/// once a batch has stayed pending for many polls the poll sleeps a little instead. Before
-/// either, the poll does a bounded piece of queued transport work (an SHM copy) itself: the
-/// caller is waiting for that work anyway, and doing it costs no wake-up of another thread.
-fn pending_poll(dispatcher: &Dispatcher, polls: u32) {
-    if dispatcher.help() {
-        return;
-    }
+/// once a batch has stayed pending for many polls the poll sleeps a little instead. A poll
+/// that did transport work itself (see `Transport::poll`) neither yields nor sleeps.
+fn pending_poll(polls: u32) {
     if polls < YIELDING_POLLS {
         std::thread::yield_now();
     } else {
@@ -870,9 +866,15 @@ impl Engine {
         let batch = self.batches.get(batch_id)?;
         let e = batch.task(task)?;
         self.dispatcher.on_poll(&e.state);
-        let st = e.state.load();
+        let mut st = e.state.load();
         if st.0 == Status::Pending {
-            pending_poll(&self.dispatcher, batch.pending_poll());
+            // The caller waits for this work anyway: doing a piece of it here (reaping
+            // completions, copying a chunk) costs no wake-up of another thread.
+            let worked = self.dispatcher.poll();
+            st = e.state.load();
+            if st.0 == Status::Pending && !worked {
+                pending_poll(batch.pending_poll());
+            }
         }
         Ok(st)
     }
@@ -889,6 +891,11 @@ impl Engine {
         for e in b.suspended() {
             self.dispatcher.on_poll(&e.state);
         }
+        let st = b.statuses();
+        if st.iter().all(|(s, _)| *s != Status::Pending) {
+            return Ok(st);
+        }
+        self.dispatcher.poll();
         Ok(b.statuses())
     }
 
@@ -898,10 +905,15 @@ impl Engine {
         for e in b.suspended() {
             self.dispatcher.on_poll(&e.state);
         }
-        let st = b.overall();
+        let mut st = b.overall();
         if st.0 == Status::Pending {
-            pending_poll(&self.dispatcher, b.pending_poll());
-        } else {
+            let worked = self.dispatcher.poll();
+            st = b.overall();
+            if st.0 == Status::Pending && !worked {
+                pending_poll(b.pending_poll());
+            }
+        }
+        if st.0 != Status::Pending {
             // A batch submitted to again starts with cheap yields.
             b.settled();
         }

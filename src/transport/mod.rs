@@ -52,11 +52,12 @@ pub trait Transport: Send + Sync {
         None
     }
 
-    /// Called by a status poll that found work pending, on the caller's thread: moves a small,
-    /// bounded piece of this transport's queued work there and returns whether it did any.
-    /// A caller waiting for a batch is otherwise only spinning, yielding or sleeping; on a small
-    /// machine that takes CPU from the transport's own threads without moving a byte.
-    fn help(&self) -> bool {
+    /// Called by a status poll that found a task pending, on the caller's thread: a transport
+    /// that can finish or move a bounded piece of its work there does so (io_uring reaps its
+    /// completion queue; SHM copies a queued chunk). Must not block. Returns whether it did any
+    /// work: a caller waiting for a batch otherwise only spins, yields or sleeps, which on a
+    /// small machine takes CPU from the transport's own threads without moving a byte.
+    fn poll(&self) -> bool {
         false
     }
 

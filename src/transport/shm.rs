@@ -435,7 +435,7 @@ impl Transport for ShmTransport {
         self.start(target, tasks, true)
     }
 
-    fn help(&self) -> bool {
+    fn poll(&self) -> bool {
         let q = self.pool.queue();
         let (mut first, large) = q.pop_more(1, |c| c.len <= HELP_MAX_BYTES);
         if let Some(large) = large {

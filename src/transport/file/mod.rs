@@ -3,9 +3,10 @@
 //! A `file://<path>` segment is described locally (see `SegmentDesc::for_file`) and served by one
 //! of two transports that share everything in this module:
 //!
-//! - [`uring::IoUringTransport`] (`TRANSPORT_IOURING`): a few rings, each driven by one thread
-//!   that keeps up to `transports/io_uring/queue_depth` operations in flight and reaps their
-//!   completions, so no thread waits on any single request;
+//! - [`uring::IoUringTransport`] (`TRANSPORT_IOURING`): a few rings with up to
+//!   `transports/io_uring/queue_depth` operations in flight each, entered by the submitting
+//!   caller itself; completions are reaped by the caller's status polls or, when nobody polls,
+//!   by one reaper thread per ring, so no thread waits on any single request;
 //! - [`plain::PlainFileTransport`] (internal kind `bufio`): a small pool of threads calling
 //!   `pread`/`pwrite`, loaded only when io_uring is unavailable or disabled.
 //!
@@ -61,7 +62,7 @@ pub struct FileParams {
     pub chunk_size: u64,
     /// Operations in flight per ring (`transports/io_uring/queue_depth`, 32).
     pub queue_depth: u32,
-    /// Rings, each with its own thread (`transports/io_uring/rings`, 1).
+    /// Rings, each with its own reaper thread (`transports/io_uring/rings`, 1).
     pub rings: usize,
     /// Threads of the plain path (`transports/bufio/threads`, 4), started on demand.
     pub plain_threads: usize,
@@ -326,8 +327,10 @@ impl OpenFile {
 
     /// Checks a request against the file (access mode, and for a READ the current size) and
     /// splits it into pieces of at most `chunk` bytes (a multiple of the alignment). A request of
-    /// 0 bytes gives no pieces.
-    pub fn plan(&self, r: &Request, chunk: u64) -> Result<Vec<Piece>> {
+    /// 0 bytes gives no pieces. `size` is the file's size from a `stat` taken for this submit,
+    /// which spares a READ another system call; `None` asks the file. (A file that shrinks after
+    /// either fails the READ when it comes up short.)
+    pub fn plan(&self, r: &Request, chunk: u64, size: Option<u64>) -> Result<Vec<Piece>> {
         let allowed = match r.opcode {
             Opcode::Read => self.readable,
             Opcode::Write => self.writable,
@@ -342,7 +345,10 @@ impl OpenFile {
             Error::InvalidArgument(format!("{} bytes at offset {} overflow a file offset", r.length, r.target_offset))
         })?;
         if r.opcode == Opcode::Read {
-            let size = self.size()?;
+            let size = match size {
+                Some(s) => s,
+                None => self.size()?,
+            };
             if end > size {
                 return Err(Error::InvalidArgument(format!(
                     "READ of {} bytes at offset {} runs past the end of {} ({size} bytes)",
@@ -454,10 +460,13 @@ pub fn plan_tasks(
     tasks: Vec<Task>,
 ) -> Result<(Arc<OpenFile>, Vec<PlannedTask>)> {
     let file = files.get(target, params.direct_io)?;
+    // The descriptor of a local file segment comes from a `stat` made for this submit, and `get`
+    // checked that it names the open file.
+    let size = target.file.as_ref().map(|t| t.length);
     let mut planned = Vec::new();
     for task in tasks {
         let r = *task.request();
-        match file.plan(&r, params.chunk_size) {
+        match file.plan(&r, params.chunk_size, size) {
             Err(e) => {
                 task.fail(e.to_string());
             }
@@ -547,13 +556,13 @@ mod tests {
         let f = OpenFile::open(&target(&p), true).expect("open");
         let a = f.align;
         // Aligned everything: direct pieces of the chunk size, no bounce.
-        let pieces = f.plan(&req(Opcode::Read, 1 << 30, 0, 256 << 10), 64 << 10).expect("plan");
+        let pieces = f.plan(&req(Opcode::Read, 1 << 30, 0, 256 << 10), 64 << 10, None).expect("plan");
         assert_eq!(pieces.len(), 4);
         assert!(pieces.iter().all(|p| p.direct == f.is_direct() && !p.bounce && p.len == 64 << 10));
         if f.is_direct() {
             // Unaligned offset and length: a buffered head and tail around a direct middle.
             let r = req(Opcode::Write, (1 << 30) + 1, 100, 3 * a);
-            let pieces = f.plan(&r, 1 << 20).expect("plan");
+            let pieces = f.plan(&r, 1 << 20, None).expect("plan");
             assert_eq!(pieces.len(), 3, "{pieces:?}");
             assert_eq!((pieces[0].offset, pieces[0].len, pieces[0].direct), (100, a - 100, false));
             assert_eq!((pieces[1].offset, pieces[1].len, pieces[1].direct), (a, 2 * a, true));
@@ -561,18 +570,20 @@ mod tests {
             assert_eq!((pieces[2].offset, pieces[2].len), (3 * a, 100));
             assert_eq!(pieces[1].addr, r.source + (a - 100));
             // Smaller than a block: one buffered piece.
-            let pieces = f.plan(&req(Opcode::Write, 1 << 30, 10, 20), 1 << 20).expect("plan");
+            let pieces = f.plan(&req(Opcode::Write, 1 << 30, 10, 20), 1 << 20, None).expect("plan");
             assert_eq!(
                 pieces,
                 vec![Piece { offset: 10, len: 20, addr: 1 << 30, direct: false, bounce: false, retries: 0 }]
             );
         }
         // A READ past the end is refused; a WRITE past the end is planned.
-        let e = f.plan(&req(Opcode::Read, 1 << 30, (1 << 20) - 10, 20), 1 << 20).expect_err("past the end");
+        let e = f.plan(&req(Opcode::Read, 1 << 30, (1 << 20) - 10, 20), 1 << 20, None).expect_err("past the end");
         assert!(e.to_string().contains("runs past the end"), "{e}");
-        assert!(f.plan(&req(Opcode::Write, 1 << 30, 1 << 20, 20), 1 << 20).is_ok());
-        assert!(f.plan(&req(Opcode::Write, 1 << 30, u64::MAX - 1, 20), 1 << 20).is_err());
-        assert!(f.plan(&req(Opcode::Read, 1 << 30, 0, 0), 1 << 20).expect("empty").is_empty());
+        let e = f.plan(&req(Opcode::Read, 1 << 30, 0, 20), 1 << 20, Some(10)).expect_err("past a known end");
+        assert!(e.to_string().contains("runs past the end"), "{e}");
+        assert!(f.plan(&req(Opcode::Write, 1 << 30, 1 << 20, 20), 1 << 20, None).is_ok());
+        assert!(f.plan(&req(Opcode::Write, 1 << 30, u64::MAX - 1, 20), 1 << 20, None).is_err());
+        assert!(f.plan(&req(Opcode::Read, 1 << 30, 0, 0), 1 << 20, None).expect("empty").is_empty());
         std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 

@@ -1,22 +1,36 @@
 //! The io_uring transport for file segments (`TRANSPORT_IOURING`).
 //!
-//! Each ring belongs to one thread, and only that thread enters it: the kernel cancels io_uring
-//! requests of a thread that exits, and callers often submit from short-lived threads.
-//! Submitting hands whole requests (already checked and split into pieces, see the parent
-//! module) to a ring's queue. An idle thread sleeps on a condition variable and is woken by it
-//! (the quickest hand-over); a busy one waits in the ring, where it keeps a read posted on an
-//! eventfd that submitters write, so it wakes for new work as well as for completions. It keeps
-//! up to `queue_depth`
-//! pieces in flight, interleaving requests, submits everything it prepared with one system call,
-//! and on each completion copies bounce buffers out, continues short transfers, and ends a
-//! request when its last piece is done (after `fdatasync` when `sync_writes` is set).
+//! **Who enters the ring.** A request is issued on the caller's own thread: `submit` checks and
+//! splits it (see the parent module), takes the ring's lock, pushes up to `queue_depth` pieces
+//! and enters the kernel once to submit them, never waiting there. Completions are reaped by
+//! whoever comes first: a status poll of the engine (on the caller's thread, with a `try_lock`
+//! that never waits) or the ring's reaper thread. Handing each request to a ring thread and
+//! back cost two thread wake-ups per request, more than the engine's own work; this way a
+//! caller that polls pays none.
+//!
+//! **The reaper** guarantees that every request ends even when nobody polls (a freed batch, a
+//! caller that sleeps, pieces beyond the queue depth, `sync_writes`). It has three ways of
+//! waiting, chosen each round:
+//! - while callers' polls reap completions, it naps for [`LAZY_NAP`] between looks, so that it
+//!   neither competes with them for the ring's lock nor takes a core for a wake-up per request;
+//! - while work is in flight and nobody else reaps it, it waits in the ring for a completion
+//!   (bounded by [`RING_WAIT`] so that it notices shutdown even if a poll took the completion
+//!   it woke for);
+//! - once nothing has been in flight for [`DEEP_AFTER`] naps, it sleeps until a submit rings its
+//!   bell. Naps in between keep a caller with one request at a time from paying a futex wake
+//!   per request.
+//!
+//! All access to the submission and completion queues happens under the ring's lock, so no
+//! completion is reaped twice or lost. Tasks are ended after the lock is released (ending one
+//! may run the caller's notification hooks). A completion the kernel cancelled because the
+//! thread that submitted it exited (`ECANCELED` without a cancel request) is issued again.
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use io_uring::{IoUring, opcode, squeue, types};
 use parking_lot::{Condvar, Mutex};
@@ -28,6 +42,19 @@ use crate::engine::unit::Task;
 use crate::error::{Error, Result};
 use crate::transport::Transport;
 
+/// How long the reaper naps while callers' polls do the reaping: long enough to cost next to
+/// nothing, short enough that a caller that stops polling waits at most this long once.
+const LAZY_NAP: Duration = Duration::from_millis(1);
+/// Longest single wait of the reaper in the ring.
+const RING_WAIT: Duration = Duration::from_millis(50);
+/// Idle naps before the reaper sleeps until the next submit rings for it.
+const DEEP_AFTER: u32 = 100;
+
+/// `user_data` of a NOP pushed only to wake the reaper from its wait in the ring.
+const WAKE: u64 = u64::MAX;
+/// `user_data` flag of an fdatasync (the rest is the job slot).
+const SYNC: u64 = 1 << 62;
+
 /// A request handed to a ring.
 struct Job {
     task: Task,
@@ -36,78 +63,87 @@ struct Job {
     pieces: VecDeque<Piece>,
 }
 
-/// What a ring's thread is given, and whether it must stop.
+/// A piece in flight.
+struct InFlight {
+    job: usize,
+    piece: Piece,
+    /// Owned until the completion arrives: the kernel writes into or reads from it.
+    bounce: Option<AlignedBuf>,
+}
+
+/// A job accepted by a ring and not yet ended.
+struct Active {
+    job: Job,
+    in_flight: usize,
+    error: Option<String>,
+    syncing: bool,
+}
+
+/// A task whose outcome is known, ended once the ring's lock is released.
+type Ended = (Task, Option<String>);
+
+/// Everything about a ring that changes, behind its lock.
 #[derive(Default)]
-struct Inbox {
-    jobs: Vec<Job>,
+struct State {
+    jobs: Vec<Option<Active>>,
+    free_jobs: Vec<usize>,
+    ops: Vec<Option<InFlight>>,
+    free_ops: Vec<usize>,
+    /// Jobs with pieces not yet issued, in turn.
+    ready: VecDeque<usize>,
+    /// File operations and syncs in flight.
+    in_flight: usize,
+    /// Completions taken from the queue, reused between reaps.
+    cqes: Vec<(u64, i32)>,
+    /// Shutting down: nothing new is accepted or issued.
     closed: bool,
-    /// The thread has nothing in flight and sleeps on `Mailbox::ready`.
-    idle: bool,
+    /// The ring failed for good (why).
+    broken: Option<String>,
 }
 
-/// An inbox and the condition variable an idle ring thread sleeps on.
-#[derive(Default)]
-struct Mailbox {
-    inbox: Mutex<Inbox>,
-    ready: Condvar,
-}
-
-impl Mailbox {
-    /// Wakes the ring's thread: through the condition variable when it is idle, else through
-    /// the eventfd it has a read posted on. Called after `inbox` changed, with the lock released.
-    fn wake(&self, idle: bool, fd: &OwnedFd) {
-        if idle {
-            self.ready.notify_one();
-        } else {
-            wake(fd);
-        }
-    }
-}
-
-/// One ring: its inbox, the eventfd that wakes its thread, and the thread.
+/// One ring, shared by the callers that submit to and poll it and by its reaper.
 struct Ring {
-    inbox: Arc<Mailbox>,
-    wake: Arc<OwnedFd>,
-    thread: Mutex<Option<JoinHandle<()>>>,
-}
-
-fn wake(fd: &OwnedFd) {
-    let one: u64 = 1;
-    // SAFETY: writes 8 bytes from a valid u64 to an eventfd we own. A failure can only be an
-    // overflowing counter, which still leaves the thread woken.
-    unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    uring: IoUring,
+    state: Mutex<State>,
+    params: FileParams,
+    /// Jobs accepted and not yet ended: a poll finding none returns at once.
+    active: AtomicUsize,
+    /// Completions reaped by callers' polls since the reaper last looked.
+    polled: AtomicUsize,
+    /// The reaper sleeps until its bell rings (only then does a submit ring it).
+    deep: AtomicBool,
+    bell: Mutex<bool>,
+    bell_cv: Condvar,
 }
 
 /// The io_uring transport.
 pub struct IoUringTransport {
     params: FileParams,
     files: FileCache,
-    rings: Vec<Ring>,
+    rings: Vec<Arc<Ring>>,
+    reapers: Mutex<Vec<JoinHandle<()>>>,
     next: AtomicUsize,
 }
 
 impl IoUringTransport {
-    /// Sets up the rings and starts their threads; an error (io_uring disabled or unsupported,
-    /// no memory for the rings) means the transport cannot be used here.
+    /// Sets up the rings and starts their reapers; an error (io_uring disabled or unsupported, no
+    /// memory for the rings) means the transport cannot be used here.
     pub fn new(params: FileParams) -> Result<IoUringTransport> {
         let mut rings = Vec::new();
+        let mut reapers = Vec::new();
         for i in 0..params.rings {
-            // One entry more than the queue depth for the posted eventfd read.
-            let ring = IoUring::new(params.queue_depth + 1).map_err(|e| Error::Os(format!("io_uring setup: {e}")))?;
-            // SAFETY: plain eventfd creation; the result is checked. It stays blocking so that a
-            // read posted on the ring waits for a value instead of failing with EAGAIN.
-            let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-            if fd < 0 {
-                return Err(Error::Os(format!("eventfd: {}", io::Error::last_os_error())));
-            }
-            // SAFETY: fd was just created and is owned by nobody else.
-            let wake_fd = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
-            let inbox = Arc::new(Mailbox::default());
-            let mut worker = Worker::new(ring, inbox.clone(), wake_fd.clone(), params);
-            let thread = std::thread::Builder::new().name(format!("tent-uring-{i}")).spawn(move || worker.run())?;
-            rings.push(Ring { inbox, wake: wake_fd, thread: Mutex::new(Some(thread)) });
+            let ring = Arc::new(Ring::new(params)?);
+            let r = ring.clone();
+            reapers.push(std::thread::Builder::new().name(format!("tent-uring-{i}")).spawn(move || r.reap_loop())?);
+            rings.push(ring);
         }
-        Ok(IoUringTransport { params, files: FileCache::default(), rings, next: AtomicUsize::new(0) })
+        Ok(IoUringTransport {
+            params,
+            files: FileCache::default(),
+            rings,
+            reapers: Mutex::new(reapers),
+            next: AtomicUsize::new(0),
+        })
     }
 
     /// The parameters in use.
@@ -127,28 +163,23 @@ impl Transport for IoUringTransport {
 
     fn submit(&self, target: &Arc<SegmentDesc>, tasks: Vec<Task>) -> Result<()> {
         let (file, planned) = plan_tasks(&self.files, &self.params, target, tasks)?;
-        let jobs: Vec<Job> = planned
-            .into_iter()
-            .map(|(task, pieces)| Job { op: task.request().opcode, task, file: file.clone(), pieces: pieces.into() })
-            .collect();
-        if jobs.is_empty() {
+        if planned.is_empty() {
             return Ok(());
         }
+        let jobs = planned.into_iter().map(|(task, pieces)| Job {
+            op: task.request().opcode,
+            task,
+            file: file.clone(),
+            pieces: pieces.into(),
+        });
         // Spread the submits over the rings; one submit stays on one ring.
         let ring = &self.rings[self.next.fetch_add(1, Ordering::Relaxed) % self.rings.len()];
-        let mut inbox = ring.inbox.inbox.lock();
-        if inbox.closed {
-            drop(inbox);
-            for j in jobs {
-                j.task.fail("io_uring transport is shutting down".into());
-            }
-            return Ok(());
-        }
-        inbox.jobs.extend(jobs);
-        let idle = inbox.idle;
-        drop(inbox);
-        ring.inbox.wake(idle, &ring.wake);
+        ring.submit(jobs);
         Ok(())
+    }
+
+    fn poll(&self) -> bool {
+        self.rings.iter().fold(false, |reaped, r| r.poll() | reaped)
     }
 
     fn segment_changed(&self, name: &str, desc: Option<&SegmentDesc>) {
@@ -161,16 +192,10 @@ impl Transport for IoUringTransport {
 
     fn shutdown(&self) {
         for r in &self.rings {
-            r.inbox.inbox.lock().closed = true;
-            // Both: an idle thread may still have the eventfd read posted, which must complete
-            // before the thread can end.
-            r.inbox.ready.notify_one();
-            wake(&r.wake);
+            r.close();
         }
-        for r in &self.rings {
-            if let Some(t) = r.thread.lock().take() {
-                let _ = t.join();
-            }
+        for t in std::mem::take(&mut *self.reapers.lock()) {
+            let _ = t.join();
         }
         self.files.clear();
     }
@@ -182,194 +207,299 @@ impl Drop for IoUringTransport {
     }
 }
 
-/// `user_data` of the posted eventfd read.
-const WAKE: u64 = u64::MAX;
-/// `user_data` flag of an fdatasync (the rest is the job slot).
-const SYNC: u64 = 1 << 62;
-
-/// A piece in flight.
-struct InFlight {
-    job: usize,
-    piece: Piece,
-    /// Owned until the completion arrives: the kernel writes into or reads from it.
-    bounce: Option<AlignedBuf>,
+fn is_transient(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY | libc::ETIME))
 }
 
-/// A job on the ring's thread.
-struct Active {
-    job: Job,
-    in_flight: usize,
-    error: Option<String>,
-    syncing: bool,
+/// Ends tasks outside the ring's lock.
+fn end_all(ended: Vec<Ended>) {
+    for (task, error) in ended {
+        match error {
+            Some(reason) => {
+                tracing::debug!("file transfer failed: {reason}");
+                task.fail(reason);
+            }
+            None => task.complete(),
+        }
+    }
 }
 
-struct Worker {
-    ring: IoUring,
-    inbox: Arc<Mailbox>,
-    wake_fd: Arc<OwnedFd>,
-    /// The eventfd read's destination, boxed so its address stays put while a read is posted.
-    wake_buf: Box<u64>,
-    wake_posted: bool,
-    params: FileParams,
-    jobs: Vec<Option<Active>>,
-    free_jobs: Vec<usize>,
-    ops: Vec<Option<InFlight>>,
-    free_ops: Vec<usize>,
-    /// Jobs with pieces not yet issued, in turn.
-    ready: VecDeque<usize>,
-    /// File operations and syncs in flight (the eventfd read not counted).
-    in_flight: usize,
-    closed: bool,
-}
-
-impl Worker {
-    fn new(ring: IoUring, inbox: Arc<Mailbox>, wake_fd: Arc<OwnedFd>, params: FileParams) -> Worker {
-        Worker {
-            ring,
-            inbox,
-            wake_fd,
-            wake_buf: Box::new(0),
-            wake_posted: false,
+impl Ring {
+    fn new(params: FileParams) -> Result<Ring> {
+        // Room for every piece in flight plus the NOP that wakes the reaper at shutdown. With
+        // SUBMIT_ALL a bad entry does not strand the ones behind it in the queue; kernels
+        // without it get a plain ring.
+        let entries = params.queue_depth + 1;
+        let uring = IoUring::builder()
+            .setup_submit_all()
+            .build(entries)
+            .or_else(|_| IoUring::new(entries))
+            .map_err(|e| Error::Os(format!("io_uring setup: {e}")))?;
+        Ok(Ring {
+            uring,
+            state: Mutex::new(State::default()),
             params,
-            jobs: Vec::new(),
-            free_jobs: Vec::new(),
-            ops: Vec::new(),
-            free_ops: Vec::new(),
-            ready: VecDeque::new(),
-            in_flight: 0,
-            closed: false,
+            active: AtomicUsize::new(0),
+            polled: AtomicUsize::new(0),
+            deep: AtomicBool::new(false),
+            bell: Mutex::new(false),
+            bell_cv: Condvar::new(),
+        })
+    }
+
+    /// Accepts jobs and issues what the queue depth allows, on the caller's thread.
+    fn submit(&self, jobs: impl Iterator<Item = Job>) {
+        let mut ended = Vec::new();
+        {
+            let mut st = self.state.lock();
+            let refused = match (&st.broken, st.closed) {
+                (Some(reason), _) => Some(reason.clone()),
+                (None, true) => Some("io_uring transport is shutting down".to_string()),
+                (None, false) => None,
+            };
+            if let Some(reason) = refused {
+                drop(st);
+                end_all(jobs.map(|j| (j.task, Some(reason.clone()))).collect());
+                return;
+            }
+            for job in jobs {
+                let slot = match st.free_jobs.pop() {
+                    Some(s) => s,
+                    None => {
+                        st.jobs.push(None);
+                        st.jobs.len() - 1
+                    }
+                };
+                st.jobs[slot] = Some(Active { job, in_flight: 0, error: None, syncing: false });
+                st.ready.push_back(slot);
+                // Before `deep` is read below (both SeqCst): either this submit sees the reaper
+                // asleep and rings, or the reaper sees this job before it sleeps.
+                self.active.fetch_add(1, Ordering::SeqCst);
+            }
+            self.issue(&mut st, &mut ended);
+            self.enter(&mut st, &mut ended);
+        }
+        end_all(ended);
+        if self.deep.load(Ordering::SeqCst) {
+            self.ring_bell();
         }
     }
 
-    fn run(&mut self) {
+    /// Reaps completions on a caller's thread, if nobody else is at the ring right now; true
+    /// when some were reaped.
+    fn poll(&self) -> bool {
+        if self.active.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        let Some(mut st) = self.state.try_lock() else { return false };
+        let mut ended = Vec::new();
+        let n = self.reap(&mut st, &mut ended);
+        if n > 0 {
+            self.polled.fetch_add(n, Ordering::Relaxed);
+            self.issue(&mut st, &mut ended);
+            self.enter(&mut st, &mut ended);
+        }
+        drop(st);
+        end_all(ended);
+        n > 0
+    }
+
+    /// Stops accepting work, fails what was not issued, and wakes the reaper so that it ends
+    /// once the pieces in flight are back.
+    fn close(&self) {
+        let mut ended = Vec::new();
+        {
+            let mut st = self.state.lock();
+            if !st.closed {
+                st.closed = true;
+                self.fail_waiting(&mut st, "io_uring transport is shutting down", &mut ended);
+                // A NOP completes at once and so ends a wait in the ring.
+                let nop = opcode::Nop::new().build().user_data(WAKE);
+                // SAFETY: the ring's lock is held, so nobody else uses the submission queue; a
+                // NOP references no memory.
+                let pushed = unsafe { self.uring.submission_shared().push(&nop) }.is_ok();
+                if pushed {
+                    self.enter(&mut st, &mut ended);
+                }
+            }
+        }
+        end_all(ended);
+        self.ring_bell();
+    }
+
+    fn ring_bell(&self) {
+        *self.bell.lock() = true;
+        self.bell_cv.notify_one();
+    }
+
+    /// Sleeps until the bell rings or `limit` passes (`None`: no limit).
+    fn nap(&self, limit: Option<Duration>) {
+        let mut rung = self.bell.lock();
+        if !*rung {
+            match limit {
+                Some(d) => {
+                    self.bell_cv.wait_for(&mut rung, d);
+                }
+                None => self.bell_cv.wait(&mut rung),
+            }
+        }
+        *rung = false;
+    }
+
+    /// The reaper's loop: see the module documentation for how it waits.
+    fn reap_loop(&self) {
+        let (mut idle_naps, mut last_reaped) = (0u32, 0usize);
         loop {
-            self.take_inbox();
-            self.issue();
-            if self.closed && self.in_flight == 0 && self.ready.is_empty() && !self.wake_posted {
-                break;
-            }
-            if !self.closed && !self.wake_posted {
-                self.post_wake();
-            }
-            match self.ring.submit_and_wait(1) {
-                Ok(_) => {}
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)) => {}
-                Err(e) => {
-                    // The ring itself is broken: nothing more can be issued or reaped on it.
-                    // Every job fails; bounce buffers still in flight are leaked rather than
-                    // freed under the kernel.
-                    tracing::error!("io_uring submit failed: {e}; the ring stops");
-                    for op in self.ops.iter_mut().filter_map(Option::take) {
-                        std::mem::forget(op.bounce);
-                    }
-                    let reason = format!("io_uring failed: {e}");
-                    for slot in 0..self.jobs.len() {
-                        if let Some(a) = self.jobs[slot].as_mut() {
-                            a.error.get_or_insert_with(|| reason.clone());
-                            self.end(slot);
-                        }
-                    }
-                    self.inbox.inbox.lock().closed = true;
-                    let late = std::mem::take(&mut self.inbox.inbox.lock().jobs);
-                    for j in late {
-                        j.task.fail(reason.clone());
-                    }
+            let (busy, closed) = {
+                let st = self.state.lock();
+                (self.active.load(Ordering::SeqCst) > 0 || st.in_flight > 0, st.closed)
+            };
+            if !busy {
+                if closed {
                     return;
                 }
+                idle_naps = idle_naps.saturating_add(1);
+                if idle_naps <= DEEP_AFTER {
+                    self.nap(Some(LAZY_NAP));
+                    continue;
+                }
+                self.deep.store(true, Ordering::SeqCst);
+                // Checked after `deep` is set (both SeqCst): a submit that raced this either
+                // is seen here or sees `deep` and rings.
+                if self.active.load(Ordering::SeqCst) == 0 && !self.state.lock().closed {
+                    self.nap(None);
+                }
+                self.deep.store(false, Ordering::SeqCst);
+                continue;
             }
-            self.reap();
+            idle_naps = 0;
+            let polled = self.polled.swap(0, Ordering::Relaxed);
+            if polled > 0 && polled >= last_reaped && !closed {
+                self.nap(Some(LAZY_NAP));
+            } else {
+                self.wait_in_ring();
+            }
+            let mut ended = Vec::new();
+            {
+                let mut st = self.state.lock();
+                last_reaped = self.reap(&mut st, &mut ended);
+                self.issue(&mut st, &mut ended);
+                self.enter(&mut st, &mut ended);
+            }
+            end_all(ended);
         }
     }
 
-    /// Moves new jobs from the inbox, sleeping on the condition variable while there is
-    /// nothing at all to do; once the transport is shutting down, fails jobs not started.
-    fn take_inbox(&mut self) {
-        let nothing_to_do = self.in_flight == 0 && self.ready.is_empty();
-        let (jobs, closed) = {
-            let mut inbox = self.inbox.inbox.lock();
-            while nothing_to_do && inbox.jobs.is_empty() && !inbox.closed {
-                inbox.idle = true;
-                self.inbox.ready.wait(&mut inbox);
-            }
-            inbox.idle = false;
-            (std::mem::take(&mut inbox.jobs), inbox.closed)
+    /// Waits in the kernel for a completion (submitting whatever is queued, harmlessly: the
+    /// kernel takes each queued entry once), at most [`RING_WAIT`].
+    fn wait_in_ring(&self) {
+        let ts = types::Timespec::from(RING_WAIT);
+        let args = types::SubmitArgs::new().timespec(&ts);
+        let waited = if self.uring.params().is_feature_ext_arg() {
+            self.uring.submitter().submit_with_args(1, &args)
+        } else {
+            // A kernel too old for a bounded wait: unbounded, ended by a completion, including
+            // the NOP `close` pushes.
+            self.uring.submitter().submit_and_wait(1)
         };
-        for job in jobs {
-            let slot = match self.free_jobs.pop() {
-                Some(s) => s,
-                None => {
-                    self.jobs.push(None);
-                    self.jobs.len() - 1
-                }
-            };
-            self.jobs[slot] = Some(Active { job, in_flight: 0, error: None, syncing: false });
-            self.ready.push_back(slot);
+        match waited {
+            Ok(_) => {}
+            Err(e) if is_transient(&e) => {}
+            Err(e) => {
+                // Seen again, and acted on, by the next `enter` under the lock.
+                tracing::debug!("io_uring wait failed: {e}");
+                std::thread::sleep(LAZY_NAP);
+            }
         }
-        if closed && !self.closed {
-            self.closed = true;
-            self.fail_waiting("io_uring transport is shutting down");
+    }
+
+    /// Submits what was pushed, without waiting. A transient refusal leaves the entries queued
+    /// for the next enter (the reaper's wait submits them too); anything else breaks the ring.
+    fn enter(&self, st: &mut State, ended: &mut Vec<Ended>) {
+        // SAFETY: the ring's lock is held, so nobody else uses the submission queue.
+        if st.broken.is_some() || unsafe { self.uring.submission_shared() }.is_empty() {
+            return;
         }
+        match self.uring.submit() {
+            Ok(_) => {}
+            Err(e) if is_transient(&e) => {}
+            Err(e) => self.break_ring(st, e, ended),
+        }
+    }
+
+    /// The ring itself is broken: nothing more can be issued or reaped on it. Every job fails;
+    /// bounce buffers still in flight are leaked rather than freed under the kernel.
+    fn break_ring(&self, st: &mut State, e: io::Error, ended: &mut Vec<Ended>) {
+        tracing::error!("io_uring submit failed: {e}; the ring stops");
+        let reason = format!("io_uring failed: {e}");
+        for op in st.ops.iter_mut().filter_map(Option::take) {
+            std::mem::forget(op.bounce);
+        }
+        st.in_flight = 0;
+        st.ready.clear();
+        for slot in 0..st.jobs.len() {
+            if let Some(a) = st.jobs[slot].as_mut() {
+                a.error.get_or_insert_with(|| reason.clone());
+                self.end(st, slot, ended);
+            }
+        }
+        st.broken = Some(reason);
     }
 
     /// Drops the pieces not yet issued of every job, failing it with `reason`.
-    fn fail_waiting(&mut self, reason: &str) {
-        for slot in std::mem::take(&mut self.ready) {
-            if let Some(a) = self.jobs[slot].as_mut() {
+    fn fail_waiting(&self, st: &mut State, reason: &str, ended: &mut Vec<Ended>) {
+        for slot in std::mem::take(&mut st.ready) {
+            if let Some(a) = st.jobs[slot].as_mut() {
                 a.job.pieces.clear();
                 a.error.get_or_insert_with(|| reason.to_string());
             }
-            self.maybe_finish(slot);
-        }
-    }
-
-    fn post_wake(&mut self) {
-        let buf: *mut u64 = &mut *self.wake_buf;
-        let entry = opcode::Read::new(types::Fd(self.wake_fd.as_raw_fd()), buf.cast(), 8).build().user_data(WAKE);
-        // SAFETY: the buffer is owned by self and outlives the read: the thread only exits once
-        // no read is posted, and the ring is dropped with the worker.
-        if unsafe { self.ring.submission().push(&entry) }.is_ok() {
-            self.wake_posted = true;
+            self.maybe_finish(st, slot, ended);
         }
     }
 
     /// Issues pieces until the queue depth is reached or nothing is ready, taking one piece from
     /// each ready job in turn.
-    fn issue(&mut self) {
-        while self.in_flight < self.params.queue_depth as usize {
-            let Some(slot) = self.ready.pop_front() else { break };
-            let Some(a) = self.jobs[slot].as_mut() else { continue };
+    fn issue(&self, st: &mut State, ended: &mut Vec<Ended>) {
+        // After `close` this still runs: only what remains of pieces already started (short
+        // transfers) can be ready then, and they must end.
+        if st.broken.is_some() {
+            return;
+        }
+        while st.in_flight < self.params.queue_depth as usize {
+            let Some(slot) = st.ready.pop_front() else { break };
+            let Some(a) = st.jobs[slot].as_mut() else { continue };
             if a.job.task.cancel_requested() {
                 a.job.pieces.clear();
                 a.error.get_or_insert_with(|| "canceled".into());
             }
             let Some(piece) = a.job.pieces.pop_front() else {
-                self.maybe_finish(slot);
+                self.maybe_finish(st, slot, ended);
                 continue;
             };
-            match self.push_piece(slot, piece) {
+            match self.push_piece(st, slot, piece) {
                 Ok(()) => {
-                    self.in_flight += 1;
-                    if let Some(a) = self.jobs[slot].as_mut() {
+                    st.in_flight += 1;
+                    if let Some(a) = st.jobs[slot].as_mut() {
                         a.in_flight += 1;
                         if !a.job.pieces.is_empty() {
-                            self.ready.push_back(slot);
+                            st.ready.push_back(slot);
                         }
                     }
                 }
                 Err(e) => {
-                    if let Some(a) = self.jobs[slot].as_mut() {
+                    if let Some(a) = st.jobs[slot].as_mut() {
                         a.job.pieces.clear();
                         a.error.get_or_insert(e.to_string());
                     }
-                    self.maybe_finish(slot);
+                    self.maybe_finish(st, slot, ended);
                 }
             }
         }
     }
 
-    fn push_piece(&mut self, slot: usize, piece: Piece) -> Result<()> {
-        let Some(a) = self.jobs[slot].as_ref() else { return Err(Error::Internal("job vanished".into())) };
-        let (op, file) = (a.job.op, a.job.file.clone());
+    fn push_piece(&self, st: &mut State, slot: usize, piece: Piece) -> Result<()> {
+        let Some(a) = st.jobs[slot].as_ref() else { return Err(Error::Internal("job vanished".into())) };
+        let (op, file) = (a.job.op, &a.job.file);
         let len = u32::try_from(piece.len).map_err(|_| Error::Internal(format!("piece of {} bytes", piece.len)))?;
         let bounce = if piece.bounce {
             let b = AlignedBuf::new(piece.len, file.mem_align.max(file.align))?;
@@ -384,49 +514,63 @@ impl Worker {
         };
         let ptr = bounce.as_ref().map(|b| b.as_ptr()).unwrap_or(piece.addr as *mut u8);
         let fd = types::Fd(file.fd(piece.direct));
-        let id = match self.free_ops.pop() {
+        let id = match st.free_ops.pop() {
             Some(i) => i,
             None => {
-                self.ops.push(None);
-                self.ops.len() - 1
+                st.ops.push(None);
+                st.ops.len() - 1
             }
         };
         let entry: squeue::Entry = match op {
             Opcode::Read => opcode::Read::new(fd, ptr, len).offset(piece.offset).build(),
             Opcode::Write => opcode::Write::new(fd, ptr, len).offset(piece.offset).build(),
         };
-        // SAFETY: the memory stays valid until the completion: a bounce buffer is owned by the
-        // in-flight record, and the caller's memory is theirs for the life of the transfer.
-        if unsafe { self.ring.submission().push(&entry.user_data(id as u64)) }.is_err() {
-            self.free_ops.push(id);
+        // SAFETY: the ring's lock is held, so nobody else uses the submission queue. The memory
+        // stays valid until the completion: a bounce buffer is owned by the in-flight record,
+        // and the caller's memory is theirs for the life of the transfer.
+        if unsafe { self.uring.submission_shared().push(&entry.user_data(id as u64)) }.is_err() {
+            st.free_ops.push(id);
             return Err(Error::Internal("io_uring submission queue full".into()));
         }
-        self.ops[id] = Some(InFlight { job: slot, piece, bounce });
+        st.ops[id] = Some(InFlight { job: slot, piece, bounce });
         Ok(())
     }
 
-    fn reap(&mut self) {
-        let done: Vec<(u64, i32)> = self.ring.completion().map(|c| (c.user_data(), c.result())).collect();
-        for (user_data, res) in done {
+    /// Takes every completion in the queue and acts on it; returns how many file operations
+    /// and syncs ended.
+    fn reap(&self, st: &mut State, ended: &mut Vec<Ended>) -> usize {
+        let mut cqes = std::mem::take(&mut st.cqes);
+        cqes.clear();
+        // SAFETY: the ring's lock is held, so nobody else uses the completion queue.
+        cqes.extend(unsafe { self.uring.completion_shared() }.map(|c| (c.user_data(), c.result())));
+        let mut n = 0;
+        for &(user_data, res) in &cqes {
             if user_data == WAKE {
-                self.wake_posted = false;
                 continue;
             }
             if user_data & SYNC != 0 {
-                self.in_flight -= 1;
-                self.synced((user_data & !SYNC) as usize, res);
+                n += 1;
+                st.in_flight = st.in_flight.saturating_sub(1);
+                self.synced(st, (user_data & !SYNC) as usize, res, ended);
                 continue;
             }
-            let Some(op) = self.ops.get_mut(user_data as usize).and_then(Option::take) else { continue };
-            self.free_ops.push(user_data as usize);
-            self.in_flight -= 1;
-            self.completed(op, res);
+            let Some(op) = st.ops.get_mut(user_data as usize).and_then(Option::take) else { continue };
+            n += 1;
+            st.free_ops.push(user_data as usize);
+            st.in_flight = st.in_flight.saturating_sub(1);
+            self.completed(st, op, res, ended);
         }
+        st.cqes = cqes;
+        n
     }
 
-    fn completed(&mut self, op: InFlight, res: i32) {
-        let Some(a) = self.jobs[op.job].as_mut() else { return };
+    fn completed(&self, st: &mut State, op: InFlight, res: i32, ended: &mut Vec<Ended>) {
+        let ready = &mut st.ready;
+        let Some(a) = st.jobs.get_mut(op.job).and_then(Option::as_mut) else { return };
         a.in_flight -= 1;
+        // The kernel cancels the requests of a thread that exits; the caller did not ask for
+        // it, so the piece is issued again (from whichever thread reaps this).
+        let res = if res == -libc::ECANCELED && !a.job.task.cancel_requested() { -libc::EINTR } else { res };
         let result = if res < 0 { Err(io::Error::from_raw_os_error(-res)) } else { Ok(res as usize) };
         if let (Some(b), Opcode::Read, Ok(n)) = (&op.bounce, a.job.op, &result) {
             // SAFETY: the kernel filled n <= piece.len bytes of the bounce buffer; the caller's
@@ -440,7 +584,7 @@ impl Worker {
                     let queued = !a.job.pieces.is_empty();
                     a.job.pieces.push_front(rest);
                     if !queued {
-                        self.ready.push_back(op.job);
+                        ready.push_back(op.job);
                     }
                 }
             }
@@ -449,35 +593,36 @@ impl Worker {
                 a.error.get_or_insert(reason);
             }
         }
-        self.maybe_finish(op.job);
+        self.maybe_finish(st, op.job, ended);
     }
 
     /// Ends a job whose pieces are all done: fails it, or syncs and completes it.
-    fn maybe_finish(&mut self, slot: usize) {
-        let Some(a) = self.jobs[slot].as_mut() else { return };
+    fn maybe_finish(&self, st: &mut State, slot: usize, ended: &mut Vec<Ended>) {
+        let Some(a) = st.jobs[slot].as_mut() else { return };
         if a.in_flight > 0 || !a.job.pieces.is_empty() || a.syncing {
             return;
         }
-        if a.error.is_none() && a.job.op == Opcode::Write && self.params.sync_writes {
+        if a.error.is_none() && a.job.op == Opcode::Write && self.params.sync_writes && st.broken.is_none() {
             let entry = opcode::Fsync::new(types::Fd(a.job.file.fd(false)))
                 .flags(types::FsyncFlags::DATASYNC)
                 .build()
                 .user_data(SYNC | slot as u64);
-            // SAFETY: an fsync references no memory.
-            if unsafe { self.ring.submission().push(&entry) }.is_ok() {
+            // SAFETY: the ring's lock is held, so nobody else uses the submission queue; an
+            // fsync references no memory.
+            if unsafe { self.uring.submission_shared().push(&entry) }.is_ok() {
                 a.syncing = true;
-                self.in_flight += 1;
+                st.in_flight += 1;
                 return;
             }
             if let Err(e) = a.job.file.sync() {
                 a.error = Some(e.to_string());
             }
         }
-        self.end(slot);
+        self.end(st, slot, ended);
     }
 
-    fn synced(&mut self, slot: usize, res: i32) {
-        let Some(a) = self.jobs.get_mut(slot).and_then(Option::as_mut) else { return };
+    fn synced(&self, st: &mut State, slot: usize, res: i32, ended: &mut Vec<Ended>) {
+        let Some(a) = st.jobs.get_mut(slot).and_then(Option::as_mut) else { return };
         if res < 0 {
             a.error.get_or_insert(format!(
                 "fdatasync of {} failed: {}",
@@ -485,18 +630,14 @@ impl Worker {
                 io::Error::from_raw_os_error(-res)
             ));
         }
-        self.end(slot);
+        a.syncing = false;
+        self.end(st, slot, ended);
     }
 
-    fn end(&mut self, slot: usize) {
-        let Some(a) = self.jobs[slot].take() else { return };
-        self.free_jobs.push(slot);
-        match a.error {
-            Some(reason) => {
-                tracing::debug!("file transfer failed: {reason}");
-                a.job.task.fail(reason);
-            }
-            None => a.job.task.complete(),
-        }
+    fn end(&self, st: &mut State, slot: usize, ended: &mut Vec<Ended>) {
+        let Some(a) = st.jobs[slot].take() else { return };
+        st.free_jobs.push(slot);
+        self.active.fetch_sub(1, Ordering::AcqRel);
+        ended.push((a.job.task, a.error));
     }
 }
