@@ -43,9 +43,10 @@ pub enum Error {
     /// The transfer could not be carried by any loaded transport.
     #[error("no transport: {0}")]
     NoTransport(String),
-    /// An operating-system call failed.
-    #[error("system error: {0}")]
-    Os(String),
+    /// An operating-system or verbs call failed; `errno` is its error number (0 when the
+    /// call gave none, e.g. an allocation).
+    #[error("system error: {msg}")]
+    Os { msg: String, errno: i32 },
     /// A bug or an unexpected state inside the engine.
     #[error("internal error: {0}")]
     Internal(String),
@@ -104,16 +105,60 @@ impl Error {
                 Error::Remote(_) => ERR_ADDRESS_NOT_REGISTERED,
                 Error::NotImplemented(_) => ERR_NOT_IMPLEMENTED,
                 Error::NoTransport(_) => ERR_DEVICE_NOT_FOUND,
-                Error::Os(_) => ERR_MEMORY,
+                Error::Os { errno, .. } => classic_code_of_errno(*errno),
                 Error::Internal(_) => ERR_CONTEXT,
             },
         }
     }
 }
 
+/// The classic code for a failed system or verbs call: the socket, argument and device
+/// errors have codes of their own; everything else (memory, pinning, files) is ERR_MEMORY.
+fn classic_code_of_errno(errno: i32) -> i32 {
+    match errno {
+        libc::ECONNREFUSED
+        | libc::ECONNRESET
+        | libc::ECONNABORTED
+        | libc::ETIMEDOUT
+        | libc::EPIPE
+        | libc::EHOSTUNREACH
+        | libc::ENETUNREACH
+        | libc::EADDRINUSE
+        | libc::EADDRNOTAVAIL => ERR_SOCKET,
+        libc::EINVAL => ERR_INVALID_ARGUMENT,
+        libc::ENODEV | libc::ENXIO => ERR_DEVICE_NOT_FOUND,
+        _ => ERR_MEMORY,
+    }
+}
+
+impl Error {
+    /// A failed system or verbs call: `msg` says what was tried, `errno` is its error number.
+    pub fn os(errno: i32, msg: impl Into<String>) -> Error {
+        Error::Os { msg: msg.into(), errno }
+    }
+
+    /// The failure of the OS call that just returned, as `what: <OS message>` with its errno.
+    pub fn last_os(what: impl std::fmt::Display) -> Error {
+        Error::io(what, &std::io::Error::last_os_error())
+    }
+
+    /// An I/O error `e` while doing `what`, keeping its errno.
+    pub fn io(what: impl std::fmt::Display, e: &std::io::Error) -> Error {
+        Error::Os { msg: format!("{what}: {e}"), errno: e.raw_os_error().unwrap_or(0) }
+    }
+
+    /// The errno of a failed system or verbs call, when this error is one and it gave one.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Error::Os { errno, .. } if *errno != 0 => Some(*errno),
+            _ => None,
+        }
+    }
+}
+
 impl From<std::io::Error> for Error {
     fn from(e: std::io::Error) -> Self {
-        Error::Os(e.to_string())
+        Error::Os { msg: e.to_string(), errno: e.raw_os_error().unwrap_or(0) }
     }
 }
 
@@ -136,7 +181,11 @@ mod tests {
             (Error::Remote(String::new()), ERR_ADDRESS_NOT_REGISTERED),
             (Error::NotImplemented(String::new()), ERR_NOT_IMPLEMENTED),
             (Error::NoTransport(String::new()), ERR_DEVICE_NOT_FOUND),
-            (Error::Os(String::new()), ERR_MEMORY),
+            (Error::os(0, ""), ERR_MEMORY),
+            (Error::os(libc::ENOMEM, ""), ERR_MEMORY),
+            (Error::os(libc::ECONNREFUSED, ""), ERR_SOCKET),
+            (Error::os(libc::EINVAL, ""), ERR_INVALID_ARGUMENT),
+            (Error::os(libc::ENODEV, ""), ERR_DEVICE_NOT_FOUND),
             (Error::Internal(String::new()), ERR_CONTEXT),
         ];
         for (e, classic) in all {
@@ -144,6 +193,19 @@ mod tests {
             assert_eq!(e.c_code(Api::Classic), classic, "{e}");
             assert!(e.c_code(Api::Classic) < 0);
         }
+    }
+
+    #[test]
+    fn os_and_verbs_errors_keep_their_errno() {
+        let e: Error = std::io::Error::from_raw_os_error(libc::ECONNRESET).into();
+        assert_eq!(e.errno(), Some(libc::ECONNRESET));
+        assert_eq!(e.c_code(Api::Classic), ERR_SOCKET);
+        let e: Error = crate::verbs::VerbsError::new("ibv_reg_mr", libc::ENOMEM, "pinning failed").into();
+        assert_eq!(e.errno(), Some(libc::ENOMEM));
+        assert!(e.to_string().contains("ibv_reg_mr"), "{e}");
+        assert_eq!(Error::io("open", &std::io::Error::from_raw_os_error(libc::ENODEV)).errno(), Some(libc::ENODEV));
+        assert_eq!(Error::os(0, "no errno").errno(), None);
+        assert_eq!(Error::Rpc("x".into()).errno(), None);
     }
 
     #[test]

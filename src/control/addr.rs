@@ -69,10 +69,11 @@ pub fn bind_rpc_listener(port: u16, ipv6: bool) -> Result<TcpListener> {
             Err(e) => last_err = Some(e),
         }
     }
-    Err(Error::Os(format!(
-        "no free RPC port in [15000, 17000): {}",
-        last_err.map(|e| e.to_string()).unwrap_or_default()
-    )))
+    let errno = last_err.as_ref().and_then(|e| e.raw_os_error()).unwrap_or(libc::EADDRINUSE);
+    Err(Error::os(
+        errno,
+        format!("no free RPC port in [15000, 17000): {}", last_err.map(|e| e.to_string()).unwrap_or_default()),
+    ))
 }
 
 fn now_nanos() -> u64 {

@@ -57,7 +57,7 @@ pub fn allocate(size: usize, location: &str) -> Result<*mut u8> {
         )
     };
     if ptr == libc::MAP_FAILED {
-        return Err(Error::Os(format!("mmap of {size} bytes failed: {}", std::io::Error::last_os_error())));
+        return Err(Error::last_os(format_args!("mmap of {size} bytes failed")));
     }
     if let Some(node) = cpu_node(loc) {
         if numa_nodes().contains(&node) && node < 64 {

@@ -175,7 +175,7 @@ pub(crate) fn calloc_array<T>(n: usize) -> Result<*mut T> {
     // SAFETY: calloc has no preconditions; the result is checked for NULL.
     let p = unsafe { libc::calloc(n, std::mem::size_of::<T>()) } as *mut T;
     if p.is_null() {
-        return Err(Error::Os(format!("out of memory allocating {n} records")));
+        return Err(Error::os(libc::ENOMEM, format!("out of memory allocating {n} records")));
     }
     Ok(p)
 }

@@ -185,7 +185,7 @@ fn install() -> crate::error::Result<()> {
     let mut fds = [-1i32; 2];
     // SAFETY: pipe2 writes two descriptors into the local array.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(crate::error::Error::Os(format!("graceful shutdown: pipe: {}", std::io::Error::last_os_error())));
+        return Err(crate::error::Error::last_os("graceful shutdown: pipe"));
     }
     PIPE_READ.store(fds[0], Ordering::Release);
     PIPE_WRITE.store(fds[1], Ordering::Release);
@@ -227,7 +227,7 @@ fn install() -> crate::error::Result<()> {
                 // SAFETY: closes the descriptors created above.
                 unsafe { libc::close(fd) };
             }
-            Err(crate::error::Error::Os(format!("graceful shutdown: watcher thread: {e}")))
+            Err(crate::error::Error::io("graceful shutdown: watcher thread", &e))
         }
     };
     if blocked {

@@ -48,7 +48,7 @@ impl ShmParams {
 }
 
 fn os_err(what: &str) -> Error {
-    Error::Os(format!("{what}: {}", std::io::Error::last_os_error()))
+    Error::last_os(what)
 }
 
 /// Opens (or creates) the object `name` under POSIX shm, or as a file under `dir` when set.
@@ -127,7 +127,7 @@ pub fn create_object(dir: &str, size: usize) -> Result<(*mut u8, String)> {
         }
         return Ok((ptr.cast(), name));
     }
-    Err(Error::Os("could not find a free shm object name after 8 tries".into()))
+    Err(Error::os(libc::EEXIST, "could not find a free shm object name after 8 tries"))
 }
 
 /// A peer's object mapped into this process; unmapped when the last user drops it.

@@ -36,7 +36,7 @@ impl std::error::Error for VerbsError {}
 
 impl From<VerbsError> for crate::error::Error {
     fn from(e: VerbsError) -> Self {
-        crate::error::Error::Os(e.to_string())
+        crate::error::Error::os(e.errno, e.to_string())
     }
 }
 

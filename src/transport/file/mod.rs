@@ -122,7 +122,7 @@ impl AlignedBuf {
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { std::alloc::alloc(layout) };
         if ptr.is_null() {
-            return Err(Error::Os(format!("cannot allocate a {len}-byte bounce buffer")));
+            return Err(Error::os(libc::ENOMEM, format!("cannot allocate a {len}-byte bounce buffer")));
         }
         Ok(AlignedBuf { ptr, layout })
     }
@@ -242,7 +242,7 @@ impl OpenFile {
             },
             Err(e) => return Err(Error::InvalidArgument(format!("cannot open {path}: {e}"))),
         };
-        let st = fstat(buffered.as_raw_fd()).map_err(|e| Error::Os(format!("fstat of {path}: {e}")))?;
+        let st = fstat(buffered.as_raw_fd()).map_err(|e| Error::io(format_args!("fstat of {path}"), &e))?;
         if (st.st_mode & libc::S_IFMT) != libc::S_IFREG {
             return Err(Error::InvalidArgument(format!("{path} is not a regular file")));
         }
@@ -284,7 +284,7 @@ impl OpenFile {
             }
         };
         if !align.is_power_of_two() || !mem_align.is_power_of_two() {
-            return Err(Error::Os(format!("{path}: unusable direct I/O alignment {align}/{mem_align}")));
+            return Err(Error::os(libc::EINVAL, format!("{path}: unusable direct I/O alignment {align}/{mem_align}")));
         }
         Ok(OpenFile {
             path: path.to_string(),
@@ -322,7 +322,7 @@ impl OpenFile {
     pub fn size(&self) -> Result<u64> {
         fstat(self.buffered.as_raw_fd())
             .map(|st| st.st_size as u64)
-            .map_err(|e| Error::Os(format!("fstat of {}: {e}", self.path)))
+            .map_err(|e| Error::io(format_args!("fstat of {}", self.path), &e))
     }
 
     /// Checks a request against the file (access mode, and for a READ the current size) and
@@ -407,7 +407,7 @@ impl OpenFile {
     pub fn sync(&self) -> Result<()> {
         // SAFETY: the descriptor is open for the life of self.
         if unsafe { libc::fdatasync(self.buffered.as_raw_fd()) } != 0 {
-            return Err(Error::Os(format!("fdatasync of {} failed: {}", self.path, io::Error::last_os_error())));
+            return Err(Error::last_os(format_args!("fdatasync of {} failed", self.path)));
         }
         Ok(())
     }

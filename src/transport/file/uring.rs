@@ -234,7 +234,7 @@ impl Ring {
             .setup_submit_all()
             .build(entries)
             .or_else(|_| IoUring::new(entries))
-            .map_err(|e| Error::Os(format!("io_uring setup: {e}")))?;
+            .map_err(|e| Error::io("io_uring setup", &e))?;
         Ok(Ring {
             uring,
             state: Mutex::new(State::default()),

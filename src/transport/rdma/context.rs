@@ -738,7 +738,8 @@ impl BufferRegistration {
                         self.lkeys[j] = 0;
                         self.rkeys[j] = 0;
                     }
-                    return Err(Error::Os(format!("registering {:#x}+{len} on {}: {e}", addr as usize, ctx.name())));
+                    let what = format!("registering {:#x}+{len} on {}: {e}", addr as usize, ctx.name());
+                    return Err(Error::os(e.errno().unwrap_or(0), what));
                 }
             }
         }

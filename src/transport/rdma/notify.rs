@@ -119,7 +119,7 @@ impl NotifyChannel {
             length: NOTIFY_MAX_BYTES as u32,
             lkey: self.recv_mr.lkey(),
         }];
-        self.qp.post_recv(&[RecvWr { wr_id: i as u64, sg_list: &sge }]).map_err(|e| Error::Os(e.to_string()))
+        self.qp.post_recv(&[RecvWr { wr_id: i as u64, sg_list: &sge }]).map_err(|e| Error::os(e.errno, e.to_string()))
     }
 
     /// Sends one encoded message without blocking; an error means the caller should use the RPC.
@@ -141,7 +141,7 @@ impl NotifyChannel {
         let wr = [SendWr { wr_id: SEND_BIT | n, op: SendOp::Send, sg_list: &sge, signaled: true }];
         self.qp.post_send(&wr).map_err(|e| {
             self.pending.fetch_sub(1, Ordering::AcqRel);
-            Error::Os(e.to_string())
+            Error::os(e.errno, e.to_string())
         })
     }
 
