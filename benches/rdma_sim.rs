@@ -37,7 +37,8 @@ fn engine(block: usize, lanes: usize) -> Arc<Engine> {
 fn registered(e: &Engine, len: usize) -> Vec<u8> {
     let v = vec![0u8; len];
     let opts = MemoryOptions { permission: Permission::GlobalReadWrite, ..MemoryOptions::default() };
-    e.register_memory(&[(v.as_ptr() as u64, len as u64)], &opts).expect("register");
+    // SAFETY: the memory stays alive until unregistered or the engine is dropped.
+    unsafe { e.register_memory(&[(v.as_ptr() as u64, len as u64)], &opts) }.expect("register");
     v
 }
 
@@ -64,7 +65,8 @@ fn pass(e: &Engine, h: u64, op: Opcode, local: u64, remote: u64, len: usize) -> 
     };
     let (start, cpu) = (Instant::now(), cpu_seconds());
     let b = e.allocate_batch(1).expect("batch");
-    e.submit(b, &[r], None).expect("submit");
+    // SAFETY: the requests' local memory stays alive until their tasks end.
+    unsafe { e.submit(b, &[r], None) }.expect("submit");
     loop {
         let (s, _) = e.overall_status(b).expect("status");
         if s == Status::Completed {

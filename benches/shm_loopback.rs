@@ -26,7 +26,8 @@ fn main() {
     let initiator = engine(&cfg);
     let opts = MemoryOptions { transport: TransportKind::Shm, ..MemoryOptions::default() };
     let (remote, _) = target.allocate_memory(size, &opts).expect("shm block");
-    target.register_memory(&[(remote, size as u64)], &MemoryOptions::default()).expect("register");
+    // SAFETY: the memory stays alive until unregistered or the engine is dropped.
+    unsafe { target.register_memory(&[(remote, size as u64)], &MemoryOptions::default()) }.expect("register");
     let mut src = registered(&initiator, size);
     let back = registered(&initiator, size);
     for (i, b) in src.iter_mut().enumerate() {

@@ -76,7 +76,8 @@ impl Peer {
                 Ok(()) => "OK".to_string(),
                 Err(e) => format!("ERR {e}"),
             },
-            "REREG" => match self.engine.register_memory(&[self.range()], &Self::opts()) {
+            // SAFETY: the memory stays alive until unregistered or the engine is dropped.
+            "REREG" => match unsafe { self.engine.register_memory(&[self.range()], &Self::opts()) } {
                 Ok(()) => "OK".to_string(),
                 Err(e) => format!("ERR {e}"),
             },
@@ -143,7 +144,8 @@ fn start(args: &[String]) -> Result<Peer, String> {
     }
     let buf: Vec<u8> = (0..size).map(|i| pattern(i, seed as u8)).collect();
     let peer = Peer { engine, buf };
-    peer.engine.register_memory(&[peer.range()], &Peer::opts()).map_err(|e| format!("register: {e}"))?;
+    // SAFETY: the memory stays alive until unregistered or the engine is dropped.
+    unsafe { peer.engine.register_memory(&[peer.range()], &Peer::opts()) }.map_err(|e| format!("register: {e}"))?;
     Ok(peer)
 }
 

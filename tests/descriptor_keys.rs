@@ -182,7 +182,8 @@ fn shm_descriptor_has_every_required_key() {
     let len = 1 << 16;
     let opts = MemoryOptions { transport: TransportKind::Shm, ..MemoryOptions::default() };
     let (addr, _) = e.allocate_memory(len, &opts).expect("shm allocation");
-    e.register_memory(&[(addr, len as u64)], &MemoryOptions::default()).expect("register");
+    // SAFETY: the memory stays alive until unregistered or the engine is dropped.
+    unsafe { e.register_memory(&[(addr, len as u64)], &MemoryOptions::default()) }.expect("register");
     check(&e, "shm", TransportKind::Shm, 0);
     let text = e.local_segment().descriptor_json();
     assert!(text.contains("\"shm_path\":\"") && !text.contains("\"shm_path\":\"\""), "{text}");

@@ -55,7 +55,8 @@ struct Mem {
 impl Mem {
     fn new(e: &Arc<Engine>, len: u64) -> Mem {
         let (base, _) = e.allocate_memory(len as usize, &MemoryOptions::default()).expect("allocate");
-        e.register_memory(&[(base, len)], &MemoryOptions::default()).expect("register");
+        // SAFETY: the memory stays alive until unregistered or the engine is dropped.
+        unsafe { e.register_memory(&[(base, len)], &MemoryOptions::default()) }.expect("register");
         Mem { e: e.clone(), base, len }
     }
 
@@ -93,7 +94,8 @@ fn accepts_direct(dir: &Path) -> bool {
 fn run_ok(e: &Engine, reqs: &[Request], batch: usize) {
     for part in reqs.chunks(batch) {
         let b = e.allocate_batch(part.len()).expect("batch");
-        e.submit(b, part, None).expect("submit");
+        // SAFETY: the requests' local memory stays alive until their tasks end.
+        unsafe { e.submit(b, part, None) }.expect("submit");
         let st = wait(e, b, BOUND);
         for (i, (s, bytes)) in st.iter().enumerate() {
             let why = e.task_error(b, i).expect("task");
@@ -107,7 +109,8 @@ fn run_ok(e: &Engine, reqs: &[Request], batch: usize) {
 /// Runs one request and returns its status and failure reason.
 fn run_one(e: &Engine, r: Request) -> (Status, String) {
     let b = e.allocate_batch(1).expect("batch");
-    e.submit(b, &[r], None).expect("submit");
+    // SAFETY: the requests' local memory stays alive until their tasks end.
+    unsafe { e.submit(b, &[r], None) }.expect("submit");
     let st = wait(e, b, BOUND);
     let why = e.task_error(b, 0).expect("task").unwrap_or_default();
     e.free_batch(b).expect("free");
@@ -199,7 +202,8 @@ fn a_submitting_thread_may_end_before_its_transfers() {
     let reqs: Vec<Request> = (0..64).map(|k| req(Opcode::Write, m.base + k * MIB, h, k * MIB, MIB)).collect();
     let b = e.allocate_batch(reqs.len()).expect("batch");
     let (e2, r2) = (e.clone(), reqs.clone());
-    std::thread::spawn(move || e2.submit(b, &r2, None).expect("submit")).join().expect("submitter");
+    // SAFETY: the requests' local memory stays alive until their tasks end.
+    std::thread::spawn(move || unsafe { e2.submit(b, &r2, None) }.expect("submit")).join().expect("submitter");
     let st = wait(&e, b, BOUND);
     for (i, (s, _)) in st.iter().enumerate() {
         assert_eq!(*s, Status::Completed, "task {i}: {:?}", e.task_error(b, i));
@@ -239,13 +243,15 @@ fn transfers_end_when_nobody_polls() {
     }
     let reqs = |op, base: u64| -> Vec<Request> { (0..8).map(|k| req(op, base + k * MIB, h, k * MIB, MIB)).collect() };
     let b = e.allocate_batch(8).expect("batch");
-    e.submit(b, &reqs(Opcode::Write, m.base), None).expect("submit");
+    // SAFETY: the requests' local memory stays alive until their tasks end.
+    unsafe { e.submit(b, &reqs(Opcode::Write, m.base), None) }.expect("submit");
     ended_without_polling(&e, Status::Completed, 8);
     e.free_batch(b).expect("free");
     // Idle long enough for the reaper to sleep until the next submit wakes it.
     std::thread::sleep(Duration::from_millis(400));
     let b = e.allocate_batch(8).expect("batch");
-    e.submit(b, &reqs(Opcode::Read, m.base + 8 * MIB), None).expect("submit");
+    // SAFETY: the requests' local memory stays alive until their tasks end.
+    unsafe { e.submit(b, &reqs(Opcode::Read, m.base + 8 * MIB), None) }.expect("submit");
     // Freed before anything ended: the tasks still end, and the batch is reclaimed then.
     e.free_batch(b).expect("free");
     ended_without_polling(&e, Status::Completed, 16);
@@ -264,7 +270,8 @@ fn a_cancelled_transfer_stops_and_the_ring_stays_usable() {
     let h = open_file(&e, &path);
     let m = Mem::new(&e, 64 * MIB);
     let b = e.allocate_batch(1).expect("batch");
-    e.submit(b, &[req(Opcode::Write, m.base, h, 0, 64 * MIB)], None).expect("submit");
+    // SAFETY: the requests' local memory stays alive until their tasks end.
+    unsafe { e.submit(b, &[req(Opcode::Write, m.base, h, 0, 64 * MIB)], None) }.expect("submit");
     e.cancel_task(b, 0).expect("cancel");
     assert_eq!(wait(&e, b, BOUND)[0].0, Status::Canceled);
     e.free_batch(b).expect("free");

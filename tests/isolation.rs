@@ -161,7 +161,8 @@ fn frozen_descriptor_owner_holds_up_only_its_own_tasks() {
     let dst = buffer(&b, 65536, |_| 0, Permission::GlobalReadWrite);
     let (hf, hb) = (a.open_segment(&frozen.addr).expect("open"), a.open_segment(b.segment_name()).expect("open"));
     let stuck = a.allocate_batch(1).expect("batch");
-    a.submit(stuck, &[req(Opcode::Write, src.as_ptr() as u64, hf, 0x1000, 65536)], None).expect("submit");
+    // SAFETY: the requests' local memory stays alive until their tasks end.
+    unsafe { a.submit(stuck, &[req(Opcode::Write, src.as_ptr() as u64, hf, 0x1000, 65536)], None) }.expect("submit");
     let st =
         run(&a, &[req(Opcode::Write, src.as_ptr() as u64, hb, dst.as_ptr() as u64, 65536)], Duration::from_secs(10));
     assert_eq!(st[0].0, Status::Completed);
@@ -187,7 +188,8 @@ fn submits_to_a_frozen_owner_share_one_fetch() {
     let h = a.open_segment(&frozen.addr).expect("open");
     let batch = a.allocate_batch(16).expect("batch");
     for _ in 0..16 {
-        a.submit(batch, &[req(Opcode::Write, src.as_ptr() as u64, h, 0x1000, 4096)], None).expect("submit");
+        // SAFETY: the requests' local memory stays alive until their tasks end.
+        unsafe { a.submit(batch, &[req(Opcode::Write, src.as_ptr() as u64, h, 0x1000, 4096)], None) }.expect("submit");
     }
     // One request timeout ends all of them (16 fetches in a row would take 16 of them).
     let st = wait(&a, batch, Duration::from_secs(12));

@@ -75,7 +75,8 @@ fn discover_transfer_reregister(srv: &dyn StoreServer) {
     assert!(peer == src, "the peer holds the written bytes");
     let mut back = vec![0u8; len];
     let opts = tent::engine::MemoryOptions::default();
-    a.register_memory(&[(back.as_mut_ptr() as u64, len as u64)], &opts).expect("register");
+    // SAFETY: the memory stays alive until unregistered or the engine is dropped.
+    unsafe { a.register_memory(&[(back.as_mut_ptr() as u64, len as u64)], &opts) }.expect("register");
     let r = req(Opcode::Read, back.as_mut_ptr() as u64, h, base, len as u64);
     assert_eq!(run(&a, &[r], BOUND), vec![(Status::Completed, len as u64)]);
     assert!(back == src, "read-back matches");

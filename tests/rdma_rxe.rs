@@ -140,7 +140,8 @@ impl Drop for Peer {
 fn local_buffer(e: &Engine, len: usize) -> *mut u8 {
     let (addr, _) = e.allocate_memory(len, &MemoryOptions::default()).expect("allocate");
     let opts = MemoryOptions { permission: Permission::GlobalReadWrite, ..MemoryOptions::default() };
-    e.register_memory(&[(addr, len as u64)], &opts).expect("register");
+    // SAFETY: the memory stays alive until unregistered or the engine is dropped.
+    unsafe { e.register_memory(&[(addr, len as u64)], &opts) }.expect("register");
     addr as *mut u8
 }
 
@@ -162,7 +163,8 @@ fn first_mismatch(p: *const u8, range: std::ops::Range<usize>, seed: u8) -> Opti
 fn transfer(e: &Engine, reqs: &[Request]) -> (Vec<(Status, u64)>, Duration) {
     let start = Instant::now();
     let b = e.allocate_batch(reqs.len()).expect("batch");
-    e.submit(b, reqs, None).expect("submit");
+    // SAFETY: the requests' local memory stays alive until their tasks end.
+    unsafe { e.submit(b, reqs, None) }.expect("submit");
     let st = wait(e, b, BOUND);
     e.free_batch(b).expect("free");
     (st, start.elapsed())
@@ -322,7 +324,8 @@ fn killed_peer_fails_its_work_and_a_restarted_one_is_reached_again() {
     assert!(all_completed(&transfer(&a, &[req(Opcode::Write, local as u64, hb, b.addr, 4096)]).0));
 
     let batch = a.allocate_batch(32).expect("batch");
-    a.submit(batch, &blocks(Opcode::Write, local, hb, b.addr, 32, 1 << 20, 1 << 20), None).expect("submit");
+    // SAFETY: the requests' local memory stays alive until their tasks end.
+    unsafe { a.submit(batch, &blocks(Opcode::Write, local, hb, b.addr, 32, 1 << 20, 1 << 20), None) }.expect("submit");
     std::thread::sleep(Duration::from_millis(100));
     let killed = Instant::now();
     b.kill();
@@ -370,7 +373,8 @@ fn unregistered_target_fails_and_reregistered_works_again() {
     let (mut b, a, h, local) = one_peer(LEN);
     fill(local, LEN, 5);
     let batch = a.allocate_batch(64).expect("batch");
-    a.submit(batch, &blocks(Opcode::Write, local, h, b.addr, 64, 1 << 20, 1 << 20), None).expect("submit");
+    // SAFETY: the requests' local memory stays alive until their tasks end.
+    unsafe { a.submit(batch, &blocks(Opcode::Write, local, h, b.addr, 64, 1 << 20, 1 << 20), None) }.expect("submit");
     b.expect_ok("UNREG");
     let st = wait(&a, batch, BOUND);
     a.free_batch(batch).expect("free");
@@ -405,7 +409,8 @@ fn frozen_peer_does_not_hold_up_a_healthy_one() {
     assert_eq!(unsafe { libc::kill(frozen.child.id() as i32, libc::SIGSTOP) }, 0);
     let stuck = a.allocate_batch(1).expect("batch");
     let t0 = Instant::now();
-    a.submit(stuck, &[req(Opcode::Write, local as u64, hf, frozen.addr, 65536)], None).expect("submit");
+    // SAFETY: the requests' local memory stays alive until their tasks end.
+    unsafe { a.submit(stuck, &[req(Opcode::Write, local as u64, hf, frozen.addr, 65536)], None) }.expect("submit");
     eprintln!("submit to the frozen peer returned after {:.3} s", t0.elapsed().as_secs_f64());
     let (st, t) = transfer(&a, &[req(Opcode::Write, local as u64, hh, healthy.addr, 65536)]);
     eprintln!("frozen peer: a write to a healthy peer took {:.3} s meanwhile", t.as_secs_f64());

@@ -72,8 +72,11 @@ fn writes_to_each(a: &Engine, peers: &[Arc<Engine>], src: &[u8]) -> (Vec<tent::e
 /// Submits one WRITE of all of `src` into `dst` through segment handle `h` and returns the batch.
 fn start_write(e: &Engine, src: &[u8], h: u64, dst: &[u8]) -> u64 {
     let batch = e.allocate_batch(1).expect("batch");
-    e.submit(batch, &[req(Opcode::Write, src.as_ptr() as u64, h, dst.as_ptr() as u64, src.len() as u64)], None)
-        .expect("submit");
+    // SAFETY: the requests' local memory stays alive until their tasks end.
+    unsafe {
+        e.submit(batch, &[req(Opcode::Write, src.as_ptr() as u64, h, dst.as_ptr() as u64, src.len() as u64)], None)
+    }
+    .expect("submit");
     batch
 }
 
@@ -378,7 +381,8 @@ fn run_advancing(
     step: Duration,
 ) -> Vec<(Status, u64)> {
     let b = e.allocate_batch(reqs.len()).expect("batch");
-    e.submit(b, reqs, None).expect("submit");
+    // SAFETY: the requests' local memory stays alive until their tasks end.
+    unsafe { e.submit(b, reqs, None) }.expect("submit");
     until(f, step, || e.task_status_list(b).expect("status").iter().all(|(s, _)| *s != Status::Pending));
     let st = e.task_status_list(b).expect("status");
     e.free_batch(b).expect("free");
@@ -542,7 +546,8 @@ fn scenario06_eviction_while_busy() {
     // The virtual clock stands still until all 300 endpoints were connected, so the first
     // endpoints are still busy when the last insertions evict them.
     let batch = a.allocate_batch(reqs.len()).expect("batch");
-    a.submit(batch, &reqs, None).expect("submit");
+    // SAFETY: the requests' local memory stays alive until their tasks end.
+    unsafe { a.submit(batch, &reqs, None) }.expect("submit");
     until(&f, Duration::ZERO, || counter(&a, |c| &c.bootstraps_sent) >= 300);
     until(&f, Duration::from_micros(500), || {
         a.task_status_list(batch).expect("status").iter().all(|(s, _)| *s != Status::Pending)
@@ -720,7 +725,8 @@ fn overlapping_registrations_and_unregister() {
     let v = vec![7u8; 1 << 20];
     let opts = tent::engine::MemoryOptions::default();
     let p = v.as_ptr() as u64;
-    a.register_memory(&[(p, 4096), (p, 1 << 20)], &opts).expect("register both");
+    // SAFETY: the memory stays alive until unregistered or the engine is dropped.
+    unsafe { a.register_memory(&[(p, 4096), (p, 1 << 20)], &opts) }.expect("register both");
     let d = a.local_segment().descriptor();
     assert_eq!(d.buffers.len(), 2);
     assert!(d.buffers.iter().all(|b| b.rkey.len() == 1 && b.rkey[0] != 0 && b.transports.contains(&1)));
@@ -940,11 +946,15 @@ fn read_only_buffer_refuses_writes_with_rdma_as_transport() {
     let back = buffer(&a, 65536, |_| 0, Permission::GlobalReadWrite);
     let h = a.open_segment(b.segment_name()).expect("open");
     let batch = a.allocate_batch(2).expect("batch");
-    a.submit(batch, &[req(Opcode::Write, src.as_ptr() as u64, h, ro.as_ptr() as u64, 4096)], None).expect("submit");
+    // SAFETY: the requests' local memory stays alive until their tasks end.
+    unsafe { a.submit(batch, &[req(Opcode::Write, src.as_ptr() as u64, h, ro.as_ptr() as u64, 4096)], None) }
+        .expect("submit");
     until(&f, Duration::from_millis(100), || a.task_status(batch, 0).map(|s| s.0 != Status::Pending).unwrap_or(true));
     assert_eq!(a.task_status(batch, 0).expect("status").0, Status::Failed, "a write to read-only memory fails");
     assert!(ro.iter().all(|&x| x == 0x11), "read-only memory untouched");
-    a.submit(batch, &[req(Opcode::Read, back.as_ptr() as u64, h, ro.as_ptr() as u64, 4096)], None).expect("submit");
+    // SAFETY: the requests' local memory stays alive until their tasks end.
+    unsafe { a.submit(batch, &[req(Opcode::Read, back.as_ptr() as u64, h, ro.as_ptr() as u64, 4096)], None) }
+        .expect("submit");
     until(&f, Duration::from_millis(100), || a.task_status(batch, 1).map(|s| s.0 != Status::Pending).unwrap_or(true));
     assert_eq!(a.task_status(batch, 1).expect("status").0, Status::Completed, "reads are allowed");
     assert!(back[..4096].iter().all(|&x| x == 0x11));

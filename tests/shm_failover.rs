@@ -20,7 +20,8 @@ fn shm_block(e: &Engine, len: usize) -> (u64, String) {
     let opts = MemoryOptions { transport: TransportKind::Shm, ..MemoryOptions::default() };
     let (addr, name) = e.allocate_memory(len, &opts).expect("shm allocation");
     let name = name.expect("the object name is returned");
-    e.register_memory(&[(addr, len as u64)], &MemoryOptions::default()).expect("register");
+    // SAFETY: the memory stays alive until unregistered or the engine is dropped.
+    unsafe { e.register_memory(&[(addr, len as u64)], &MemoryOptions::default()) }.expect("register");
     (addr, name)
 }
 
@@ -93,11 +94,13 @@ fn caller_object_with_shm_offset_and_short_objects() {
     let off = (1 << 20) + 100;
     let addr = map as u64 + off as u64;
     let opts = MemoryOptions { shm_path: name.clone(), shm_offset: off, ..MemoryOptions::default() };
-    b.register_memory(&[(addr, 65536)], &opts).expect("register with shm_offset");
+    // SAFETY: the memory stays alive until unregistered or the engine is dropped.
+    unsafe { b.register_memory(&[(addr, 65536)], &opts) }.expect("register with shm_offset");
     // A registration claiming more than the object holds.
     let heap = vec![0u8; 4 << 20];
     let bad = MemoryOptions { shm_path: name.clone(), shm_offset: 0, ..MemoryOptions::default() };
-    b.register_memory(&[(heap.as_ptr() as u64, 4 << 20)], &bad).expect("register (checked by the peer)");
+    // SAFETY: the memory stays alive until unregistered or the engine is dropped.
+    unsafe { b.register_memory(&[(heap.as_ptr() as u64, 4 << 20)], &bad) }.expect("register (checked by the peer)");
     let src = buffer(&a, 65536, pattern, Permission::GlobalReadWrite);
     let h = a.open_segment(b.segment_name()).expect("open");
     let st = run(
@@ -153,7 +156,8 @@ fn failover_budget_exhausted_stays_failed() {
     let src = buffer(&a, 1 << 20, pattern, Permission::GlobalReadWrite);
     let h = a.open_segment(b.segment_name()).expect("open");
     let batch = a.allocate_batch(1).expect("batch");
-    a.submit(batch, &[req(Opcode::Write, src.as_ptr() as u64, h, base, 4096)], None).expect("submit");
+    // SAFETY: the requests' local memory stays alive until their tasks end.
+    unsafe { a.submit(batch, &[req(Opcode::Write, src.as_ptr() as u64, h, base, 4096)], None) }.expect("submit");
     assert_eq!(wait(&a, batch, BOUND)[0].0, Status::Failed);
     for _ in 0..10 {
         assert_eq!(a.task_status(batch, 0).expect("poll").0, Status::Failed, "a FAILED task is never revived");
@@ -180,7 +184,8 @@ fn progress_worker_fails_over_without_polling() {
     let src = buffer(&a, 1 << 20, pattern, Permission::GlobalReadWrite);
     let h = a.open_segment(b.segment_name()).expect("open");
     let batch = a.allocate_batch(1).expect("batch");
-    a.submit(batch, &[req(Opcode::Write, src.as_ptr() as u64, h, base, 8192)], None).expect("submit");
+    // SAFETY: the requests' local memory stays alive until their tasks end.
+    unsafe { a.submit(batch, &[req(Opcode::Write, src.as_ptr() as u64, h, base, 8192)], None) }.expect("submit");
     // Polls only observe here; the progress worker moves the unit to SHM.
     assert_eq!(wait(&a, batch, BOUND)[0], (Status::Completed, 8192));
     assert_eq!(a.units_submitted(TransportKind::Shm), 1);
@@ -273,7 +278,8 @@ fn hints_and_default_order() {
     let mut r = req(Opcode::Write, src.as_ptr() as u64, h, base, 4096);
     r.hint = TransportKind::Rdma;
     let batch = a.allocate_batch(1).expect("batch");
-    assert!(a.submit(batch, &[r], None).is_err());
+    // SAFETY: the requests' local memory stays alive until their tasks end.
+    assert!(unsafe { a.submit(batch, &[r], None) }.is_err());
     // An engine without SHM uses TCP for the SHM-backed buffer.
     let c = engine(&[]);
     let src_c = buffer(&c, 4096, pattern, Permission::GlobalReadWrite);
@@ -348,7 +354,8 @@ fn batches_ending_on_a_slice_boundary_complete_without_polls() {
         (0..64u64).map(|i| req(Opcode::Write, src.as_ptr() as u64 + i * 32768, h, base + i * 32768, 16384)).collect();
     for reqs in [&one[..], &many[..]] {
         let id = a.allocate_batch(reqs.len()).expect("batch");
-        a.submit(id, reqs, None).expect("submit");
+        // SAFETY: the requests' local memory stays alive until their tasks end.
+        unsafe { a.submit(id, reqs, None) }.expect("submit");
         assert!(wait(&a, id, bound).iter().all(|(s, _)| *s == Status::Completed));
         a.free_batch(id).expect("free");
         for r in reqs {

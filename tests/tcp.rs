@@ -119,7 +119,8 @@ fn notifications_carry_the_sender_handle() {
         req(Opcode::Write, src.as_ptr() as u64, hb, peer.as_ptr() as u64, 4096),
         req(Opcode::Write, src.as_ptr() as u64 + 4096, hb, peer.as_ptr() as u64 + 4096, 4096),
     ];
-    a.submit(batch, &reqs, Some(("done".into(), "both".into()))).expect("submit");
+    // SAFETY: the requests' local memory stays alive until their tasks end.
+    unsafe { a.submit(batch, &reqs, Some(("done".into(), "both".into()))) }.expect("submit");
     let deadline = Instant::now() + BOUND;
     let mut got = Vec::new();
     while got.is_empty() && Instant::now() < deadline {
@@ -166,7 +167,8 @@ fn peer_dying_mid_batch_ends_every_task() {
         .map(|i| req(Opcode::Write, src.as_ptr() as u64 + i * part, h, peer.as_ptr() as u64 + i * part, part))
         .collect();
     let batch = a.allocate_batch(reqs.len()).expect("batch");
-    a.submit(batch, &reqs, None).expect("submit");
+    // SAFETY: the requests' local memory stays alive until their tasks end.
+    unsafe { a.submit(batch, &reqs, None) }.expect("submit");
     drop(b); // the peer goes away while chunks are in flight
     let st = common::engines::wait(&a, batch, BOUND);
     assert!(st.iter().all(|(s, _)| matches!(s, Status::Completed | Status::Failed)), "{st:?}");
@@ -257,7 +259,8 @@ fn destroying_an_engine_never_waits_for_a_hung_peer() {
     let src = buffer(&a, 4096, pattern, Permission::GlobalReadWrite);
     let h = a.open_segment(&addr).expect("open");
     let batch = a.allocate_batch(1).expect("batch");
-    a.submit(batch, &[req(Opcode::Write, src.as_ptr() as u64, h, base, 4096)], None).expect("submit");
+    // SAFETY: the requests' local memory stays alive until their tasks end.
+    unsafe { a.submit(batch, &[req(Opcode::Write, src.as_ptr() as u64, h, base, 4096)], None) }.expect("submit");
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(a.task_status(batch, 0).expect("status").0, Status::Pending, "the peer never answers");
     let start = Instant::now();

@@ -24,7 +24,8 @@ pub fn engine(extra: &[(&str, &str)]) -> Arc<Engine> {
 pub fn registered(e: &Engine, len: usize) -> Vec<u8> {
     let v = vec![0u8; len];
     let opts = MemoryOptions { permission: Permission::GlobalReadWrite, ..MemoryOptions::default() };
-    e.register_memory(&[(v.as_ptr() as u64, len as u64)], &opts).expect("register");
+    // SAFETY: the memory stays alive until unregistered or the engine is dropped.
+    unsafe { e.register_memory(&[(v.as_ptr() as u64, len as u64)], &opts) }.expect("register");
     v
 }
 
@@ -54,7 +55,8 @@ pub fn pass(
         .collect();
     let start = Instant::now();
     let b = e.allocate_batch(reqs.len()).expect("batch");
-    e.submit(b, &reqs, None).expect("submit");
+    // SAFETY: the requests' local memory stays alive until their tasks end.
+    unsafe { e.submit(b, &reqs, None) }.expect("submit");
     loop {
         let (s, _) = e.overall_status(b).expect("status");
         if s == Status::Completed {

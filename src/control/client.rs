@@ -2,13 +2,14 @@
 //! and the data calls that stream payloads straight from and into caller memory.
 
 use std::collections::HashMap;
-use std::io::{self, Read, Write};
+use std::io::{self, BufRead, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 use parking_lot::Mutex;
 
 use super::frame::{self, msg};
+use super::rawio::{self, RawRange};
 use crate::error::{Error, Result};
 
 /// Largest reply attachment accepted for a control call.
@@ -69,26 +70,28 @@ fn in_band_refusal(s: &mut impl Read, h: &frame::ResponseHeader, addr: &str) -> 
     Error::Remote(format!("{addr}: {}", String::from_utf8_lossy(&text)))
 }
 
-/// Writes every byte of `slices` (advancing them), retrying short writes.
-fn write_all_vectored(s: &mut TcpStream, mut slices: &mut [io::IoSlice<'_>]) -> io::Result<()> {
-    io::IoSlice::advance_slices(&mut slices, 0);
-    while !slices.is_empty() {
-        match s.write_vectored(slices) {
-            Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "connection closed while writing")),
-            Ok(n) => io::IoSlice::advance_slices(&mut slices, n),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
+/// One data call of a pipelined group (see [`RpcClient::data_pipeline`]). The local memory
+/// is the caller's, which its program may touch meanwhile, so it is a raw range.
+pub enum DataOp {
+    /// SendData: write `data` at `remote` in the peer's registered memory.
+    Write { remote: u64, data: RawRange },
+    /// RecvData: read `out.len` bytes at `remote` straight into `out`.
+    Read { remote: u64, out: RawRange },
 }
 
-/// One data call of a pipelined group (see [`RpcClient::data_pipeline`]).
-pub enum DataOp<'a> {
-    /// SendData: write `data` at `remote` in the peer's registered memory.
-    Write { remote: u64, data: &'a [u8] },
-    /// RecvData: read `out.len()` bytes at `remote` straight into `out`.
-    Read { remote: u64, out: &'a mut [u8] },
+/// Fills `out` from a reply stream read through `r`: first what `r` has buffered, then
+/// straight from the socket.
+///
+/// # Safety
+/// `out` must be valid for writes for the whole call.
+unsafe fn read_into(r: &mut io::BufReader<&mut TcpStream>, out: RawRange) -> io::Result<()> {
+    let buffered = r.buffer();
+    let n = buffered.len().min(out.len);
+    // SAFETY: `out` is valid for `out.len` bytes (contract) and `n` <= that; the buffer is ours.
+    unsafe { std::ptr::copy_nonoverlapping(buffered.as_ptr(), out.ptr, n) };
+    r.consume(n);
+    // SAFETY: the rest of `out`, valid by the contract.
+    unsafe { rawio::read_exact_raw(r.get_ref(), out.ptr.add(n), out.len - n) }
 }
 
 /// Checks a reply header read into `hdr` against request `seq` and reads its body; an
@@ -302,8 +305,11 @@ impl RpcClient {
     }
 
     /// Writes `data` to `remote` in the peer's registered memory (one SendData).
-    pub fn send_data(&self, addr: &str, remote: u64, data: &[u8]) -> Result<()> {
-        let attach = u32::try_from(data.len() as u64 + 16)
+    ///
+    /// # Safety
+    /// `data` must stay valid for reads until the call returns.
+    pub unsafe fn send_data(&self, addr: &str, remote: u64, data: RawRange) -> Result<()> {
+        let attach = u32::try_from(data.len as u64 + 16)
             .map_err(|_| Error::InvalidArgument("SendData chunk over 4 GiB".into()))?;
         self.exchange(
             addr,
@@ -315,9 +321,9 @@ impl RpcClient {
                     attach,
                     frame::MSG_TYPE_TENT_RS,
                 ));
-                head[31..].copy_from_slice(&frame::encode_data_header(remote, data.len() as u64));
-                s.write_all(&head)?;
-                s.write_all(data)
+                head[31..].copy_from_slice(&frame::encode_data_header(remote, data.len as u64));
+                // SAFETY: `data` is valid for reads (this function's contract); `head` is ours.
+                unsafe { rawio::writev_all_raw(s, &[RawRange::of(&head), data]) }
             },
             |s, h| {
                 if h.attach_len == 0 {
@@ -335,7 +341,11 @@ impl RpcClient {
     /// per group. The server answers in order, so replies match requests by sequence number.
     /// After the first failed reply the connection is dropped and the calls after it report
     /// a transport error (their replies are never read), so the caller may retry them alone.
-    pub fn data_pipeline(&self, addr: &str, ops: &mut [DataOp<'_>]) -> Vec<Result<()>> {
+    ///
+    /// # Safety
+    /// Every op's local range must stay valid (for reads for a Write, for writes for a Read)
+    /// until the call returns.
+    pub unsafe fn data_pipeline(&self, addr: &str, ops: &[DataOp]) -> Vec<Result<()>> {
         let mut results: Vec<Result<()>> = Vec::with_capacity(ops.len());
         if ops.is_empty() {
             return results;
@@ -364,8 +374,8 @@ impl RpcClient {
                 let mut head = [0u8; 31 + 16];
                 let (id, attach, remote, len) = match op {
                     // Chunks are at most the TCP chunk size (1 GiB), so the attachment fits.
-                    DataOp::Write { remote, data } => (msg::SEND_DATA, data.len() as u64 + 16, *remote, data.len()),
-                    DataOp::Read { remote, out } => (msg::RECV_DATA, 16, *remote, out.len()),
+                    DataOp::Write { remote, data } => (msg::SEND_DATA, data.len as u64 + 16, *remote, data.len),
+                    DataOp::Read { remote, out } => (msg::RECV_DATA, 16, *remote, out.len),
                 };
                 let attach = u32::try_from(attach).unwrap_or(u32::MAX);
                 head[..31].copy_from_slice(&frame::encode_request(seq, id, attach, frame::MSG_TYPE_TENT_RS));
@@ -373,29 +383,32 @@ impl RpcClient {
                 head
             })
             .collect();
-        if ops.iter().any(|op| matches!(op, DataOp::Write { data, .. } if data.len() as u64 + 16 > u32::MAX as u64)) {
+        if ops.iter().any(|op| matches!(op, DataOp::Write { data, .. } if data.len as u64 + 16 > u32::MAX as u64)) {
             return ops.iter().map(|_| Err(rpc_err(addr, "SendData chunk over 4 GiB"))).collect();
         }
-        let mut slices: Vec<io::IoSlice<'_>> = Vec::with_capacity(2 * ops.len());
+        let mut parts: Vec<RawRange> = Vec::with_capacity(2 * ops.len());
         for (head, op) in heads.iter().zip(ops.iter()) {
-            slices.push(io::IoSlice::new(head));
+            parts.push(RawRange::of(head));
             if let DataOp::Write { data, .. } = op {
-                slices.push(io::IoSlice::new(data));
+                parts.push(*data);
             }
         }
-        if let Err(e) = write_all_vectored(&mut c.stream, &mut slices) {
+        // SAFETY: the Write ranges are valid for reads (this function's contract); the headers
+        // are ours and outlive the call.
+        if let Err(e) = unsafe { rawio::writev_all_raw(&c.stream, &parts) } {
             return ops.iter().map(|_| Err(rpc_err(addr, format!("call failed: {e}")))).collect();
         }
         // The replies of a group arrive together: read them through a small buffer (one
         // syscall for many replies). Larger READ payloads bypass it once it is drained.
         let mut replies = io::BufReader::with_capacity(4096, &mut c.stream);
         let mut healthy = true;
-        for (i, op) in ops.iter_mut().enumerate() {
+        for (i, op) in ops.iter().enumerate() {
             if !healthy {
                 results.push(Err(rpc_err(addr, "an earlier call of the pipelined group failed")));
                 continue;
             }
-            let r = self.read_data_reply(addr, &mut replies, first.wrapping_add(i as u32), op);
+            // SAFETY: the Read ranges are valid for writes (this function's contract).
+            let r = unsafe { self.read_data_reply(addr, &mut replies, first.wrapping_add(i as u32), op) };
             healthy = r.is_ok();
             results.push(r);
         }
@@ -410,23 +423,36 @@ impl RpcClient {
     }
 
     /// Reads the reply to one call of a pipelined group (as `send_data` / `recv_data` do).
-    fn read_data_reply(&self, addr: &str, s: &mut impl Read, seq: u32, op: &mut DataOp<'_>) -> Result<()> {
+    ///
+    /// # Safety
+    /// A Read op's range must be valid for writes for the whole call.
+    unsafe fn read_data_reply(
+        &self,
+        addr: &str,
+        s: &mut io::BufReader<&mut TcpStream>,
+        seq: u32,
+        op: &DataOp,
+    ) -> Result<()> {
         let mut hdr = [0u8; frame::RESPONSE_HEADER_LEN];
         s.read_exact(&mut hdr).map_err(|e| rpc_err(addr, format!("call failed: {e}")))?;
         let h = reply_head(addr, s, &hdr, seq)?;
         match op {
             DataOp::Write { .. } if h.attach_len == 0 => Ok(()),
-            DataOp::Read { out, .. } if h.attach_len as u64 == out.len() as u64 => {
-                s.read_exact(out).map_err(|e| rpc_err(addr, format!("truncated data: {e}")))
+            DataOp::Read { out, .. } if h.attach_len as u64 == out.len as u64 => {
+                // SAFETY: forwarded from this function's contract.
+                unsafe { read_into(s, *out) }.map_err(|e| rpc_err(addr, format!("truncated data: {e}")))
             }
             _ => Err(in_band_refusal(s, &h, addr)),
         }
     }
 
-    /// Reads `out.len()` bytes from `remote` in the peer's registered memory (one RecvData),
+    /// Reads `out.len` bytes from `remote` in the peer's registered memory (one RecvData),
     /// straight into `out`.
-    pub fn recv_data(&self, addr: &str, remote: u64, out: &mut [u8]) -> Result<()> {
-        let want = out.len() as u64;
+    ///
+    /// # Safety
+    /// `out` must stay valid for writes until the call returns.
+    pub unsafe fn recv_data(&self, addr: &str, remote: u64, out: RawRange) -> Result<()> {
+        let want = out.len as u64;
         self.exchange(
             addr,
             |s, seq| {
@@ -437,7 +463,9 @@ impl RpcClient {
             },
             |s, h| {
                 if h.attach_len as u64 == want {
-                    s.read_exact(out).map_err(|e| rpc_err(addr, format!("truncated data: {e}")))?;
+                    // SAFETY: `out` is valid for writes (this function's contract).
+                    unsafe { rawio::read_exact_raw(s, out.ptr, out.len) }
+                        .map_err(|e| rpc_err(addr, format!("truncated data: {e}")))?;
                     return Ok(());
                 }
                 // Anything else is an in-band refusal from an upstream server, never data.

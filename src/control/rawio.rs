@@ -9,6 +9,69 @@ use std::io;
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 
+/// A range of caller or registered memory that another party (the program that owns it, a
+/// peer, a NIC) may read or write while we use it, so it is only ever read or written through
+/// these raw pointers, never through a Rust reference.
+#[derive(Debug, Clone, Copy)]
+pub struct RawRange {
+    pub ptr: *mut u8,
+    pub len: usize,
+}
+
+// SAFETY: a RawRange is an address and a length; whoever dereferences it (the unsafe functions
+// here) carries the promise that the memory is valid, from whichever thread.
+unsafe impl Send for RawRange {}
+// SAFETY: as above; sharing the address shares no access by itself.
+unsafe impl Sync for RawRange {}
+
+/// Writes all of `parts` (byte slices we own, or raw ranges) to `s` with as few `writev`
+/// calls as the kernel allows. A write timeout set on the socket ends the call with
+/// `TimedOut`; a closed peer gives an error, never SIGPIPE.
+///
+/// # Safety
+/// Every raw range in `parts` must stay valid for reads for the whole call.
+pub unsafe fn writev_all_raw(s: &TcpStream, parts: &[RawRange]) -> io::Result<()> {
+    let mut iov: Vec<libc::iovec> =
+        parts.iter().filter(|p| p.len > 0).map(|p| libc::iovec { iov_base: p.ptr.cast(), iov_len: p.len }).collect();
+    let mut first = 0usize;
+    while first < iov.len() {
+        let n = (iov.len() - first).min(libc::UIO_MAXIOV as usize);
+        let msg = libc::msghdr {
+            msg_name: std::ptr::null_mut(),
+            msg_namelen: 0,
+            msg_iov: iov[first..].as_mut_ptr(),
+            msg_iovlen: n,
+            msg_control: std::ptr::null_mut(),
+            msg_controllen: 0,
+            msg_flags: 0,
+        };
+        // SAFETY: the iovecs describe ranges valid for reads (this function's contract, or our
+        // own slices); sendmsg only reads them.
+        let sent = unsafe { libc::sendmsg(s.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        if sent < 0 {
+            io_error()?;
+            continue;
+        }
+        if sent == 0 {
+            return Err(io::Error::new(io::ErrorKind::WriteZero, "the socket took no bytes"));
+        }
+        let mut left = sent as usize;
+        while left > 0 && first < iov.len() {
+            let v = &mut iov[first];
+            if left >= v.iov_len {
+                left -= v.iov_len;
+                first += 1;
+            } else {
+                // SAFETY: stays inside the same range, `left` < its length.
+                v.iov_base = unsafe { v.iov_base.cast::<u8>().add(left) }.cast();
+                v.iov_len -= left;
+                left = 0;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Reads exactly `len` bytes from `s` into `[dst, dst+len)`. A read timeout set on the socket
 /// ends the call with `TimedOut`; a peer that closes early gives `UnexpectedEof`.
 ///
@@ -58,6 +121,13 @@ fn io_error() -> io::Result<()> {
     }
 }
 
+impl RawRange {
+    /// The range of a byte slice we own (headers and the like).
+    pub fn of(bytes: &[u8]) -> RawRange {
+        RawRange { ptr: bytes.as_ptr().cast_mut(), len: bytes.len() }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -85,6 +155,22 @@ mod tests {
         unsafe { read_exact_raw(&b, got.as_mut_ptr(), got.len()) }.expect("read");
         assert_eq!(got, data);
         let mut a = sender.join().expect("thread").expect("write");
+        // Gathered: a header and two ranges, more bytes than one sendmsg takes at once.
+        let head = [7u8; 5];
+        let parts = [RawRange::of(&head), RawRange::of(&data[..1000]), RawRange::of(&data[1000..])];
+        let reader = {
+            let mut a = a.try_clone().expect("clone");
+            let n = 5 + data.len();
+            std::thread::spawn(move || {
+                let mut got = vec![0u8; n];
+                a.read_exact(&mut got).map(|_| got)
+            })
+        };
+        // SAFETY: the ranges are our own slices, alive for the call.
+        unsafe { writev_all_raw(&b, &parts) }.expect("writev");
+        let got = reader.join().expect("thread").expect("read");
+        assert_eq!(&got[..5], &head);
+        assert_eq!(&got[5..], &data[..]);
         // SAFETY: `data` outlives the call.
         unsafe { write_all_raw(&b, data.as_ptr(), data.len()) }.expect("write");
         let mut back = vec![0u8; data.len()];

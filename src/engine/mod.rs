@@ -657,7 +657,13 @@ impl Engine {
     /// Registers `(addr, len)` ranges, all or none, with one descriptor publication. Memory inside
     /// an engine-allocated shm block is published with its object name and offset even when the
     /// options carry none.
-    pub fn register_memory(&self, ranges: &[(u64, u64)], opts: &MemoryOptions) -> Result<()> {
+    ///
+    /// # Safety
+    /// Each range must stay valid memory (mapped, and writable where the permission lets peers
+    /// write) until it is unregistered or the engine is dropped: peers, NICs and the engine's
+    /// threads read and write it at any time meanwhile. For the same reason the caller must not
+    /// hold a Rust reference (`&[u8]`, `&mut [u8]`) to the range while transfers may touch it.
+    pub unsafe fn register_memory(&self, ranges: &[(u64, u64)], opts: &MemoryOptions) -> Result<()> {
         let regs: Vec<Registration> = ranges
             .iter()
             .map(|&(addr, len)| {
@@ -775,7 +781,18 @@ impl Engine {
     /// all of this submit's tasks completed. Requests that cannot be carried out become FAILED
     /// tasks; only a dead batch, exceeded capacity or a hint naming an unloaded transport fail the
     /// call.
-    pub fn submit(&self, batch_id: u64, requests: &[Request], notify: Option<(String, String)>) -> Result<()> {
+    ///
+    /// The engine checks what it can: a null or overflowing range fails its task, both ranges of
+    /// a local-segment copy and the local side of a file transfer must lie in registered memory,
+    /// and the remote range must lie in a buffer the peer published. The local source of a
+    /// transfer to a peer is not required to be registered (upstream's TCP transport accepts
+    /// unregistered memory, and C callers rely on it), so its validity is the caller's promise.
+    ///
+    /// # Safety
+    /// Each request's local range `[source, source+length)` must stay valid until its task has
+    /// ended (readable for a WRITE, writable for a READ), and the caller must not hold a Rust
+    /// reference to it meanwhile.
+    pub unsafe fn submit(&self, batch_id: u64, requests: &[Request], notify: Option<(String, String)>) -> Result<()> {
         let batch = self.batches.get(batch_id)?;
         for r in requests {
             if r.hint != TransportKind::Unspec && !self.dispatcher.loaded(r.hint) {

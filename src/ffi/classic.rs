@@ -493,7 +493,8 @@ pub unsafe extern "C" fn registerLocalMemory(
                     },
                     ..MemoryOptions::default()
                 };
-                e.register_memory(&[(addr as u64, length as u64)], &opts)?;
+                // SAFETY: the C caller's contract: the memory stays valid while the engine may use it.
+                unsafe { e.register_memory(&[(addr as u64, length as u64)], &opts) }?;
                 Ok(0)
             })(),
         )
@@ -560,7 +561,8 @@ pub unsafe extern "C" fn registerLocalMemoryBatch(
                     location: if location.is_empty() { "*".into() } else { location },
                     ..MemoryOptions::default()
                 };
-                e.register_memory(&ranges, &opts)?;
+                // SAFETY: the C caller's contract: the memory stays valid while the engine may use it.
+                unsafe { e.register_memory(&ranges, &opts) }?;
                 Ok(0)
             })(),
         )
@@ -641,7 +643,8 @@ pub unsafe extern "C" fn submitTransfer(
                 let e = super::engine(engine)?;
                 // SAFETY: forwarded contract.
                 let reqs = unsafe { classic_requests(&e, entries, count) }?;
-                e.submit(batch_id, &reqs, None)?;
+                // SAFETY: the C caller's contract: the memory stays valid while the engine may use it.
+                unsafe { e.submit(batch_id, &reqs, None) }?;
                 Ok(0)
             })(),
         )
@@ -670,7 +673,8 @@ pub unsafe extern "C" fn submitTransferWithNotify(
                 let note = unsafe { notify_strings(&notify_msg) }?;
                 // SAFETY: forwarded contract.
                 let reqs = unsafe { classic_requests(&e, entries, count) }?;
-                e.submit(batch_id, &reqs, Some(note))?;
+                // SAFETY: the C caller's contract: the memory stays valid while the engine may use it.
+                unsafe { e.submit(batch_id, &reqs, Some(note)) }?;
                 Ok(0)
             })(),
         )

@@ -362,7 +362,8 @@ pub extern "C" fn tent_free_memory(engine: tent_engine_t, addr: *mut c_void) -> 
 fn register_one(engine: tent_engine_t, addr: *mut c_void, size: usize, opts: MemoryOptions) -> Result<c_int> {
     let e = super::engine(engine)?;
     non_null(addr, "addr")?;
-    e.register_memory(&[(addr as u64, size as u64)], &opts)?;
+    // SAFETY: the C caller's contract: the memory stays valid while the engine may use it.
+    unsafe { e.register_memory(&[(addr as u64, size as u64)], &opts) }?;
     Ok(0)
 }
 
@@ -422,7 +423,8 @@ pub unsafe extern "C" fn tent_submit(
         let e = super::engine(engine)?;
         // SAFETY: forwarded contract.
         let reqs = unsafe { requests(entries, count) }?;
-        e.submit(batch_id, &reqs, None)?;
+        // SAFETY: the C caller's contract: the memory stays valid while the engine may use it.
+        unsafe { e.submit(batch_id, &reqs, None) }?;
         Ok(0)
     })
 }
@@ -449,7 +451,8 @@ pub unsafe extern "C" fn tent_submit_notif(
         let name = unsafe { c_str(name, "name") }?;
         // SAFETY: forwarded contract.
         let msg = unsafe { c_str(message, "message") }?;
-        e.submit(batch_id, &reqs, Some((name, msg)))?;
+        // SAFETY: the C caller's contract: the memory stays valid while the engine may use it.
+        unsafe { e.submit(batch_id, &reqs, Some((name, msg))) }?;
         Ok(0)
     })
 }
@@ -620,7 +623,8 @@ pub unsafe extern "C" fn tent_register_memory_batch(
         // SAFETY: forwarded contract.
         let r = unsafe { ranges(addrs, sizes, count, false) }?;
         let opts = MemoryOptions { permission: Permission::from_c(permission)?, ..MemoryOptions::default() };
-        e.register_memory(&r, &opts)?;
+        // SAFETY: the C caller's contract: the memory stays valid while the engine may use it.
+        unsafe { e.register_memory(&r, &opts) }?;
         Ok(0)
     })
 }
@@ -717,7 +721,8 @@ pub unsafe extern "C" fn tent_register_memory_batch_ex(
         let r = unsafe { ranges(addrs, sizes, count, false) }?;
         // SAFETY: checked non-NULL.
         let o = options_from_c(unsafe { &*opts })?;
-        e.register_memory(&r, &o)?;
+        // SAFETY: the C caller's contract: the memory stays valid while the engine may use it.
+        unsafe { e.register_memory(&r, &o) }?;
         Ok(0)
     })
 }

@@ -14,6 +14,7 @@ use std::time::Duration;
 use crate::config::{Config, keys};
 use crate::control::client::{DataOp, RpcClient};
 use crate::control::queue::{Pool, WorkQueue, idle_exit};
+use crate::control::rawio::RawRange;
 use crate::engine::segment::SegmentDesc;
 use crate::engine::types::{Opcode, TransportKind};
 use crate::engine::unit::Task;
@@ -77,6 +78,14 @@ struct Chunk {
     job: Arc<Job>,
     offset: u64,
     len: u64,
+}
+
+impl Chunk {
+    /// The peer address and the local memory this chunk moves.
+    fn ranges(&self) -> (u64, RawRange) {
+        let r = self.job.task.request();
+        (r.target_offset + self.offset, RawRange { ptr: (r.source + self.offset) as *mut u8, len: self.len as usize })
+    }
 }
 
 /// The TCP transport; `shutdown` (or drop) fails what is queued and joins the workers.
@@ -177,30 +186,20 @@ fn run_chunk(client: &RpcClient, chunk: &Chunk, stopping: &AtomicBool, p: TcpPar
 /// moved again alone, with the usual retries.
 fn move_group(client: &RpcClient, group: &[Chunk], stopping: &AtomicBool, p: TcpParams, metrics: &Metrics) {
     let live: Vec<&Chunk> = group.iter().filter(|c| wanted(c)).collect();
-    let mut ops: Vec<DataOp<'_>> = live
+    let ops: Vec<DataOp> = live
         .iter()
         .map(|c| {
-            let r = c.job.task.request();
-            let remote = r.target_offset + c.offset;
-            let local = (r.source + c.offset) as *mut u8;
-            match r.opcode {
-                // SAFETY: the engine checked that the source range is valid caller memory for
-                // the length of the request; this chunk lies inside it.
-                Opcode::Write => DataOp::Write {
-                    remote,
-                    data: unsafe { std::slice::from_raw_parts(local as *const u8, c.len as usize) },
-                },
-                // SAFETY: as above; the caller gave this memory as the READ destination (as in
-                // `move_chunk`, each chunk is its own part of its request).
-                Opcode::Read => {
-                    DataOp::Read { remote, out: unsafe { std::slice::from_raw_parts_mut(local, c.len as usize) } }
-                }
+            let (remote, local) = c.ranges();
+            match c.job.task.request().opcode {
+                Opcode::Write => DataOp::Write { remote, data: local },
+                Opcode::Read => DataOp::Read { remote, out: local },
             }
         })
         .collect();
     let addr = group.first().map(|c| c.job.rpc_addr.clone()).unwrap_or_default();
-    let results = client.data_pipeline(&addr, &mut ops);
-    drop(ops);
+    // SAFETY: each local range is this chunk's part of its request's memory, which the
+    // submitter promised valid until the task ends (`Engine::submit`); no two chunks overlap.
+    let results = unsafe { client.data_pipeline(&addr, &ops) };
     for (chunk, result) in live.iter().zip(results) {
         let result = match result {
             Err(Error::Rpc(_)) => move_chunk(client, chunk, stopping, p, metrics),
@@ -219,8 +218,7 @@ static CHUNK_ATTEMPTS: AtomicU64 = AtomicU64::new(0);
 
 fn move_chunk(client: &RpcClient, chunk: &Chunk, stopping: &AtomicBool, p: TcpParams, metrics: &Metrics) -> Result<()> {
     let r = chunk.job.task.request();
-    let remote = r.target_offset + chunk.offset;
-    let local = (r.source + chunk.offset) as *mut u8;
+    let (remote, local) = chunk.ranges();
     let mut attempt = 0u32;
     loop {
         let injected = p.fail_every_nth_chunk > 0
@@ -228,18 +226,11 @@ fn move_chunk(client: &RpcClient, chunk: &Chunk, stopping: &AtomicBool, p: TcpPa
         let result = if injected {
             Err(Error::Rpc("injected fault (transports/tcp/fault/fail_every_nth_chunk)".into()))
         } else {
+            // SAFETY: the local range is this chunk's part of its request's memory, which the
+            // submitter promised valid until the task ends (`Engine::submit`).
             match r.opcode {
-                Opcode::Write => {
-                    // SAFETY: the engine checked that the source range is valid caller memory for the
-                    // length of the request; this chunk lies inside it.
-                    let data = unsafe { std::slice::from_raw_parts(local as *const u8, chunk.len as usize) };
-                    client.send_data(&chunk.job.rpc_addr, remote, data)
-                }
-                Opcode::Read => {
-                    // SAFETY: as above; the caller gave this memory as the READ destination.
-                    let out = unsafe { std::slice::from_raw_parts_mut(local, chunk.len as usize) };
-                    client.recv_data(&chunk.job.rpc_addr, remote, out)
-                }
+                Opcode::Write => unsafe { client.send_data(&chunk.job.rpc_addr, remote, local) },
+                Opcode::Read => unsafe { client.recv_data(&chunk.job.rpc_addr, remote, local) },
             }
         };
         match result {

@@ -23,7 +23,9 @@ pub fn engine(extra: &[(&str, &str)]) -> Arc<Engine> {
 pub fn buffer(e: &Engine, len: usize, fill: impl Fn(usize) -> u8, perm: tent::engine::types::Permission) -> Vec<u8> {
     let v: Vec<u8> = (0..len).map(fill).collect();
     let opts = MemoryOptions { permission: perm, ..MemoryOptions::default() };
-    e.register_memory(&[(v.as_ptr() as u64, len as u64)], &opts).expect("register");
+    // SAFETY: the tests keep every buffer from here alive until its engine is dropped or the
+    // range unregistered, and read it only once their transfers ended.
+    unsafe { e.register_memory(&[(v.as_ptr() as u64, len as u64)], &opts) }.expect("register");
     v
 }
 
@@ -44,7 +46,9 @@ pub fn req(op: Opcode, source: u64, target: u64, offset: u64, len: u64) -> Reque
 /// per-task statuses.
 pub fn run(e: &Engine, reqs: &[Request], bound: Duration) -> Vec<(Status, u64)> {
     let b = e.allocate_batch(reqs.len().max(1)).expect("batch");
-    e.submit(b, reqs, None).expect("submit");
+    // SAFETY: the requests name buffers the calling test holds across this call, which returns
+    // only once every task ended (or panics, and the test ends).
+    unsafe { e.submit(b, reqs, None) }.expect("submit");
     let out = wait(e, b, bound);
     e.free_batch(b).expect("free");
     out

@@ -43,10 +43,13 @@ fn start_peer(port: u16, heap: &[u8], extra: &[(&str, &str)]) -> Arc<Engine> {
     let mut cfg = vec![("transports/shm/enable", "true"), ("rpc_server_port", p.as_str())];
     cfg.extend_from_slice(extra);
     let e = engine(&cfg);
-    e.register_memory(&[(heap.as_ptr() as u64, heap.len() as u64)], &MemoryOptions::default()).expect("heap");
+    // SAFETY: the memory stays alive until unregistered or the engine is dropped.
+    unsafe { e.register_memory(&[(heap.as_ptr() as u64, heap.len() as u64)], &MemoryOptions::default()) }
+        .expect("heap");
     let shm = MemoryOptions { transport: TransportKind::Shm, ..MemoryOptions::default() };
     let (addr, _) = e.allocate_memory((THREADS as u64 * REGION) as usize, &shm).expect("shm block");
-    e.register_memory(&[(addr, THREADS as u64 * REGION)], &MemoryOptions::default()).expect("shm");
+    // SAFETY: the memory stays alive until unregistered or the engine is dropped.
+    unsafe { e.register_memory(&[(addr, THREADS as u64 * REGION)], &MemoryOptions::default()) }.expect("shm");
     e
 }
 
@@ -109,10 +112,13 @@ pub fn run_soak(setup: &SoakSetup) {
         let src: Vec<Vec<u8>> = (0..THREADS).map(|_| vec![0u8; REGION as usize]).collect();
         let back: Vec<Vec<u8>> = (0..THREADS).map(|_| vec![0u8; REGION as usize]).collect();
         for v in src.iter().chain(back.iter()) {
-            a.register_memory(
-                &[(v.as_ptr() as u64, REGION)],
-                &MemoryOptions { permission: Permission::GlobalReadWrite, ..MemoryOptions::default() },
-            )
+            // SAFETY: the memory stays alive until unregistered or the engine is dropped.
+            unsafe {
+                a.register_memory(
+                    &[(v.as_ptr() as u64, REGION)],
+                    &MemoryOptions { permission: Permission::GlobalReadWrite, ..MemoryOptions::default() },
+                )
+            }
             .expect("local");
         }
         let deadline = Instant::now() + Duration::from_secs_f64(secs);
@@ -176,7 +182,8 @@ pub fn run_soak(setup: &SoakSetup) {
                         let mut all_ok = true;
                         for op in [Opcode::Write, Opcode::Read] {
                             let b = a.allocate_batch(n).expect("batch");
-                            a.submit(b, &reqs(op), None).expect("submit");
+                            // SAFETY: the requests' local memory stays alive until their tasks end.
+                            unsafe { a.submit(b, &reqs(op), None) }.expect("submit");
                             let st = wait_all(a, b);
                             a.free_batch(b).expect("free");
                             tasks.fetch_add(n as u64, Ordering::Relaxed);
