@@ -3,6 +3,29 @@
 //!
 //! Layers (each may use the ones below it): `ffi` (C boundary) -> `engine` (runtime) ->
 //! `control` (RPC, metadata) -> `transport` -> `verbs`; `config`, `error` and `log` support all.
+//!
+//! # Locks
+//!
+//! No lock is held across network I/O, a blocking RPC, a wait on a peer, `connect`, or a
+//! memory registration with the NICs; a slow peer holds only what is its own: its lane
+//! (`engine::peers`), a pool worker, and a lease on the one buffer its copy touches
+//! (`engine::segment`), which an unregister of that buffer waits for, bounded by the copy's
+//! I/O timeout. The locks that remain guard in-memory state for a few instructions, and most
+//! are leaves. The few that nest are always taken outer first, in this order:
+//!
+//! - `Remote::on_fetch` (held while the hook runs) -> a transport's per-segment cache
+//!   (`ShmTransport::mappings`, the file transports' open files);
+//! - `LocalSegment::write_lock` -> `LocalSegment::buffers`; `LocalSegment::json_cache` ->
+//!   `buffers` and `devices` (read) -> a buffer's lease counter;
+//! - `PeerLanes::lanes` -> `PeerLanes::threads` is never nested (the first is released first);
+//!   `Fetcher::waiting` is released before a lane is asked for work;
+//! - `EndpointStore::inner` -> `EndpointStore::waiting`;
+//! - the io_uring ring's state lock is held across `io_uring_enter` without waiting
+//!   (submission only); completions are ended after it is released.
+//!
+//! Ending a task (`TaskState::finish`) takes only leaf locks: the task's error and unit slots,
+//! the batch table's slots when a freed batch is reclaimed, and a lane's queue when a
+//! notification is due. So a transport may end tasks while holding its own locks.
 
 /// cbindgen:ignore
 pub mod config;

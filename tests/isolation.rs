@@ -196,3 +196,50 @@ fn submits_to_a_frozen_owner_share_one_fetch() {
     assert!(st.iter().all(|(s, _)| *s == Status::Failed), "{st:?}");
     assert!(frozen.accepted() <= 2, "the fetch under way and one for all the rest: {}", frozen.accepted());
 }
+
+/// An RDMA peer whose descriptor we learn but whose bootstrap is never answered (on the sim
+/// fabric): the write to it waits, and a write to a healthy RDMA peer submitted afterwards
+/// completes meanwhile. The frozen peer's work ends FAILED once it goes away.
+#[test]
+fn frozen_rdma_bootstrap_holds_up_only_its_own_peer() {
+    let fabric = tent::verbs::sim::SimFabric::new_realtime();
+    fabric.register_as("isolation-frozen-bootstrap");
+    let rdma: &[(&str, &str)] = &[
+        ("transports/rdma/provider", "sim"),
+        ("transports/rdma/sim/fabric", "isolation-frozen-bootstrap"),
+        ("transports/tcp/enable", "false"),
+        ("rpc_request_timeout_ms", STALL_TIMEOUT),
+        ("rpc_connect_timeout_ms", STALL_TIMEOUT),
+    ];
+    let (a, b, c) = (engine(rdma), engine(rdma), engine(rdma));
+    for e in [&a, &b, &c] {
+        assert!(e.loaded_transports().contains(&tent::engine::types::TransportKind::Rdma));
+    }
+    let src = buffer(&a, 65536, |i| (i % 199) as u8, Permission::GlobalReadWrite);
+    let dst_b = buffer(&b, 65536, |_| 0, Permission::GlobalReadWrite);
+    let dst_c = buffer(&c, 65536, |_| 0, Permission::GlobalReadWrite);
+    // The frozen peer publishes C's NICs and buffer under its own address, so the bootstrap
+    // for that endpoint goes to it and is never answered.
+    let desc = c.local_segment().descriptor_json();
+    let frozen = FakePeer::start(move |addr| {
+        let mut d: serde_json::Value = serde_json::from_str(&desc).ok()?;
+        d["name"] = addr.into();
+        d["rpc_server_addr"] = addr.into();
+        Some(d.to_string())
+    });
+    let (hf, hb) = (a.open_segment(&frozen.addr).expect("open"), a.open_segment(b.segment_name()).expect("open"));
+    a.segment_info(hf).expect("the frozen peer still serves its descriptor");
+    let stuck = a.allocate_batch(1).expect("batch");
+    let to_frozen = req(Opcode::Write, src.as_ptr() as u64, hf, dst_c.as_ptr() as u64, 65536);
+    // SAFETY: `src` lives until the engines are dropped at the end of the test.
+    unsafe { a.submit(stuck, &[to_frozen], None) }.expect("submit");
+    let st =
+        run(&a, &[req(Opcode::Write, src.as_ptr() as u64, hb, dst_b.as_ptr() as u64, 65536)], Duration::from_secs(10));
+    assert_eq!(st[0].0, Status::Completed, "the healthy RDMA peer was served");
+    assert!(src == dst_b);
+    assert_eq!(a.task_status(stuck, 0).expect("status").0, Status::Pending, "the bootstrap is still unanswered");
+    frozen.close();
+    let st = wait(&a, stuck, Duration::from_secs(30));
+    assert_eq!(st[0].0, Status::Failed);
+    assert!(dst_c.iter().all(|&x| x == 0), "nothing reached the memory behind the frozen peer");
+}

@@ -387,9 +387,10 @@ fn unregistered_target_fails_and_reregistered_works_again() {
     eprintln!("re-registered memory reachable again after {:.2} s", t.as_secs_f64());
 }
 
-/// A peer whose process is frozen (SIGSTOP) after we learnt its segment: our bootstrap to it is
-/// accepted by its kernel but never answered. A transfer to a healthy peer, started after the
-/// one to the frozen peer, still completes while that one waits.
+/// A peer whose process is frozen (SIGSTOP) before we learnt anything of it: our descriptor
+/// fetch and then our bootstrap are accepted by its kernel but never answered. A transfer to a
+/// healthy peer, started after the one to the frozen peer, still completes while that one
+/// waits, and the frozen one completes once the peer is thawed.
 #[test]
 fn frozen_peer_does_not_hold_up_a_healthy_one() {
     if !rdma_here() {
@@ -399,10 +400,6 @@ fn frozen_peer_does_not_hold_up_a_healthy_one() {
     let mut healthy = Peer::start(free_port(), 1 << 20, 0);
     let a = local_engine(&[("rpc_request_timeout_ms", "60000")]);
     let (hf, hh) = (a.open_segment(&frozen.name).expect("open"), a.open_segment(&healthy.name).expect("open"));
-    // Learn both descriptors now: a descriptor fetched from a frozen owner would block too,
-    // and this test is about the RDMA bootstrap.
-    a.segment_info(hf).expect("frozen peer's descriptor");
-    a.segment_info(hh).expect("healthy peer's descriptor");
     let local = local_buffer(&a, 65536);
     fill(local, 65536, 11);
     // SAFETY: plain signal to a child process we own.
@@ -417,7 +414,7 @@ fn frozen_peer_does_not_hold_up_a_healthy_one() {
     assert!(all_completed(&st), "the healthy peer was served: {st:?}");
     assert_eq!(healthy.cmd("CHECK 0 65536 11"), "OK");
     let frozen_status = a.task_status(stuck, 0).expect("status").0;
-    assert_eq!(frozen_status, Status::Pending, "the frozen peer's bootstrap is still waiting");
+    assert_eq!(frozen_status, Status::Pending, "the frozen peer's descriptor fetch is still waiting");
     // SAFETY: as above.
     unsafe { libc::kill(frozen.child.id() as i32, libc::SIGCONT) };
     let st = wait(&a, stuck, BOUND);

@@ -9,9 +9,9 @@ use std::thread::JoinHandle;
 
 use tent::control::frame;
 
-/// Listens on 127.0.0.1. It answers `GetSegmentDesc` with the descriptor given at start (if any)
-/// and never answers any other request (nor that one without a descriptor), holding the
-/// connection open until [`FakePeer::close`].
+/// Listens on 127.0.0.1. With a descriptor given at start it answers `GetSegmentDesc` with it
+/// and acknowledges `SubscribeSegmentUpdate`; it never answers any other request (nor those
+/// without a descriptor), holding the connection open until [`FakePeer::close`].
 pub struct FakePeer {
     /// `ip:port`: in p2p mode also its segment name.
     pub addr: String,
@@ -93,6 +93,11 @@ fn serve(mut c: TcpStream, desc: Option<String>) {
                 let mut out = frame::encode_response(h.seq, d.len() as u32).to_vec();
                 out.extend_from_slice(d.as_bytes());
                 if c.write_all(&out).is_err() {
+                    return;
+                }
+            }
+            (Ok(frame::msg::SUBSCRIBE_SEGMENT_UPDATE), Some(_)) => {
+                if c.write_all(&frame::encode_response(h.seq, 0)).is_err() {
                     return;
                 }
             }
