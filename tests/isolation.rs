@@ -53,11 +53,15 @@ fn server_unread(server_port: u16, client: &TcpStream) -> Option<u64> {
 /// Registers a buffer, unregisters an unrelated one and runs a local copy, checking bytes.
 fn unrelated_work(e: &Engine) {
     let other = buffer(e, 65536, |i| i as u8, Permission::GlobalReadWrite);
+    let t = Instant::now();
     e.unregister_memory(&[(other.as_ptr() as u64, other.len() as u64)]).expect("unregister an unrelated buffer");
+    let unregister = t.elapsed();
     let src = buffer(e, 1 << 20, |i| (i % 253) as u8, Permission::GlobalReadWrite);
     let dst = buffer(e, 1 << 20, |_| 0, Permission::GlobalReadWrite);
+    let t = Instant::now();
     let st =
         run(e, &[req(Opcode::Write, src.as_ptr() as u64, 0, dst.as_ptr() as u64, 1 << 20)], Duration::from_secs(10));
+    eprintln!("during the stall: unrelated unregister {unregister:?}, 1 MiB local copy {:?}", t.elapsed());
     assert_eq!(st[0].0, Status::Completed, "a local copy of unrelated memory");
     assert_eq!(src, dst);
 }
@@ -161,10 +165,14 @@ fn frozen_descriptor_owner_holds_up_only_its_own_tasks() {
     let dst = buffer(&b, 65536, |_| 0, Permission::GlobalReadWrite);
     let (hf, hb) = (a.open_segment(&frozen.addr).expect("open"), a.open_segment(b.segment_name()).expect("open"));
     let stuck = a.allocate_batch(1).expect("batch");
+    let t = Instant::now();
     // SAFETY: the requests' local memory stays alive until their tasks end.
     unsafe { a.submit(stuck, &[req(Opcode::Write, src.as_ptr() as u64, hf, 0x1000, 65536)], None) }.expect("submit");
+    let submit = t.elapsed();
+    let t = Instant::now();
     let st =
         run(&a, &[req(Opcode::Write, src.as_ptr() as u64, hb, dst.as_ptr() as u64, 65536)], Duration::from_secs(10));
+    eprintln!("frozen owner: submit returned in {submit:?}; 64 KiB to a healthy peer took {:?}", t.elapsed());
     assert_eq!(st[0].0, Status::Completed);
     assert_eq!(src, dst);
     assert_eq!(a.task_status(stuck, 0).expect("status").0, Status::Pending, "still waiting for the frozen peer");
