@@ -25,6 +25,13 @@ fn main() {
     // stable dependency.
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libtent.so");
     link_upstream_names(&out_dir);
+
+    // The integration tests compile C programs through the `cc` crate, which needs the target
+    // and host triples; cargo gives them to build scripts only, so they are passed on.
+    for var in ["TARGET", "HOST"] {
+        let triple = env::var(var).unwrap_or_else(|_| panic!("cargo sets {var}"));
+        println!("cargo:rustc-env=TENT_BUILD_{var}={triple}");
+    }
 }
 
 fn generate(crate_dir: &Path, out_dir: &Path, config: &str, out_name: &str, committed: &str, update: bool) {

@@ -1,6 +1,6 @@
 //! Engine configuration: one JSON object tree addressed by `/`-separated key paths.
 //!
-//! This mirrors the behaviour of TENT's `Config` (spec 6.1-6.3) while fixing its footguns:
+//! This mirrors the behaviour of TENT's `Config` while fixing its footguns:
 //! numeric strings still read as strings, `0`/`1` read as booleans, setting through a
 //! non-object never panics, and `MC_TENT_CONF` is merged over the tree instead of replacing it.
 //! Nothing here panics on bad data: ill-typed values log a warning and give the default.
@@ -8,7 +8,7 @@
 use serde_json::{Map, Value};
 use std::path::Path;
 
-/// Runtime key paths and their in-code defaults (spec 6.4), as `(path, default)` pairs.
+/// Runtime key paths and their in-code defaults, as `(path, default)` pairs.
 ///
 /// Callers write `cfg.get_i64(keys::RPC_SERVER_PORT.0, keys::RPC_SERVER_PORT.1)`, so a key's
 /// path and default live in exactly one place. Integer keys use `i64` throughout.
@@ -67,12 +67,12 @@ pub mod keys {
     pub const METRICS_ENABLED: (&str, bool) = ("metrics/enabled", false);
 
     /// The identity keys that an explicit caller config keeps over the environment
-    /// (spec 1.6 step 5): the engine writes them back after applying the environment.
+    /// when the engine starts: it writes them back after applying the environment.
     pub const IDENTITY_KEYS: [&str; 5] =
         ["metadata_type", "metadata_servers", "local_segment_name", "rpc_server_hostname", "rpc_server_port"];
 }
 
-/// Legacy environment variables that map one-to-one onto a config key (spec 6.3), applied in
+/// Legacy environment variables that map one-to-one onto a config key, applied in
 /// this order with [`Config::set_from_string`]. `NCCL_IB_GID_INDEX` follows `MC_GID_INDEX` so
 /// that NCCL's value wins, as upstream does. `MC_LOG_LEVEL` is a tent-rs addition.
 const LEGACY_ENV: &[(&str, &str)] = &[
@@ -458,8 +458,8 @@ impl Config {
     /// Applies the environment, read through `getenv` so tests need not touch the process
     /// environment. First `MC_TENT_CONF` (a file path when such a file exists, else inline
     /// JSON) is merged over the tree; unlike upstream it does not replace the tree, so caller
-    /// keys survive. A bad `MC_TENT_CONF` is only a warning. Then each legacy variable of spec
-    /// 6.3 that maps to a config key is stored with [`Config::set_from_string`], and
+    /// keys survive. A bad `MC_TENT_CONF` is only a warning. Then each legacy variable that maps
+    /// to a config key ([`LEGACY_ENV`]) is stored with [`Config::set_from_string`], and
     /// `MC_TE_FILTERS`/`MC_TE_FILTERS_EXCLUDE` become string arrays of their trimmed, non-empty
     /// comma items. Empty variables count as unset.
     pub fn apply_env_with(&mut self, getenv: &dyn Fn(&str) -> Option<String>) {

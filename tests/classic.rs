@@ -6,7 +6,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{build_c, lib_dir, out_dir, root, run, run_c};
+use common::{build_c, compiler, lib_dir, out_dir, root, run, run_c};
 
 #[test]
 fn committed_classic_header_is_current() {
@@ -35,12 +35,8 @@ fn compile_probe(name: &str, headers: &[&str], cxx: bool) {
          transfer_engine_t e = 0; (void)s; (void)b; (void)e; return OPCODE_WRITE - 1; }\n",
     );
     std::fs::write(&src, text).expect("write probe");
-    let mut cmd = Command::new(if cxx { "g++" } else { "gcc" });
-    cmd.arg(if cxx { "-std=c++17" } else { "-std=c11" })
-        .args(["-Wall", "-Wextra", "-Werror", "-pedantic", "-fsyntax-only"])
-        .arg("-I")
-        .arg(root().join("include"))
-        .arg(&src);
+    let mut cmd = compiler(cxx, &[root().join("include")]);
+    cmd.args(["-pedantic", "-fsyntax-only"]).arg(&src);
     if !cxx {
         cmd.arg("-Wstrict-prototypes");
     }
@@ -241,15 +237,13 @@ fn main() {
     assert!(ok, "rustc with -l static=transfer_engine failed:\n{out}");
 
     let c_exe = dir.join("static_c");
-    let (ok, out) = run(Command::new("gcc")
-        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-I"])
-        .arg(root().join("include"))
+    let (ok, out) = run(compiler(false, &[root().join("include")])
         .arg(root().join("c_tests/static_link.c"))
         .arg("-o")
         .arg(&c_exe)
         .arg(format!("-L{}", lib.display()))
         .args(["-Wl,-Bstatic", "-ltransfer_engine", "-Wl,-Bdynamic", "-lpthread", "-ldl", "-lm", "-lgcc_s"]));
-    assert!(ok, "gcc -Bstatic -ltransfer_engine failed:\n{out}");
+    assert!(ok, "linking a C program with -Bstatic -ltransfer_engine failed:\n{out}");
 
     for exe in [rust_exe, c_exe] {
         let (_, ldd) = run(Command::new("ldd").arg(&exe));

@@ -3,9 +3,7 @@
 
 mod common;
 
-use std::process::Command;
-
-use common::{out_dir, root, run};
+use common::{compiler, out_dir, root, run};
 
 #[test]
 fn committed_tent_header_is_current() {
@@ -22,11 +20,8 @@ fn compile_standalone(header: &str, cxx: bool) {
     let src = dir.join(if cxx { "inc.cpp" } else { "inc.c" });
     std::fs::write(&src, format!("#include \"{header}\"\n#include \"{header}\"\nint main(void) {{ return 0; }}\n"))
         .expect("write probe");
-    let mut cmd = Command::new(if cxx { "g++" } else { "gcc" });
-    cmd.arg(if cxx { "-std=c++17" } else { "-std=c11" })
-        .args(["-Wall", "-Wextra", "-Werror", "-pedantic", "-fsyntax-only", "-I"])
-        .arg(root().join("include"))
-        .arg(&src);
+    let mut cmd = compiler(cxx, &[root().join("include")]);
+    cmd.args(["-pedantic", "-fsyntax-only"]).arg(&src);
     if !cxx {
         cmd.arg("-Wstrict-prototypes");
     }

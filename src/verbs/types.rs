@@ -371,8 +371,8 @@ pub struct GlobalRoute {
     pub traffic_class: u8,
 }
 
-/// A QP state transition with exactly the attributes the IB spec requires for it on an RC QP,
-/// so a caller cannot forget one (spec rdma.md 13.4, verbs-semantics 1.1).
+/// A QP state transition with exactly the attributes an RC QP requires for it, so a caller
+/// cannot forget one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum QpTransition {
     /// RESET -> INIT (or INIT -> INIT): P_Key index, port and remote access rights.

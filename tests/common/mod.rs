@@ -35,8 +35,37 @@ pub fn run(cmd: &mut Command) -> (bool, String) {
     }
 }
 
+/// The C (or C++ when `cxx`) compiler as the `cc` crate finds it for this target: `CC`/`CXX`
+/// choose the program and `CFLAGS`/`CXXFLAGS` add flags, as in any build script. The command
+/// has the language standard (C11 or C++17), `-Wall -Wextra -Werror`, `-g -O1` and `-I` for
+/// each of `includes`; callers add sources, outputs and libraries.
+pub fn compiler(cxx: bool, includes: &[PathBuf]) -> Command {
+    let mut build = cc::Build::new();
+    build
+        // Cargo sets TARGET, HOST and OPT_LEVEL for build scripts only; build.rs passes the
+        // triples on, and the level is the one the tests always used.
+        .target(env!("TENT_BUILD_TARGET"))
+        .host(env!("TENT_BUILD_HOST"))
+        .opt_level(1)
+        .debug(true)
+        .cpp(cxx)
+        .std(if cxx { "c++17" } else { "c11" })
+        .warnings(true)
+        .extra_warnings(true)
+        .warnings_into_errors(true)
+        // Not a build script: print no cargo: directives.
+        .cargo_metadata(false)
+        .cargo_warnings(false)
+        .emit_rerun_if_env_changed(false);
+    for dir in includes {
+        build.include(dir);
+    }
+    build.get_compiler().to_command()
+}
+
 /// Compiles C (or C++ when `cxx`) sources into an executable linked against libtent.so, with
-/// warnings as errors. Panics with the compiler output on failure.
+/// warnings as errors. `extra` comes after the sources and before the libraries. Panics with
+/// the compiler output on failure.
 pub fn build_c(name: &str, sources: &[PathBuf], cxx: bool, extra: &[&str]) -> PathBuf {
     let exe = out_dir("c").join(name);
     let lib = lib_dir();
@@ -45,14 +74,8 @@ pub fn build_c(name: &str, sources: &[PathBuf], cxx: bool, extra: &[&str]) -> Pa
         "{} has no libtent.so: run `cargo build` before `cargo test` (scripts/test.sh does)",
         lib.display()
     );
-    let mut cmd = Command::new(if cxx { "g++" } else { "gcc" });
-    cmd.args(if cxx { ["-std=c++17"] } else { ["-std=c11"] })
-        .args(["-Wall", "-Wextra", "-Werror", "-g", "-O1"])
-        .arg("-I")
-        .arg(root().join("include"))
-        .arg("-I")
-        .arg(root().join("c_tests"))
-        .args(sources)
+    let mut cmd = compiler(cxx, &[root().join("include"), root().join("c_tests")]);
+    cmd.args(sources)
         .args(extra)
         .arg("-o")
         .arg(&exe)

@@ -1,10 +1,11 @@
-//! The RDMA bootstrap message (control-plane message id 2): upstream's JSON fields (spec rdma.md
-//! 5.4) plus tent-rs extensions that upstream peers ignore: an explicit result code, the
-//! endpoint nonce, the sender's path MTU, and the notify-upgrade flag.
+//! The RDMA bootstrap message (control-plane message id 2): upstream's JSON fields plus tent-rs
+//! extensions that upstream peers ignore: an explicit result code, the endpoint nonce, the
+//! sender's path MTU, and the notify-upgrade flag.
 //!
 //! Why the extensions: upstream infers a refusal from an empty GID and compares server names
-//! from two different sources to spot duplicates (W5, W6). A result code says what happened; a
-//! random per-endpoint nonce identifies one endpoint generation exactly.
+//! from two different sources to spot duplicates (a bind address makes them disagree). A result
+//! code says what happened; a random per-endpoint nonce identifies one endpoint generation
+//! exactly.
 
 use serde::{Deserialize, Serialize};
 

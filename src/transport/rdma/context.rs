@@ -1,5 +1,5 @@
 //! The RDMA context: one opened NIC with its PD, per-lane data CQs, a notification CQ and the
-//! limits the transport must respect on it (spec rdma.md section 3).
+//! limits the transport must respect on it.
 //!
 //! Differences from upstream, on purpose: the clamps to device limits are kept per context
 //! instead of being written into parameters shared by every NIC (so one small NIC does not
@@ -24,7 +24,7 @@ pub const KEY_WHITELIST: &str = "topology/rdma_whitelist";
 /// Config key: devices never to use (`MC_TE_FILTERS_EXCLUDE`).
 pub const KEY_BLACKLIST: &str = "topology/rdma_blacklist";
 
-/// The context parameters read from `transports/rdma/...` (spec rdma.md section 4).
+/// The context parameters read from `transports/rdma/...`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContextParams {
     /// Lanes: one data CQ per lane on every context.
@@ -114,7 +114,7 @@ impl ContextParams {
     }
 }
 
-/// The parameters after clamping to one device's limits (spec 3.2 step 5).
+/// The parameters after clamping to one device's limits, kept per context.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContextLimits {
     /// CQ size in use.

@@ -1,16 +1,16 @@
-//! Endpoints: the RC connection between one local NIC and one peer NIC (spec rdma.md 5), with
+//! Endpoints: the RC connection between one local NIC and one peer NIC, with
 //! `num_lanes` data QPs paired by position.
 //!
 //! The life is one-way: UNINIT -> HANDSHAKING -> READY -> DESTROYING -> DESTROYED. A failed or
 //! discarded endpoint is never reset; its replacement is a new object with new QPs and a new
 //! random nonce. The nonce identifies one endpoint generation on the wire, so an exact duplicate
 //! bootstrap is recognised by (nonce, QP numbers) rather than by server names that the two roles
-//! learn from different sources (W6).
+//! learn from different sources (and that a bind address makes disagree).
 //!
 //! Destroy has two phases: `retire` moves the QPs to ERR so the NIC flushes outstanding work,
 //! and `try_finish` destroys the endpoint once every lane's outstanding count reached zero (the
 //! lanes decrement it only when a completion arrives), or forcibly after the drain timeout; the
-//! lanes then resolve work still recorded against it as FAILED (W13).
+//! lanes then resolve work still recorded against it as FAILED, not CANCELED: it did fail.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
@@ -58,7 +58,7 @@ impl EpState {
     }
 }
 
-/// The RC attributes and sizes of data QPs (`transports/rdma/endpoint/*`, spec 5.7 and 12).
+/// The RC attributes and sizes of data QPs (`transports/rdma/endpoint/*`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EndpointParams {
     pub num_lanes: usize,
@@ -587,9 +587,10 @@ impl Endpoint {
         })
     }
 
-    /// The passive side of a bootstrap (spec 5.6 with W5/W6 fixed). Returns the reply. A READY
-    /// endpoint answers an exact duplicate (same nonce and QPs) with the same QPs and retires
-    /// itself on anything else; the caller then removes it from the store.
+    /// The passive side of a bootstrap. Returns the reply: an explicit result code, and QPs only
+    /// when setup succeeded. A READY endpoint answers an exact duplicate (same nonce and QPs)
+    /// with the same QPs and retires itself on anything else; the caller then removes it from
+    /// the store.
     pub fn accept(&self, req: &BootstrapDesc, now: Duration) -> BootstrapDesc {
         let mut inner = self.inner.lock();
         match self.state() {

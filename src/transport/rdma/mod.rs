@@ -20,6 +20,24 @@ pub mod store;
 /// cbindgen:ignore
 pub mod workers;
 
+// The parts of the worker machinery, each re-exported through `workers`.
+/// cbindgen:ignore
+mod async_events;
+/// cbindgen:ignore
+mod connector;
+/// cbindgen:ignore
+mod core;
+/// cbindgen:ignore
+mod job;
+/// cbindgen:ignore
+mod lanes;
+/// cbindgen:ignore
+mod monitor;
+/// cbindgen:ignore
+mod notify_index;
+/// cbindgen:ignore
+mod responder;
+
 pub use context::{BufferRegistration, ContextLimits, ContextParams, ContextSet, ContextState, CqQuota, RdmaContext};
 pub use endpoint::{ConnectError, Endpoint, EndpointParams, EpState};
 pub use store::{EndpointStore, StoreKind};
@@ -400,7 +418,8 @@ impl Transport for RdmaTransport {
                 task.fail(format!("{} bytes at {:#x} are not registered with RDMA", r.length, r.source));
                 continue;
             };
-            // No zero-length slices: exactly ceil(len / block) pieces (W11).
+            // No zero-length slices: exactly ceil(len / block) pieces, each charged and released
+            // by its own length.
             let n = r.length.div_ceil(block);
             let job = Arc::new(Job::new(
                 task,

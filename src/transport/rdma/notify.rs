@@ -1,4 +1,4 @@
-//! Notifications over RDMA (spec rdma.md 10, with W4 addressed in part): one RC notify QP per
+//! Notifications over RDMA: one RC notify QP per
 //! endpoint on the context's notify CQ, carrying `[u32 name_len][name][u32 msg_len][msg]` with
 //! explicit little-endian integers, at most 64 KiB per message.
 //!

@@ -1,5 +1,5 @@
-//! The rail monitor: which (local NIC, remote NIC) pairs may carry traffic (spec rdma.md 9.7),
-//! shared by every lane of a transport (W2).
+//! The rail monitor: which (local NIC, remote NIC) pairs may carry traffic, shared by every
+//! lane of a transport so that a failure seen by one lane steers all of them.
 //!
 //! A pair that fails `threshold` times within `window` is paused for a cooldown; the cooldown
 //! doubles on each new trip (not on each failure, unlike upstream) up to 300 s and resets when

@@ -1,5 +1,5 @@
 //! The endpoint store of one local NIC: endpoints by peer NIC path, bounded by a capacity with
-//! SIEVE (or FIFO) eviction (spec rdma.md 7), with upstream's defects fixed (W3, W15):
+//! SIEVE (or FIFO) eviction, without upstream's defects:
 //!
 //! * lookup and removal are O(1) (a hash map into a slab-backed doubly linked list);
 //! * endpoints are built outside the store's lock; a racing builder's endpoint is discarded;
@@ -10,7 +10,7 @@
 //!   resubmit it on a new endpoint without spending retries (a flush of our own retirement is
 //!   not a failure). Endpoints still connecting, or that have completed nothing yet, are never
 //!   preempted: every endpoint makes progress before it can lose its place, so many more busy
-//!   peers than the capacity cannot evict each other forever (W3). When only such endpoints are
+//!   peers than the capacity cannot evict each other forever. When only such endpoints are
 //!   left the store goes over capacity, and the background tick trims it back as endpoints
 //!   become idle (the tick preempts nothing);
 //! * evicted and removed endpoints are retired and wait in a list that a background tick

@@ -1,0 +1,161 @@
+//! What every thread of the RDMA transport shares: the contexts and endpoint stores, the lane
+//! tunables, per-NIC load, counters, and the few operations on them that every part uses.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::Endpoint;
+use super::bootstrap::split_nic_path;
+use super::connector::ConnectorMsg;
+use super::context::ContextSet;
+use super::endpoint::EndpointParams;
+use super::notify_index::{NotifyEntry, NotifySink};
+use super::rail::RailMonitor;
+use super::store::EndpointStore;
+use crate::config::Config;
+use crate::control::client::RpcClient;
+use crate::error::{Error, Result};
+use crate::verbs::Clock;
+
+/// Lane tunables (`transports/rdma/workers/*`, `transports/rdma/max_timeout_ns`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkerParams {
+    /// Attempts per slice over root-cause failures.
+    pub max_retry_count: u32,
+    /// Slicing unit.
+    pub block_size: u64,
+    /// Every task ends within this time after submission, whatever its slices' state.
+    pub max_timeout: Duration,
+    /// Resubmissions after flushes caused by our own retirement (these spend no retries).
+    pub flush_budget: u32,
+}
+
+impl WorkerParams {
+    /// Reads the lane tunables; a block size of 0 is an error.
+    pub fn from_config(cfg: &Config) -> Result<WorkerParams> {
+        let block = cfg
+            .get_i64_checked("transports/rdma/workers/block_size", 65536, 1, 1 << 30)
+            .map_err(Error::InvalidArgument)?;
+        Ok(WorkerParams {
+            max_retry_count: cfg.get_u64("transports/rdma/workers/max_retry_count", 8).clamp(1, 1000) as u32,
+            block_size: block as u64,
+            max_timeout: Duration::from_nanos(cfg.get_u64("transports/rdma/max_timeout_ns", 10_000_000_000).max(1)),
+            flush_budget: cfg.get_u64("transports/rdma/workers/flush_budget", 1024).clamp(1, 1 << 20) as u32,
+        })
+    }
+}
+
+/// Load of one local NIC.
+#[derive(Default)]
+pub struct NicStats {
+    /// Bytes posted and not yet completed.
+    pub inflight: AtomicU64,
+    /// Bytes completed so far.
+    pub completed: AtomicU64,
+    /// EWMA of completed bytes per second (f64 bits).
+    pub ewma_bits: AtomicU64,
+    last: Mutex<Option<(Instant, u64)>>,
+}
+
+impl NicStats {
+    /// Folds the bytes completed since the last tick into the bandwidth EWMA, at most once
+    /// per 100 ms; the monitor calls it.
+    pub(super) fn tick(&self) {
+        let now = Instant::now();
+        let done = self.completed.load(Ordering::Relaxed);
+        let mut last = self.last.lock();
+        if let Some((t, b)) = *last {
+            let dt = now.duration_since(t).as_secs_f64();
+            if dt < 0.1 {
+                return;
+            }
+            let rate = (done.saturating_sub(b)) as f64 / dt;
+            let old = f64::from_bits(self.ewma_bits.load(Ordering::Relaxed));
+            self.ewma_bits.store((0.8 * old + 0.2 * rate).to_bits(), Ordering::Relaxed);
+        }
+        *last = Some((now, done));
+    }
+}
+
+/// Counters tests and logs read.
+#[derive(Default)]
+pub struct Counters {
+    pub bootstraps_sent: AtomicU64,
+    pub bootstraps_served: AtomicU64,
+    pub retired_on_mismatch: AtomicU64,
+    pub root_errors: AtomicU64,
+    pub flush_resubmits: AtomicU64,
+    pub timeouts: AtomicU64,
+    pub stale_completions: AtomicU64,
+    pub forced_records: AtomicU64,
+    pub cq_errors: AtomicU64,
+    pub notifications_sent: AtomicU64,
+    pub notifications_received: AtomicU64,
+}
+
+/// What every thread of the transport shares.
+pub struct Core {
+    pub contexts: ContextSet,
+    /// Device names by NicID (also for slots whose context failed to open).
+    pub device_names: Vec<String>,
+    pub stores: Vec<Option<Arc<EndpointStore>>>,
+    pub ep_params: Arc<EndpointParams>,
+    pub wp: WorkerParams,
+    pub clock: Arc<dyn Clock>,
+    /// Our NIC paths' server part (the segment name).
+    pub local_server: String,
+    pub client: Arc<RpcClient>,
+    pub connector: Mutex<Option<mpsc::Sender<ConnectorMsg>>>,
+    pub rails: RailMonitor,
+    pub stopping: AtomicBool,
+    pub nics: Vec<NicStats>,
+    pub counters: Counters,
+    /// Notify QP number -> channel and endpoint, for notify completions.
+    pub notify_index: Mutex<HashMap<u32, NotifyEntry>>,
+    /// Servers known to be tent-rs engines (their bootstraps carry a nonce). They connect a
+    /// notify QP when one is first used, so new endpoints to them are made without one.
+    pub tent_peers: Mutex<HashSet<String>>,
+    pub notify_sink: Mutex<Option<NotifySink>>,
+}
+
+impl Core {
+    /// The store of NIC `nic_id`.
+    pub fn store(&self, nic_id: usize) -> Option<&Arc<EndpointStore>> {
+        self.stores.get(nic_id).and_then(Option::as_ref)
+    }
+
+    /// Takes `ep` out of its store and retires it (its QPs flush).
+    pub fn retire_endpoint(&self, ep: &Arc<Endpoint>) {
+        let now = self.clock.now();
+        match self.store(ep.nic_id) {
+            Some(s) if s.remove(ep, now) => {}
+            _ => {
+                ep.retire(now);
+            }
+        }
+    }
+
+    /// Whether a new endpoint towards `key` (`server@nic`) should come with a notify QP. An
+    /// upstream peer connects its notify QP only in the first bootstrap and sends notifications
+    /// over it unannounced, so it is offered one; a tent-rs peer declines the offer and both
+    /// sides connect one when it is first used.
+    pub fn offers_notify(&self, key: &str) -> bool {
+        let server = split_nic_path(key).map_or(key, |(s, _)| s);
+        self.ep_params.notify && !self.tent_peers.lock().contains(server)
+    }
+
+    /// Remembers that the server of NIC path `path` is a tent-rs engine.
+    pub(super) fn learn_tent_peer(&self, path: &str) {
+        if let Some((server, _)) = split_nic_path(path) {
+            let mut peers = self.tent_peers.lock();
+            if !peers.contains(server) {
+                peers.insert(server.to_string());
+            }
+        }
+    }
+}

@@ -1,0 +1,472 @@
+//! Worker lanes. Lane *i* is one thread that owns CQ *i* of every context, QP *i* of every
+//! endpoint and a table of its in-flight work requests. A `wr_id` is (lane, slot, generation); a
+//! completion whose generation does not match its slot is stale and ignored, so a slot is
+//! released only by its own completion (or by the forced destroy of its endpoint), never by a
+//! timeout.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use super::Endpoint;
+use super::core::Core;
+use super::endpoint::EpState;
+use super::job::Slice;
+use crate::engine::types::Opcode;
+use crate::error::{Error, Result};
+use crate::verbs::{Cq, SendOp, SendWr, Sge, Wc, WcStatus};
+
+impl Core {
+    /// Picks a (local NIC, remote NIC) pair for a slice and returns the endpoint between them
+    /// (created if needed) and the remote NIC's index. Retries rotate over the pairs.
+    fn endpoint_for(&self, s: &Slice) -> Result<(Arc<Endpoint>, usize)> {
+        let job = &s.job;
+        let enabled: Vec<usize> = self.contexts.enabled().map(|(i, _)| i).collect();
+        let (nl, nr) = (enabled.len(), job.remote_keys.len());
+        if nl == 0 || nr == 0 {
+            return Err(Error::Unavailable("no RDMA NIC is up on one side".into()));
+        }
+        let now = self.clock.now();
+        let start = (s.seq as usize).wrapping_add(s.retries as usize);
+        let total = nl * nr;
+        // First choice: a pair whose rail is not paused. When every rail is paused there is no
+        // better alternative, so the pause is ignored rather than failing the slice.
+        for k in 0..2 * total {
+            let p = (start + k) % total;
+            let local = enabled[p % nl];
+            let remote = (p / nl + p % nl) % nr;
+            let usable = job.lkeys.get(local).is_some_and(|k| *k != 0)
+                && job.rkeys.get(remote).is_some_and(|k| *k != 0)
+                && (k >= total || self.rails.available(local, &job.remote_keys[remote], now));
+            if !usable {
+                continue;
+            }
+            let (Some(ctx), Some(store)) = (self.contexts.get(local), self.store(local)) else { continue };
+            let key = &job.remote_keys[remote];
+            let ep = store.get_or_insert(key, now, || {
+                let notify = self.offers_notify(key);
+                Endpoint::create(ctx, local, key, &self.local_server, &job.peer_rpc, &self.ep_params, notify)
+            })?;
+            self.track_notify(&ep);
+            return Ok((ep, remote));
+        }
+        Err(Error::Unavailable("no usable RDMA rail between the two sides".into()))
+    }
+}
+
+struct Record {
+    slice: Slice,
+    ep: Arc<Endpoint>,
+    remote: usize,
+}
+
+struct Slot {
+    generation: u32,
+    record: Option<Record>,
+}
+
+/// Packs a work-request id: lane (8 bits), slot (24 bits), generation (32 bits).
+pub fn encode_wr_id(lane: usize, slot: usize, generation: u32) -> u64 {
+    ((lane as u64 & 0xff) << 56) | ((slot as u64 & 0xff_ffff) << 32) | u64::from(generation)
+}
+
+/// Unpacks [`encode_wr_id`].
+pub fn decode_wr_id(id: u64) -> (usize, usize, u32) {
+    ((id >> 56) as usize, ((id >> 32) & 0xff_ffff) as usize, id as u32)
+}
+
+/// The end of one attempt to post a slice: `Err(Some)` keeps it pending, `Err(None)` means it
+/// was resolved or dropped.
+type Posting = std::result::Result<(), Option<Slice>>;
+
+/// A message to a lane.
+pub enum LaneMsg {
+    Submit(Vec<Slice>),
+}
+
+/// One worker lane.
+pub struct Lane {
+    id: usize,
+    core: Arc<Core>,
+    rx: mpsc::Receiver<LaneMsg>,
+    pending: VecDeque<Slice>,
+    slots: Vec<Slot>,
+    free: Vec<usize>,
+    in_flight: usize,
+    cqs: Vec<(usize, Arc<Cq>)>,
+    last_scan: Instant,
+    wcs: Vec<Wc>,
+}
+
+impl Lane {
+    /// A lane over the CQs of `core`'s contexts.
+    pub fn new(id: usize, core: Arc<Core>, rx: mpsc::Receiver<LaneMsg>) -> Lane {
+        let cqs = core.contexts.live().filter_map(|(i, c)| c.cq(id).map(|cq| (i, cq))).collect();
+        Lane {
+            id,
+            core,
+            rx,
+            pending: VecDeque::new(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            in_flight: 0,
+            cqs,
+            last_scan: Instant::now(),
+            wcs: vec![Wc::EMPTY; 64],
+        }
+    }
+
+    /// The lane's loop: take submissions, post what can be posted, poll completions, enforce
+    /// timeouts; sleep only when it has nothing at all.
+    pub fn run(mut self) {
+        let mut idle_passes = 0u32;
+        loop {
+            if self.core.stopping.load(Ordering::Acquire) {
+                break;
+            }
+            let waiting = self.pending.is_empty() && self.in_flight == 0;
+            let msg = if waiting {
+                match self.rx.recv_timeout(Duration::from_millis(20)) {
+                    Ok(m) => Some(m),
+                    Err(mpsc::RecvTimeoutError::Timeout) => None,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                }
+            } else {
+                self.rx.try_recv().ok()
+            };
+            if let Some(LaneMsg::Submit(v)) = msg {
+                self.pending.extend(v);
+                while let Ok(LaneMsg::Submit(v)) = self.rx.try_recv() {
+                    self.pending.extend(v);
+                }
+            }
+            let posted = self.post_pending();
+            let polled = self.poll();
+            // Scans run on real time (a virtual clock may stand still while the endpoint state
+            // changes) and check deadlines against the provider's clock.
+            if self.last_scan.elapsed() >= Duration::from_millis(1) {
+                self.last_scan = Instant::now();
+                self.scan(self.core.clock.now());
+            }
+            if posted + polled > 0 {
+                idle_passes = 0;
+            } else if !waiting {
+                idle_passes += 1;
+                if idle_passes < 64 {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+            }
+        }
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        for s in self.pending.drain(..) {
+            s.job.fail("rdma transport is shutting down".into());
+        }
+        for slot in &mut self.slots {
+            if let Some(r) = slot.record.take() {
+                r.slice.job.fail("rdma transport is shutting down".into());
+            }
+        }
+    }
+
+    /// Spends one retry of `s`; false (and the job failed) when the budget is used up.
+    fn spend_retry(&self, s: &mut Slice, reason: &str) -> bool {
+        s.retries += 1;
+        if s.retries >= self.core.wp.max_retry_count {
+            s.job.fail(format!("{reason} (after {} attempts)", s.retries));
+            return false;
+        }
+        true
+    }
+
+    /// Posts from the head of the pending queue. A pass stops after a run of slices that could
+    /// not be posted (queues full, endpoint connecting), so a long queue costs O(1) per pass;
+    /// the held-back slices rotate to the tail, so every slice is visited (and its deadline
+    /// checked) within a few passes.
+    fn post_pending(&mut self) -> usize {
+        const MAX_HELD_IN_A_ROW: usize = 32;
+        let (mut posted, mut held) = (0, 0);
+        for _ in 0..self.pending.len() {
+            let Some(s) = self.pending.pop_front() else { break };
+            match self.try_post(s) {
+                Ok(()) => {
+                    posted += 1;
+                    held = 0;
+                }
+                Err(Some(s)) => {
+                    self.pending.push_back(s);
+                    held += 1;
+                    if held >= MAX_HELD_IN_A_ROW {
+                        break;
+                    }
+                }
+                Err(None) => {}
+            }
+        }
+        posted
+    }
+
+    /// Posts one slice. `Err(Some)`: keep it pending; `Err(None)`: it was resolved or dropped.
+    fn try_post(&mut self, s: Slice) -> Posting {
+        let (s, ep, remote) = self.route(s)?;
+        if !self.ready_for(&ep, &s) {
+            return Err(Some(s));
+        }
+        self.post_slice(s, ep, remote)
+    }
+
+    /// Drops a slice whose job has ended or whose deadline has passed, and finds the endpoint
+    /// it goes over: the one it is bound to while that one lives, a newly chosen one otherwise.
+    fn route(&self, mut s: Slice) -> std::result::Result<(Slice, Arc<Endpoint>, usize), Option<Slice>> {
+        let core = self.core.clone();
+        if s.job.is_done() {
+            return Err(None);
+        }
+        if core.clock.now() >= s.job.deadline {
+            core.counters.timeouts.fetch_add(1, Ordering::Relaxed);
+            s.job.time_out("RDMA transfer timed out before it could be posted".into());
+            return Err(None);
+        }
+        if let Some((ep, _)) = &s.ep {
+            if !ep.state().is_live() {
+                let (fatal, peer_down) = (ep.fatal_error(), ep.peer_down());
+                s.ep = None;
+                if let Some(m) = fatal.as_ref().filter(|_| peer_down) {
+                    // Retrying cannot bring the process back within this task's life.
+                    s.job.fail(m.clone());
+                    return Err(None);
+                }
+                if let Some(m) = fatal {
+                    if !self.spend_retry(&mut s, &m) {
+                        return Err(None);
+                    }
+                }
+            }
+        }
+        let (ep, remote) = match &s.ep {
+            Some((ep, r)) => (ep.clone(), *r),
+            None => match core.endpoint_for(&s) {
+                Ok((ep, r)) => {
+                    s.ep = Some((ep.clone(), r));
+                    (ep, r)
+                }
+                Err(e) => {
+                    return if self.spend_retry(&mut s, &e.to_string()) { Err(Some(s)) } else { Err(None) };
+                }
+            },
+        };
+        Ok((s, ep, remote))
+    }
+
+    /// Whether `ep` takes one more request from this lane now. A HANDSHAKING endpoint is queued
+    /// for the connector.
+    fn ready_for(&self, ep: &Arc<Endpoint>, s: &Slice) -> bool {
+        match ep.state() {
+            EpState::Ready => {}
+            EpState::Handshaking => {
+                self.core.request_connect(ep, &s.job.peer_rpc);
+                return false;
+            }
+            _ => return false,
+        }
+        ep.outstanding(self.id) < ep.depth()
+    }
+
+    /// Reserves a CQ entry and a slot and posts `s` on `ep` as one signaled RDMA READ or WRITE
+    /// to remote NIC `remote`. A failed post retires the endpoint and spends a retry.
+    fn post_slice(&mut self, mut s: Slice, ep: Arc<Endpoint>, remote: usize) -> Posting {
+        let core = self.core.clone();
+        let Some(quota) = ep.context().cq_quota(self.id) else { return Err(Some(s)) };
+        if !quota.reserve(1) {
+            return Err(Some(s));
+        }
+        let slot = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.slots.push(Slot { generation: 1, record: None });
+                self.slots.len() - 1
+            }
+        };
+        let wr_id = encode_wr_id(self.id, slot, self.slots[slot].generation);
+        let r = s.job.task.request();
+        let remote_addr = r.target_offset + s.offset;
+        let lkey = s.job.lkeys.get(ep.nic_id).copied().unwrap_or(0);
+        let sge = [Sge { addr: r.source + s.offset, length: s.len, lkey }];
+        let rkey = s.job.rkeys.get(remote).copied().unwrap_or(0);
+        let op = match r.opcode {
+            Opcode::Write => SendOp::RdmaWrite { remote_addr, rkey },
+            Opcode::Read => SendOp::RdmaRead { remote_addr, rkey },
+        };
+        let wr = [SendWr { wr_id, op, sg_list: &sge, signaled: true }];
+        let result = ep.with_ready_qp(self.id, |qp| qp.post_send(&wr).map_err(|e| Some(e.to_string())).map(|_| None));
+        match result {
+            Some(None) => {
+                if let Some(n) = core.nics.get(ep.nic_id) {
+                    n.inflight.fetch_add(u64::from(s.len), Ordering::Relaxed);
+                }
+                self.slots[slot].record = Some(Record { slice: s, ep, remote });
+                self.in_flight += 1;
+                Ok(())
+            }
+            other => {
+                quota.release(1);
+                self.free.push(slot);
+                if let Some(Some(e)) = other {
+                    tracing::debug!("posting to {} failed: {e}", ep.key);
+                    core.retire_endpoint(&ep);
+                    s.ep = None;
+                    if !self.spend_retry(&mut s, &format!("RDMA post failed: {e}")) {
+                        return Err(None);
+                    }
+                }
+                Err(Some(s))
+            }
+        }
+    }
+
+    fn poll(&mut self) -> usize {
+        let mut total = 0;
+        for c in 0..self.cqs.len() {
+            let (nic, cq) = (self.cqs[c].0, self.cqs[c].1.clone());
+            loop {
+                let n = match cq.poll(&mut self.wcs) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        tracing::warn!("polling CQ {} of NIC {nic}: {e}", self.id);
+                        0
+                    }
+                };
+                for i in 0..n {
+                    let wc = self.wcs[i];
+                    self.on_completion(wc);
+                }
+                total += n;
+                if n < self.wcs.len() {
+                    break;
+                }
+            }
+        }
+        total
+    }
+
+    fn take_record(&mut self, wr_id: u64) -> Option<Record> {
+        let (lane, slot, generation) = decode_wr_id(wr_id);
+        let s = self.slots.get_mut(slot).filter(|s| lane == self.id && s.generation == generation)?;
+        let rec = s.record.take()?;
+        s.generation = s.generation.wrapping_add(1).max(1);
+        self.free.push(slot);
+        self.in_flight -= 1;
+        if let Some(q) = rec.ep.context().cq_quota(self.id) {
+            q.release(1);
+        }
+        rec.ep.completed(self.id);
+        if let Some(n) = self.core.nics.get(rec.ep.nic_id) {
+            n.inflight.fetch_sub(u64::from(rec.slice.len), Ordering::Relaxed);
+        }
+        Some(rec)
+    }
+
+    /// Classifies one completion: success, flush caused by our own retirement (resubmit, no
+    /// penalty), or a root-cause error (retire the endpoint, mark the rail, spend a retry).
+    fn on_completion(&mut self, wc: Wc) {
+        let core = self.core.clone();
+        let Some(rec) = self.take_record(wc.wr_id) else {
+            core.counters.stale_completions.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let Record { mut slice, ep, remote } = rec;
+        let remote_key = &slice.job.remote_keys[remote];
+        match wc.status {
+            WcStatus::Success => {
+                if let Some(n) = core.nics.get(ep.nic_id) {
+                    n.completed.fetch_add(u64::from(slice.len), Ordering::Relaxed);
+                }
+                core.rails.mark_recovered(ep.nic_id, remote_key);
+                slice.job.slice_done();
+            }
+            _ if slice.job.is_done() => {}
+            WcStatus::WrFlushErr if !ep.state().is_live() => {
+                core.counters.flush_resubmits.fetch_add(1, Ordering::Relaxed);
+                slice.flushes += 1;
+                slice.ep = None;
+                if slice.flushes > core.wp.flush_budget {
+                    slice.job.fail("RDMA work kept being flushed by endpoint retirement".into());
+                } else {
+                    self.pending.push_back(slice);
+                }
+            }
+            status => {
+                core.counters.root_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!("RDMA request on {} failed: {}", ep.key, status.as_str());
+                // Any error completion leaves the QP in ERR, so the endpoint goes either way.
+                core.retire_endpoint(&ep);
+                slice.ep = None;
+                let reason = format!("RDMA request to {remote_key} failed: {}", status.as_str());
+                if refused_for_good(status) {
+                    // The keys or bounds are wrong (the peer unregistered the memory, say): a
+                    // retry would use the same keys, and the path is healthy, so the rail is
+                    // not charged.
+                    slice.job.fail(reason);
+                    return;
+                }
+                core.rails.mark_failed(ep.nic_id, remote_key, core.clock.now());
+                if self.spend_retry(&mut slice, &reason) {
+                    self.pending.push_back(slice);
+                }
+            }
+        }
+    }
+
+    /// Timeouts of posted work and records of force-destroyed endpoints. A timed-out record
+    /// stays until its completion (or the forced destroy) gives the slot back.
+    fn scan(&mut self, now: Duration) {
+        let core = self.core.clone();
+        let mut forced = Vec::new();
+        let mut retire = Vec::new();
+        for (i, slot) in self.slots.iter().enumerate() {
+            let Some(r) = &slot.record else { continue };
+            if r.ep.state() == EpState::Destroyed {
+                forced.push(encode_wr_id(self.id, i, slot.generation));
+            } else if !r.slice.job.is_done() && now >= r.slice.job.deadline {
+                core.counters.timeouts.fetch_add(1, Ordering::Relaxed);
+                r.slice.job.time_out("RDMA transfer timed out".into());
+                retire.push(r.ep.clone());
+            }
+        }
+        for ep in retire {
+            core.retire_endpoint(&ep);
+        }
+        for id in forced {
+            if let Some(rec) = self.take_record(id) {
+                core.counters.forced_records.fetch_add(1, Ordering::Relaxed);
+                rec.slice.job.fail(format!("endpoint {} was destroyed before its work completed", rec.ep.key));
+            }
+        }
+    }
+}
+
+/// Whether a completion status means the request itself is refused (bad remote key, range or
+/// rights; bad local key or length), which no retry with the same keys can change, rather than
+/// the path or the peer failing.
+fn refused_for_good(status: WcStatus) -> bool {
+    matches!(status, WcStatus::RemAccessErr | WcStatus::RemInvReqErr | WcStatus::LocProtErr | WcStatus::LocLenErr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wr_id_round_trips_and_keeps_generation() {
+        for (l, s, g) in [(0, 0, 1), (5, 123_456, u32::MAX), (255, 0xff_ffff, 7)] {
+            assert_eq!(decode_wr_id(encode_wr_id(l, s, g)), (l, s, g));
+        }
+        assert_ne!(encode_wr_id(1, 2, 3), encode_wr_id(1, 2, 4));
+    }
+}

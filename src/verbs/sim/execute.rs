@@ -1,0 +1,285 @@
+//! Executing requests: the fabric pumps every QP with queued work, finds the responder QP
+//! across the fabric, and runs the head request (or waits, within the retry budgets).
+
+use std::time::Duration;
+
+use super::clock::{retry_budget, rnr_wait};
+use super::fabric::FabricState;
+use super::memory::copy_scatter_gather;
+use super::queues::{POISON_LEN, error_wc};
+use crate::verbs::types::*;
+
+pub(super) enum Outcome {
+    Done { opcode: WcOpcode, byte_len: u32 },
+    Failed(WcStatus),
+    Blocked,
+}
+
+/// The head request of a send queue once its responder is known: what executing it needs.
+struct Exchange {
+    /// The requester QP and the responder QP.
+    qpn: u32,
+    rqpn: u32,
+    now: Duration,
+    /// Since when the request has been waiting, if it has.
+    since: Option<Duration>,
+    rnr_retry: u8,
+    /// The requester's pieces, checked against its MRs, and their total length.
+    local: Vec<(u64, usize)>,
+    total: u64,
+    /// The responder's PD, access rights, READ limit and RNR timer code.
+    rpd: u32,
+    raccess: Access,
+    rmax_rd: u8,
+    rmin_rnr: u8,
+}
+
+impl FabricState {
+    /// Runs every QP's send queue as far as it can go at time `now`.
+    pub fn pump_all(&mut self, now: Duration) {
+        let busy: Vec<u32> = self.busy.iter().copied().collect();
+        for qpn in busy {
+            self.pump_qp(qpn, now);
+            let done = self.qps.get(&qpn).is_none_or(|q| q.sq.is_empty() || q.state != QpState::Rts);
+            if done {
+                self.busy.remove(&qpn);
+            }
+        }
+    }
+
+    fn pump_qp(&mut self, qpn: u32, now: Duration) {
+        loop {
+            let Some(q) = self.qps.get(&qpn) else {
+                return;
+            };
+            if q.state != QpState::Rts || q.sq.is_empty() {
+                return;
+            }
+            let (scq, dev, sig_all) = (q.send_cq, q.dev, q.sq_sig_all);
+            let outcome = match self.injected_failure(qpn, dev) {
+                Some(status) => Outcome::Failed(status),
+                None => self.execute_head(qpn, now),
+            };
+            match outcome {
+                Outcome::Blocked => return,
+                Outcome::Done { opcode, byte_len } => {
+                    let Some(w) = self.qps.get_mut(&qpn).and_then(|q| q.sq.pop_front()) else {
+                        return;
+                    };
+                    if w.signaled || sig_all {
+                        let wc = Wc {
+                            wr_id: w.wr_id,
+                            status: WcStatus::Success,
+                            opcode,
+                            byte_len,
+                            qp_num: qpn,
+                            vendor_err: 0,
+                            imm: None,
+                        };
+                        self.push_cqe(scq, wc, Some(w.seq));
+                    }
+                }
+                Outcome::Failed(status) => {
+                    let Some(w) = self.qps.get_mut(&qpn).and_then(|q| q.sq.pop_front()) else {
+                        return;
+                    };
+                    // An error completes even an unsignaled request, then the QP goes to ERR
+                    // and flushes the rest behind it.
+                    self.push_cqe(scq, error_wc(w.wr_id, status, qpn), Some(w.seq));
+                    self.qp_to_err(qpn);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The responder QP for requests of `qpn`, if a packet from it would be answered: the path
+    /// is up, the target QP exists in RTR or RTS on the addressed NIC, it points back, and it
+    /// expects the PSN the requester starts with (otherwise it NAKs every packet as out of
+    /// sequence and the requester runs out of retries, as on a real NIC).
+    fn responder(&self, qpn: u32) -> Option<(u32, (u32, u32))> {
+        let q = self.qps.get(&qpn)?;
+        let dest = q.dest.as_ref()?;
+        let local = self.devices.get(&q.dev)?;
+        if !local.port_active {
+            return None;
+        }
+        let rdev = match dest.dgid {
+            Some(g) => self.device_with_gid(&g)?,
+            None => {
+                self.devices.iter().find(|(_, d)| d.lid == dest.dlid && self.host_alive(d.host)).map(|(id, _)| *id)?
+            }
+        };
+        let remote = self.devices.get(&rdev)?;
+        if !remote.port_active || !self.host_alive(remote.host) {
+            return None;
+        }
+        let key = if q.dev <= rdev { (q.dev, rdev) } else { (rdev, q.dev) };
+        if self.dropped_paths.contains(&key) {
+            return None;
+        }
+        let r = self.qps.get(&dest.dest_qpn)?;
+        if r.dev != rdev || !matches!(r.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+            return None;
+        }
+        let back = r.dest.as_ref()?;
+        if back.dest_qpn != qpn || r.rq_psn != q.sq_psn {
+            return None;
+        }
+        let points_back = match back.dgid {
+            Some(g) => local.spec.gids.iter().flatten().any(|e| e.gid == g),
+            None => back.dlid == local.lid,
+        };
+        points_back.then_some((dest.dest_qpn, key))
+    }
+
+    /// Tries to execute the head of `qpn`'s send queue.
+    fn execute_head(&mut self, qpn: u32, now: Duration) -> Outcome {
+        let Some(q) = self.qps.get(&qpn) else {
+            return Outcome::Blocked;
+        };
+        let Some(w) = q.sq.front() else {
+            return Outcome::Blocked;
+        };
+        let (pd, timeout, retry_cnt, rnr_retry) = (q.pd, q.timeout, q.retry_cnt, q.rnr_retry);
+        let op = w.op;
+        let sges = w.sges.clone();
+        let since = w.blocked_since;
+        let posted_at = w.posted_at;
+        let total: u64 = sges.iter().map(|s| u64::from(s.length)).sum();
+        let local_need = match op {
+            SendOp::RdmaRead { .. } => Access::LOCAL_WRITE,
+            _ => Access::NONE,
+        };
+        let Some(local) = self.check_local(pd, &sges, local_need) else {
+            return Outcome::Failed(WcStatus::LocProtErr);
+        };
+        let Some((rqpn, path)) = self.responder(qpn) else {
+            return self.wait(qpn, now, since, retry_budget(timeout, retry_cnt), WcStatus::RetryExcErr);
+        };
+        if let Some(d) = self.path_delay.get(&path) {
+            if now < posted_at + *d {
+                return Outcome::Blocked;
+            }
+        }
+        let r = &self.qps[&rqpn];
+        let x = Exchange {
+            qpn,
+            rqpn,
+            now,
+            since,
+            rnr_retry,
+            local,
+            total,
+            rpd: r.pd,
+            raccess: r.access,
+            rmax_rd: r.max_dest_rd_atomic,
+            rmin_rnr: r.min_rnr_timer,
+        };
+        match op {
+            SendOp::RdmaWrite { remote_addr, rkey } => self.execute_write(&x, remote_addr, rkey),
+            SendOp::RdmaRead { remote_addr, rkey } => self.execute_read(&x, remote_addr, rkey),
+            SendOp::Send => self.execute_send(&x, None),
+            SendOp::SendWithImm { imm } => self.execute_send(&x, Some(imm)),
+        }
+    }
+
+    /// RDMA WRITE: checks the remote key, range and rights, then copies the local pieces there.
+    fn execute_write(&mut self, x: &Exchange, remote_addr: u64, rkey: u32) -> Outcome {
+        if x.total > 0
+            && (!x.raccess.contains(Access::REMOTE_WRITE)
+                || !self.check_remote(x.rpd, rkey, remote_addr, x.total, Access::REMOTE_WRITE))
+        {
+            self.qp_to_err(x.rqpn);
+            return Outcome::Failed(WcStatus::RemAccessErr);
+        }
+        // SAFETY: `local` ranges lie inside MRs of the requester's PD and the remote range
+        // inside an MR of the responder's PD (checked by the caller and above). Whoever
+        // registered them promised (Mr::register's contract) that they stay valid memory while
+        // registered, and registration is still in force under the fabric lock.
+        unsafe { copy_scatter_gather(&x.local, &[(remote_addr, x.total as usize)]) };
+        Outcome::Done { opcode: WcOpcode::RdmaWrite, byte_len: POISON_LEN }
+    }
+
+    /// RDMA READ: the responder must accept READs; checks the remote key, range and rights, then
+    /// copies from there into the local pieces.
+    fn execute_read(&mut self, x: &Exchange, remote_addr: u64, rkey: u32) -> Outcome {
+        if x.rmax_rd == 0 {
+            self.qp_to_err(x.rqpn);
+            return Outcome::Failed(WcStatus::RemInvReqErr);
+        }
+        if x.total > 0
+            && (!x.raccess.contains(Access::REMOTE_READ)
+                || !self.check_remote(x.rpd, rkey, remote_addr, x.total, Access::REMOTE_READ))
+        {
+            self.qp_to_err(x.rqpn);
+            return Outcome::Failed(WcStatus::RemAccessErr);
+        }
+        // SAFETY: as for RDMA WRITE; the local ranges also carry LOCAL_WRITE.
+        unsafe { copy_scatter_gather(&[(remote_addr, x.total as usize)], &x.local) };
+        Outcome::Done { opcode: WcOpcode::RdmaRead, byte_len: x.total as u32 }
+    }
+
+    /// SEND (with or without immediate data): consumes the responder's next receive request,
+    /// waiting under the RNR rules while there is none, and completes it on the responder's
+    /// receive CQ.
+    fn execute_send(&mut self, x: &Exchange, imm: Option<u32>) -> Outcome {
+        let rqpn = x.rqpn;
+        let Some(recv) = self.qps.get_mut(&rqpn).and_then(|r| r.rq.pop_front()) else {
+            // RNR: retry after the responder's RNR timer; 7 retries forever.
+            let budget = (x.rnr_retry < 7).then(|| rnr_wait(x.rmin_rnr) * (u32::from(x.rnr_retry) + 1));
+            return self.wait(x.qpn, x.now, x.since, budget, WcStatus::RnrRetryExcErr);
+        };
+        let rcq = self.qps[&rqpn].recv_cq;
+        let Some(dst) = self.check_local(x.rpd, &recv.sges, Access::LOCAL_WRITE) else {
+            self.push_cqe(rcq, error_wc(recv.wr_id, WcStatus::LocProtErr, rqpn), None);
+            self.qp_to_err(rqpn);
+            return Outcome::Failed(WcStatus::RemOpErr);
+        };
+        let room: u64 = dst.iter().map(|(_, l)| *l as u64).sum();
+        if room < x.total {
+            self.push_cqe(rcq, error_wc(recv.wr_id, WcStatus::LocLenErr, rqpn), None);
+            self.qp_to_err(rqpn);
+            return Outcome::Failed(WcStatus::RemInvReqErr);
+        }
+        // SAFETY: source ranges are inside the requester's MRs, destination ranges inside
+        // LOCAL_WRITE MRs of the responder's PD; both registered (see `execute_write`).
+        unsafe { copy_scatter_gather(&x.local, &dst) };
+        let wc = Wc {
+            wr_id: recv.wr_id,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Recv,
+            byte_len: x.total as u32,
+            qp_num: rqpn,
+            vendor_err: 0,
+            imm,
+        };
+        self.push_cqe(rcq, wc, None);
+        Outcome::Done { opcode: WcOpcode::Send, byte_len: POISON_LEN }
+    }
+
+    /// The head request cannot proceed: remember since when, and fail it with `status` once
+    /// `budget` (None = forever) has passed.
+    fn wait(
+        &mut self,
+        qpn: u32,
+        now: Duration,
+        since: Option<Duration>,
+        budget: Option<Duration>,
+        status: WcStatus,
+    ) -> Outcome {
+        let start = match since {
+            Some(s) => s,
+            None => {
+                if let Some(w) = self.qps.get_mut(&qpn).and_then(|q| q.sq.front_mut()) {
+                    w.blocked_since = Some(now);
+                }
+                now
+            }
+        };
+        match budget {
+            Some(b) if now >= start + b => Outcome::Failed(status),
+            _ => Outcome::Blocked,
+        }
+    }
+}

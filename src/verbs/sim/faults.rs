@@ -1,0 +1,211 @@
+//! Fault injection: failed requests, dropped or delayed paths, ports going down, GID changes,
+//! fatal QPs and devices, stalled CQs, failing registrations, and hosts that die or reboot.
+
+use std::time::Duration;
+
+use super::devices::GidSpec;
+use super::fabric::{FabricState, HostId, einval, enodev};
+use super::{SimFabric, SimHost, SimNic};
+use crate::verbs::types::*;
+
+impl FabricState {
+    /// Counts the request about to execute against the injected failures.
+    pub(super) fn injected_failure(&mut self, qpn: u32, dev: u32) -> Option<WcStatus> {
+        if let Some((n, status)) = self.fail_nth.get_mut(&qpn) {
+            if *n <= 1 {
+                let s = *status;
+                self.fail_nth.remove(&qpn);
+                return Some(s);
+            }
+            *n -= 1;
+        }
+        let host = self.devices.get(&dev)?.host;
+        let h = self.hosts.get_mut(&host)?;
+        if h.fail_every_nth == 0 {
+            return None;
+        }
+        h.wr_counter += 1;
+        (h.wr_counter % h.fail_every_nth == 0).then_some(h.fail_status)
+    }
+
+    pub fn set_port_active(&mut self, host: HostId, name: &str, active: bool) -> VerbsResult<()> {
+        let dev = self.device_by_name(host, name, "set_port")?;
+        let d = self.devices.get_mut(&dev).ok_or_else(|| enodev("set_port"))?;
+        if d.port_active != active {
+            d.port_active = active;
+            d.events.push(AsyncEvent {
+                kind: if active { AsyncEventKind::PortActive } else { AsyncEventKind::PortErr },
+                element: EventElement::Port(1),
+            });
+        }
+        Ok(())
+    }
+
+    pub fn set_gid(&mut self, host: HostId, name: &str, index: u32, entry: Option<GidSpec>) -> VerbsResult<()> {
+        let dev = self.device_by_name(host, name, "set_gid")?;
+        let d = self.devices.get_mut(&dev).ok_or_else(|| enodev("set_gid"))?;
+        let slot = d
+            .spec
+            .gids
+            .get_mut(index as usize)
+            .ok_or_else(|| einval("set_gid", format!("index {index} is past the table")))?;
+        *slot = entry;
+        d.events.push(AsyncEvent { kind: AsyncEventKind::GidChange, element: EventElement::Port(1) });
+        Ok(())
+    }
+
+    pub fn device_fatal(&mut self, host: HostId, name: &str) -> VerbsResult<()> {
+        let dev = self.device_by_name(host, name, "device_fatal")?;
+        if let Some(d) = self.devices.get_mut(&dev) {
+            d.events.push(AsyncEvent { kind: AsyncEventKind::DeviceFatal, element: EventElement::Device });
+        }
+        let qpns: Vec<u32> = self.qps.iter().filter(|(_, q)| q.dev == dev).map(|(n, _)| *n).collect();
+        for qpn in qpns {
+            self.qp_to_err(qpn);
+        }
+        Ok(())
+    }
+
+    pub fn kill_host(&mut self, host: HostId) {
+        self.wipe_host_objects(host);
+        if let Some(h) = self.hosts.get_mut(&host) {
+            h.alive = false;
+        }
+    }
+
+    pub fn restart_host(&mut self, host: HostId) {
+        self.wipe_host_objects(host);
+        let devs = match self.hosts.get_mut(&host) {
+            Some(h) => {
+                h.alive = true;
+                h.boot += 1;
+                h.devices.clone()
+            }
+            None => return,
+        };
+        for d in devs {
+            if let Some(ds) = self.devices.get_mut(&d) {
+                ds.port_active = ds.spec.port_active;
+            }
+        }
+    }
+
+    pub fn qp_fatal(&mut self, qpn: u32) -> VerbsResult<()> {
+        let dev = self.qps.get(&qpn).ok_or_else(|| enodev("qp_fatal"))?.dev;
+        self.qp_to_err(qpn);
+        if let Some(d) = self.devices.get_mut(&dev) {
+            d.events.push(AsyncEvent { kind: AsyncEventKind::QpFatal, element: EventElement::Qp(qpn) });
+        }
+        Ok(())
+    }
+}
+
+impl SimFabric {
+    /// Makes the `n`-th request (counting from 1) executed from now on by QP `qpn` complete with
+    /// `status`; the QP then goes to ERR as after any error completion.
+    pub fn fail_nth_wr(&self, qpn: u32, n: u64, status: WcStatus) {
+        self.state.lock().fail_nth.insert(qpn, (n.max(1), status));
+    }
+
+    /// Drops (or restores) every packet between two NICs, in both directions: requests over it
+    /// end in RETRY_EXC_ERR.
+    pub fn set_path_dropped(&self, a: SimNic, b: SimNic, dropped: bool) {
+        let key = if a.dev <= b.dev { (a.dev, b.dev) } else { (b.dev, a.dev) };
+        let mut st = self.state.lock();
+        if dropped {
+            st.dropped_paths.insert(key);
+        } else {
+            st.dropped_paths.remove(&key);
+        }
+    }
+
+    /// Delays every request between two NICs by `delay` (zero removes the delay): a request
+    /// runs no earlier than `delay` after it was posted, keeping per-QP order.
+    pub fn set_path_delay(&self, a: SimNic, b: SimNic, delay: Duration) {
+        let key = if a.dev <= b.dev { (a.dev, b.dev) } else { (b.dev, a.dev) };
+        let mut st = self.state.lock();
+        if delay.is_zero() {
+            st.path_delay.remove(&key);
+        } else {
+            st.path_delay.insert(key, delay);
+        }
+    }
+
+    /// Puts QP `qpn` in ERR (flushing it) and raises QP_FATAL on its device.
+    pub fn qp_fatal(&self, qpn: u32) -> VerbsResult<()> {
+        let mut st = self.state.lock();
+        st.qp_fatal(qpn)
+    }
+
+    /// Holds (or releases) the completions of the CQ with `handle`: they queue up, count
+    /// against its capacity, and are not returned by `poll` while held.
+    pub fn stall_cq(&self, handle: u64, stalled: bool) -> VerbsResult<()> {
+        let mut st = self.state.lock();
+        let cq = st.cqs.get_mut(&handle).ok_or_else(|| VerbsError::new("stall_cq", libc::ENOENT, "no such CQ"))?;
+        cq.stalled = stalled;
+        Ok(())
+    }
+
+    /// Chooses whether destroying or resetting a QP removes its completions from its CQs
+    /// (mlx5, the default) or leaves them for the poller (rxe).
+    pub fn set_purge_on_destroy(&self, purge: bool) {
+        self.state.lock().purge_on_destroy = purge;
+    }
+}
+
+impl SimHost {
+    /// Takes port 1 of NIC `name` down (PORT_ERR) or up (PORT_ACTIVE). QPs stay as they are;
+    /// traffic over a down port is lost and ends in RETRY_EXC_ERR.
+    pub fn set_port_active(&self, name: &str, active: bool) -> VerbsResult<()> {
+        self.inner.fabric.host_op(|st| st.set_port_active(self.inner.id, name, active))
+    }
+
+    /// Fills (or empties, with `None`) slot `index` of NIC `name`'s GID table and raises
+    /// GID_CHANGE, as adding or removing an address on the netdev does.
+    pub fn set_gid(&self, name: &str, index: u32, entry: Option<GidSpec>) -> VerbsResult<()> {
+        self.inner.fabric.host_op(|st| st.set_gid(self.inner.id, name, index, entry))
+    }
+
+    /// Raises DEVICE_FATAL on NIC `name` and moves all its QPs to ERR.
+    pub fn device_fatal(&self, name: &str) -> VerbsResult<()> {
+        self.inner.fabric.host_op(|st| st.device_fatal(self.inner.id, name))
+    }
+
+    /// Makes memory registration on NIC `name` fail with ENOMEM (or work again).
+    pub fn set_reg_mr_fails(&self, name: &str, fails: bool) -> VerbsResult<()> {
+        self.inner.fabric.host_op(|st| {
+            let dev = st
+                .find_device(self.inner.id, name)
+                .ok_or_else(|| VerbsError::new("set_reg_mr_fails", libc::ENODEV, "no such NIC"))?;
+            if let Some(d) = st.devices.get_mut(&dev) {
+                d.fail_reg_mr = fails;
+            }
+            Ok(())
+        })
+    }
+
+    /// Kills the host: every QP, CQ, MR and PD it had vanishes at once and its NICs stop
+    /// answering; peers' requests to it end in RETRY_EXC_ERR. Handles it gave out fail with
+    /// ENODEV from now on.
+    pub fn kill(&self) {
+        self.inner.fabric.host_op(|st| st.kill_host(self.inner.id));
+    }
+
+    /// Brings a killed host back with the same NIC names, LIDs and GIDs but nothing else: new
+    /// objects get new QP numbers, as after a reboot.
+    pub fn restart(&self) {
+        self.inner.fabric.host_op(|st| st.restart_host(self.inner.id));
+    }
+
+    /// Makes every `n`-th request executed by this host's QPs complete with `status`
+    /// (0 turns it off). The knob behind `transports/rdma/sim/fail_every_nth_wr`.
+    pub fn set_fail_every_nth_wr(&self, n: u64, status: WcStatus) {
+        self.inner.fabric.host_op(|st| {
+            if let Some(h) = st.hosts.get_mut(&self.inner.id) {
+                h.fail_every_nth = n;
+                h.fail_status = status;
+                h.wr_counter = 0;
+            }
+        });
+    }
+}

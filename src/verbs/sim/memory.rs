@@ -1,0 +1,136 @@
+//! Protection domains, memory regions and their keys, the access and bounds checks a request
+//! passes, and the memory copy that moves its data.
+
+use super::fabric::{FabricState, einval, enodev};
+use crate::verbs::types::*;
+
+pub(super) struct PdRec {
+    pub(super) dev: u32,
+}
+
+pub(super) struct MrRec {
+    pub(super) pd: u32,
+    pub(super) addr: u64,
+    pub(super) len: usize,
+    pub(super) access: Access,
+}
+
+impl FabricState {
+    fn random_byte(&mut self) -> u32 {
+        // xorshift64: deterministic per fabric, enough to make keys look unrelated.
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        (self.rng & 0xff) as u32
+    }
+
+    /// Number of MRs registered on device `dev`.
+    pub fn mr_count(&self, dev: u32) -> usize {
+        self.mrs.values().filter(|m| self.pds.get(&m.pd).is_some_and(|p| p.dev == dev)).count()
+    }
+
+    pub fn alloc_pd(&mut self, dev: u32) -> u32 {
+        let id = self.next_pd;
+        self.next_pd += 1;
+        self.pds.insert(id, PdRec { dev });
+        id
+    }
+
+    pub fn dealloc_pd(&mut self, pd: u32) -> VerbsResult<()> {
+        if !self.pds.contains_key(&pd) {
+            return Err(enodev("dealloc_pd"));
+        }
+        // The RAII wrappers keep children from outliving the PD, so this only fires when the
+        // wrappers are bypassed; hardware answers EBUSY too.
+        if self.mrs.values().any(|m| m.pd == pd) || self.qps.values().any(|q| q.pd == pd) {
+            return Err(VerbsError::new("dealloc_pd", libc::EBUSY, "PD still in use"));
+        }
+        self.pds.remove(&pd);
+        Ok(())
+    }
+
+    pub fn reg_mr(&mut self, pd: u32, addr: u64, len: usize, access: Access) -> VerbsResult<u32> {
+        let dev = self.pds.get(&pd).ok_or_else(|| enodev("reg_mr"))?.dev;
+        if self.devices.get(&dev).is_some_and(|d| d.fail_reg_mr) {
+            return Err(VerbsError::new("reg_mr", libc::ENOMEM, "injected registration failure"));
+        }
+        let needs_local_write = access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC);
+        if needs_local_write && !access.contains(Access::LOCAL_WRITE) {
+            return Err(einval("reg_mr", "REMOTE_WRITE/REMOTE_ATOMIC require LOCAL_WRITE"));
+        }
+        if addr == 0 && len > 0 {
+            return Err(einval("reg_mr", "NULL address"));
+        }
+        if addr.checked_add(len as u64).is_none() {
+            return Err(einval("reg_mr", "range wraps around"));
+        }
+        let index = self.next_key_index;
+        self.next_key_index = (self.next_key_index + 1) & 0x00ff_ffff;
+        let key = (index << 8) | self.random_byte();
+        self.mrs.insert(key, MrRec { pd, addr, len, access });
+        Ok(key)
+    }
+
+    pub fn dereg_mr(&mut self, key: u32) -> VerbsResult<()> {
+        self.mrs.remove(&key).map(|_| ()).ok_or_else(|| enodev("dereg_mr"))
+    }
+
+    /// Checks `sges` against the MRs of `pd`; returns them as (addr, len) pieces.
+    pub(super) fn check_local(&self, pd: u32, sges: &[Sge], need: Access) -> Option<Vec<(u64, usize)>> {
+        let mut out = Vec::with_capacity(sges.len());
+        for s in sges {
+            if s.length == 0 {
+                continue;
+            }
+            let mr = self.mrs.get(&s.lkey)?;
+            if mr.pd != pd || !mr.access.contains(need) {
+                return None;
+            }
+            let end = s.addr.checked_add(u64::from(s.length))?;
+            if s.addr < mr.addr || end > mr.addr + mr.len as u64 {
+                return None;
+            }
+            out.push((s.addr, s.length as usize));
+        }
+        Some(out)
+    }
+
+    pub(super) fn check_remote(&self, pd: u32, rkey: u32, addr: u64, len: u64, need: Access) -> bool {
+        let Some(mr) = self.mrs.get(&rkey) else {
+            return false;
+        };
+        let Some(end) = addr.checked_add(len) else {
+            return false;
+        };
+        mr.pd == pd && mr.access.contains(need) && addr >= mr.addr && end <= mr.addr + mr.len as u64
+    }
+}
+
+/// Copies the bytes of the `src` pieces, in order, into the `dst` pieces, in order, stopping
+/// when either runs out.
+///
+/// # Safety
+/// Every piece must be valid memory for its length (readable for `src`, writable for `dst`).
+pub(super) unsafe fn copy_scatter_gather(src: &[(u64, usize)], dst: &[(u64, usize)]) {
+    let (mut si, mut so, mut di, mut doff) = (0usize, 0usize, 0usize, 0usize);
+    while si < src.len() && di < dst.len() {
+        let (sa, sl) = src[si];
+        let (da, dl) = dst[di];
+        let n = (sl - so).min(dl - doff);
+        if n > 0 {
+            // SAFETY: both ranges are within pieces the caller vouched for; `copy` (memmove)
+            // tolerates the overlap a loopback request can produce.
+            unsafe { std::ptr::copy((sa as usize + so) as *const u8, (da as usize + doff) as *mut u8, n) };
+        }
+        so += n;
+        doff += n;
+        if so == sl {
+            si += 1;
+            so = 0;
+        }
+        if doff == dl {
+            di += 1;
+            doff = 0;
+        }
+    }
+}
