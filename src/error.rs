@@ -200,9 +200,6 @@ mod tests {
         let e: Error = std::io::Error::from_raw_os_error(libc::ECONNRESET).into();
         assert_eq!(e.errno(), Some(libc::ECONNRESET));
         assert_eq!(e.c_code(Api::Classic), ERR_SOCKET);
-        let e: Error = crate::verbs::VerbsError::new("ibv_reg_mr", libc::ENOMEM, "pinning failed").into();
-        assert_eq!(e.errno(), Some(libc::ENOMEM));
-        assert!(e.to_string().contains("ibv_reg_mr"), "{e}");
         assert_eq!(Error::io("open", &std::io::Error::from_raw_os_error(libc::ENODEV)).errno(), Some(libc::ENODEV));
         assert_eq!(Error::os(0, "no errno").errno(), None);
         assert_eq!(Error::Rpc("x".into()).errno(), None);

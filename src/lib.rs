@@ -1,8 +1,13 @@
 //! tent-rs: a Rust implementation of Mooncake's TENT transfer engine with the same C ABI
 //! (`include/tent/transfer_engine.h`), config and control-plane wire protocol.
 //!
-//! Layers (each may use the ones below it): `ffi` (C boundary) -> `engine` (runtime) ->
-//! `control` (RPC, metadata) -> `transport` -> `verbs`; `config`, `error` and `log` support all.
+//! Layers, from the top; each may use only the ones below it (`tests/layers.rs` checks the
+//! code against this): `ffi` (C boundary) -> `engine` (runtime: segments, batches, dispatch,
+//! failover) -> `transport` (TCP, SHM, RDMA, files) -> `control` (RPC framing, server and
+//! client, worker pools, metadata stores) -> `verbs`. Below all of them: `base` (the types
+//! every layer shares: requests, segment descriptors, the task handle transports report to)
+//! and the support modules `config`, `error`, `log` and `metrics`. Inbound control messages
+//! reach the engine through the `RpcHandler` trait it registers with the server.
 //!
 //! # Locks
 //!
@@ -27,6 +32,8 @@
 //! the batch table's slots when a freed batch is reclaimed, and a lane's queue when a
 //! notification is due. So a transport may end tasks while holding its own locks.
 
+/// cbindgen:ignore
+pub mod base;
 /// cbindgen:ignore
 pub mod config;
 /// cbindgen:ignore

@@ -32,6 +32,9 @@ pub struct Dispatcher {
     pub remote: Arc<super::remote::Remote>,
 }
 
+/// Units gathered for one transport, and their bytes, until they are handed over.
+type Slice = (Vec<Arc<Unit>>, u64);
+
 impl Dispatcher {
     /// The loaded transport of `kind`.
     pub fn transport(&self, kind: TransportKind) -> Option<&Arc<dyn Transport>> {
@@ -152,7 +155,7 @@ impl Dispatcher {
     /// Builds the units for `entries` (all aimed at `desc`) and submits them. Entries whose
     /// request cannot be served end FAILED.
     pub fn dispatch(&self, desc: &Arc<SegmentDesc>, entries: Vec<Entry>) {
-        let mut per_transport: Vec<(TransportKind, (Vec<Task>, u64))> = Vec::new();
+        let mut per_transport: Vec<(TransportKind, Slice)> = Vec::new();
         for group in self.merge_groups(desc, &entries) {
             let first = entries[group[0]].request;
             let length = group.iter().map(|&i| entries[i].request.length).sum();
@@ -184,7 +187,7 @@ impl Dispatcher {
                 }
             };
             let (tasks, bytes) = &mut per_transport[slot].1;
-            tasks.push(unit.task());
+            tasks.push(unit);
             *bytes += length;
             // Hand a batch over in slices: the transport's threads start moving the first blocks
             // while this thread prepares the rest (about 1.5 us per request on this VM's
@@ -216,17 +219,19 @@ impl Dispatcher {
         self.candidates(desc, None, r)
     }
 
-    /// Hands tasks to a transport; a submit-stage error fails them, which may fail them over.
-    fn submit(&self, kind: TransportKind, desc: &Arc<SegmentDesc>, tasks: Vec<Task>) {
-        self.submit_slice(kind, desc, tasks, false)
+    /// Hands units to a transport (a task each, for their current attempt); a submit-stage
+    /// error fails them, which may fail them over.
+    fn submit(&self, kind: TransportKind, desc: &Arc<SegmentDesc>, units: Vec<Arc<Unit>>) {
+        self.submit_slice(kind, desc, units, false)
     }
 
     /// As `submit`; `more` says this thread hands the same transport more tasks right after.
-    fn submit_slice(&self, kind: TransportKind, desc: &Arc<SegmentDesc>, tasks: Vec<Task>, more: bool) {
+    fn submit_slice(&self, kind: TransportKind, desc: &Arc<SegmentDesc>, units: Vec<Arc<Unit>>, more: bool) {
+        let tasks: Vec<Task> = units.iter().map(Unit::task).collect();
         let Some(t) = self.transport(kind) else {
-            for task in tasks {
+            for (task, unit) in tasks.iter().zip(&units) {
                 task.fail(format!("transport {} is not loaded", kind.name()));
-                self.fail_over(&task.unit);
+                self.fail_over(unit);
             }
             return;
         };
@@ -235,10 +240,10 @@ impl Dispatcher {
         let submitted = if more { t.submit_partial(desc, tasks) } else { t.submit(desc, tasks) };
         if let Err(e) = submitted {
             tracing::debug!("{} refused a submit: {e}", kind.name());
-            for task in keep {
+            for (task, unit) in keep.iter().zip(&units) {
                 task.fail(e.to_string());
                 // Upstream leaves submit-stage failures FAILED; fail over at once instead.
-                self.fail_over(&task.unit);
+                self.fail_over(unit);
             }
         }
     }
@@ -246,10 +251,10 @@ impl Dispatcher {
     /// Runs the failover decision of a suspended unit: resubmits it on its next transport, or
     /// ends its tasks FAILED when none is left or the budget is spent.
     pub fn fail_over(&self, unit: &Arc<Unit>) {
-        if let Some((kind, task)) = unit.fail_over() {
+        if let Some(kind) = unit.fail_over() {
             self.remote.invalidate(unit.request.target_id);
             let desc = unit.target.clone();
-            self.submit(kind, &desc, vec![task]);
+            self.submit(kind, &desc, vec![unit.clone()]);
         }
     }
 

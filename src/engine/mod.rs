@@ -154,8 +154,7 @@ fn attach_rdma(t: &Arc<RdmaTransport>, local: &LocalSegment, remote: &Arc<Remote
     local.set_devices(t.devices());
     let r = remote.clone();
     t.set_notify_sink(Arc::new(move |name, msg| r.deliver(name, msg, None)));
-    let core = Arc::downgrade(t.core());
-    metrics.set_rdma_source(Box::new(move || core.upgrade().map(|c| rdma_snapshot(&c))));
+    metrics.set_rdma_source(t.metrics_source());
 }
 
 /// The metrics HTTP endpoint when `metrics/enabled` is set and its port can be bound.
@@ -166,24 +165,6 @@ fn start_metrics_server(config: &Config, metrics: &Arc<Metrics>) -> Option<Metri
     let host = config.get_string("metrics/http_host", "0.0.0.0");
     let port = config.get_u64("metrics/http_port", 9100).min(65535) as u16;
     MetricsServer::start(&host, port, metrics.clone())
-}
-
-/// The RDMA transport's counters in the metrics' terms.
-fn rdma_snapshot(core: &crate::transport::rdma::workers::Core) -> crate::metrics::RdmaSnapshot {
-    use std::sync::atomic::Ordering::Relaxed;
-    let mut snap = crate::metrics::RdmaSnapshot::default();
-    snap.events[1] = core.counters.retired_on_mismatch.load(Relaxed);
-    for (i, store) in core.stores.iter().enumerate() {
-        let Some(store) = store else { continue };
-        snap.events[0] += store.stats.created.load(Relaxed);
-        snap.events[2] += store.stats.evicted.load(Relaxed);
-        snap.events[3] += store.stats.reclaimed.load(Relaxed);
-        snap.events[4] += store.stats.forced.load(Relaxed);
-        snap.events[5] += store.stats.evicted_busy.load(Relaxed);
-        let nic = core.device_names.get(i).cloned().unwrap_or_else(|| format!("nic{i}"));
-        snap.occupancy.push((nic, store.len() as u64));
-    }
-    snap
 }
 
 /// Pending polls of one batch answered with a yield; later ones sleep briefly.

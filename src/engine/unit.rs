@@ -1,9 +1,9 @@
 //! Units of work: what a transport moves. A unit carries one request (several adjacent public
 //! requests when merged) and the public tasks it completes, and owns the failover route.
 //!
-//! A transport gets a [`Task`]: the unit plus the attempt number it was given. Completion or
-//! failure of a stale attempt is ignored, so a slow old transport can never overwrite the
-//! outcome of a failover.
+//! A transport gets a [`Task`]: a handle to the unit (as a [`TaskSink`]) plus the attempt
+//! number it was given. Completion or failure of a stale attempt is ignored, so a slow old
+//! transport can never overwrite the outcome of a failover.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -13,6 +13,7 @@ use parking_lot::Mutex;
 use super::batch::TaskState;
 use super::segment::SegmentDesc;
 use super::types::{Request, TransportKind};
+pub use crate::base::task::{Task, TaskSink};
 use crate::control::queue::Pool;
 
 /// How failures are handled for the units of one engine.
@@ -45,42 +46,29 @@ pub struct Unit {
     failover: Arc<FailoverConfig>,
 }
 
-/// What a transport is handed: a unit and the attempt it belongs to.
-#[derive(Clone)]
-pub struct Task {
-    pub unit: Arc<Unit>,
-    pub attempt: u32,
-}
-
-impl Task {
-    /// The request to move.
-    pub fn request(&self) -> &Request {
-        &self.unit.request
+impl TaskSink for Unit {
+    fn request(&self) -> &Request {
+        &self.request
     }
 
-    /// Reports success: every public task of the unit completes with its own length.
-    pub fn complete(&self) {
-        self.unit.complete(self.attempt);
+    fn complete(&self, attempt: u32) {
+        self.complete_attempt(attempt);
     }
 
-    /// Reports failure; the unit may fail over to its next transport.
-    pub fn fail(&self, reason: String) {
-        self.unit.fail(self.attempt, reason);
+    fn fail(self: Arc<Self>, attempt: u32, reason: String) {
+        self.fail_attempt(attempt, reason);
     }
 
-    /// Reports that the transfer ran out of time: every public task ends TIMEOUT (no failover,
-    /// the time budget is spent).
-    pub fn time_out(&self, reason: String) {
-        if self.attempt == self.unit.attempt.load(Ordering::Acquire) {
-            for m in &self.unit.members {
+    fn time_out(&self, attempt: u32, reason: String) {
+        if attempt == self.attempt.load(Ordering::Acquire) {
+            for m in &self.members {
                 m.finish(super::types::Status::Timeout, 0, Some(reason.clone()));
             }
         }
     }
 
-    /// True when every public task of the unit was cancelled, so the work can stop.
-    pub fn cancel_requested(&self) -> bool {
-        self.unit.members.iter().all(|m| m.cancel_requested())
+    fn cancel_requested(&self) -> bool {
+        self.members.iter().all(|m| m.cancel_requested())
     }
 }
 
@@ -121,10 +109,10 @@ impl Unit {
 
     /// A task for the current attempt.
     pub fn task(self: &Arc<Self>) -> Task {
-        Task { unit: self.clone(), attempt: self.attempt.load(Ordering::Acquire) }
+        Task::new(self.clone(), self.attempt.load(Ordering::Acquire))
     }
 
-    fn complete(&self, attempt: u32) {
+    fn complete_attempt(&self, attempt: u32) {
         if attempt != self.attempt.load(Ordering::Acquire) {
             return;
         }
@@ -138,7 +126,7 @@ impl Unit {
         r.index + 1 < r.candidates.len() && r.failovers < self.failover.budget
     }
 
-    fn fail(self: &Arc<Self>, attempt: u32, reason: String) {
+    fn fail_attempt(self: &Arc<Self>, attempt: u32, reason: String) {
         if attempt != self.attempt.load(Ordering::Acquire) {
             return;
         }
@@ -166,10 +154,10 @@ impl Unit {
         }
     }
 
-    /// Takes the failover decision for a suspended unit, once: returns the task to submit on the
-    /// next transport, or `None` when the unit was not suspended or no transport is left (its
-    /// tasks are then FAILED).
-    pub fn fail_over(self: &Arc<Self>) -> Option<(TransportKind, Task)> {
+    /// Takes the failover decision for a suspended unit, once: returns the transport to submit
+    /// its next attempt to, or `None` when the unit was not suspended or no transport is left
+    /// (its tasks are then FAILED).
+    pub fn fail_over(self: &Arc<Self>) -> Option<TransportKind> {
         if !self.suspended.swap(false, Ordering::AcqRel) {
             return None;
         }
@@ -196,7 +184,7 @@ impl Unit {
                     return None;
                 }
                 tracing::debug!("failing over {:?} to {}", self.request, kind.name());
-                Some((kind, self.task()))
+                Some(kind)
             }
             None => {
                 self.finalize(reason());

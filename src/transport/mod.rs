@@ -7,9 +7,9 @@ pub mod rdma;
 
 use std::sync::Arc;
 
-use crate::engine::segment::SegmentDesc;
-use crate::engine::types::TransportKind;
-use crate::engine::unit::Task;
+use crate::base::request::TransportKind;
+use crate::base::segment::SegmentDesc;
+use crate::base::task::Task;
 use crate::error::Result;
 
 pub mod file;

@@ -13,11 +13,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
+use crate::base::request::{Opcode, TransportKind};
+use crate::base::segment::{BufferDesc, SegmentDesc};
+use crate::base::task::Task;
 use crate::config::Config;
 use crate::control::queue::{Pool, WorkQueue, idle_exit};
-use crate::engine::segment::{BufferDesc, SegmentDesc};
-use crate::engine::types::{Opcode, TransportKind};
-use crate::engine::unit::Task;
 use crate::error::{Error, Result};
 use crate::transport::Transport;
 
@@ -99,7 +99,7 @@ pub fn create_object(dir: &str, size: usize) -> Result<(*mut u8, String)> {
         return Err(Error::InvalidArgument("cannot allocate 0 bytes".into()));
     }
     for _ in 0..8 {
-        let name = format!("mooncake_{}_{}", std::process::id(), crate::engine::memory::random_letters(8));
+        let name = format!("mooncake_{}_{}", std::process::id(), crate::base::random_letters(8));
         let fd = match open_object(dir, &name, true) {
             Ok(fd) => fd,
             Err(_) if std::io::Error::last_os_error().raw_os_error() == Some(libc::EEXIST) => {

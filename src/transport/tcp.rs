@@ -11,13 +11,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use crate::base::request::{Opcode, TransportKind};
+use crate::base::segment::SegmentDesc;
+use crate::base::task::Task;
 use crate::config::{Config, keys};
 use crate::control::client::{DataOp, RpcClient};
 use crate::control::queue::{Pool, WorkQueue, idle_exit};
 use crate::control::rawio::RawRange;
-use crate::engine::segment::SegmentDesc;
-use crate::engine::types::{Opcode, TransportKind};
-use crate::engine::unit::Task;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::transport::Transport;

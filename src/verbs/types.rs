@@ -756,3 +756,15 @@ pub struct QpInit {
     /// Every send request produces a completion, signaled or not.
     pub sq_sig_all: bool,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_verbs_error_keeps_its_errno_as_an_engine_error() {
+        let e: crate::error::Error = VerbsError::new("ibv_reg_mr", libc::ENOMEM, "pinning failed").into();
+        assert_eq!(e.errno(), Some(libc::ENOMEM));
+        assert!(e.to_string().contains("ibv_reg_mr"), "{e}");
+    }
+}

@@ -43,10 +43,10 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use crate::base::request::{Opcode, Request};
+use crate::base::segment::{FileTarget, SegmentDesc};
+use crate::base::task::Task;
 use crate::config::Config;
-use crate::engine::segment::{FileTarget, SegmentDesc};
-use crate::engine::types::{Opcode, Request};
-use crate::engine::unit::Task;
 use crate::error::{Error, Result};
 use crate::transport::Transport;
 
@@ -527,7 +527,7 @@ impl FileCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::types::TransportKind;
+    use crate::base::request::TransportKind;
 
     fn target(path: &std::path::Path) -> FileTarget {
         use std::os::unix::fs::MetadataExt;

@@ -10,10 +10,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use parking_lot::Mutex;
 
 use super::{AlignedBuf, FileCache, FileParams, OpenFile, Piece, Step, bounce_copy, plan_tasks};
+use crate::base::request::{Opcode, TransportKind};
+use crate::base::segment::SegmentDesc;
+use crate::base::task::Task;
 use crate::control::queue::{Pool, WorkQueue};
-use crate::engine::segment::SegmentDesc;
-use crate::engine::types::{Opcode, TransportKind};
-use crate::engine::unit::Task;
 use crate::error::Result;
 use crate::transport::Transport;
 

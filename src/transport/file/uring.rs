@@ -36,9 +36,9 @@ use io_uring::{IoUring, opcode, squeue, types};
 use parking_lot::{Condvar, Mutex};
 
 use super::{AlignedBuf, FileCache, FileParams, OpenFile, Piece, Step, bounce_copy, plan_tasks};
-use crate::engine::segment::SegmentDesc;
-use crate::engine::types::{Opcode, TransportKind};
-use crate::engine::unit::Task;
+use crate::base::request::{Opcode, TransportKind};
+use crate::base::segment::SegmentDesc;
+use crate::base::task::Task;
 use crate::error::{Error, Result};
 use crate::transport::Transport;
 

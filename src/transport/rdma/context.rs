@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 
 use parking_lot::RwLock;
 
+use crate::base::request::Permission;
 use crate::config::Config;
-use crate::engine::types::Permission;
 use crate::error::{Error, Result};
 use crate::verbs::{Access, AsyncEvent, Cq, Device, GidEntry, GidType, Mr, Mtu, Pd, PortAttr, PortState, Provider};
 

@@ -124,6 +124,24 @@ pub struct Core {
 }
 
 impl Core {
+    /// The endpoint events and store occupancy, in the metrics' terms.
+    pub fn metrics_snapshot(&self) -> crate::metrics::RdmaSnapshot {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut snap = crate::metrics::RdmaSnapshot::default();
+        snap.events[1] = self.counters.retired_on_mismatch.load(Relaxed);
+        for (i, store) in self.stores.iter().enumerate() {
+            let Some(store) = store else { continue };
+            snap.events[0] += store.stats.created.load(Relaxed);
+            snap.events[2] += store.stats.evicted.load(Relaxed);
+            snap.events[3] += store.stats.reclaimed.load(Relaxed);
+            snap.events[4] += store.stats.forced.load(Relaxed);
+            snap.events[5] += store.stats.evicted_busy.load(Relaxed);
+            let nic = self.device_names.get(i).cloned().unwrap_or_else(|| format!("nic{i}"));
+            snap.occupancy.push((nic, store.len() as u64));
+        }
+        snap
+    }
+
     /// The store of NIC `nic_id`.
     pub fn store(&self, nic_id: usize) -> Option<&Arc<EndpointStore>> {
         self.stores.get(nic_id).and_then(Option::as_ref)

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use super::Endpoint;
-use crate::engine::unit::Task;
+use crate::base::task::Task;
 
 /// One task in flight on RDMA: its slices count down; the last one completes the task.
 pub struct Job {

@@ -14,7 +14,7 @@ use super::Endpoint;
 use super::core::Core;
 use super::endpoint::EpState;
 use super::job::Slice;
-use crate::engine::types::Opcode;
+use crate::base::request::Opcode;
 use crate::error::{Error, Result};
 use crate::verbs::{Cq, SendOp, SendWr, Sge, Wc, WcStatus};
 

@@ -52,11 +52,11 @@ use std::time::Duration;
 use parking_lot::{Mutex, RwLock};
 use serde_json::{Value, json};
 
+use crate::base::request::{Permission, TransportKind};
+use crate::base::segment::SegmentDesc;
+use crate::base::task::Task;
 use crate::config::Config;
 use crate::control::client::RpcClient;
-use crate::engine::segment::SegmentDesc;
-use crate::engine::types::{Permission, TransportKind};
-use crate::engine::unit::Task;
 use crate::error::{Error, Result};
 use crate::transport::Transport;
 use crate::verbs::Provider;
@@ -185,6 +185,13 @@ impl RdmaTransport {
         result.map_err(Error::from)?;
         tracing::info!("RDMA transport up on {:?} with {} lanes", names, params.num_lanes);
         Ok(t)
+    }
+
+    /// Where the metrics read this transport's endpoint events and store occupancy from; it
+    /// holds the transport's state only weakly, so the metrics never keep it alive.
+    pub fn metrics_source(&self) -> crate::metrics::RdmaSource {
+        let core = Arc::downgrade(&self.core);
+        Box::new(move || core.upgrade().map(|c| c.metrics_snapshot()))
     }
 
     /// The provider the transport runs on (tests reach the simulated host through it).

@@ -1,0 +1,68 @@
+//! The handle a transport is given for each piece of work, and through which it reports the
+//! outcome. The engine implements [`TaskSink`]; transports see only this handle, never the
+//! engine's units, batches or failover state.
+
+use std::sync::Arc;
+
+use super::request::Request;
+
+/// The engine's side of a task: where a transport reports how an attempt ended.
+pub trait TaskSink: Send + Sync {
+    /// The request to move.
+    fn request(&self) -> &Request;
+    /// Attempt `attempt` moved every byte.
+    fn complete(&self, attempt: u32);
+    /// Attempt `attempt` failed for `reason`; the engine may fail the work over.
+    fn fail(self: Arc<Self>, attempt: u32, reason: String);
+    /// Attempt `attempt` ran out of time: the work ends TIMEOUT, without failover.
+    fn time_out(&self, attempt: u32, reason: String);
+    /// Whether everyone waiting for this work cancelled it, so it can stop.
+    fn cancel_requested(&self) -> bool;
+}
+
+/// What a transport is handed: the work and the attempt it belongs to. Reports of a stale
+/// attempt are ignored by the engine, so a slow old transport never overwrites the outcome of
+/// a failover.
+#[derive(Clone)]
+pub struct Task {
+    sink: Arc<dyn TaskSink>,
+    attempt: u32,
+}
+
+impl Task {
+    /// A task for attempt `attempt` of the work behind `sink`.
+    pub fn new(sink: Arc<dyn TaskSink>, attempt: u32) -> Task {
+        Task { sink, attempt }
+    }
+
+    /// The request to move.
+    pub fn request(&self) -> &Request {
+        self.sink.request()
+    }
+
+    /// Reports success: every public task of the work completes with its own length.
+    pub fn complete(&self) {
+        self.sink.complete(self.attempt);
+    }
+
+    /// Reports failure; the work may fail over to its next transport.
+    pub fn fail(&self, reason: String) {
+        self.sink.clone().fail(self.attempt, reason);
+    }
+
+    /// Reports that the transfer ran out of time: every public task ends TIMEOUT (no failover,
+    /// the time budget is spent).
+    pub fn time_out(&self, reason: String) {
+        self.sink.time_out(self.attempt, reason);
+    }
+
+    /// True when every public task of the work was cancelled, so it can stop.
+    pub fn cancel_requested(&self) -> bool {
+        self.sink.cancel_requested()
+    }
+
+    /// The attempt this task belongs to.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+}
