@@ -3,7 +3,8 @@
 //! A request is a 20-byte header, a struct_pack body holding the TENT message id, and the payload
 //! as the attachment; a response is a 16-byte header, a body (the struct_pack `void` marker, or an
 //! error string when `err_code != 0`) and the reply payload as the attachment. All integers are
-//! little-endian. See spec/wire.md for the captures these constants come from.
+//! little-endian. The constants and the test vectors below were read off frames an upstream
+//! peer sent and answered.
 
 use std::io::{self, Read};
 
@@ -277,7 +278,7 @@ mod tests {
 
     #[test]
     fn requests_match_recorded_frames() {
-        // Probe, seq 0 (spec/wire.md section 7).
+        // Probe, seq 0, as an upstream client sends it.
         assert_eq!(
             encode_request(0, msg::PROBE, 0, 0).to_vec(),
             hex("15000000 00000000 0d6674ff 0b000000 00000000 0940a55504010006000000")

@@ -1035,14 +1035,16 @@ impl Drop for Engine {
     fn drop(&mut self) {
         // Peers first lose access to memory, then workers stop, then state is freed.
         self.server.stop();
+        // The client is the engine's, shared by the transports and the peer lanes: aborting it
+        // first ends every call blocked on a slow peer, so the joins below are quick.
+        self.remote.client.abort_all();
         self.dispatcher.shutdown();
         if let Some(p) = &self.progress {
             // Units still queued are dropped; their transports already ended them at shutdown.
             p.join();
         }
         drop(self.publisher.lock().take());
-        // Peer work still queued fails fast once the client refuses calls.
-        self.remote.client.abort_all();
+        // Peer work still queued fails fast, since the client refuses calls.
         self.lanes.close();
         // No write can follow now: stop the keep-alive, then delete the key (clean shutdown).
         drop(self.keepalive.lock().take());

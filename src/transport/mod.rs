@@ -61,6 +61,8 @@ pub trait Transport: Send + Sync {
         false
     }
 
-    /// Stops workers and waits for them; pending tasks end FAILED.
+    /// Stops workers and waits for them; pending tasks end FAILED. A worker blocked on a peer
+    /// ends with its call; the owner of the RPC client (the engine) aborts the client first, so
+    /// that is at once.
     fn shutdown(&self) {}
 }

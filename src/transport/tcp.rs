@@ -90,7 +90,6 @@ impl Chunk {
 
 /// The TCP transport; `shutdown` (or drop) fails what is queued and joins the workers.
 pub struct TcpTransport {
-    client: Arc<RpcClient>,
     params: TcpParams,
     pool: Pool<Chunk>,
     stopping: Arc<AtomicBool>,
@@ -101,11 +100,11 @@ impl TcpTransport {
     /// and ended when idle.
     pub fn new(client: Arc<RpcClient>, params: TcpParams, metrics: Arc<Metrics>) -> Result<TcpTransport> {
         let stopping = Arc::new(AtomicBool::new(false));
-        let (c, s) = (client.clone(), stopping.clone());
+        let (c, s) = (client, stopping.clone());
         let pool = Pool::new("tent-tcp", 0, params.max_concurrent_tasks, params.idle_exit, move |q| {
             worker(q, &c, &s, params, &metrics)
         })?;
-        Ok(TcpTransport { client, params, pool, stopping })
+        Ok(TcpTransport { params, pool, stopping })
     }
 
     /// The parameters in use.
@@ -296,8 +295,6 @@ impl Transport for TcpTransport {
 
     fn shutdown(&self) {
         self.stopping.store(true, Ordering::Release);
-        // Interrupt chunks blocked on a slow peer; their tasks fail instead of holding teardown.
-        self.client.abort_all();
         for c in self.pool.close() {
             c.job.failed.store(true, Ordering::Release);
             c.job.task.fail("tcp transport is shutting down".into());

@@ -464,7 +464,6 @@ impl Transport for RdmaTransport {
         self.core.stopping.store(true, Ordering::Release);
         self.lanes.lock().clear();
         self.core.connector.lock().take();
-        self.core.client.abort_all();
         for t in self.threads.lock().drain(..) {
             let _ = t.join();
         }
