@@ -550,7 +550,8 @@ int tent_get_nic_load_stats(tent_engine_t engine, tent_nic_load_stat_t *stats, s
 const char *tent_version(void);
 
 /**
- * Copies this thread's last error message into `buf` (NUL-terminated, truncated to `len - 1`).
+ * Copies the error message of this thread's last call into `buf` (NUL-terminated, truncated
+ * to `len - 1`); every other call clears it when it starts, so it is empty after a success.
  * Returns the full length of the message (0 when there is none), like snprintf, so a caller can
  * size its buffer; `buf` may be NULL when `len` is 0.
  *

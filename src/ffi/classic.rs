@@ -15,30 +15,10 @@ use super::{Handle, c_str, calloc_array, fill_fixed, guard, non_null, write_c_st
 use crate::config::{Config, keys};
 use crate::engine::types::{Opcode, Permission, Request, TransportKind};
 use crate::engine::{self, Engine, MemoryOptions};
-use crate::error::{Api, ERR_CONTEXT, Error, Result};
+use crate::error::{Error, Result};
 
 /// The connection string that selects p2p metadata (no metadata server).
 const P2P_HANDSHAKE: &str = "P2PHANDSHAKE";
-
-/// Turns an engine result into a classic return value: the value itself, or the negative code
-/// of the error with its message stored for `tent_last_error` and logged.
-fn classic_code(func: &str, r: Result<c_int>) -> Result<c_int> {
-    match r {
-        Ok(v) => Ok(v),
-        Err(e) => {
-            tracing::warn!("{func}: {e}");
-            super::set_last_error(func, &e.to_string());
-            Ok(e.c_code(Api::Classic))
-        }
-    }
-}
-
-/// Records a failure of a function whose error value is not a code (a NULL pointer or
-/// `INVALID_BATCH`), logging it at warn level since the caller cannot see the reason otherwise.
-fn record(func: &str, e: &Error) {
-    tracing::warn!("{func}: {e}");
-    super::set_last_error(func, &e.to_string());
-}
 
 /// Splits a classic metadata connection string into (metadata type, servers), as upstream's
 /// classic engine reads it: `P2PHANDSHAKE` is p2p; `type://rest` names its type, where `http`
@@ -236,24 +216,16 @@ pub unsafe extern "C" fn createTransferEngine(
     auto_discover: c_int,
 ) -> transfer_engine_t {
     let _ = (auto_discover, rpc_port);
-    guard!("createTransferEngine", std::ptr::null_mut(), {
-        let started = (|| -> Result<_> {
-            // SAFETY: forwarded contract.
-            let conn = unsafe { c_str(metadata_conn_string, "metadata_conn_string") }?;
-            // SAFETY: forwarded contract.
-            let name = unsafe { opt_str(local_server_name, "local_server_name") }?;
-            // SAFETY: forwarded contract.
-            let host = unsafe { opt_str(ip_or_host_name, "ip_or_host_name") }?;
-            let cfg = classic_config(&conn, &name, &host, &|k| std::env::var(k).ok());
-            Engine::new(engine::effective_config(cfg))
-        })();
-        match started {
-            Ok(e) => Ok(super::publish(Handle::Ready(e))),
-            Err(e) => {
-                record("createTransferEngine", &e);
-                Ok(std::ptr::null_mut())
-            }
-        }
+    guard!("createTransferEngine", classic_or(std::ptr::null_mut()), {
+        // SAFETY: forwarded contract.
+        let conn = unsafe { c_str(metadata_conn_string, "metadata_conn_string") }?;
+        // SAFETY: forwarded contract.
+        let name = unsafe { opt_str(local_server_name, "local_server_name") }?;
+        // SAFETY: forwarded contract.
+        let host = unsafe { opt_str(ip_or_host_name, "ip_or_host_name") }?;
+        let cfg = classic_config(&conn, &name, &host, &|k| std::env::var(k).ok());
+        let e = Engine::new(engine::effective_config(cfg))?;
+        Ok(super::publish(Handle::Ready(e)))
     })
 }
 
@@ -265,25 +237,20 @@ pub unsafe extern "C" fn createTransferEngine(
 /// `buf_out` is NULL or valid for `buf_len` bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn getLocalIpAndPort(engine: transfer_engine_t, buf_out: *mut c_char, buf_len: usize) -> c_int {
-    guard!("getLocalIpAndPort", ERR_CONTEXT, {
-        classic_code(
-            "getLocalIpAndPort",
-            (|| {
-                let e = super::engine(engine)?;
-                non_null(buf_out, "buf_out")?;
-                let addr = if e.config().get_string(keys::METADATA_TYPE.0, keys::METADATA_TYPE.1) == "p2p" {
-                    e.segment_name().to_string()
-                } else {
-                    e.local_segment().rpc_server_addr.clone()
-                };
-                // SAFETY: non-NULL, `buf_len` bytes per the caller's contract.
-                if unsafe { write_c_string(&addr, buf_out, buf_len) } {
-                    Ok(0)
-                } else {
-                    Err(Error::InvalidArgument(format!("buffer of {buf_len} bytes is too small for {addr:?}")))
-                }
-            })(),
-        )
+    guard!("getLocalIpAndPort", classic, {
+        let e = super::engine(engine)?;
+        non_null(buf_out, "buf_out")?;
+        let addr = if e.config().get_string(keys::METADATA_TYPE.0, keys::METADATA_TYPE.1) == "p2p" {
+            e.segment_name().to_string()
+        } else {
+            e.local_segment().rpc_server_addr.clone()
+        };
+        // SAFETY: non-NULL, `buf_len` bytes per the caller's contract.
+        if unsafe { write_c_string(&addr, buf_out, buf_len) } {
+            Ok(0)
+        } else {
+            Err(Error::InvalidArgument(format!("buffer of {buf_len} bytes is too small for {addr:?}")))
+        }
     })
 }
 
@@ -305,44 +272,35 @@ pub unsafe extern "C" fn installTransport(
     proto: *const c_char,
     args: *mut *mut c_void,
 ) -> transport_t {
-    guard!("installTransport", std::ptr::null_mut(), {
-        let r = (|| -> Result<transport_t> {
-            let e = super::engine(engine)?;
-            // SAFETY: forwarded contract.
-            let proto = unsafe { c_str(proto, "proto") }?;
-            if !args.is_null() {
-                // SAFETY: `args` is non-NULL and has at least its terminating element.
-                let first = unsafe { *args };
-                if !first.is_null() {
-                    // SAFETY: a non-NULL args[0] is the matrix JSON string by contract.
-                    let matrix = unsafe { c_str(first.cast::<c_char>(), "args[0]") }?;
-                    serde_json::from_str::<serde_json::Value>(&matrix).map_err(|err| {
-                        Error::InvalidArgument(format!("NIC priority matrix in args[0] is not JSON: {err}"))
-                    })?;
-                }
-            }
-            let (kind, slot) = match proto.as_str() {
-                "tcp" => (TransportKind::Tcp, 0),
-                "rdma" => (TransportKind::Rdma, 1),
-                "shm" => (TransportKind::Shm, 2),
-                other => {
-                    return Err(Error::InvalidArgument(format!(
-                        "unknown transport {other:?} (tcp, rdma and shm are known)"
-                    )));
-                }
-            };
-            if !e.loaded_transports().contains(&kind) {
-                return Err(Error::NoTransport(format!("transport {proto} is not available in this engine")));
-            }
-            Ok(TRANSPORT_TOKENS[slot].as_ptr().cast::<c_void>())
-        })();
-        match r {
-            Ok(p) => Ok(p),
-            Err(e) => {
-                record("installTransport", &e);
-                Ok(std::ptr::null_mut())
+    guard!("installTransport", classic_or(std::ptr::null_mut()), {
+        let e = super::engine(engine)?;
+        // SAFETY: forwarded contract.
+        let proto = unsafe { c_str(proto, "proto") }?;
+        if !args.is_null() {
+            // SAFETY: `args` is non-NULL and has at least its terminating element.
+            let first = unsafe { *args };
+            if !first.is_null() {
+                // SAFETY: a non-NULL args[0] is the matrix JSON string by contract.
+                let matrix = unsafe { c_str(first.cast::<c_char>(), "args[0]") }?;
+                serde_json::from_str::<serde_json::Value>(&matrix).map_err(|err| {
+                    Error::InvalidArgument(format!("NIC priority matrix in args[0] is not JSON: {err}"))
+                })?;
             }
         }
+        let (kind, slot) = match proto.as_str() {
+            "tcp" => (TransportKind::Tcp, 0),
+            "rdma" => (TransportKind::Rdma, 1),
+            "shm" => (TransportKind::Shm, 2),
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "unknown transport {other:?} (tcp, rdma and shm are known)"
+                )));
+            }
+        };
+        if !e.loaded_transports().contains(&kind) {
+            return Err(Error::NoTransport(format!("transport {proto} is not available in this engine")));
+        }
+        Ok(TRANSPORT_TOKENS[slot].as_ptr().cast::<c_void>())
     })
 }
 
@@ -353,16 +311,11 @@ pub unsafe extern "C" fn installTransport(
 /// `proto` is NULL or a NUL-terminated string.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn uninstallTransport(engine: transfer_engine_t, proto: *const c_char) -> c_int {
-    guard!("uninstallTransport", ERR_CONTEXT, {
-        classic_code(
-            "uninstallTransport",
-            (|| {
-                super::engine(engine)?;
-                // SAFETY: forwarded contract.
-                unsafe { c_str(proto, "proto") }?;
-                Ok(0)
-            })(),
-        )
+    guard!("uninstallTransport", classic, {
+        super::engine(engine)?;
+        // SAFETY: forwarded contract.
+        unsafe { c_str(proto, "proto") }?;
+        Ok(0)
     })
 }
 
@@ -396,9 +349,7 @@ unsafe fn open_classic(engine: transfer_engine_t, segment_name: *const c_char, r
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn openSegment(engine: transfer_engine_t, segment_name: *const c_char) -> segment_id_t {
     // SAFETY: forwarded contract.
-    guard!("openSegment", ERR_CONTEXT, {
-        classic_code("openSegment", unsafe { open_classic(engine, segment_name, false) })
-    })
+    guard!("openSegment", classic, { unsafe { open_classic(engine, segment_name, false) } })
 }
 
 /// Like `openSegment`, but fetches the descriptor again even when one is cached.
@@ -408,23 +359,16 @@ pub unsafe extern "C" fn openSegment(engine: transfer_engine_t, segment_name: *c
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn openSegmentNoCache(engine: transfer_engine_t, segment_name: *const c_char) -> segment_id_t {
     // SAFETY: forwarded contract.
-    guard!("openSegmentNoCache", ERR_CONTEXT, {
-        classic_code("openSegmentNoCache", unsafe { open_classic(engine, segment_name, true) })
-    })
+    guard!("openSegmentNoCache", classic, { unsafe { open_classic(engine, segment_name, true) } })
 }
 
 /// Forgets a segment handle; an unknown or negative handle fails with `ERR_INVALID_ARGUMENT`.
 #[unsafe(no_mangle)]
 pub extern "C" fn closeSegment(engine: transfer_engine_t, segment_id: segment_id_t) -> c_int {
-    guard!("closeSegment", ERR_CONTEXT, {
-        classic_code(
-            "closeSegment",
-            (|| {
-                let e = super::engine(engine)?;
-                e.close_segment(segment_handle(segment_id)?)?;
-                Ok(0)
-            })(),
-        )
+    guard!("closeSegment", classic, {
+        let e = super::engine(engine)?;
+        e.close_segment(segment_handle(segment_id)?)?;
+        Ok(0)
     })
 }
 
@@ -436,7 +380,7 @@ pub extern "C" fn closeSegment(engine: transfer_engine_t, segment_id: segment_id
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn removeLocalSegment(engine: transfer_engine_t, segment_name: *const c_char) -> c_int {
     let _ = segment_name;
-    guard!("removeLocalSegment", ERR_CONTEXT, { classic_code("removeLocalSegment", super::engine(engine).map(|_| 0)) })
+    guard!("removeLocalSegment", classic, { super::engine(engine).map(|_| 0) })
 }
 
 /// Accepted for compatibility and does nothing (there is no EFA transport). Returns 0 for a live
@@ -447,7 +391,7 @@ pub unsafe extern "C" fn removeLocalSegment(engine: transfer_engine_t, segment_n
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn warmupEfaSegment(engine: transfer_engine_t, segment_name: *const c_char) -> c_int {
     let _ = segment_name;
-    guard!("warmupEfaSegment", ERR_CONTEXT, { classic_code("warmupEfaSegment", super::engine(engine).map(|_| 0)) })
+    guard!("warmupEfaSegment", classic, { super::engine(engine).map(|_| 0) })
 }
 
 /// Destroys an engine: stops its server and workers and frees its batches. NULL and unknown
@@ -476,28 +420,19 @@ pub unsafe extern "C" fn registerLocalMemory(
     location: *const c_char,
     remote_accessible: c_int,
 ) -> c_int {
-    guard!("registerLocalMemory", ERR_CONTEXT, {
-        classic_code(
-            "registerLocalMemory",
-            (|| {
-                let e = super::engine(engine)?;
-                non_null(addr, "addr")?;
-                // SAFETY: forwarded contract.
-                let location = unsafe { opt_str(location, "location") }?;
-                let opts = MemoryOptions {
-                    location: if location.is_empty() { "*".into() } else { location },
-                    permission: if remote_accessible != 0 {
-                        Permission::GlobalReadWrite
-                    } else {
-                        Permission::LocalReadWrite
-                    },
-                    ..MemoryOptions::default()
-                };
-                // SAFETY: the C caller's contract: the memory stays valid while the engine may use it.
-                unsafe { e.register_memory(&[(addr as u64, length as u64)], &opts) }?;
-                Ok(0)
-            })(),
-        )
+    guard!("registerLocalMemory", classic, {
+        let e = super::engine(engine)?;
+        non_null(addr, "addr")?;
+        // SAFETY: forwarded contract.
+        let location = unsafe { opt_str(location, "location") }?;
+        let opts = MemoryOptions {
+            location: if location.is_empty() { "*".into() } else { location },
+            permission: if remote_accessible != 0 { Permission::GlobalReadWrite } else { Permission::LocalReadWrite },
+            ..MemoryOptions::default()
+        };
+        // SAFETY: the C caller's contract: the memory stays valid while the engine may use it.
+        unsafe { e.register_memory(&[(addr as u64, length as u64)], &opts) }?;
+        Ok(0)
     })
 }
 
@@ -514,17 +449,12 @@ fn require_registered(e: &Engine, addr: u64) -> Result<()> {
 /// `ERR_ADDRESS_NOT_REGISTERED`.
 #[unsafe(no_mangle)]
 pub extern "C" fn unregisterLocalMemory(engine: transfer_engine_t, addr: *mut c_void) -> c_int {
-    guard!("unregisterLocalMemory", ERR_CONTEXT, {
-        classic_code(
-            "unregisterLocalMemory",
-            (|| {
-                let e = super::engine(engine)?;
-                non_null(addr, "addr")?;
-                require_registered(&e, addr as u64)?;
-                e.unregister_memory(&[(addr as u64, 0)])?;
-                Ok(0)
-            })(),
-        )
+    guard!("unregisterLocalMemory", classic, {
+        let e = super::engine(engine)?;
+        non_null(addr, "addr")?;
+        require_registered(&e, addr as u64)?;
+        e.unregister_memory(&[(addr as u64, 0)])?;
+        Ok(0)
     })
 }
 
@@ -540,32 +470,27 @@ pub unsafe extern "C" fn registerLocalMemoryBatch(
     buffer_len: usize,
     location: *const c_char,
 ) -> c_int {
-    guard!("registerLocalMemoryBatch", ERR_CONTEXT, {
-        classic_code(
-            "registerLocalMemoryBatch",
-            (|| {
-                let e = super::engine(engine)?;
-                if buffer_len == 0 {
-                    return Ok(0);
-                }
-                non_null(buffer_list, "buffer_list")?;
-                if buffer_len > (isize::MAX as usize) / std::mem::size_of::<buffer_entry>() {
-                    return Err(Error::InvalidArgument(format!("buffer_len {buffer_len} is too large")));
-                }
-                // SAFETY: non-NULL, `buffer_len` entries per the caller's contract.
-                let list = unsafe { std::slice::from_raw_parts(buffer_list, buffer_len) };
-                let ranges: Vec<(u64, u64)> = list.iter().map(|b| (b.addr as u64, b.length as u64)).collect();
-                // SAFETY: forwarded contract.
-                let location = unsafe { opt_str(location, "location") }?;
-                let opts = MemoryOptions {
-                    location: if location.is_empty() { "*".into() } else { location },
-                    ..MemoryOptions::default()
-                };
-                // SAFETY: the C caller's contract: the memory stays valid while the engine may use it.
-                unsafe { e.register_memory(&ranges, &opts) }?;
-                Ok(0)
-            })(),
-        )
+    guard!("registerLocalMemoryBatch", classic, {
+        let e = super::engine(engine)?;
+        if buffer_len == 0 {
+            return Ok(0);
+        }
+        non_null(buffer_list, "buffer_list")?;
+        if buffer_len > (isize::MAX as usize) / std::mem::size_of::<buffer_entry>() {
+            return Err(Error::InvalidArgument(format!("buffer_len {buffer_len} is too large")));
+        }
+        // SAFETY: non-NULL, `buffer_len` entries per the caller's contract.
+        let list = unsafe { std::slice::from_raw_parts(buffer_list, buffer_len) };
+        let ranges: Vec<(u64, u64)> = list.iter().map(|b| (b.addr as u64, b.length as u64)).collect();
+        // SAFETY: forwarded contract.
+        let location = unsafe { opt_str(location, "location") }?;
+        let opts = MemoryOptions {
+            location: if location.is_empty() { "*".into() } else { location },
+            ..MemoryOptions::default()
+        };
+        // SAFETY: the C caller's contract: the memory stays valid while the engine may use it.
+        unsafe { e.register_memory(&ranges, &opts) }?;
+        Ok(0)
     })
 }
 
@@ -580,45 +505,33 @@ pub unsafe extern "C" fn unregisterLocalMemoryBatch(
     addr_list: *mut *mut c_void,
     addr_len: usize,
 ) -> c_int {
-    guard!("unregisterLocalMemoryBatch", ERR_CONTEXT, {
-        classic_code(
-            "unregisterLocalMemoryBatch",
-            (|| {
-                let e = super::engine(engine)?;
-                if addr_len == 0 {
-                    return Ok(0);
-                }
-                non_null(addr_list, "addr_list")?;
-                if addr_len > (isize::MAX as usize) / 8 {
-                    return Err(Error::InvalidArgument(format!("addr_len {addr_len} is too large")));
-                }
-                // SAFETY: non-NULL, `addr_len` pointers per the caller's contract.
-                let list = unsafe { std::slice::from_raw_parts(addr_list, addr_len) };
-                for &a in list {
-                    require_registered(&e, a as u64)?;
-                }
-                let ranges: Vec<(u64, u64)> = list.iter().map(|&a| (a as u64, 0)).collect();
-                e.unregister_memory(&ranges)?;
-                Ok(0)
-            })(),
-        )
+    guard!("unregisterLocalMemoryBatch", classic, {
+        let e = super::engine(engine)?;
+        if addr_len == 0 {
+            return Ok(0);
+        }
+        non_null(addr_list, "addr_list")?;
+        if addr_len > (isize::MAX as usize) / 8 {
+            return Err(Error::InvalidArgument(format!("addr_len {addr_len} is too large")));
+        }
+        // SAFETY: non-NULL, `addr_len` pointers per the caller's contract.
+        let list = unsafe { std::slice::from_raw_parts(addr_list, addr_len) };
+        for &a in list {
+            require_registered(&e, a as u64)?;
+        }
+        let ranges: Vec<(u64, u64)> = list.iter().map(|&a| (a as u64, 0)).collect();
+        e.unregister_memory(&ranges)?;
+        Ok(0)
     })
 }
 
 /// Allocates a batch for up to `batch_size` tasks; `INVALID_BATCH` on failure.
 #[unsafe(no_mangle)]
 pub extern "C" fn allocateBatchID(engine: transfer_engine_t, batch_size: usize) -> batch_id_t {
-    guard!("allocateBatchID", INVALID_BATCH, {
-        match super::engine(engine).and_then(|e| e.allocate_batch(batch_size)) {
-            Ok(id) if id != INVALID_BATCH => Ok(id),
-            Ok(_) => {
-                record("allocateBatchID", &Error::Internal("batch id collides with INVALID_BATCH".into()));
-                Ok(INVALID_BATCH)
-            }
-            Err(e) => {
-                record("allocateBatchID", &e);
-                Ok(INVALID_BATCH)
-            }
+    guard!("allocateBatchID", classic_or(INVALID_BATCH), {
+        match super::engine(engine)?.allocate_batch(batch_size)? {
+            INVALID_BATCH => Err(Error::Internal("batch id collides with INVALID_BATCH".into())),
+            id => Ok(id),
         }
     })
 }
@@ -636,18 +549,13 @@ pub unsafe extern "C" fn submitTransfer(
     entries: *mut transfer_request,
     count: usize,
 ) -> c_int {
-    guard!("submitTransfer", ERR_CONTEXT, {
-        classic_code(
-            "submitTransfer",
-            (|| {
-                let e = super::engine(engine)?;
-                // SAFETY: forwarded contract.
-                let reqs = unsafe { classic_requests(&e, entries, count) }?;
-                // SAFETY: the C caller's contract: the memory stays valid while the engine may use it.
-                unsafe { e.submit(batch_id, &reqs, None) }?;
-                Ok(0)
-            })(),
-        )
+    guard!("submitTransfer", classic, {
+        let e = super::engine(engine)?;
+        // SAFETY: forwarded contract.
+        let reqs = unsafe { classic_requests(&e, entries, count) }?;
+        // SAFETY: the C caller's contract: the memory stays valid while the engine may use it.
+        unsafe { e.submit(batch_id, &reqs, None) }?;
+        Ok(0)
     })
 }
 
@@ -664,20 +572,15 @@ pub unsafe extern "C" fn submitTransferWithNotify(
     count: usize,
     notify_msg: notify_msg_t,
 ) -> c_int {
-    guard!("submitTransferWithNotify", ERR_CONTEXT, {
-        classic_code(
-            "submitTransferWithNotify",
-            (|| {
-                let e = super::engine(engine)?;
-                // SAFETY: forwarded contract.
-                let note = unsafe { notify_strings(&notify_msg) }?;
-                // SAFETY: forwarded contract.
-                let reqs = unsafe { classic_requests(&e, entries, count) }?;
-                // SAFETY: the C caller's contract: the memory stays valid while the engine may use it.
-                unsafe { e.submit(batch_id, &reqs, Some(note)) }?;
-                Ok(0)
-            })(),
-        )
+    guard!("submitTransferWithNotify", classic, {
+        let e = super::engine(engine)?;
+        // SAFETY: forwarded contract.
+        let note = unsafe { notify_strings(&notify_msg) }?;
+        // SAFETY: forwarded contract.
+        let reqs = unsafe { classic_requests(&e, entries, count) }?;
+        // SAFETY: the C caller's contract: the memory stays valid while the engine may use it.
+        unsafe { e.submit(batch_id, &reqs, Some(note)) }?;
+        Ok(0)
     })
 }
 
@@ -689,60 +592,51 @@ pub unsafe extern "C" fn submitTransferWithNotify(
 /// `size` is NULL or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn getNotifsFromEngine(engine: transfer_engine_t, size: *mut c_int) -> *mut notify_msg_t {
-    guard!("getNotifsFromEngine", std::ptr::null_mut(), {
+    guard!("getNotifsFromEngine", classic_or(std::ptr::null_mut()), {
         if !size.is_null() {
             // SAFETY: non-NULL and writable per the caller's contract.
             unsafe { *size = 0 };
         }
-        let r = (|| -> Result<*mut notify_msg_t> {
-            let e = super::engine(engine)?;
-            non_null(size, "size")?;
-            let mut notes = e.recv_notifications();
-            // The count is an int: anything beyond stays queued for the next call.
-            let rest = notes.split_off(notes.len().min(i32::MAX as usize));
-            if !rest.is_empty() {
-                e.requeue_notifications(rest);
-            }
-            if notes.is_empty() {
-                return Ok(std::ptr::null_mut());
-            }
-            let fill = || -> Result<*mut notify_msg_t> {
-                let arr = calloc_array::<notify_msg_t>(notes.len())?;
-                for (i, n) in notes.iter().enumerate() {
-                    let strings = malloc_string(&n.name).and_then(|name| Ok((name, malloc_string(&n.msg)?)));
-                    match strings {
-                        Ok((name, msg)) => {
-                            // SAFETY: `i` is within the array of notes.len() zeroed entries.
-                            unsafe { *arr.add(i) = notify_msg { name, msg } };
-                        }
-                        Err(err) => {
-                            // SAFETY: the array and the strings filled so far came from
-                            // calloc; unfilled entries are NULL.
-                            unsafe { free_notify_array(arr, notes.len()) };
-                            return Err(err);
-                        }
+        let e = super::engine(engine)?;
+        non_null(size, "size")?;
+        let mut notes = e.recv_notifications();
+        // The count is an int: anything beyond stays queued for the next call.
+        let rest = notes.split_off(notes.len().min(i32::MAX as usize));
+        if !rest.is_empty() {
+            e.requeue_notifications(rest);
+        }
+        if notes.is_empty() {
+            return Ok(std::ptr::null_mut());
+        }
+        let fill = || -> Result<*mut notify_msg_t> {
+            let arr = calloc_array::<notify_msg_t>(notes.len())?;
+            for (i, n) in notes.iter().enumerate() {
+                let strings = malloc_string(&n.name).and_then(|name| Ok((name, malloc_string(&n.msg)?)));
+                match strings {
+                    Ok((name, msg)) => {
+                        // SAFETY: `i` is within the array of notes.len() zeroed entries.
+                        unsafe { *arr.add(i) = notify_msg { name, msg } };
+                    }
+                    Err(err) => {
+                        // SAFETY: the array and the strings filled so far came from
+                        // calloc; unfilled entries are NULL.
+                        unsafe { free_notify_array(arr, notes.len()) };
+                        return Err(err);
                     }
                 }
-                Ok(arr)
-            };
-            match fill() {
-                Ok(arr) => {
-                    // SAFETY: checked non-NULL above.
-                    unsafe { *size = notes.len() as c_int };
-                    Ok(arr)
-                }
-                Err(err) => {
-                    // Nothing was handed out: keep the notifications for the next call.
-                    e.requeue_notifications(notes);
-                    Err(err)
-                }
             }
-        })();
-        match r {
-            Ok(p) => Ok(p),
-            Err(e) => {
-                record("getNotifsFromEngine", &e);
-                Ok(std::ptr::null_mut())
+            Ok(arr)
+        };
+        match fill() {
+            Ok(arr) => {
+                // SAFETY: checked non-NULL above.
+                unsafe { *size = notes.len() as c_int };
+                Ok(arr)
+            }
+            Err(err) => {
+                // Nothing was handed out: keep the notifications for the next call.
+                e.requeue_notifications(notes);
+                Err(err)
             }
         }
     })
@@ -776,20 +670,14 @@ unsafe fn free_notify_array(arr: *mut notify_msg_t, n: usize) {
 /// `msg` is NULL or the array returned by `getNotifsFromEngine` with its `size`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn freeNotifsMsgBuf(msg: *mut notify_msg_t, size: c_int) -> c_int {
-    guard!("freeNotifsMsgBuf", ERR_CONTEXT, {
-        classic_code(
-            "freeNotifsMsgBuf",
-            (|| {
-                if msg.is_null() {
-                    return Ok(0);
-                }
-                let n =
-                    usize::try_from(size).map_err(|_| Error::InvalidArgument(format!("size {size} is negative")))?;
-                // SAFETY: forwarded contract.
-                unsafe { free_notify_array(msg, n) };
-                Ok(0)
-            })(),
-        )
+    guard!("freeNotifsMsgBuf", classic, {
+        if msg.is_null() {
+            return Ok(0);
+        }
+        let n = usize::try_from(size).map_err(|_| Error::InvalidArgument(format!("size {size} is negative")))?;
+        // SAFETY: forwarded contract.
+        unsafe { free_notify_array(msg, n) };
+        Ok(0)
     })
 }
 
@@ -803,17 +691,12 @@ pub unsafe extern "C" fn genNotifyInEngine(
     target_id: u64,
     notify_msg: notify_msg_t,
 ) -> c_int {
-    guard!("genNotifyInEngine", ERR_CONTEXT, {
-        classic_code(
-            "genNotifyInEngine",
-            (|| {
-                let e = super::engine(engine)?;
-                // SAFETY: forwarded contract.
-                let (name, msg) = unsafe { notify_strings(&notify_msg) }?;
-                e.send_notification(target_id, &name, &msg)?;
-                Ok(0)
-            })(),
-        )
+    guard!("genNotifyInEngine", classic, {
+        let e = super::engine(engine)?;
+        // SAFETY: forwarded contract.
+        let (name, msg) = unsafe { notify_strings(&notify_msg) }?;
+        e.send_notification(target_id, &name, &msg)?;
+        Ok(0)
     })
 }
 
@@ -829,40 +712,30 @@ pub unsafe extern "C" fn getTransferStatus(
     task_id: usize,
     status: *mut transfer_status,
 ) -> c_int {
-    guard!("getTransferStatus", ERR_CONTEXT, {
-        classic_code(
-            "getTransferStatus",
-            (|| {
-                let e = super::engine(engine)?;
-                non_null(status, "status")?;
-                let (st, bytes) = e.task_status(batch_id, task_id)?;
-                // SAFETY: non-NULL and writable per the caller's contract.
-                unsafe { *status = transfer_status { status: st as c_int, transferred_bytes: bytes } };
-                Ok(0)
-            })(),
-        )
+    guard!("getTransferStatus", classic, {
+        let e = super::engine(engine)?;
+        non_null(status, "status")?;
+        let (st, bytes) = e.task_status(batch_id, task_id)?;
+        // SAFETY: non-NULL and writable per the caller's contract.
+        unsafe { *status = transfer_status { status: st as c_int, transferred_bytes: bytes } };
+        Ok(0)
     })
 }
 
 /// Frees a batch. A batch whose tasks are still running stays pollable until they end.
 #[unsafe(no_mangle)]
 pub extern "C" fn freeBatchID(engine: transfer_engine_t, batch_id: batch_id_t) -> c_int {
-    guard!("freeBatchID", ERR_CONTEXT, {
-        classic_code("freeBatchID", super::engine(engine).and_then(|e| e.free_batch(batch_id).map(|_| 0)))
-    })
+    guard!("freeBatchID", classic, { super::engine(engine).and_then(|e| e.free_batch(batch_id).map(|_| 0)) })
 }
 
 /// Drops every cached remote segment descriptor, so each is fetched again on next use.
 #[unsafe(no_mangle)]
 pub extern "C" fn syncSegmentCache(engine: transfer_engine_t) -> c_int {
-    guard!("syncSegmentCache", ERR_CONTEXT, {
-        classic_code(
-            "syncSegmentCache",
-            super::engine(engine).map(|e| {
-                e.sync_segment_cache();
-                0
-            }),
-        )
+    guard!("syncSegmentCache", classic, {
+        super::engine(engine).map(|e| {
+            e.sync_segment_cache();
+            0
+        })
     })
 }
 
@@ -877,33 +750,28 @@ pub unsafe extern "C" fn getNicLoadStats(
     stats: *mut nic_load_stat_t,
     count: *mut usize,
 ) -> c_int {
-    guard!("getNicLoadStats", ERR_CONTEXT, {
-        classic_code(
-            "getNicLoadStats",
-            (|| {
-                let e = super::engine(engine)?;
-                non_null(count, "count")?;
-                // SAFETY: non-NULL per the check.
-                let room = unsafe { *count };
-                if room > 0 {
-                    non_null(stats, "stats")?;
-                }
-                let all = e.nic_load_stats();
-                for (i, s) in all.iter().take(room).enumerate() {
-                    let mut rec = nic_load_stat {
-                        device_name: [0; 64],
-                        inflight_bytes: s.inflight_bytes,
-                        ewma_bandwidth_bps: s.ewma_bandwidth_bps,
-                    };
-                    fill_fixed(&mut rec.device_name, &s.device);
-                    // SAFETY: i < room, the capacity the caller declared.
-                    unsafe { *stats.add(i) = rec };
-                }
-                // SAFETY: non-NULL per the check.
-                unsafe { *count = all.len() };
-                Ok(0)
-            })(),
-        )
+    guard!("getNicLoadStats", classic, {
+        let e = super::engine(engine)?;
+        non_null(count, "count")?;
+        // SAFETY: non-NULL per the check.
+        let room = unsafe { *count };
+        if room > 0 {
+            non_null(stats, "stats")?;
+        }
+        let all = e.nic_load_stats();
+        for (i, s) in all.iter().take(room).enumerate() {
+            let mut rec = nic_load_stat {
+                device_name: [0; 64],
+                inflight_bytes: s.inflight_bytes,
+                ewma_bandwidth_bps: s.ewma_bandwidth_bps,
+            };
+            fill_fixed(&mut rec.device_name, &s.device);
+            // SAFETY: i < room, the capacity the caller declared.
+            unsafe { *stats.add(i) = rec };
+        }
+        // SAFETY: non-NULL per the check.
+        unsafe { *count = all.len() };
+        Ok(0)
     })
 }
 
@@ -911,7 +779,7 @@ pub unsafe extern "C" fn getNicLoadStats(
 /// live engine.
 #[unsafe(no_mangle)]
 pub extern "C" fn discoverTopology(engine: transfer_engine_t) -> c_int {
-    guard!("discoverTopology", ERR_CONTEXT, { classic_code("discoverTopology", super::engine(engine).map(|_| 0)) })
+    guard!("discoverTopology", classic, { super::engine(engine).map(|_| 0) })
 }
 
 /// Registers the engine for graceful shutdown: when the process exits normally, or receives
@@ -923,11 +791,9 @@ pub extern "C" fn discoverTopology(engine: transfer_engine_t) -> c_int {
 /// readable with `tent_last_error`.
 #[unsafe(no_mangle)]
 pub extern "C" fn enableGracefulShutdown(engine: transfer_engine_t) {
-    guard!("enableGracefulShutdown", (), {
-        if let Err(e) = super::engine(engine).and_then(|_| super::shutdown::enable(engine)) {
-            record("enableGracefulShutdown", &e);
-        }
-        Ok(())
+    guard!("enableGracefulShutdown", classic_or(()), {
+        super::engine(engine)?;
+        super::shutdown::enable(engine)
     })
 }
 
@@ -1002,24 +868,19 @@ pub unsafe extern "C" fn showLinks(
     buf_len: usize,
     json: c_int,
 ) -> c_int {
-    guard!("showLinks", ERR_CONTEXT, {
-        classic_code(
-            "showLinks",
-            (|| {
-                let e = super::engine(engine)?;
-                non_null(buf_out, "buf_out")?;
-                let text = links_report(&e, json != 0);
-                // SAFETY: non-NULL, `buf_len` bytes per the caller's contract.
-                if unsafe { write_c_string(&text, buf_out, buf_len) } {
-                    Ok(0)
-                } else {
-                    Err(Error::InvalidArgument(format!(
-                        "buffer of {buf_len} bytes is too small for the {} bytes of the report",
-                        text.len() + 1
-                    )))
-                }
-            })(),
-        )
+    guard!("showLinks", classic, {
+        let e = super::engine(engine)?;
+        non_null(buf_out, "buf_out")?;
+        let text = links_report(&e, json != 0);
+        // SAFETY: non-NULL, `buf_len` bytes per the caller's contract.
+        if unsafe { write_c_string(&text, buf_out, buf_len) } {
+            Ok(0)
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "buffer of {buf_len} bytes is too small for the {} bytes of the report",
+                text.len() + 1
+            )))
+        }
     })
 }
 

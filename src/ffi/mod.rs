@@ -37,21 +37,54 @@ pub(crate) fn set_last_error(func: &str, msg: &str) {
     });
 }
 
+/// Forgets this thread's last error (its last call succeeded).
+pub(crate) fn clear_last_error() {
+    LAST_ERROR.with(|e| e.borrow_mut().clear());
+}
+
 /// This thread's last error message ("" when none).
 pub(crate) fn last_error() -> String {
     LAST_ERROR.with(|e| e.borrow().clone())
 }
 
-/// Runs an export body, turning an `Err` into the function's error value with the message stored
-/// for `tent_last_error`, and a panic into the same error value instead of unwinding into C.
+/// The one boundary every export runs its body in (all but `tent_last_error`, which reads the
+/// message kept here). It turns a panic into the function's error value instead of unwinding
+/// into C, and an `Err` into the error value for the API, with the message stored for
+/// `tent_last_error`. Each call starts by clearing that message, so after a call that
+/// succeeded it is empty and `tent_last_error` always speaks of the thread's last call (as
+/// blazesym-c does); a body may still leave a message while returning a value (an engine that
+/// failed to start is returned as a handle, with the reason).
+///
+/// - `guard!(name, value, { body })`: the `tent_*` form; an error returns `value`.
+/// - `guard!(name, classic, { body })`: the classic form for `int` results; an error returns
+///   its classic code (`Error::c_code(Api::Classic)`) and is logged at warn level, since
+///   classic callers often have no way to read the message.
+/// - `guard!(name, classic_or(value), { body })`: a classic function whose error value is not
+///   a code (a NULL pointer, `INVALID_BATCH`), logged the same way.
 macro_rules! guard {
-    ($name:expr, $err:expr, $body:block) => {{
+    ($name:expr, classic, $body:block) => {
+        $crate::ffi::guard!(@run $name, $crate::error::ERR_CONTEXT, |e: &$crate::error::Error| {
+            tracing::warn!("{}: {e}", $name);
+            e.c_code($crate::error::Api::Classic).into()
+        }, $body)
+    };
+    ($name:expr, classic_or($err:expr), $body:block) => {
+        $crate::ffi::guard!(@run $name, $err, |e: &$crate::error::Error| {
+            tracing::warn!("{}: {e}", $name);
+            $err
+        }, $body)
+    };
+    ($name:expr, $err:expr, $body:block) => {
+        $crate::ffi::guard!(@run $name, $err, |_: &$crate::error::Error| $err, $body)
+    };
+    (@run $name:expr, $panicked:expr, $on_error:expr, $body:block) => {{
+        $crate::ffi::clear_last_error();
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> $crate::error::Result<_> { $body }));
         match result {
             Ok(Ok(v)) => v,
             Ok(Err(e)) => {
                 $crate::ffi::set_last_error($name, &e.to_string());
-                $err
+                ($on_error)(&e)
             }
             Err(panic) => {
                 let what = panic
@@ -61,7 +94,7 @@ macro_rules! guard {
                     .unwrap_or_else(|| "unknown panic".into());
                 tracing::error!("{}: internal panic caught at the C boundary: {what}", $name);
                 $crate::ffi::set_last_error($name, &format!("internal error: {what}"));
-                $err
+                $panicked
             }
         }
     }};

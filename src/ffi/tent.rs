@@ -791,10 +791,11 @@ pub unsafe extern "C" fn tent_get_nic_load_stats(
 /// The tent-rs version, a static NUL-terminated string.
 #[unsafe(no_mangle)]
 pub extern "C" fn tent_version() -> *const c_char {
-    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+    guard!("tent_version", std::ptr::null(), { Ok(concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()) })
 }
 
-/// Copies this thread's last error message into `buf` (NUL-terminated, truncated to `len - 1`).
+/// Copies the error message of this thread's last call into `buf` (NUL-terminated, truncated
+/// to `len - 1`); every other call clears it when it starts, so it is empty after a success.
 /// Returns the full length of the message (0 when there is none), like snprintf, so a caller can
 /// size its buffer; `buf` may be NULL when `len` is 0.
 ///
