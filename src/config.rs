@@ -70,6 +70,96 @@ pub mod keys {
     /// when the engine starts: it writes them back after applying the environment.
     pub const IDENTITY_KEYS: [&str; 5] =
         ["metadata_type", "metadata_servers", "local_segment_name", "rpc_server_hostname", "rpc_server_port"];
+    // Every other key the code reads, named once: (key, default) where the default is fixed.
+    // What each one does is in config/README.md.
+
+    /// `metadata_ttl_secs`.
+    pub const METADATA_TTL_SECS: (&str, u64) = ("metadata_ttl_secs", 30);
+    /// `metadata_timeout_ms`.
+    pub const METADATA_TIMEOUT_MS: (&str, u64) = ("metadata_timeout_ms", 3000);
+    /// `rpc_connect_timeout_ms`.
+    pub const RPC_CONNECT_TIMEOUT_MS: (&str, u64) = ("rpc_connect_timeout_ms", 5000);
+    /// `rpc_request_timeout_ms`.
+    pub const RPC_REQUEST_TIMEOUT_MS: (&str, u64) = ("rpc_request_timeout_ms", 30000);
+    /// `metrics/http_host`.
+    pub const METRICS_HTTP_HOST: (&str, &str) = ("metrics/http_host", "0.0.0.0");
+    /// `metrics/http_port`.
+    pub const METRICS_HTTP_PORT: (&str, u64) = ("metrics/http_port", 9100);
+    /// `rpc_auth_token` (none by default).
+    pub const RPC_AUTH_TOKEN: &str = "rpc_auth_token";
+    /// `transports/tcp/chunk_size`.
+    pub const TCP_CHUNK_SIZE: (&str, u64) = ("transports/tcp/chunk_size", 4 << 20);
+    /// `transports/tcp/fault/fail_every_nth_chunk`.
+    pub const TCP_FAULT_FAIL_EVERY_NTH_CHUNK: (&str, u64) = ("transports/tcp/fault/fail_every_nth_chunk", 0);
+    /// `transports/tcp/fault/refuse_submit`.
+    pub const TCP_FAULT_REFUSE_SUBMIT: (&str, bool) = ("transports/tcp/fault/refuse_submit", false);
+    /// `transports/shm/copy_threads` (its default depends on the machine: the CPU count, at most 8).
+    pub const SHM_COPY_THREADS: &str = "transports/shm/copy_threads";
+    /// `transports/shm/chunk_size`.
+    pub const SHM_CHUNK_SIZE: (&str, u64) = ("transports/shm/chunk_size", 8 << 20);
+    /// `transports/file/direct_io`.
+    pub const FILE_DIRECT_IO: (&str, bool) = ("transports/file/direct_io", true);
+    /// `transports/file/sync_writes`.
+    pub const FILE_SYNC_WRITES: (&str, bool) = ("transports/file/sync_writes", false);
+    /// `transports/file/chunk_size`.
+    pub const FILE_CHUNK_SIZE: (&str, u64) = ("transports/file/chunk_size", 1 << 20);
+    /// `transports/io_uring/queue_depth`.
+    pub const IO_URING_QUEUE_DEPTH: (&str, u64) = ("transports/io_uring/queue_depth", 32);
+    /// `transports/io_uring/rings`.
+    pub const IO_URING_RINGS: (&str, u64) = ("transports/io_uring/rings", 1);
+    /// `transports/bufio/threads`.
+    pub const BUFIO_THREADS: (&str, u64) = ("transports/bufio/threads", 4);
+    /// `transports/io_uring/enable`.
+    pub const IO_URING_ENABLE: (&str, bool) = ("transports/io_uring/enable", true);
+    /// `transports/bufio/enable`.
+    pub const BUFIO_ENABLE: (&str, bool) = ("transports/bufio/enable", true);
+    /// `transports/rdma/endpoint/drain_timeout_ms`.
+    pub const RDMA_ENDPOINT_DRAIN_TIMEOUT_MS: (&str, u64) = ("transports/rdma/endpoint/drain_timeout_ms", 30_000);
+    /// `transports/rdma/notify/enable`.
+    pub const RDMA_NOTIFY_ENABLE: (&str, bool) = ("transports/rdma/notify/enable", true);
+    /// `transports/rdma/monitor_tick_ms`.
+    pub const RDMA_MONITOR_TICK_MS: (&str, u64) = ("transports/rdma/monitor_tick_ms", 2);
+    /// `transports/rdma/workers/block_size`.
+    pub const RDMA_WORKERS_BLOCK_SIZE: (&str, i64) = ("transports/rdma/workers/block_size", 65536);
+    /// `transports/rdma/workers/max_retry_count`.
+    pub const RDMA_WORKERS_MAX_RETRY_COUNT: (&str, u64) = ("transports/rdma/workers/max_retry_count", 8);
+    /// `transports/rdma/max_timeout_ns`.
+    pub const RDMA_MAX_TIMEOUT_NS: (&str, u64) = ("transports/rdma/max_timeout_ns", 10_000_000_000);
+    /// `transports/rdma/workers/flush_budget`.
+    pub const RDMA_WORKERS_FLUSH_BUDGET: (&str, u64) = ("transports/rdma/workers/flush_budget", 1024);
+    /// `transports/rdma/rail_error_threshold`.
+    pub const RDMA_RAIL_ERROR_THRESHOLD: (&str, u64) = ("transports/rdma/rail_error_threshold", 3);
+    /// `transports/rdma/rail_error_window_secs`.
+    pub const RDMA_RAIL_ERROR_WINDOW_SECS: (&str, u64) = ("transports/rdma/rail_error_window_secs", 10);
+    /// `transports/rdma/rail_cooldown_secs`.
+    pub const RDMA_RAIL_COOLDOWN_SECS: (&str, u64) = ("transports/rdma/rail_cooldown_secs", 30);
+    /// `transports/rdma/endpoint/store_type`.
+    pub const RDMA_ENDPOINT_STORE_TYPE: (&str, &str) = ("transports/rdma/endpoint/store_type", "sieve");
+    /// `transports/rdma/endpoint/endpoint_store_cap`.
+    pub const RDMA_ENDPOINT_ENDPOINT_STORE_CAP: (&str, i64) = ("transports/rdma/endpoint/endpoint_store_cap", 65536);
+    /// `transports/rdma/device/port`.
+    pub const RDMA_DEVICE_PORT: (&str, i64) = ("transports/rdma/device/port", 1);
+    /// `transports/rdma/device/gid_index`.
+    pub const RDMA_DEVICE_GID_INDEX: (&str, i64) = ("transports/rdma/device/gid_index", -1);
+    /// `transports/rdma/device/max_cqe`.
+    pub const RDMA_DEVICE_MAX_CQE: (&str, i64) = ("transports/rdma/device/max_cqe", 4096);
+    /// `transports/rdma/endpoint/max_sge`.
+    pub const RDMA_ENDPOINT_MAX_SGE: (&str, i64) = ("transports/rdma/endpoint/max_sge", 4);
+    /// `transports/rdma/endpoint/max_qp_wr`.
+    pub const RDMA_ENDPOINT_MAX_QP_WR: (&str, i64) = ("transports/rdma/endpoint/max_qp_wr", 256);
+    /// `transports/rdma/endpoint/path_mtu`.
+    pub const RDMA_ENDPOINT_PATH_MTU: (&str, i64) = ("transports/rdma/endpoint/path_mtu", 4096);
+    /// `rpc_server_data_threads`.
+    pub const RPC_SERVER_DATA_THREADS: (&str, i64) = ("rpc_server_data_threads", 4);
+    /// `idle_thread_exit_ms`.
+    pub const IDLE_THREAD_EXIT_MS: (&str, u64) = ("idle_thread_exit_ms", 2000);
+    /// `policy`: transport selection rules (a JSON list).
+    pub const POLICY: &str = "policy";
+    /// The lane count and its legacy spellings (see `transport::rdma::context::lanes_from_config`).
+    pub const RDMA_NUM_LANES: &str = "transports/rdma/num_lanes";
+    pub const RDMA_DEVICE_NUM_CQ_LIST: &str = "transports/rdma/device/num_cq_list";
+    pub const RDMA_ENDPOINT_QP_MUL_FACTOR: &str = "transports/rdma/endpoint/qp_mul_factor";
+    pub const RDMA_WORKERS_NUM_WORKERS: &str = "transports/rdma/workers/num_workers";
 }
 
 /// Legacy environment variables that map one-to-one onto a config key, applied in

@@ -59,7 +59,7 @@ fn an_idle_engine_runs_at_most_twelve_threads() {
     fabric.register_as("threads");
     for (what, cfg) in [("TCP only", TCP_ONLY), ("SHM+TCP+file", WITH_SHM), ("SHM+TCP+file+RDMA(sim)", SIM_RDMA)] {
         let mut cfg = cfg.to_vec();
-        cfg.push(("transports/idle_thread_exit_ms", "100"));
+        cfg.push(("idle_thread_exit_ms", "100"));
         let a = engine(&cfg);
         let b = engine(&cfg);
         let idle = threads() - base;

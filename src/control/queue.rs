@@ -12,13 +12,11 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use parking_lot::{Mutex, RwLock};
 
-/// The config key (milliseconds) after which an idle pool thread above its pool's minimum ends.
-pub const IDLE_EXIT_KEY: (&str, u64) = ("idle_thread_exit_ms", 2000);
-
 /// How long a pool thread above its pool's minimum stays without work before it ends
-/// ([`IDLE_EXIT_KEY`], 1 ms to 1 h).
+/// (`idle_thread_exit_ms`, 1 ms to 1 h).
 pub fn idle_exit(cfg: &crate::config::Config) -> Duration {
-    Duration::from_millis(cfg.get_u64(IDLE_EXIT_KEY.0, IDLE_EXIT_KEY.1).clamp(1, 3_600_000))
+    let key = crate::config::keys::IDLE_THREAD_EXIT_MS;
+    Duration::from_millis(cfg.get_u64(key.0, key.1).clamp(1, 3_600_000))
 }
 
 /// The FIFO of a pool. Workers take items with [`WorkQueue::pop`].

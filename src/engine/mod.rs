@@ -64,8 +64,8 @@ fn metadata_settings(config: &Config, kind: &str) -> Result<StoreSettings> {
     Ok(StoreSettings {
         kind: kind.to_string(),
         servers: config.get_string(keys::METADATA_SERVERS.0, keys::METADATA_SERVERS.1),
-        ttl: Duration::from_secs(config.get_u64("metadata_ttl_secs", 30).max(1)),
-        timeout: Duration::from_millis(config.get_u64("metadata_timeout_ms", 3000).max(1)),
+        ttl: Duration::from_secs(config.get_u64(keys::METADATA_TTL_SECS.0, keys::METADATA_TTL_SECS.1).max(1)),
+        timeout: Duration::from_millis(config.get_u64(keys::METADATA_TIMEOUT_MS.0, keys::METADATA_TIMEOUT_MS.1).max(1)),
         redis_auth,
     })
 }
@@ -117,12 +117,16 @@ impl RpcSettings {
             port: int(keys::RPC_SERVER_PORT, 0, 65535)? as u16,
             hostname: config.get_string(keys::RPC_SERVER_HOSTNAME.0, keys::RPC_SERVER_HOSTNAME.1),
             threads: int(keys::RPC_SERVER_THREADS, 1, 1024)? as usize,
-            data_threads: int(("rpc_server_data_threads", 4), 1, 1024)? as usize,
+            data_threads: int(keys::RPC_SERVER_DATA_THREADS, 1, 1024)? as usize,
             timeouts: ClientTimeouts {
-                connect: Duration::from_millis(config.get_u64("rpc_connect_timeout_ms", 5000).max(1)),
-                request: Duration::from_millis(config.get_u64("rpc_request_timeout_ms", 30000).max(1)),
+                connect: Duration::from_millis(
+                    config.get_u64(keys::RPC_CONNECT_TIMEOUT_MS.0, keys::RPC_CONNECT_TIMEOUT_MS.1).max(1),
+                ),
+                request: Duration::from_millis(
+                    config.get_u64(keys::RPC_REQUEST_TIMEOUT_MS.0, keys::RPC_REQUEST_TIMEOUT_MS.1).max(1),
+                ),
             },
-            token: config.get_str("rpc_auth_token").filter(|t| !t.is_empty()).map(String::into_bytes),
+            token: config.get_str(keys::RPC_AUTH_TOKEN).filter(|t| !t.is_empty()).map(String::into_bytes),
         })
     }
 }
@@ -162,8 +166,8 @@ fn start_metrics_server(config: &Config, metrics: &Arc<Metrics>) -> Option<Metri
     if !config.get_bool(keys::METRICS_ENABLED.0, keys::METRICS_ENABLED.1) {
         return None;
     }
-    let host = config.get_string("metrics/http_host", "0.0.0.0");
-    let port = config.get_u64("metrics/http_port", 9100).min(65535) as u16;
+    let host = config.get_string(keys::METRICS_HTTP_HOST.0, keys::METRICS_HTTP_HOST.1);
+    let port = config.get_u64(keys::METRICS_HTTP_PORT.0, keys::METRICS_HTTP_PORT.1).min(65535) as u16;
     MetricsServer::start(&host, port, metrics.clone())
 }
 
@@ -428,7 +432,7 @@ impl Engine {
             transports,
             local: local.clone(),
             machine_id: local.machine_id.clone(),
-            policies: policy::parse(config.get("policy")),
+            policies: policy::parse(config.get(keys::POLICY)),
             failover,
             merge: config.get_bool(keys::MERGE_REQUESTS.0, keys::MERGE_REQUESTS.1),
             submitted: Default::default(),
@@ -449,7 +453,7 @@ impl Engine {
     /// (`transports/rdma/provider`) has devices. Without devices, or on any error, it says why
     /// once and the engine runs without RDMA.
     fn start_rdma(config: &Config, name: &str, client: &Arc<RpcClient>) -> Option<Arc<RdmaTransport>> {
-        if !config.get_bool("transports/rdma/enable", true) {
+        if !config.get_bool(keys::RDMA_ENABLE.0, keys::RDMA_ENABLE.1) {
             return None;
         }
         let started = crate::verbs::provider_from_config(config)

@@ -915,26 +915,26 @@ mod tests {
         let no_env = |_: &str| None;
         // P2P: the host of the name, any free port, no segment name of its own.
         let cfg = classic_config("P2PHANDSHAKE", "vm:12345", "10.0.0.9", &no_env);
-        assert_eq!(cfg.get_str("metadata_type").as_deref(), Some("p2p"));
-        assert_eq!(cfg.get_str("rpc_server_hostname").as_deref(), Some("vm"));
-        assert_eq!(cfg.get_str("p2p_segment_host").as_deref(), Some("vm"));
+        assert_eq!(cfg.get_str(keys::METADATA_TYPE.0).as_deref(), Some("p2p"));
+        assert_eq!(cfg.get_str(keys::RPC_SERVER_HOSTNAME.0).as_deref(), Some("vm"));
+        assert_eq!(cfg.get_str(keys::P2P_SEGMENT_HOST.0).as_deref(), Some("vm"));
         assert_eq!(cfg.get_i64("rpc_server_port", -1), 0);
         assert!(cfg.get("local_segment_name").is_none());
         // Without a host in the name, ip_or_host_name stands in.
         let cfg = classic_config("P2PHANDSHAKE", "", "::1", &no_env);
-        assert_eq!(cfg.get_str("p2p_segment_host").as_deref(), Some("::1"));
+        assert_eq!(cfg.get_str(keys::P2P_SEGMENT_HOST.0).as_deref(), Some("::1"));
         // A metadata server: named as given, a free port on this host's address.
         let cfg = classic_config("etcd://e:2379", "node-a:17000", "10.0.0.9", &no_env);
-        assert_eq!(cfg.get_str("local_segment_name").as_deref(), Some("node-a:17000"));
+        assert_eq!(cfg.get_str(keys::LOCAL_SEGMENT_NAME.0).as_deref(), Some("node-a:17000"));
         assert_eq!(cfg.get_i64("rpc_server_port", -1), 0);
         assert!(cfg.get("rpc_server_hostname").is_none());
         let bind = |k: &str| (k == "MC_TCP_BIND_ADDRESS").then(|| "10.1.1.1".to_string());
         let cfg = classic_config("etcd://e:2379", "node-a", "", &bind);
-        assert_eq!(cfg.get_str("rpc_server_hostname").as_deref(), Some("10.1.1.1"));
+        assert_eq!(cfg.get_str(keys::RPC_SERVER_HOSTNAME.0).as_deref(), Some("10.1.1.1"));
         // The legacy binding: the host and port of the name, 12001 or MC_HANDSHAKE_PORT without one.
         let legacy = |k: &str| (k == "MC_LEGACY_RPC_PORT_BINDING").then(String::new);
         let cfg = classic_config("redis://r:6379", "127.0.0.1:17000", "", &legacy);
-        assert_eq!(cfg.get_str("rpc_server_hostname").as_deref(), Some("127.0.0.1"));
+        assert_eq!(cfg.get_str(keys::RPC_SERVER_HOSTNAME.0).as_deref(), Some("127.0.0.1"));
         assert_eq!(cfg.get_i64("rpc_server_port", -1), 17000);
         let cfg = classic_config("redis://r:6379", "node", "", &legacy);
         assert_eq!(cfg.get_i64("rpc_server_port", -1), 12001);

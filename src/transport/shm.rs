@@ -17,6 +17,7 @@ use crate::base::request::{Opcode, TransportKind};
 use crate::base::segment::{BufferDesc, SegmentDesc};
 use crate::base::task::Task;
 use crate::config::Config;
+use crate::config::keys;
 use crate::control::queue::{Pool, WorkQueue, idle_exit};
 use crate::error::{Error, Result};
 use crate::transport::Transport;
@@ -39,9 +40,9 @@ impl ShmParams {
     pub fn from_config(cfg: &Config) -> ShmParams {
         let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
         ShmParams {
-            cxl_mount_path: cfg.get_string("transports/shm/cxl_mount_path", ""),
-            copy_threads: cfg.get_u64("transports/shm/copy_threads", cpus.min(8) as u64).clamp(1, 64) as usize,
-            chunk_size: cfg.get_u64("transports/shm/chunk_size", 8 << 20).clamp(64 << 10, 1 << 30),
+            cxl_mount_path: cfg.get_string(keys::SHM_CXL_MOUNT_PATH.0, keys::SHM_CXL_MOUNT_PATH.1),
+            copy_threads: cfg.get_u64(keys::SHM_COPY_THREADS, cpus.min(8) as u64).clamp(1, 64) as usize,
+            chunk_size: cfg.get_u64(keys::SHM_CHUNK_SIZE.0, keys::SHM_CHUNK_SIZE.1).clamp(64 << 10, 1 << 30),
             idle_exit: idle_exit(cfg),
         }
     }

@@ -52,9 +52,10 @@ impl TcpParams {
             max_concurrent_tasks: cfg
                 .get_u64(keys::TCP_MAX_CONCURRENT_TASKS.0, keys::TCP_MAX_CONCURRENT_TASKS.1 as u64)
                 .clamp(1, 256) as usize,
-            chunk_size: cfg.get_u64("transports/tcp/chunk_size", 4 << 20).clamp(4096, 1 << 30),
-            fail_every_nth_chunk: cfg.get_u64("transports/tcp/fault/fail_every_nth_chunk", 0),
-            refuse_submit: cfg.get_bool("transports/tcp/fault/refuse_submit", false),
+            chunk_size: cfg.get_u64(keys::TCP_CHUNK_SIZE.0, keys::TCP_CHUNK_SIZE.1).clamp(4096, 1 << 30),
+            fail_every_nth_chunk: cfg
+                .get_u64(keys::TCP_FAULT_FAIL_EVERY_NTH_CHUNK.0, keys::TCP_FAULT_FAIL_EVERY_NTH_CHUNK.1),
+            refuse_submit: cfg.get_bool(keys::TCP_FAULT_REFUSE_SUBMIT.0, keys::TCP_FAULT_REFUSE_SUBMIT.1),
             idle_exit: idle_exit(cfg),
         }
     }

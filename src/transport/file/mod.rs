@@ -47,6 +47,7 @@ use crate::base::request::{Opcode, Request};
 use crate::base::segment::{FileTarget, SegmentDesc};
 use crate::base::task::Task;
 use crate::config::Config;
+use crate::config::keys;
 use crate::error::{Error, Result};
 use crate::transport::Transport;
 
@@ -74,13 +75,14 @@ impl FileParams {
     /// Reads the parameters from the config, clamped to sane ranges.
     pub fn from_config(cfg: &Config) -> FileParams {
         FileParams {
-            direct_io: cfg.get_bool("transports/file/direct_io", true),
-            sync_writes: cfg.get_bool("transports/file/sync_writes", false),
+            direct_io: cfg.get_bool(keys::FILE_DIRECT_IO.0, keys::FILE_DIRECT_IO.1),
+            sync_writes: cfg.get_bool(keys::FILE_SYNC_WRITES.0, keys::FILE_SYNC_WRITES.1),
             // Whole 64 KiB multiples keep every split of an aligned request aligned.
-            chunk_size: cfg.get_u64("transports/file/chunk_size", 1 << 20).clamp(64 << 10, 1 << 30) & !((64 << 10) - 1),
-            queue_depth: cfg.get_u64("transports/io_uring/queue_depth", 32).clamp(1, 4096) as u32,
-            rings: cfg.get_u64("transports/io_uring/rings", 1).clamp(1, 64) as usize,
-            plain_threads: cfg.get_u64("transports/bufio/threads", 4).clamp(1, 256) as usize,
+            chunk_size: cfg.get_u64(keys::FILE_CHUNK_SIZE.0, keys::FILE_CHUNK_SIZE.1).clamp(64 << 10, 1 << 30)
+                & !((64 << 10) - 1),
+            queue_depth: cfg.get_u64(keys::IO_URING_QUEUE_DEPTH.0, keys::IO_URING_QUEUE_DEPTH.1).clamp(1, 4096) as u32,
+            rings: cfg.get_u64(keys::IO_URING_RINGS.0, keys::IO_URING_RINGS.1).clamp(1, 64) as usize,
+            plain_threads: cfg.get_u64(keys::BUFIO_THREADS.0, keys::BUFIO_THREADS.1).clamp(1, 256) as usize,
             idle_exit: crate::control::queue::idle_exit(cfg),
         }
     }
@@ -91,13 +93,13 @@ impl FileParams {
 /// `transports/bufio/enable` (default true). Never both, so a file segment has exactly one way.
 pub fn load(cfg: &Config) -> Result<Vec<Arc<dyn Transport>>> {
     let params = FileParams::from_config(cfg);
-    if cfg.get_bool("transports/io_uring/enable", true) {
+    if cfg.get_bool(keys::IO_URING_ENABLE.0, keys::IO_URING_ENABLE.1) {
         match uring::IoUringTransport::new(params) {
             Ok(t) => return Ok(vec![Arc::new(t)]),
             Err(e) => tracing::info!("io_uring transport not loaded ({e}); file segments use pread/pwrite"),
         }
     }
-    if cfg.get_bool("transports/bufio/enable", true) {
+    if cfg.get_bool(keys::BUFIO_ENABLE.0, keys::BUFIO_ENABLE.1) {
         return Ok(vec![Arc::new(plain::PlainFileTransport::new(params)?)]);
     }
     Ok(Vec::new())

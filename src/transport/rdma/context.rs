@@ -15,6 +15,7 @@ use parking_lot::RwLock;
 
 use crate::base::request::Permission;
 use crate::config::Config;
+use crate::config::keys;
 use crate::error::{Error, Result};
 use crate::verbs::{Access, AsyncEvent, Cq, Device, GidEntry, GidType, Mr, Mtu, Pd, PortAttr, PortState, Provider};
 
@@ -69,10 +70,10 @@ fn ranged(cfg: &Config, key: &str, default: i64, min: i64, max: i64) -> Result<i
 /// knob that is set must equal the result, and every knob must be positive.
 pub fn lanes_from_config(cfg: &Config) -> Result<usize> {
     const KNOBS: [&str; 4] = [
-        "transports/rdma/num_lanes",
-        "transports/rdma/device/num_cq_list",
-        "transports/rdma/endpoint/qp_mul_factor",
-        "transports/rdma/workers/num_workers",
+        keys::RDMA_NUM_LANES,
+        keys::RDMA_DEVICE_NUM_CQ_LIST,
+        keys::RDMA_ENDPOINT_QP_MUL_FACTOR,
+        keys::RDMA_WORKERS_NUM_WORKERS,
     ];
     let mut set = Vec::new();
     for k in KNOBS {
@@ -103,13 +104,16 @@ impl ContextParams {
         let d = ContextParams::default();
         Ok(ContextParams {
             num_lanes: lanes_from_config(cfg)?,
-            port: ranged(cfg, "transports/rdma/device/port", 1, 1, 255)? as u8,
-            gid_index: ranged(cfg, "transports/rdma/device/gid_index", -1, -1, 65535)? as i32,
-            max_cqe: ranged(cfg, "transports/rdma/device/max_cqe", 4096, 1, i32::MAX as i64)? as u32,
-            path_mtu: Mtu::from_config_bytes(cfg.get_i64("transports/rdma/endpoint/path_mtu", 4096)),
-            max_sge: ranged(cfg, "transports/rdma/endpoint/max_sge", 4, 1, 1024)? as u32,
-            max_qp_wr: ranged(cfg, "transports/rdma/endpoint/max_qp_wr", 256, 1, 1 << 20)? as u32,
-            verbose: cfg.get_bool("verbose", d.verbose),
+            port: ranged(cfg, keys::RDMA_DEVICE_PORT.0, keys::RDMA_DEVICE_PORT.1, 1, 255)? as u8,
+            gid_index: ranged(cfg, keys::RDMA_DEVICE_GID_INDEX.0, keys::RDMA_DEVICE_GID_INDEX.1, -1, 65535)? as i32,
+            max_cqe: ranged(cfg, keys::RDMA_DEVICE_MAX_CQE.0, keys::RDMA_DEVICE_MAX_CQE.1, 1, i32::MAX as i64)? as u32,
+            path_mtu: Mtu::from_config_bytes(
+                cfg.get_i64(keys::RDMA_ENDPOINT_PATH_MTU.0, keys::RDMA_ENDPOINT_PATH_MTU.1),
+            ),
+            max_sge: ranged(cfg, keys::RDMA_ENDPOINT_MAX_SGE.0, keys::RDMA_ENDPOINT_MAX_SGE.1, 1, 1024)? as u32,
+            max_qp_wr: ranged(cfg, keys::RDMA_ENDPOINT_MAX_QP_WR.0, keys::RDMA_ENDPOINT_MAX_QP_WR.1, 1, 1 << 20)?
+                as u32,
+            verbose: cfg.get_bool(keys::VERBOSE.0, d.verbose),
         })
     }
 }

@@ -18,6 +18,7 @@ use super::notify_index::{NotifyEntry, NotifySink};
 use super::rail::RailMonitor;
 use super::store::EndpointStore;
 use crate::config::Config;
+use crate::config::keys;
 use crate::control::client::RpcClient;
 use crate::error::{Error, Result};
 use crate::verbs::Clock;
@@ -39,13 +40,19 @@ impl WorkerParams {
     /// Reads the lane tunables; a block size of 0 is an error.
     pub fn from_config(cfg: &Config) -> Result<WorkerParams> {
         let block = cfg
-            .get_i64_checked("transports/rdma/workers/block_size", 65536, 1, 1 << 30)
+            .get_i64_checked(keys::RDMA_WORKERS_BLOCK_SIZE.0, keys::RDMA_WORKERS_BLOCK_SIZE.1, 1, 1 << 30)
             .map_err(Error::InvalidArgument)?;
         Ok(WorkerParams {
-            max_retry_count: cfg.get_u64("transports/rdma/workers/max_retry_count", 8).clamp(1, 1000) as u32,
+            max_retry_count: cfg
+                .get_u64(keys::RDMA_WORKERS_MAX_RETRY_COUNT.0, keys::RDMA_WORKERS_MAX_RETRY_COUNT.1)
+                .clamp(1, 1000) as u32,
             block_size: block as u64,
-            max_timeout: Duration::from_nanos(cfg.get_u64("transports/rdma/max_timeout_ns", 10_000_000_000).max(1)),
-            flush_budget: cfg.get_u64("transports/rdma/workers/flush_budget", 1024).clamp(1, 1 << 20) as u32,
+            max_timeout: Duration::from_nanos(
+                cfg.get_u64(keys::RDMA_MAX_TIMEOUT_NS.0, keys::RDMA_MAX_TIMEOUT_NS.1).max(1),
+            ),
+            flush_budget: cfg
+                .get_u64(keys::RDMA_WORKERS_FLUSH_BUDGET.0, keys::RDMA_WORKERS_FLUSH_BUDGET.1)
+                .clamp(1, 1 << 20) as u32,
         })
     }
 }

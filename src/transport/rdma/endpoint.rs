@@ -22,6 +22,7 @@ use super::bootstrap::{BootstrapDesc, BootstrapResult, nic_path};
 use super::context::RdmaContext;
 use super::notify::NotifyChannel;
 use crate::config::Config;
+use crate::config::keys;
 use crate::error::{Error, Result};
 use crate::verbs::{Access, AddressVector, Gid, GlobalRoute, Mtu, Qp, QpCaps, QpInit, QpState, QpTransition};
 
@@ -98,7 +99,9 @@ impl EndpointParams {
             max_qp_wr: r("max_qp_wr", 256, 1 << 20)?.max(1) as u32,
             max_sge: r("max_sge", 4, 1024)?.max(1) as u32,
             max_inline_bytes: r("max_inline_bytes", 64, 1 << 16)? as u32,
-            path_mtu: Mtu::from_config_bytes(cfg.get_i64("transports/rdma/endpoint/path_mtu", 4096)),
+            path_mtu: Mtu::from_config_bytes(
+                cfg.get_i64(keys::RDMA_ENDPOINT_PATH_MTU.0, keys::RDMA_ENDPOINT_PATH_MTU.1),
+            ),
             pkey_index: r("pkey_index", 0, 65535)? as u16,
             hop_limit: r("hop_limit", 16, 255)? as u8,
             flow_label: r("flow_label", 0, 0xfffff)? as u32,
@@ -114,8 +117,10 @@ impl EndpointParams {
             send_retry_count: r("send_retry_count", 7, 7)? as u8,
             send_rnr_count: r("send_rnr_count", 7, 7)? as u8,
             max_rd_atomic: r("max_rd_atomic", 16, 255)? as u8,
-            drain_timeout: Duration::from_millis(cfg.get_u64("transports/rdma/endpoint/drain_timeout_ms", 30_000)),
-            notify: cfg.get_bool("transports/rdma/notify/enable", true),
+            drain_timeout: Duration::from_millis(
+                cfg.get_u64(keys::RDMA_ENDPOINT_DRAIN_TIMEOUT_MS.0, keys::RDMA_ENDPOINT_DRAIN_TIMEOUT_MS.1),
+            ),
+            notify: cfg.get_bool(keys::RDMA_NOTIFY_ENABLE.0, keys::RDMA_NOTIFY_ENABLE.1),
         })
     }
 }

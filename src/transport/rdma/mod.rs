@@ -56,6 +56,7 @@ use crate::base::request::{Permission, TransportKind};
 use crate::base::segment::SegmentDesc;
 use crate::base::task::Task;
 use crate::config::Config;
+use crate::config::keys;
 use crate::control::client::RpcClient;
 use crate::error::{Error, Result};
 use crate::transport::Transport;
@@ -169,7 +170,9 @@ impl RdmaTransport {
             let back = ctx_tx_for_attempts.clone();
             threads.push(spawn("tent-rdma-connect".into(), Box::new(move || workers::run_connector(c, ctx_rx, back)))?);
             let c = core.clone();
-            let tick = Duration::from_millis(cfg.get_u64("transports/rdma/monitor_tick_ms", 2).clamp(1, 1000));
+            let tick = Duration::from_millis(
+                cfg.get_u64(keys::RDMA_MONITOR_TICK_MS.0, keys::RDMA_MONITOR_TICK_MS.1).clamp(1, 1000),
+            );
             threads.push(spawn("tent-rdma-monitor".into(), Box::new(move || workers::run_monitor(c, tick)))?);
             Ok(())
         })();

@@ -12,6 +12,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::config::Config;
+use crate::config::keys;
 
 /// Thresholds of the rail monitor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,9 +27,15 @@ impl RailParams {
     /// `rail_cooldown_secs` (3, 10, 30).
     pub fn from_config(cfg: &Config) -> RailParams {
         RailParams {
-            threshold: cfg.get_u64("transports/rdma/rail_error_threshold", 3).clamp(1, 1 << 20) as u32,
-            window: Duration::from_secs(cfg.get_u64("transports/rdma/rail_error_window_secs", 10)),
-            cooldown: Duration::from_secs(cfg.get_u64("transports/rdma/rail_cooldown_secs", 30).max(1)),
+            threshold: cfg
+                .get_u64(keys::RDMA_RAIL_ERROR_THRESHOLD.0, keys::RDMA_RAIL_ERROR_THRESHOLD.1)
+                .clamp(1, 1 << 20) as u32,
+            window: Duration::from_secs(
+                cfg.get_u64(keys::RDMA_RAIL_ERROR_WINDOW_SECS.0, keys::RDMA_RAIL_ERROR_WINDOW_SECS.1),
+            ),
+            cooldown: Duration::from_secs(
+                cfg.get_u64(keys::RDMA_RAIL_COOLDOWN_SECS.0, keys::RDMA_RAIL_COOLDOWN_SECS.1).max(1),
+            ),
         }
     }
 }

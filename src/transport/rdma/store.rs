@@ -25,6 +25,7 @@ use parking_lot::{Mutex, RwLock};
 
 use super::endpoint::{Endpoint, EpState};
 use crate::config::Config;
+use crate::config::keys;
 use crate::error::{Error, Result};
 
 /// Eviction policy.
@@ -40,7 +41,11 @@ pub enum StoreKind {
 /// `transports/rdma/endpoint/endpoint_store_cap` (`MC_MAX_EP_PER_CTX`, default 65536; 0 is an
 /// error).
 pub fn store_config(cfg: &Config) -> Result<(StoreKind, usize)> {
-    let kind = match cfg.get_string("transports/rdma/endpoint/store_type", "sieve").to_ascii_lowercase().as_str() {
+    let kind = match cfg
+        .get_string(keys::RDMA_ENDPOINT_STORE_TYPE.0, keys::RDMA_ENDPOINT_STORE_TYPE.1)
+        .to_ascii_lowercase()
+        .as_str()
+    {
         "sieve" => StoreKind::Sieve,
         "fifo" => StoreKind::Fifo,
         other => {
@@ -50,7 +55,7 @@ pub fn store_config(cfg: &Config) -> Result<(StoreKind, usize)> {
         }
     };
     let cap = cfg
-        .get_i64_checked("transports/rdma/endpoint/endpoint_store_cap", 65536, 1, 1 << 24)
+        .get_i64_checked(keys::RDMA_ENDPOINT_ENDPOINT_STORE_CAP.0, keys::RDMA_ENDPOINT_ENDPOINT_STORE_CAP.1, 1, 1 << 24)
         .map_err(|e| Error::InvalidArgument(format!("{e} (the endpoint store needs room for one endpoint)")))?;
     Ok((kind, cap as usize))
 }
