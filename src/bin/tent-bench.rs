@@ -354,53 +354,9 @@ fn run_case(
                         for &op in ops {
                             let dst =
                                 if op == OPCODE_READ && ops.len() > 1 { vbuf.as_mut_ptr() } else { lbuf.as_mut_ptr() };
-                            let mut reqs: Vec<tent_request_t> = (0..batch)
-                                .map(|i| tent_request {
-                                    opcode: op,
-                                    // SAFETY: i * block < region.
-                                    source: unsafe { dst.add(i * block) }.cast(),
-                                    target_id: t.handle,
-                                    target_offset: t.base + remote_off + (i * block) as u64,
-                                    length: block as u64,
-                                    priority: 0,
-                                    transport_hint: 0,
-                                })
-                                .collect();
-                            let start = Instant::now();
-                            let id = tent_allocate_batch(e, batch);
-                            // SAFETY: valid engine; reqs is an array of `batch` requests.
-                            let rc = unsafe { tent_submit(e, id, reqs.as_mut_ptr(), batch) };
-                            let submit_error = (rc != 0).then(last_error);
-                            let mut st = tent_status { status: STATUS_PENDING, transferred_bytes: 0 };
-                            let mut polls = 0u32;
-                            while rc == 0 && st.status == STATUS_PENDING {
-                                // SAFETY: valid engine and out-pointer.
-                                if unsafe { tent_overall_status(e, id, &mut st) } != 0 {
-                                    break;
-                                }
-                                // Poll hot at first (small transfers end in microseconds), then
-                                // back off so the poller does not take a core from the engine.
-                                polls += 1;
-                                if st.status == STATUS_PENDING {
-                                    if polls < 64 {
-                                        std::thread::yield_now();
-                                    } else {
-                                        std::thread::sleep(Duration::from_micros(20));
-                                    }
-                                }
-                            }
-                            lat.push(start.elapsed().as_secs_f64() * 1e6);
-                            tent_free_batch(e, id);
-                            if rc != 0 || st.status != STATUS_COMPLETED {
+                            if let Err(why) = one_batch(e, t, op, dst, remote_off, block, batch, &mut lat) {
                                 failed += 1;
-                                first_error.get_or_insert_with(|| match submit_error {
-                                    Some(msg) => format!("tent_submit failed: {msg}"),
-                                    None => format!(
-                                        "a {} batch of {batch} x {block} B ended {}",
-                                        if op == OPCODE_READ { "READ" } else { "WRITE" },
-                                        status_name(st.status)
-                                    ),
-                                });
+                                first_error.get_or_insert(why);
                                 continue;
                             }
                             bytes += region as u64;
@@ -445,6 +401,70 @@ fn run_case(
     }
     r.lat_us.sort_by(|a, b| a.total_cmp(b));
     r
+}
+
+/// Submits one batch of `batch` requests of `block` bytes each (`op`, local memory from `dst`,
+/// remote from `remote_off`), polls it to its end, frees it and records its latency in `lat`;
+/// says why when it did not complete.
+#[allow(clippy::too_many_arguments)] // the coordinates of one batch; a struct would only rename them
+fn one_batch(
+    e: tent_engine_t,
+    t: &Target,
+    op: i32,
+    dst: *mut u8,
+    remote_off: u64,
+    block: usize,
+    batch: usize,
+    lat: &mut Vec<f64>,
+) -> Result<(), String> {
+    let mut reqs: Vec<tent_request_t> = (0..batch)
+        .map(|i| tent_request {
+            opcode: op,
+            // SAFETY: i * block < the caller's region.
+            source: unsafe { dst.add(i * block) }.cast(),
+            target_id: t.handle,
+            target_offset: t.base + remote_off + (i * block) as u64,
+            length: block as u64,
+            priority: 0,
+            transport_hint: 0,
+        })
+        .collect();
+    let start = Instant::now();
+    let id = tent_allocate_batch(e, batch);
+    // SAFETY: valid engine; reqs is an array of `batch` requests.
+    let rc = unsafe { tent_submit(e, id, reqs.as_mut_ptr(), batch) };
+    let submit_error = (rc != 0).then(last_error);
+    let mut st = tent_status { status: STATUS_PENDING, transferred_bytes: 0 };
+    let mut polls = 0u32;
+    while rc == 0 && st.status == STATUS_PENDING {
+        // SAFETY: valid engine and out-pointer.
+        if unsafe { tent_overall_status(e, id, &mut st) } != 0 {
+            break;
+        }
+        // Poll hot at first (small transfers end in microseconds), then back off so the poller
+        // does not take a core from the engine.
+        polls += 1;
+        if st.status == STATUS_PENDING {
+            if polls < 64 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+    }
+    lat.push(start.elapsed().as_secs_f64() * 1e6);
+    tent_free_batch(e, id);
+    if rc == 0 && st.status == STATUS_COMPLETED {
+        return Ok(());
+    }
+    Err(match submit_error {
+        Some(msg) => format!("tent_submit failed: {msg}"),
+        None => format!(
+            "a {} batch of {batch} x {block} B ended {}",
+            if op == OPCODE_READ { "READ" } else { "WRITE" },
+            status_name(st.status)
+        ),
+    })
 }
 
 fn pct(v: &[f64], p: f64) -> f64 {

@@ -194,24 +194,9 @@ fn reactor(
 ) {
     let mut idle: Vec<Idle> = Vec::new();
     let mut fds: Vec<libc::pollfd> = Vec::new();
-    let recheck = Duration::from_millis(20);
+    let pools = Pools { control, data };
     while !stopping.load(Ordering::SeqCst) {
-        let now = Instant::now();
-        let mut timeout_ms: i32 = 1000;
-        fds.clear();
-        fds.push(libc::pollfd { fd: wake.as_raw_fd(), events: libc::POLLIN, revents: 0 });
-        fds.push(libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 });
-        for e in &idle {
-            // A negative fd is skipped by poll(2).
-            let fd = match e.recheck_at {
-                Some(t) if t > now => {
-                    timeout_ms = timeout_ms.min((t - now).as_millis() as i32 + 1);
-                    -1
-                }
-                _ => e.c.stream.as_raw_fd(),
-            };
-            fds.push(libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
-        }
+        let timeout_ms = poll_set(&mut fds, &wake, &listener, &idle);
         // SAFETY: fds is a valid array of pollfd of the given length, alive for the call.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
         if n < 0 {
@@ -226,64 +211,107 @@ fn reactor(
             let mut buf = [0u8; 64];
             while matches!((&wake).read(&mut buf), Ok(n) if n > 0) {}
         }
-        let now = Instant::now();
-        // Hand over connections with a whole request header waiting; from the back so indices
-        // stay valid.
-        for i in (0..idle.len()).rev() {
-            let polled = fds.get(i + 2).map(|f| f.revents != 0).unwrap_or(false);
-            let due = idle[i].recheck_at.is_some_and(|t| t <= now);
-            if !polled && !due {
-                continue;
-            }
-            let state = match waiting(&idle[i].c.stream) {
-                // Until it authenticated, everything a connection sends is a control message.
-                Waiting::Data if !idle[i].c.authed => Waiting::Control,
-                w => w,
-            };
-            match state {
-                Waiting::Nothing => idle[i].recheck_at = None,
-                Waiting::Partial => {
-                    let since = *idle[i].partial_since.get_or_insert(now);
-                    if now.duration_since(since) > request_timeout {
-                        tracing::warn!("rpc server: closing a connection that sent a partial header");
-                        idle.swap_remove(i);
-                    } else {
-                        idle[i].recheck_at = Some(now + recheck);
-                    }
-                }
-                Waiting::Closed => {
-                    idle.swap_remove(i);
-                }
-                w @ (Waiting::Control | Waiting::Data) => {
-                    let e = idle.swap_remove(i);
-                    let queue = if matches!(w, Waiting::Data) { data } else { control };
-                    if queue.push(e.c).is_err() {
-                        return;
-                    }
-                }
-            }
+        if !hand_over(&mut idle, &fds, &pools, request_timeout) {
+            return;
         }
         while let Ok(c) = returns.try_recv() {
             idle.push(Idle { c, partial_since: None, recheck_at: None });
         }
         if fds[1].revents != 0 {
-            loop {
-                match listener.accept() {
-                    Ok((c, peer)) => {
-                        if idle.len() >= MAX_CONNECTIONS {
-                            tracing::warn!("rpc server: refusing connection from {peer}: {MAX_CONNECTIONS} open");
-                            continue;
-                        }
-                        let _ = c.set_nodelay(true);
-                        let c = Conn { stream: c, authed: !auth_required, nonce: None };
-                        idle.push(Idle { c, partial_since: None, recheck_at: None });
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) => {
-                        tracing::warn!("rpc server accept failed: {e}");
-                        break;
-                    }
+            accept_all(&listener, &mut idle, auth_required);
+        }
+    }
+}
+
+/// The worker pools a reactor hands connections to.
+struct Pools<'a> {
+    control: &'a Pool<Conn>,
+    data: &'a Pool<Conn>,
+}
+
+/// Fills `fds` with the waker, the listener and every idle connection not waiting for a
+/// recheck (those get fd -1, which poll skips); returns the poll timeout that wakes the reactor
+/// for the next recheck.
+fn poll_set(fds: &mut Vec<libc::pollfd>, wake: &UnixStream, listener: &TcpListener, idle: &[Idle]) -> i32 {
+    let now = Instant::now();
+    let mut timeout_ms: i32 = 1000;
+    fds.clear();
+    fds.push(libc::pollfd { fd: wake.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+    fds.push(libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+    for e in idle {
+        let fd = match e.recheck_at {
+            Some(t) if t > now => {
+                timeout_ms = timeout_ms.min((t - now).as_millis() as i32 + 1);
+                -1
+            }
+            _ => e.c.stream.as_raw_fd(),
+        };
+        fds.push(libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
+    }
+    timeout_ms
+}
+
+/// Hands the idle connections with a whole request waiting to a pool, drops closed ones and
+/// those stuck on a partial header past the request timeout, and schedules rechecks of the
+/// rest. False when the pools are closed (the server is stopping).
+fn hand_over(idle: &mut Vec<Idle>, fds: &[libc::pollfd], pools: &Pools<'_>, request_timeout: Duration) -> bool {
+    let recheck = Duration::from_millis(20);
+    let now = Instant::now();
+    // From the back, so indices stay valid (and match `fds`, which was built in this order).
+    for i in (0..idle.len()).rev() {
+        let polled = fds.get(i + 2).map(|f| f.revents != 0).unwrap_or(false);
+        let due = idle[i].recheck_at.is_some_and(|t| t <= now);
+        if !polled && !due {
+            continue;
+        }
+        let state = match waiting(&idle[i].c.stream) {
+            // Until it authenticated, everything a connection sends is a control message.
+            Waiting::Data if !idle[i].c.authed => Waiting::Control,
+            w => w,
+        };
+        match state {
+            Waiting::Nothing => idle[i].recheck_at = None,
+            Waiting::Partial => {
+                let since = *idle[i].partial_since.get_or_insert(now);
+                if now.duration_since(since) > request_timeout {
+                    tracing::warn!("rpc server: closing a connection that sent a partial header");
+                    idle.swap_remove(i);
+                } else {
+                    idle[i].recheck_at = Some(now + recheck);
                 }
+            }
+            Waiting::Closed => {
+                idle.swap_remove(i);
+            }
+            w @ (Waiting::Control | Waiting::Data) => {
+                let e = idle.swap_remove(i);
+                let pool = if matches!(w, Waiting::Data) { pools.data } else { pools.control };
+                if pool.push(e.c).is_err() {
+                    return false;
+                }
+            }
+        }
+    }
+    true
+}
+
+/// Accepts every pending connection, up to `MAX_CONNECTIONS` tracked at once.
+fn accept_all(listener: &TcpListener, idle: &mut Vec<Idle>, auth_required: bool) {
+    loop {
+        match listener.accept() {
+            Ok((c, peer)) => {
+                if idle.len() >= MAX_CONNECTIONS {
+                    tracing::warn!("rpc server: refusing connection from {peer}: {MAX_CONNECTIONS} open");
+                    continue;
+                }
+                let _ = c.set_nodelay(true);
+                let c = Conn { stream: c, authed: !auth_required, nonce: None };
+                idle.push(Idle { c, partial_since: None, recheck_at: None });
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) => {
+                tracing::warn!("rpc server accept failed: {e}");
+                break;
             }
         }
     }
