@@ -8,168 +8,38 @@ pub mod peers;
 pub mod policy;
 pub mod remote;
 pub mod segment;
+mod serve;
+mod start;
 pub mod types;
 pub mod unit;
 
 use std::collections::HashMap;
-use std::io;
 use std::net::IpAddr;
 use std::sync::{Arc, Weak};
-use std::time::Duration;
 
 use parking_lot::Mutex;
 
 use crate::config::{Config, keys};
 use crate::control::addr;
-use crate::control::client::{ClientTimeouts, RpcClient};
-use crate::control::metadata::{self, KeepAlive, Publication, StoreSettings};
+use crate::control::client::RpcClient;
+use crate::control::metadata::{self, KeepAlive, Publication};
 use crate::control::queue::idle_exit;
-use crate::control::server::{Refusal, RpcHandler, RpcServer, ServerParams};
+use crate::control::server::RpcServer;
 use crate::error::{Error, Result};
 use crate::metrics::{Metrics, MetricsServer};
 use crate::transport::Transport;
 use crate::transport::rdma::RdmaTransport;
-use crate::transport::shm::{self, ShmParams, ShmTransport};
-use crate::transport::tcp::{TcpParams, TcpTransport};
+use crate::transport::shm::{self, ShmParams};
 use background::{ProgressPool, Published, Publisher};
 use batch::{BatchTable, Entry, HookSink, NotifyHook};
 use dispatch::Dispatcher;
 use peers::{Fetcher, HookLanes, PeerLanes};
 use remote::Remote;
 use segment::{LocalSegment, Registration};
+use serve::ServerView;
+pub use start::effective_config;
+use start::{RpcSettings, attach_rdma, load_transports, metadata_settings, segment_name_for, start_metrics_server};
 use types::{Notification, Opcode, Permission, Request, Status, TransportKind};
-use unit::FailoverConfig;
-
-/// Builds the effective config from what the caller gave explicitly: `MC_TENT_CONF` is merged
-/// over it, then the legacy `MC_*` variables, then the caller's identity keys are put back.
-pub fn effective_config(explicit: Config) -> Config {
-    let mut cfg = explicit.clone();
-    cfg.apply_env();
-    for k in keys::IDENTITY_KEYS {
-        if let Some(v) = explicit.get(k) {
-            cfg.set(k, v.clone());
-        }
-    }
-    cfg
-}
-
-/// The metadata store settings of `config`: `metadata_type` (p2p, redis, etcd, http),
-/// `metadata_servers`, `metadata_ttl_secs` (default 30), `metadata_timeout_ms` (default 3000)
-/// and, for Redis, `MC_REDIS_*` from the environment.
-fn metadata_settings(config: &Config, kind: &str) -> Result<StoreSettings> {
-    if !matches!(kind, "p2p" | "redis" | "etcd" | "http") {
-        return Err(Error::InvalidArgument(format!("metadata_type {kind:?} is not one of p2p, redis, etcd, http")));
-    }
-    let redis_auth = if kind == "redis" { metadata::redis::RedisAuth::from_env()? } else { Default::default() };
-    Ok(StoreSettings {
-        kind: kind.to_string(),
-        servers: config.get_string(keys::METADATA_SERVERS.0, keys::METADATA_SERVERS.1),
-        ttl: Duration::from_secs(config.get_u64(keys::METADATA_TTL_SECS.0, keys::METADATA_TTL_SECS.1).max(1)),
-        timeout: Duration::from_millis(config.get_u64(keys::METADATA_TIMEOUT_MS.0, keys::METADATA_TIMEOUT_MS.1).max(1)),
-        redis_auth,
-    })
-}
-
-/// The segment name: in p2p mode `ip:port`, or `host:port` with `p2p_segment_host` (IPv6 in
-/// brackets), since peers reach the engine by its name there (a configured name is ignored, as
-/// upstream); else `local_segment_name`, or `segment_noname_` and 8 random letters when that is
-/// empty.
-fn segment_name_for(config: &Config, kind: &str, rpc_addr: &str, port: u16) -> String {
-    if kind == "p2p" {
-        let host = config.get_string(keys::P2P_SEGMENT_HOST.0, keys::P2P_SEGMENT_HOST.1);
-        let host = host.trim();
-        return match host {
-            "" => rpc_addr.to_string(),
-            h if h.contains(':') && !h.starts_with('[') => format!("[{h}]:{port}"),
-            h => format!("{h}:{port}"),
-        };
-    }
-    let configured = config.get_string(keys::LOCAL_SEGMENT_NAME.0, keys::LOCAL_SEGMENT_NAME.1);
-    if configured.trim().is_empty() { format!("segment_noname_{}", memory::random_letters(8)) } else { configured }
-}
-
-/// The RPC server's and client's settings.
-struct RpcSettings {
-    port: u16,
-    hostname: String,
-    threads: usize,
-    data_threads: usize,
-    timeouts: ClientTimeouts,
-    /// With `rpc_auth_token` (or MC_TENT_AUTH_TOKEN) set, every connection must authenticate.
-    token: Option<Vec<u8>>,
-}
-
-impl RpcSettings {
-    fn server_params(&self, config: &Config) -> ServerParams {
-        ServerParams {
-            control_threads: self.threads,
-            data_threads: self.data_threads,
-            request_timeout: self.timeouts.request,
-            idle_exit: idle_exit(config),
-            token: self.token.clone(),
-        }
-    }
-
-    fn from_config(config: &Config) -> Result<RpcSettings> {
-        let int =
-            |key: (&str, i64), lo, hi| config.get_i64_checked(key.0, key.1, lo, hi).map_err(Error::InvalidArgument);
-        Ok(RpcSettings {
-            port: int(keys::RPC_SERVER_PORT, 0, 65535)? as u16,
-            hostname: config.get_string(keys::RPC_SERVER_HOSTNAME.0, keys::RPC_SERVER_HOSTNAME.1),
-            threads: int(keys::RPC_SERVER_THREADS, 1, 1024)? as usize,
-            data_threads: int(keys::RPC_SERVER_DATA_THREADS, 1, 1024)? as usize,
-            timeouts: ClientTimeouts {
-                connect: Duration::from_millis(
-                    config.get_u64(keys::RPC_CONNECT_TIMEOUT_MS.0, keys::RPC_CONNECT_TIMEOUT_MS.1).max(1),
-                ),
-                request: Duration::from_millis(
-                    config.get_u64(keys::RPC_REQUEST_TIMEOUT_MS.0, keys::RPC_REQUEST_TIMEOUT_MS.1).max(1),
-                ),
-            },
-            token: config.get_str(keys::RPC_AUTH_TOKEN).filter(|t| !t.is_empty()).map(String::into_bytes),
-        })
-    }
-}
-
-/// The SHM, TCP and file transports the config enables. Each stops its threads when dropped,
-/// so a failure here or later leaves none running.
-fn load_transports(
-    config: &Config,
-    client: &Arc<RpcClient>,
-    metrics: &Arc<Metrics>,
-) -> Result<Vec<Arc<dyn Transport>>> {
-    let mut transports: Vec<Arc<dyn Transport>> = Vec::new();
-    if config.get_bool(keys::SHM_ENABLE.0, keys::SHM_ENABLE.1) {
-        transports.push(Arc::new(ShmTransport::new(ShmParams::from_config(config))?));
-    }
-    if config.get_bool(keys::TCP_ENABLE.0, keys::TCP_ENABLE.1) {
-        let params = TcpParams::from_config(config);
-        transports.push(Arc::new(TcpTransport::new(client.clone(), params, metrics.clone())?));
-    }
-    // File segments: io_uring, or the plain pread/pwrite path when io_uring is unavailable or
-    // disabled.
-    transports.extend(crate::transport::file::load(config)?);
-    Ok(transports)
-}
-
-/// Publishes the RDMA NICs in the descriptor, routes notifications received over RDMA to the
-/// engine's queue, and lets the metrics read the transport's endpoint events.
-fn attach_rdma(t: &Arc<RdmaTransport>, local: &LocalSegment, remote: &Arc<Remote>, metrics: &Metrics) {
-    local.set_devices(t.devices());
-    let r = remote.clone();
-    t.set_notify_sink(Arc::new(move |name, msg| r.deliver(name, msg, None)));
-    metrics.set_rdma_source(t.metrics_source());
-}
-
-/// The metrics HTTP endpoint when `metrics/enabled` is set and its port can be bound.
-fn start_metrics_server(config: &Config, metrics: &Arc<Metrics>) -> Option<MetricsServer> {
-    if !config.get_bool(keys::METRICS_ENABLED.0, keys::METRICS_ENABLED.1) {
-        return None;
-    }
-    let host = config.get_string(keys::METRICS_HTTP_HOST.0, keys::METRICS_HTTP_HOST.1);
-    let port = config.get_u64(keys::METRICS_HTTP_PORT.0, keys::METRICS_HTTP_PORT.1).min(65535) as u16;
-    MetricsServer::start(&host, port, metrics.clone())
-}
 
 /// Pending polls of one batch answered with a yield; later ones sleep briefly.
 const YIELDING_POLLS: u32 = 64;
@@ -279,56 +149,6 @@ pub struct Engine {
     keepalive: Mutex<Option<KeepAlive>>,
 }
 
-/// The RPC server's view of the engine. It holds only shared pieces, never the engine itself,
-/// so the engine is always dropped by its owner and never on a server thread.
-struct ServerView {
-    local: Arc<LocalSegment>,
-    remote: Arc<Remote>,
-    rdma: Option<Arc<RdmaTransport>>,
-}
-
-/// What an engine without RDMA answers to a bootstrap, byte for byte as upstream.
-const BOOTSTRAP_NOT_READY: &str = r#"{"local_gid":"","local_lid":0,"local_nic_path":"","notify_qp_num":0,"peer_nic_path":"","qp_num":[],"reply_msg":"NOT_READY: transport not initialized"}"#;
-
-impl RpcHandler for ServerView {
-    fn segment_desc(&self) -> Arc<String> {
-        self.local.descriptor_json()
-    }
-
-    fn bootstrap_rdma(&self, request: &[u8]) -> Vec<u8> {
-        match &self.rdma {
-            Some(t) => t.handle_bootstrap(request),
-            None => BOOTSTRAP_NOT_READY.as_bytes().to_vec(),
-        }
-    }
-
-    fn notify(&self, name: String, msg: String, sender: Option<String>) {
-        self.remote.deliver(name, msg, sender);
-    }
-
-    fn subscribe(&self, rpc_addr: String) {
-        self.remote.subscribe(rpc_addr);
-    }
-
-    fn segment_updated(&self, _name: String) {
-        self.remote.invalidate_all();
-    }
-
-    fn with_memory(
-        &self,
-        addr: u64,
-        len: u64,
-        write: bool,
-        f: &mut dyn FnMut(*mut u8) -> io::Result<()>,
-    ) -> std::result::Result<io::Result<()>, Refusal> {
-        let op = if write { Opcode::Write } else { Opcode::Read };
-        self.local.with_ranges(&[(addr, len, Some((op, true)))], || f(addr as *mut u8)).map_err(|e| match e {
-            Error::PermissionDenied(_) => Refusal::Permission,
-            _ => Refusal::NotRegistered,
-        })
-    }
-}
-
 impl Engine {
     /// Starts an engine from an effective config (see [`effective_config`]). Any failure is
     /// returned with its reason; nothing is left running: every step's threads and sockets are
@@ -356,7 +176,7 @@ impl Engine {
         let metrics = Arc::new(Metrics::default());
         let shm_dir = ShmParams::from_config(&config).cxl_mount_path;
         let mut transports = load_transports(&config, &client, &metrics)?;
-        let rdma = Self::start_rdma(&config, &name, &client);
+        let rdma = start::start_rdma(&config, &name, &client);
         if let Some(t) = &rdma {
             attach_rdma(t, &local, &remote, &metrics);
             transports.push(t.clone());
@@ -366,7 +186,7 @@ impl Engine {
             false => None,
         };
         let dispatcher =
-            Self::dispatcher(&config, transports, &local, &remote, &metrics, progress.as_ref().map(|p| p.0.clone()));
+            start::dispatcher(&config, transports, &local, &remote, &metrics, progress.as_ref().map(|p| p.0.clone()));
         if let Some((_, target)) = &progress {
             let _ = target.set(Arc::downgrade(&dispatcher));
         }
@@ -410,61 +230,6 @@ impl Engine {
         });
         tracing::info!("transfer engine {name} started");
         Ok(engine)
-    }
-
-    /// The dispatcher over `transports`, wired so that transports drop per-segment state (e.g.
-    /// shm mappings) when a peer's descriptor changes.
-    fn dispatcher(
-        config: &Config,
-        transports: Vec<Arc<dyn Transport>>,
-        local: &Arc<LocalSegment>,
-        remote: &Arc<Remote>,
-        metrics: &Arc<Metrics>,
-        progress: Option<ProgressPool>,
-    ) -> Arc<Dispatcher> {
-        let failover = Arc::new(FailoverConfig {
-            metrics: metrics.clone(),
-            budget: config.get_u64(keys::MAX_FAILOVER_ATTEMPTS.0, keys::MAX_FAILOVER_ATTEMPTS.1 as u64).min(64) as u32,
-            on_poll: config.get_bool(keys::ENABLE_AUTO_FAILOVER_ON_POLL.0, keys::ENABLE_AUTO_FAILOVER_ON_POLL.1),
-            progress,
-        });
-        let dispatcher = Arc::new(Dispatcher {
-            transports,
-            local: local.clone(),
-            machine_id: local.machine_id.clone(),
-            policies: policy::parse(config.get(keys::POLICY)),
-            failover,
-            merge: config.get_bool(keys::MERGE_REQUESTS.0, keys::MERGE_REQUESTS.1),
-            submitted: Default::default(),
-            remote: remote.clone(),
-        });
-        let weak = Arc::downgrade(&dispatcher);
-        remote.on_fetch(Box::new(move |name, desc| {
-            if let Some(d) = weak.upgrade() {
-                for t in &d.transports {
-                    t.segment_changed(name, desc);
-                }
-            }
-        }));
-        dispatcher
-    }
-
-    /// Starts the RDMA transport when `transports/rdma/enable` (default true) and the provider
-    /// (`transports/rdma/provider`) has devices. Without devices, or on any error, it says why
-    /// once and the engine runs without RDMA.
-    fn start_rdma(config: &Config, name: &str, client: &Arc<RpcClient>) -> Option<Arc<RdmaTransport>> {
-        if !config.get_bool(keys::RDMA_ENABLE.0, keys::RDMA_ENABLE.1) {
-            return None;
-        }
-        let started = crate::verbs::provider_from_config(config)
-            .and_then(|p| RdmaTransport::new(config, p, name, client.clone()));
-        match started {
-            Ok(t) => Some(Arc::new(t)),
-            Err(e) => {
-                tracing::info!("RDMA transport not loaded: {e}");
-                None
-            }
-        }
     }
 
     /// The RDMA transport, when loaded.

@@ -1,0 +1,62 @@
+//! What the RPC server sees of the engine: the handler for inbound control messages and data
+//! requests, holding only the shared pieces it needs.
+
+use std::io;
+use std::sync::Arc;
+
+use super::remote::Remote;
+use super::segment::LocalSegment;
+use super::types::Opcode;
+use crate::control::server::{Refusal, RpcHandler};
+use crate::error::Error;
+use crate::transport::rdma::RdmaTransport;
+
+/// The RPC server's view of the engine. It holds only shared pieces, never the engine itself,
+/// so the engine is always dropped by its owner and never on a server thread.
+pub(super) struct ServerView {
+    pub(super) local: Arc<LocalSegment>,
+    pub(super) remote: Arc<Remote>,
+    pub(super) rdma: Option<Arc<RdmaTransport>>,
+}
+
+/// What an engine without RDMA answers to a bootstrap, byte for byte as upstream.
+const BOOTSTRAP_NOT_READY: &str = r#"{"local_gid":"","local_lid":0,"local_nic_path":"","notify_qp_num":0,"peer_nic_path":"","qp_num":[],"reply_msg":"NOT_READY: transport not initialized"}"#;
+
+impl RpcHandler for ServerView {
+    fn segment_desc(&self) -> Arc<String> {
+        self.local.descriptor_json()
+    }
+
+    fn bootstrap_rdma(&self, request: &[u8]) -> Vec<u8> {
+        match &self.rdma {
+            Some(t) => t.handle_bootstrap(request),
+            None => BOOTSTRAP_NOT_READY.as_bytes().to_vec(),
+        }
+    }
+
+    fn notify(&self, name: String, msg: String, sender: Option<String>) {
+        self.remote.deliver(name, msg, sender);
+    }
+
+    fn subscribe(&self, rpc_addr: String) {
+        self.remote.subscribe(rpc_addr);
+    }
+
+    fn segment_updated(&self, _name: String) {
+        self.remote.invalidate_all();
+    }
+
+    fn with_memory(
+        &self,
+        addr: u64,
+        len: u64,
+        write: bool,
+        f: &mut dyn FnMut(*mut u8) -> io::Result<()>,
+    ) -> std::result::Result<io::Result<()>, Refusal> {
+        let op = if write { Opcode::Write } else { Opcode::Read };
+        self.local.with_ranges(&[(addr, len, Some((op, true)))], || f(addr as *mut u8)).map_err(|e| match e {
+            Error::PermissionDenied(_) => Refusal::Permission,
+            _ => Refusal::NotRegistered,
+        })
+    }
+}
