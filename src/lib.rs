@@ -22,8 +22,9 @@
 //!   (`ShmTransport::mappings`, the file transports' open files);
 //! - `LocalSegment::write_lock` -> `LocalSegment::buffers`; `LocalSegment::json_cache` ->
 //!   `buffers` and `devices` (read) -> a buffer's lease counter;
-//! - `PeerLanes::lanes` -> `PeerLanes::threads` is never nested (the first is released first);
-//!   `Fetcher::waiting` is released before a lane is asked for work;
+//! - `PeerLanes::lanes` -> `PeerLanes::threads` (a lane's thread is recorded before the lanes
+//!   are released, so closing joins it); `Fetcher::waiting` is released before a lane is asked
+//!   for work;
 //! - `EndpointStore::inner` -> `EndpointStore::waiting`;
 //! - the io_uring ring's state lock is held across `io_uring_enter` without waiting
 //!   (submission only); completions are ended after it is released.

@@ -154,7 +154,15 @@ impl<T: Send + 'static> Pool<T> {
         let mut threads = self.threads.lock();
         threads.retain(|t| !t.is_finished());
         let n = threads.len();
-        match std::thread::Builder::new().name(format!("{}-{n}", self.name)).spawn(move || body(&q)) {
+        let worker = move || {
+            // A worker that panicked is gone: count it out, so the pool starts another.
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(&q))).is_err() {
+                tracing::error!("a pool worker panicked; the pool goes on without it");
+                let mut c = q.counts.lock();
+                c.live = c.live.saturating_sub(1);
+            }
+        };
+        match std::thread::Builder::new().name(format!("{}-{n}", self.name)).spawn(worker) {
             Ok(t) => {
                 threads.push(t);
                 Ok(())

@@ -57,12 +57,12 @@ impl PeerLanes {
         let me = self.clone();
         let lane = key.to_string();
         let spawned = std::thread::Builder::new().name("tent-peer".into()).spawn(move || {
-            job();
+            run_job(job);
             me.drain(&lane);
         });
         match spawned {
             Ok(t) => {
-                drop(lanes);
+                // Recorded before `lanes` is released, so a `close` that follows joins it.
                 let mut threads = self.threads.lock();
                 threads.retain(|t| !t.is_finished());
                 threads.push(t);
@@ -89,7 +89,7 @@ impl PeerLanes {
                     }
                 }
             };
-            job();
+            run_job(job);
         }
     }
 
@@ -108,6 +108,14 @@ impl PeerLanes {
     /// Lanes that have work right now.
     pub fn busy(&self) -> usize {
         self.lanes.lock().queues.len()
+    }
+}
+
+/// Runs one job; a job that panics is reported and its lane goes on with the next one (the
+/// fetcher's jobs end their own tasks when they panic).
+fn run_job(job: Job) {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)).is_err() {
+        tracing::error!("work for a peer panicked; its lane goes on");
     }
 }
 
@@ -171,8 +179,21 @@ impl Fetcher {
     }
 
     /// Runs on the segment's lane: fetches the descriptor once for every task waiting for it.
+    /// Should anything in it panic, the tasks that did not end yet are failed, so every task
+    /// still ends.
     fn fetch_and_dispatch(&self, target: u64) {
         let Some((tasks, refresh)) = self.waiting.lock().remove(&target) else { return };
+        let states: Vec<_> = tasks.iter().map(|t| t.state.clone()).collect();
+        let run = std::panic::AssertUnwindSafe(|| self.fetch_then_dispatch(target, tasks, refresh));
+        if std::panic::catch_unwind(run).is_err() {
+            tracing::error!("starting transfers to segment handle {target} panicked; they fail");
+            for s in states {
+                s.fail("internal error while starting the transfer".into());
+            }
+        }
+    }
+
+    fn fetch_then_dispatch(&self, target: u64, tasks: Vec<Entry>, refresh: bool) {
         let mut desc = self.remote.descriptor(target, refresh);
         if !refresh && desc.as_ref().is_ok_and(|d| lacks_range(d, &tasks)) {
             desc = self.remote.descriptor(target, true);
