@@ -4,14 +4,14 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Write;
 use std::net::TcpListener;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use common::engines::{buffer, engine, req, run};
 use common::fake_peer::threads;
-use common::stores::eventually;
+use common::stores::{eventually, read_http_request};
 use tent::config::Config;
 use tent::engine::types::{Opcode, Permission, Status};
 use tent::engine::{Engine, effective_config};
@@ -99,22 +99,7 @@ fn read_only_http_store() -> (String, std::thread::JoinHandle<()>) {
     let t = std::thread::spawn(move || {
         for c in l.incoming().take(2) {
             let Ok(mut c) = c else { continue };
-            let mut r = BufReader::new(c.try_clone().expect("clone"));
-            let mut line = String::new();
-            let _ = r.read_line(&mut line);
-            let mut len = 0usize;
-            loop {
-                let mut h = String::new();
-                if r.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
-                    break;
-                }
-                if let Some((k, v)) = h.split_once(':') {
-                    if k.eq_ignore_ascii_case("content-length") {
-                        len = v.trim().parse().unwrap_or(0);
-                    }
-                }
-            }
-            let _ = r.read_exact(&mut vec![0u8; len]);
+            let Some((line, _)) = read_http_request(&c) else { continue };
             let status = if line.starts_with("GET") { 404 } else { 500 };
             let _ = write!(c, "HTTP/1.1 {status} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
         }

@@ -146,7 +146,7 @@ pub fn machine_id() -> String {
     }
 }
 
-pub use crate::base::random_letters;
+use crate::base::random_letters;
 
 #[cfg(test)]
 mod tests {

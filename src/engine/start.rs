@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use super::background::ProgressPool;
 use super::dispatch::Dispatcher;
-use super::memory;
 use super::policy;
 use super::remote::Remote;
 use super::segment::LocalSegment;
@@ -70,7 +69,7 @@ pub(super) fn segment_name_for(config: &Config, kind: &str, rpc_addr: &str, port
         };
     }
     let configured = config.get_string(keys::LOCAL_SEGMENT_NAME.0, keys::LOCAL_SEGMENT_NAME.1);
-    if configured.trim().is_empty() { format!("segment_noname_{}", memory::random_letters(8)) } else { configured }
+    if configured.trim().is_empty() { format!("segment_noname_{}", crate::base::random_letters(8)) } else { configured }
 }
 
 /// The RPC server's and client's settings.

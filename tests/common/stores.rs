@@ -234,16 +234,13 @@ impl HttpMeta {
     }
 }
 
-/// Answers one request of upstream's protocol.
-fn serve_http(mut s: TcpStream, map: &Mutex<HashMap<String, String>>) {
+/// Reads one HTTP/1.x request from `s`: its request line and its body (`Content-Length`
+/// bytes); `None` when the connection ends or times out first.
+pub fn read_http_request(s: &TcpStream) -> Option<(String, Vec<u8>)> {
     let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-    let mut reader = BufReader::new(s.try_clone().expect("clone"));
+    let mut reader = BufReader::new(s.try_clone().ok()?);
     let mut line = String::new();
-    if reader.read_line(&mut line).is_err() {
-        return;
-    }
-    let mut parts = line.split_whitespace();
-    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    reader.read_line(&mut line).ok()?;
     let mut length = 0usize;
     loop {
         let mut h = String::new();
@@ -257,9 +254,15 @@ fn serve_http(mut s: TcpStream, map: &Mutex<HashMap<String, String>>) {
         }
     }
     let mut body = vec![0u8; length];
-    if reader.read_exact(&mut body).is_err() {
-        return;
-    }
+    reader.read_exact(&mut body).ok()?;
+    Some((line, body))
+}
+
+/// Answers one request of upstream's protocol.
+fn serve_http(mut s: TcpStream, map: &Mutex<HashMap<String, String>>) {
+    let Some((line, body)) = read_http_request(&s) else { return };
+    let mut parts = line.split_whitespace();
+    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let key = target.split_once("?key=").and_then(|(_, k)| url_decode(k.split('&').next().unwrap_or("")));
     let (status, reply) = match (method, key) {
         (_, None) => (400, String::new()),
