@@ -366,6 +366,11 @@ fn bad_inputs_fail_the_task_and_disturb_nothing() {
     std::fs::write(&path, [7u8; 8192]).expect("recreate");
     assert_eq!(run_one(&e, req(Opcode::Read, base, h, 0, 8192)).0, Status::Completed);
     assert!(m.bytes()[..8192].iter().all(|&b| b == 7), "the replacement's bytes");
+    // Replaced by renaming another file over it (how files are usually updated in place).
+    let next = dir.file("f.next", &[5u8; 8192]);
+    std::fs::rename(&next, &path).expect("rename over");
+    assert_eq!(run_one(&e, req(Opcode::Read, base, h, 0, 8192)).0, Status::Completed);
+    assert!(m.bytes()[..8192].iter().all(|&b| b == 5), "the renamed file's bytes");
     std::fs::remove_file(&path).expect("rm");
     failed(req(Opcode::Write, base, h, 0, 4096), "No such file");
 

@@ -71,11 +71,8 @@ pub const FILE_SEGMENT_PREFIX: &str = "file://";
 pub struct FileTarget {
     /// The path after `file://`, as given (relative paths are relative to the working directory).
     pub path: String,
-    /// Size in bytes.
+    /// Size in bytes when the descriptor was built.
     pub length: u64,
-    /// Device and inode: an open file whose identity differs was replaced and is reopened.
-    pub dev: u64,
-    pub ino: u64,
 }
 
 impl SegmentDesc {
@@ -89,7 +86,6 @@ impl SegmentDesc {
     /// id. A missing path, a directory or anything else that is not a regular file is an error
     /// that names the path.
     pub fn for_file(name: &str, machine_id: &str) -> Result<SegmentDesc> {
-        use std::os::unix::fs::MetadataExt;
         let path = name.strip_prefix(FILE_SEGMENT_PREFIX).unwrap_or(name);
         if path.is_empty() {
             return Err(Error::InvalidArgument(format!("file segment {name:?} names no path")));
@@ -100,7 +96,7 @@ impl SegmentDesc {
             let what = if meta.is_dir() { "a directory" } else { "not a regular file" };
             return Err(Error::InvalidArgument(format!("file segment {name}: {path} is {what}")));
         }
-        let target = FileTarget { path: path.to_string(), length: meta.len(), dev: meta.dev(), ino: meta.ino() };
+        let target = FileTarget { path: path.to_string(), length: meta.len() };
         let mut detail = serde_json::Map::new();
         detail
             .insert("buffers".into(), serde_json::json!([{"path": target.path, "length": target.length, "offset": 0}]));

@@ -57,8 +57,12 @@ struct Opts {
     kv: bool,
     /// Rounds per KV shape (`--kv_rounds`); the median is reported.
     kv_rounds: usize,
-    /// How the KV caller polls: `sleep` (yield, then 20 us sleeps), `yield` or `spin`.
-    kv_poll: String,
+    /// With `--compare`, rounds per sweep case (`--rounds`, 1): the engine and the reference take
+    /// turns, so a machine or disk whose speed drifts slows both alike; the row gives medians.
+    rounds: usize,
+    /// How the caller polls a batch (`--poll`, also `--kv_poll`): `sleep` (64 yields, then
+    /// 20 us sleeps), `yield` or `spin`.
+    poll: String,
     /// The KV shapes to run (`--kv_shapes=BLOCKxBATCH,...`), [`KV_SHAPES`] by default.
     kv_shapes: Vec<(usize, usize)>,
 }
@@ -68,8 +72,8 @@ const USAGE: &str = "usage: tent-bench [--role=target | --target_seg_name=NAME] 
 [--start_block_size=B] [--max_block_size=B] [--start_batch_size=N] [--max_batch_size=N] [--start_num_threads=N] \
 [--max_num_threads=N] [--duration=SECONDS] [--metadata_type=p2p|etcd|redis|http] [--metadata_url_list=URLS] \
 [--rpc_server_hostname=IP] [--rpc_server_port=PORT] [--compare] [--xport_type=io_uring|bufio --file_path=PATH \
-[--direct_io=false]] \
-[--kv [--kv_rounds=N] [--kv_poll=sleep|yield|spin] [--kv_shapes=64Kx32,16Kx4096,...]]";
+[--direct_io=false]] [--poll=sleep|yield|spin] [--rounds=N] \
+[--kv [--kv_rounds=N] [--kv_shapes=64Kx32,16Kx4096,...]]";
 
 fn parse_size(v: &str) -> Option<usize> {
     let v = v.trim();
@@ -107,7 +111,8 @@ fn parse_args() -> Result<Opts, String> {
         direct_io: true,
         kv: false,
         kv_rounds: 10,
-        kv_poll: "sleep".into(),
+        rounds: 1,
+        poll: "sleep".into(),
         kv_shapes: KV_SHAPES.to_vec(),
     };
     for a in std::env::args().skip(1) {
@@ -143,7 +148,8 @@ fn parse_args() -> Result<Opts, String> {
             "direct_io" => o.direct_io = flag(),
             "kv" => o.kv = flag(),
             "kv_rounds" => o.kv_rounds = num()?.max(1),
-            "kv_poll" => o.kv_poll = v.into(),
+            "rounds" => o.rounds = num()?.max(1),
+            "poll" | "kv_poll" => o.poll = v.into(),
             "kv_shapes" => {
                 o.kv_shapes = v
                     .split(',')
@@ -168,8 +174,8 @@ fn parse_args() -> Result<Opts, String> {
     if !matches!(o.op_type.as_str(), "read" | "write" | "mix") {
         return Err(format!("--op_type must be read, write or mix, not {}", o.op_type));
     }
-    if !matches!(o.kv_poll.as_str(), "sleep" | "yield" | "spin") {
-        return Err(format!("--kv_poll must be sleep, yield or spin, not {}", o.kv_poll));
+    if !matches!(o.poll.as_str(), "sleep" | "yield" | "spin") {
+        return Err(format!("--poll must be sleep, yield or spin, not {}", o.poll));
     }
     if o.start_block_size == 0 || o.start_batch_size == 0 || o.start_num_threads == 0 || o.total_buffer_size == 0 {
         return Err("sizes, batch sizes and thread counts must be at least 1".into());
@@ -354,7 +360,7 @@ fn run_case(
                         for &op in ops {
                             let dst =
                                 if op == OPCODE_READ && ops.len() > 1 { vbuf.as_mut_ptr() } else { lbuf.as_mut_ptr() };
-                            if let Err(why) = one_batch(e, t, op, dst, remote_off, block, batch, &mut lat) {
+                            if let Err(why) = one_batch(e, t, op, dst, remote_off, block, batch, &o.poll, &mut lat) {
                                 failed += 1;
                                 first_error.get_or_insert(why);
                                 continue;
@@ -391,9 +397,18 @@ fn run_case(
             })
             .collect()
     });
-    let mut r = CaseResult { bytes: 0, secs, lat_us: Vec::new(), mismatches: 0, failed: 0, first_error: None };
-    for t in results {
+    let mut r = merge_results(results);
+    r.secs = secs;
+    r
+}
+
+/// One result from several (threads of a case, or rounds of it): bytes, seconds and counts
+/// summed, latencies pooled and sorted, the first error kept.
+fn merge_results(parts: Vec<CaseResult>) -> CaseResult {
+    let mut r = CaseResult { bytes: 0, secs: 0.0, lat_us: Vec::new(), mismatches: 0, failed: 0, first_error: None };
+    for t in parts {
         r.bytes += t.bytes;
+        r.secs += t.secs;
         r.lat_us.extend(t.lat_us);
         r.mismatches += t.mismatches;
         r.failed += t.failed;
@@ -403,9 +418,16 @@ fn run_case(
     r
 }
 
+/// The median of `v` (the upper one of an even count), 0 for none.
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
 /// Submits one batch of `batch` requests of `block` bytes each (`op`, local memory from `dst`,
-/// remote from `remote_off`), polls it to its end, frees it and records its latency in `lat`;
-/// says why when it did not complete.
+/// remote from `remote_off`), polls it to its end as `poll` says, frees it and records its
+/// latency in `lat`; says why when it did not complete.
 #[allow(clippy::too_many_arguments)] // the coordinates of one batch; a struct would only rename them
 fn one_batch(
     e: tent_engine_t,
@@ -415,6 +437,7 @@ fn one_batch(
     remote_off: u64,
     block: usize,
     batch: usize,
+    poll: &str,
     lat: &mut Vec<f64>,
 ) -> Result<(), String> {
     let mut reqs: Vec<tent_request_t> = (0..batch)
@@ -434,24 +457,8 @@ fn one_batch(
     // SAFETY: valid engine; reqs is an array of `batch` requests.
     let rc = unsafe { tent_submit(e, id, reqs.as_mut_ptr(), batch) };
     let submit_error = (rc != 0).then(last_error);
-    let mut st = tent_status { status: STATUS_PENDING, transferred_bytes: 0 };
-    let mut polls = 0u32;
-    while rc == 0 && st.status == STATUS_PENDING {
-        // SAFETY: valid engine and out-pointer.
-        if unsafe { tent_overall_status(e, id, &mut st) } != 0 {
-            break;
-        }
-        // Poll hot at first (small transfers end in microseconds), then back off so the poller
-        // does not take a core from the engine.
-        polls += 1;
-        if st.status == STATUS_PENDING {
-            if polls < 64 {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_micros(20));
-            }
-        }
-    }
+    let st =
+        if rc == 0 { wait_batch(e, id, poll) } else { tent_status { status: STATUS_FAILED, transferred_bytes: 0 } };
     lat.push(start.elapsed().as_secs_f64() * 1e6);
     tent_free_batch(e, id);
     if rc == 0 && st.status == STATUS_COMPLETED {
@@ -465,6 +472,28 @@ fn one_batch(
             status_name(st.status)
         ),
     })
+}
+
+/// Polls batch `id` with `tent_overall_status` until it is no longer pending and returns its
+/// last status. `poll` is the caller's style between polls: `spin` (none), `yield`, or `sleep`:
+/// 64 yields (small transfers end in microseconds), then 20 us sleeps so that the poller does
+/// not take a core from the engine. A failing status call ends the wait with what it left.
+fn wait_batch(e: tent_engine_t, id: tent_batch_id_t, poll: &str) -> tent_status {
+    let mut st = tent_status { status: STATUS_PENDING, transferred_bytes: 0 };
+    let mut polls = 0u32;
+    loop {
+        // SAFETY: valid engine and out-pointer.
+        if unsafe { tent_overall_status(e, id, &mut st) } != 0 || st.status != STATUS_PENDING {
+            return st;
+        }
+        polls += 1;
+        match poll {
+            "spin" => {}
+            "yield" => std::thread::yield_now(),
+            _ if polls < 64 => std::thread::yield_now(),
+            _ => std::thread::sleep(Duration::from_micros(20)),
+        }
+    }
 }
 
 fn pct(v: &[f64], p: f64) -> f64 {
@@ -552,6 +581,9 @@ fn run_initiator(o: &Opts, e: tent_engine_t, target: &Target) -> Result<u64, Str
     );
     if o.compare {
         print!(" {:>10} {:>7}", "Ref (GB/s)", "Ratio");
+        if o.rounds > 1 {
+            print!(" {:>7} {:>7}", "Min", "Max");
+        }
     }
     println!();
     let mut mismatches = 0;
@@ -564,7 +596,26 @@ fn run_initiator(o: &Opts, e: tent_engine_t, target: &Target) -> Result<u64, Str
                 if region * threads > local_len || region * threads > target.len {
                     continue;
                 }
-                let r = run_case(e, o, target, local, verify, block, batch, threads);
+                // Engine and reference take turns, each round compared with its own reference;
+                // every other round the reference goes first, so neither always finds the caches
+                // (the page cache, the disk's or its host's) as the other left them.
+                let (mut cases, mut refs, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+                let reference_now = || file_reference(o, block, batch, threads).unwrap_or_else(|| reference(o, region));
+                for round in 0..if o.compare { o.rounds } else { 1 } {
+                    let early = (o.compare && round % 2 == 1).then(reference_now);
+                    let r = run_case(e, o, target, local, verify, block, batch, threads);
+                    let failed = r.failed > 0;
+                    let bw = r.bytes as f64 / r.secs / 1e9;
+                    cases.push(r);
+                    if failed || !o.compare {
+                        break;
+                    }
+                    let rf = early.unwrap_or_else(reference_now);
+                    refs.push(rf);
+                    ratios.push(if rf > 0.0 { bw / rf } else { 0.0 });
+                }
+                let bws: Vec<f64> = cases.iter().map(|r| r.bytes as f64 / r.secs / 1e9).collect();
+                let r = merge_results(cases);
                 mismatches += r.mismatches;
                 if r.failed > 0 {
                     // A bandwidth over partly failed work would be a lie: say what failed.
@@ -577,7 +628,7 @@ fn run_initiator(o: &Opts, e: tent_engine_t, target: &Target) -> Result<u64, Str
                     first_error = first_error.or(r.first_error);
                     continue;
                 }
-                let bw = r.bytes as f64 / r.secs / 1e9;
+                let bw = median(&bws);
                 let avg = if r.lat_us.is_empty() { 0.0 } else { r.lat_us.iter().sum::<f64>() / r.lat_us.len() as f64 };
                 print!(
                     "{block:>12} {batch:>6} {threads:>7} {bw:>10.3} {avg:>13.1} {:>11.1} {:>11.1}",
@@ -585,8 +636,11 @@ fn run_initiator(o: &Opts, e: tent_engine_t, target: &Target) -> Result<u64, Str
                     pct(&r.lat_us, 0.999)
                 );
                 if o.compare {
-                    let rf = file_reference(o, block, batch, threads).unwrap_or_else(|| reference(o, region));
-                    print!(" {rf:>10.3} {:>7.2}", if rf > 0.0 { bw / rf } else { 0.0 });
+                    print!(" {:>10.3} {:>7.2}", median(&refs), median(&ratios));
+                    if o.rounds > 1 {
+                        let (lo, hi) = ratios.iter().fold((f64::MAX, 0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+                        print!(" {lo:>7.2} {hi:>7.2}");
+                    }
                 }
                 println!();
                 if started.elapsed() > Duration::from_secs(10) {
@@ -862,21 +916,7 @@ fn kv_batch(
         tent_free_batch(e, id);
         return Err(format!("tent_submit failed: {msg}"));
     }
-    let mut st = tent_status { status: STATUS_PENDING, transferred_bytes: 0 };
-    let mut polls = 0u32;
-    while st.status == STATUS_PENDING {
-        // SAFETY: valid engine and out-pointer.
-        if unsafe { tent_overall_status(e, id, &mut st) } != 0 {
-            break;
-        }
-        polls += 1;
-        match poll {
-            "spin" => {}
-            "yield" => std::thread::yield_now(),
-            _ if polls < 64 => std::thread::yield_now(),
-            _ => std::thread::sleep(Duration::from_micros(20)),
-        }
-    }
+    let st = wait_batch(e, id, poll);
     let secs = start.elapsed().as_secs_f64();
     tent_free_batch(e, id);
     if st.status != STATUS_COMPLETED {
@@ -921,7 +961,7 @@ fn run_kv(o: &Opts, e: tent_engine_t, t: &Target) -> Result<u64, String> {
         "R ratio",
         o.xport_type,
         o.kv_rounds,
-        o.kv_poll
+        o.poll
     );
     let mut mismatches = 0u64;
     for &(block, batch) in &o.kv_shapes {
@@ -939,8 +979,8 @@ fn run_kv(o: &Opts, e: tent_engine_t, t: &Target) -> Result<u64, String> {
             };
             fill(lbuf, region as u64, round as u64 ^ 0x6b76);
             bbuf.fill(0);
-            let tw = kv_batch(e, t, OPCODE_WRITE, local, &remote, block, &o.kv_poll)?;
-            let tr = kv_batch(e, t, OPCODE_READ, back, &remote, block, &o.kv_poll)?;
+            let tw = kv_batch(e, t, OPCODE_WRITE, local, &remote, block, &o.poll)?;
+            let tr = kv_batch(e, t, OPCODE_READ, back, &remote, block, &o.poll)?;
             mismatches += lbuf.iter().zip(bbuf.iter()).filter(|(a, b)| a != b).count() as u64;
             let src = lbuf.to_vec();
             let start = Instant::now();
@@ -957,12 +997,8 @@ fn run_kv(o: &Opts, e: tent_engine_t, t: &Target) -> Result<u64, String> {
                 m.push(region as f64 / tm / 1e9);
             }
         }
-        let median = |mut v: Vec<f64>| {
-            v.sort_by(|a, b| a.total_cmp(b));
-            v[v.len() / 2]
-        };
-        let (w, r) = (median(w), median(r));
-        let rf = if o.xport_type == "tcp" { reference(o, region) } else { median(m) };
+        let (w, r) = (median(&w), median(&r));
+        let rf = if o.xport_type == "tcp" { reference(o, region) } else { median(&m) };
         let ratio = |x: f64| if rf > 0.0 { x / rf } else { 0.0 };
         println!(
             "{:>7}K {batch:>6} {:>8}M {w:>10.3} {r:>10.3} {rf:>10.3} {:>7.2} {:>7.2}",

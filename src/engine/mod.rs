@@ -35,7 +35,7 @@ use batch::{BatchTable, Entry, HookSink, NotifyHook};
 use dispatch::Dispatcher;
 use peers::{Fetcher, HookLanes, PeerLanes};
 use remote::Remote;
-use segment::{LocalSegment, Registration};
+use segment::{LocalSegment, Registration, SegmentDesc};
 use serve::ServerView;
 pub use start::effective_config;
 use start::{RpcSettings, attach_rdma, load_transports, metadata_settings, segment_name_for, start_metrics_server};
@@ -292,7 +292,9 @@ impl Engine {
                 .collect();
             return Ok(SegmentInfo { is_file: false, buffers });
         }
-        let desc = self.remote.descriptor(handle, false)?;
+        // A file's length changes with writes: describe it afresh.
+        let is_file = self.remote.segments.name_of(handle).is_some_and(|n| SegmentDesc::is_file_name(&n));
+        let desc = self.remote.descriptor(handle, is_file)?;
         if let Some(f) = &desc.file {
             // One buffer: the whole file, addressed by file offset from 0.
             let whole = BufferInfo { base: 0, length: f.length, location: "*".into() };

@@ -82,21 +82,26 @@ impl Remote {
     /// the peer's updates; the first subscription to a peer is followed by a second read, so a
     /// change that raced the subscription is not missed.
     ///
-    /// A file segment (`file://<path>`) is described from a fresh `stat` of the file on every
-    /// call and never cached, so its length is current and a removed or replaced file is noticed
-    /// before the next transfer; no peer or store is involved.
+    /// A file segment (`file://<path>`) is described from a `stat` of the file, with no peer or
+    /// store involved; `refresh` takes a new one (for its current length). Its transfers do not
+    /// rely on the cached length or identity: the file transports check the open file itself on
+    /// every submit (its size, and whether it was removed or replaced).
     pub fn descriptor(&self, handle: u64, refresh: bool) -> Result<Arc<SegmentDesc>> {
         let name = self
             .segments
             .name_of(handle)
             .ok_or_else(|| Error::InvalidEntry(format!("segment handle {handle} is not open")))?;
-        if SegmentDesc::is_file_name(&name) {
-            return SegmentDesc::for_file(&name, &self.machine_id).map(Arc::new);
-        }
         if !refresh {
             if let Some(d) = self.cache.lock().get(&handle) {
                 return Ok(d.clone());
             }
+        }
+        if SegmentDesc::is_file_name(&name) {
+            let desc = Arc::new(SegmentDesc::for_file(&name, &self.machine_id)?);
+            if self.segments.name_of(handle).as_deref() == Some(name.as_str()) {
+                self.cache.lock().insert(handle, desc.clone());
+            }
+            return Ok(desc);
         }
         // A change notification that arrives while we fetch may be about what we are fetching:
         // then the result is returned but not cached.
@@ -127,7 +132,7 @@ impl Remote {
         Ok(desc)
     }
 
-    /// The cached descriptor of `handle`, if there is one (never a file segment's).
+    /// The cached descriptor of `handle`, if there is one.
     pub fn cached(&self, handle: u64) -> Option<Arc<SegmentDesc>> {
         self.cache.lock().get(&handle).cloned()
     }

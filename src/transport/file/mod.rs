@@ -44,7 +44,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::base::request::{Opcode, Request};
-use crate::base::segment::{FileTarget, SegmentDesc};
+use crate::base::segment::SegmentDesc;
 use crate::base::task::Task;
 use crate::config::Config;
 use crate::config::keys;
@@ -185,8 +185,6 @@ pub struct OpenFile {
     pub align: u64,
     /// Memory alignment of direct I/O.
     pub mem_align: u64,
-    dev: u64,
-    ino: u64,
 }
 
 fn open_path(path: &str, flags: libc::c_int) -> io::Result<OwnedFd> {
@@ -228,10 +226,10 @@ fn is_permission(e: &io::Error) -> bool {
 }
 
 impl OpenFile {
-    /// Opens `t` for reading and writing, or for the one of the two the file's permissions
-    /// allow, plus an `O_DIRECT` descriptor when `direct` and the file system accepts it.
-    pub fn open(t: &FileTarget, direct: bool) -> Result<OpenFile> {
-        let path = t.path.as_str();
+    /// Opens `path` for reading and writing, or for the one of the two the file's permissions
+    /// allow, plus an `O_DIRECT` descriptor of the same file when `direct` and the file system
+    /// accepts it.
+    pub fn open(path: &str, direct: bool) -> Result<OpenFile> {
         let (buffered, readable, writable, denied) = match open_path(path, libc::O_RDWR) {
             Ok(fd) => (fd, true, true, String::new()),
             Err(e) if is_permission(&e) => match open_path(path, libc::O_RDONLY) {
@@ -249,9 +247,6 @@ impl OpenFile {
             return Err(Error::InvalidArgument(format!("{path} is not a regular file")));
         }
         let (dev, ino) = (st.st_dev, st.st_ino);
-        if (dev, ino) != (t.dev, t.ino) {
-            return Err(Error::InvalidEntry(format!("{path} was replaced while it was being opened; try again")));
-        }
         let mode = match (readable, writable) {
             (true, true) => libc::O_RDWR,
             (true, false) => libc::O_RDONLY,
@@ -288,28 +283,12 @@ impl OpenFile {
         if !align.is_power_of_two() || !mem_align.is_power_of_two() {
             return Err(Error::os(libc::EINVAL, format!("{path}: unusable direct I/O alignment {align}/{mem_align}")));
         }
-        Ok(OpenFile {
-            path: path.to_string(),
-            buffered,
-            direct,
-            readable,
-            writable,
-            denied,
-            align,
-            mem_align,
-            dev,
-            ino,
-        })
+        Ok(OpenFile { path: path.to_string(), buffered, direct, readable, writable, denied, align, mem_align })
     }
 
     /// Whether aligned pieces bypass the page cache.
     pub fn is_direct(&self) -> bool {
         self.direct.is_some()
-    }
-
-    /// Whether this is still the file `t` names (same device and inode).
-    pub fn same_file(&self, t: &FileTarget) -> bool {
-        (self.dev, self.ino) == (t.dev, t.ino)
     }
 
     /// The descriptor for a piece.
@@ -322,9 +301,11 @@ impl OpenFile {
 
     /// The file's size now.
     pub fn size(&self) -> Result<u64> {
-        fstat(self.buffered.as_raw_fd())
-            .map(|st| st.st_size as u64)
-            .map_err(|e| Error::io(format_args!("fstat of {}", self.path), &e))
+        self.stat().map(|st| st.st_size as u64)
+    }
+
+    fn stat(&self) -> Result<libc::stat> {
+        fstat(self.buffered.as_raw_fd()).map_err(|e| Error::io(format_args!("fstat of {}", self.path), &e))
     }
 
     /// Checks a request against the file (access mode, and for a READ the current size) and
@@ -461,14 +442,11 @@ pub fn plan_tasks(
     target: &SegmentDesc,
     tasks: Vec<Task>,
 ) -> Result<(Arc<OpenFile>, Vec<PlannedTask>)> {
-    let file = files.get(target, params.direct_io)?;
-    // The descriptor of a local file segment comes from a `stat` made for this submit, and `get`
-    // checked that it names the open file.
-    let size = target.file.as_ref().map(|t| t.length);
+    let (file, size) = files.get(target, params.direct_io)?;
     let mut planned = Vec::new();
     for task in tasks {
         let r = *task.request();
-        match file.plan(&r, params.chunk_size, size) {
+        match file.plan(&r, params.chunk_size, Some(size)) {
             Err(e) => {
                 task.fail(e.to_string());
             }
@@ -481,31 +459,37 @@ pub fn plan_tasks(
     Ok((file, planned))
 }
 
-/// The open files of one transport, by segment name. A file segment's descriptor is built from a
-/// fresh `stat` before each submit; when that names another inode (the file was replaced), the
-/// file is opened again.
+/// The open files of one transport, by segment name. Each submit checks the open file with one
+/// `fstat`: that gives the size a READ is checked against, and a file whose last name is gone
+/// (removed, or replaced by another file under its name) is let go and the path opened again,
+/// so transfers go to the file the name means now, or fail when there is none.
 #[derive(Default)]
 pub struct FileCache {
     files: Mutex<HashMap<String, Arc<OpenFile>>>,
 }
 
 impl FileCache {
-    /// The open file of segment `target`; a descriptor without a local file (one from a peer) is
-    /// refused: file segments are served only to the engine that opened them.
-    pub fn get(&self, target: &SegmentDesc, direct: bool) -> Result<Arc<OpenFile>> {
+    /// The open file of segment `target` and its current size; a descriptor without a local file
+    /// (one from a peer) is refused: file segments are served only to the engine that opened
+    /// them.
+    pub fn get(&self, target: &SegmentDesc, direct: bool) -> Result<(Arc<OpenFile>, u64)> {
         let Some(t) = target.file.as_ref() else {
             return Err(Error::PermissionDenied(format!(
                 "segment {} is a file segment of another engine; file segments are never served to peers",
                 target.name
             )));
         };
-        let mut files = self.files.lock();
-        if let Some(f) = files.get(&target.name).filter(|f| f.same_file(t)) {
-            return Ok(f.clone());
+        let open = self.files.lock().get(&target.name).cloned();
+        if let Some(f) = open {
+            let st = f.stat()?;
+            if st.st_nlink > 0 {
+                return Ok((f, st.st_size as u64));
+            }
         }
-        let f = Arc::new(OpenFile::open(t, direct)?);
-        files.insert(target.name.clone(), f.clone());
-        Ok(f)
+        let f = Arc::new(OpenFile::open(&t.path, direct)?);
+        let size = f.size()?;
+        self.files.lock().insert(target.name.clone(), f.clone());
+        Ok((f, size))
     }
 
     /// Closes the file of a segment that was closed (`None`), or whose file is gone.
@@ -531,10 +515,8 @@ mod tests {
     use super::*;
     use crate::base::request::TransportKind;
 
-    fn target(path: &std::path::Path) -> FileTarget {
-        use std::os::unix::fs::MetadataExt;
-        let m = std::fs::metadata(path).expect("stat");
-        FileTarget { path: path.to_string_lossy().into_owned(), length: m.len(), dev: m.dev(), ino: m.ino() }
+    fn target(path: &std::path::Path) -> String {
+        path.to_string_lossy().into_owned()
     }
 
     fn req(op: Opcode, source: u64, offset: u64, length: u64) -> Request {
