@@ -191,6 +191,72 @@ fn replies_match_by_sequence_under_pipelining() {
     }
 }
 
+/// A pipelining client's burst as the server's buffered reading sees it: data requests of every
+/// size class (payloads taken from the read buffer, read straight into memory, and replies
+/// queued or written from memory), control requests between them, and a last request that
+/// arrives in two pieces after a pause (its first part waits with the connection).
+#[test]
+fn a_mixed_pipelined_burst_is_served_in_order_with_every_byte() {
+    let e = engine(&[]);
+    let len = 1 << 20;
+    let buf = buffer(&e, len, |_| 0, Permission::GlobalReadWrite);
+    let addr = buf.as_ptr() as u64;
+    let mut s = connect(e.rpc_port());
+    let sizes = [100usize, 3000, 20_000, 100_000, 300_000];
+    let pattern = |size: usize, i: usize| (i * 7 + size) as u8;
+    let mut burst = Vec::new();
+    let mut expect = Vec::new();
+    let mut at = 0u64;
+    let mut seq = 0u32;
+    for &size in &sizes {
+        let mut att = frame::encode_data_header(addr + at, size as u64).to_vec();
+        att.extend((0..size).map(|i| pattern(size, i)));
+        burst.extend_from_slice(&frame::encode_request(seq, msg::SEND_DATA, att.len() as u32, 0));
+        burst.extend_from_slice(&att);
+        expect.push((seq, None));
+        seq += 1;
+        burst.extend_from_slice(&frame::encode_request(seq, msg::PROBE, 0, 0));
+        expect.push((seq, None));
+        seq += 1;
+        let head = frame::encode_data_header(addr + at, size as u64);
+        burst.extend_from_slice(&frame::encode_request(seq, msg::RECV_DATA, head.len() as u32, 0));
+        burst.extend_from_slice(&head);
+        expect.push((seq, Some((0..size).map(|i| pattern(size, i)).collect::<Vec<u8>>())));
+        seq += 1;
+        at += size as u64;
+    }
+    let (first, last) = burst.split_at(burst.len() - 10);
+    s.write_all(first).expect("send");
+    std::thread::sleep(Duration::from_millis(100));
+    s.write_all(last).expect("send the rest");
+    for (seq, data) in expect {
+        let (err, _, att) = read_reply(&mut s, seq);
+        assert_eq!(err, 0, "request {seq}");
+        match data {
+            Some(d) => assert!(att == d, "RecvData {seq} returns what was written"),
+            None => assert!(att.is_empty(), "request {seq} has an empty reply"),
+        }
+    }
+    // A small burst read whole at once: after the SendData, a control request and a data
+    // request are left in the worker's buffer with nothing more on the socket; they must still
+    // be served.
+    let mut small = Vec::new();
+    let mut att = frame::encode_data_header(addr, 8).to_vec();
+    att.extend_from_slice(b"ABCDEFGH");
+    small.extend_from_slice(&frame::encode_request(500, msg::SEND_DATA, att.len() as u32, 0));
+    small.extend_from_slice(&att);
+    small.extend_from_slice(&frame::encode_request(501, msg::PROBE, 0, 0));
+    let head = frame::encode_data_header(addr, 8);
+    small.extend_from_slice(&frame::encode_request(502, msg::RECV_DATA, head.len() as u32, 0));
+    small.extend_from_slice(&head);
+    s.write_all(&small).expect("send");
+    assert_eq!(read_reply(&mut s, 500).0, 0);
+    assert_eq!(read_reply(&mut s, 501).0, 0);
+    assert_eq!(read_reply(&mut s, 502).2, b"ABCDEFGH");
+    // The connection is still in step.
+    assert_eq!(call(&mut s, 999, msg::PROBE, &[]).0, 0);
+}
+
 #[test]
 fn auth_token_gates_every_request() {
     let tok = ("rpc_auth_token", "s3cret-token");

@@ -505,7 +505,12 @@ fn pct(v: &[f64], p: f64) -> f64 {
 
 /// The plain reference for the same bytes per round: a loopback socket copy (TCP) or memcpy.
 fn reference(o: &Opts, region: usize) -> f64 {
-    let deadline = Instant::now() + Duration::from_secs_f64(o.duration.max(0.01));
+    reference_for(o, region, Duration::from_secs_f64(o.duration.max(0.01)))
+}
+
+/// [`reference`] measured for `span`.
+fn reference_for(o: &Opts, region: usize, span: Duration) -> f64 {
+    let deadline = Instant::now() + span;
     let src = vec![7u8; region];
     let mut dst = vec![0u8; region];
     let start = Instant::now();
@@ -967,7 +972,11 @@ fn run_kv(o: &Opts, e: tent_engine_t, t: &Target) -> Result<u64, String> {
     for &(block, batch) in &o.kv_shapes {
         let region = block * batch;
         let nslots = t.len / block;
-        let (mut w, mut r, mut m) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut w, mut r) = (Vec::new(), Vec::new());
+        // TCP's reference (a socket stream) drifts with the machine: measured in every round,
+        // right after the engine's batches, and each round compared with its own.
+        let (mut refs, mut wr, mut rr) = (Vec::new(), Vec::new(), Vec::new());
+        let span = Duration::from_secs_f64((o.duration / o.kv_rounds as f64).max(0.05));
         for round in 0..=o.kv_rounds {
             // Every other slot from a base that moves each round (round 0 is a warm-up).
             let base = (round * 2 * batch + round) % nslots;
@@ -992,20 +1001,22 @@ fn run_kv(o: &Opts, e: tent_engine_t, t: &Target) -> Result<u64, String> {
             std::hint::black_box(&mut plain);
             let tm = start.elapsed().as_secs_f64();
             if round > 0 {
-                w.push(region as f64 / tw / 1e9);
-                r.push(region as f64 / tr / 1e9);
-                m.push(region as f64 / tm / 1e9);
+                let (gw, gr, gm) = (region as f64 / tw / 1e9, region as f64 / tr / 1e9, region as f64 / tm / 1e9);
+                let rf = if o.xport_type == "tcp" { reference_for(o, region, span) } else { gm };
+                w.push(gw);
+                r.push(gr);
+                refs.push(rf);
+                wr.push(if rf > 0.0 { gw / rf } else { 0.0 });
+                rr.push(if rf > 0.0 { gr / rf } else { 0.0 });
             }
         }
-        let (w, r) = (median(&w), median(&r));
-        let rf = if o.xport_type == "tcp" { reference(o, region) } else { median(&m) };
-        let ratio = |x: f64| if rf > 0.0 { x / rf } else { 0.0 };
+        let (w, r, rf) = (median(&w), median(&r), median(&refs));
         println!(
             "{:>7}K {batch:>6} {:>8}M {w:>10.3} {r:>10.3} {rf:>10.3} {:>7.2} {:>7.2}",
             block >> 10,
             region as f64 / (1 << 20) as f64,
-            ratio(w),
-            ratio(r)
+            median(&wr),
+            median(&rr)
         );
     }
     println!("consistency check: {mismatches} mismatched bytes");

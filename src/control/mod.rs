@@ -4,6 +4,7 @@
 pub mod addr;
 pub mod auth;
 pub mod client;
+pub mod conn_io;
 pub mod frame;
 pub mod metadata;
 pub mod queue;

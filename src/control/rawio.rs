@@ -91,6 +91,50 @@ pub unsafe fn read_exact_raw(s: &TcpStream, dst: *mut u8, len: usize) -> io::Res
     Ok(())
 }
 
+/// Reads exactly `len` bytes into `[dst, dst+len)` and, in the same calls, up to `spill.len()`
+/// bytes that follow them on the stream into `spill` (whatever has already arrived; never
+/// waiting for them). Returns how many bytes went to `spill`. Timeouts and early closes end it
+/// as [`read_exact_raw`] does.
+///
+/// # Safety
+/// `[dst, dst+len)` must stay valid for writes for the whole call.
+pub unsafe fn read_exact_spill_raw(s: &TcpStream, dst: *mut u8, len: usize, spill: &mut [u8]) -> io::Result<usize> {
+    let mut done = 0usize;
+    let mut spilled = 0usize;
+    while done < len {
+        let mut iov = [
+            // SAFETY: `done < len`, so the range stays inside the caller's.
+            libc::iovec { iov_base: unsafe { dst.add(done) }.cast(), iov_len: len - done },
+            libc::iovec { iov_base: spill.as_mut_ptr().cast(), iov_len: spill.len() },
+        ];
+        let msg = libc::msghdr {
+            msg_name: std::ptr::null_mut(),
+            msg_namelen: 0,
+            msg_iov: iov.as_mut_ptr(),
+            msg_iovlen: iov.len(),
+            msg_control: std::ptr::null_mut(),
+            msg_controllen: 0,
+            msg_flags: 0,
+        };
+        // SAFETY: both iovecs describe ranges valid for writes (the contract, and our slice).
+        let n = unsafe { libc::recvmsg(s.as_raw_fd(), &msg as *const libc::msghdr as *mut libc::msghdr, 0) };
+        match n {
+            0 => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed the connection mid-transfer")),
+            n if n > 0 => {
+                let n = n as usize;
+                if n > len - done {
+                    spilled = n - (len - done);
+                    done = len;
+                } else {
+                    done += n;
+                }
+            }
+            _ => io_error()?,
+        }
+    }
+    Ok(spilled)
+}
+
 /// Writes `[src, src+len)` to `s` in full. A write timeout set on the socket ends the call with
 /// `TimedOut`; a closed peer gives an error, never SIGPIPE.
 ///

@@ -1,7 +1,9 @@
 //! The RPC server: one reactor thread watches idle connections with poll(2) and hands a
-//! connection with a request waiting to a worker, which serves exactly one frame and gives the
-//! connection back. Data messages (SendData / RecvData) go to their own pool so bulk transfers
-//! never delay control messages such as GetSegmentDesc or Notify.
+//! connection with a whole request waiting to a worker, which serves it (and the data requests
+//! that follow it at once, from a pipelining client) and gives the connection back. Data
+//! messages (SendData / RecvData) go to their own pool so bulk transfers never delay control
+//! messages such as GetSegmentDesc or Notify. Workers read and answer through a buffer (see
+//! `conn_io`); bytes read but not taken stay with the connection.
 
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -14,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use super::conn_io::{ConnIo, Pending, QUEUED_REPLY_MAX, READ_BUF};
 use super::frame::{self, FrameError, msg};
 use super::queue::{Pool, WorkQueue};
 use super::rawio;
@@ -161,6 +164,8 @@ pub struct Conn {
     authed: bool,
     /// The challenge sent to the peer, while authentication is in progress.
     nonce: Option<[u8; 32]>,
+    /// Bytes a worker read and did not serve (the start of the next request).
+    pending: Pending,
 }
 
 struct Idle {
@@ -215,7 +220,9 @@ fn reactor(
             return;
         }
         while let Ok(c) = returns.try_recv() {
-            idle.push(Idle { c, partial_since: None, recheck_at: None });
+            // Bytes already read make no poll event: look at such a connection at once.
+            let recheck_at = (!c.pending.0.is_empty()).then(Instant::now);
+            idle.push(Idle { c, partial_since: None, recheck_at });
         }
         if fds[1].revents != 0 {
             accept_all(&listener, &mut idle, auth_required);
@@ -244,7 +251,11 @@ fn poll_set(fds: &mut Vec<libc::pollfd>, wake: &UnixStream, listener: &TcpListen
                 timeout_ms = timeout_ms.min((t - now).as_millis() as i32 + 1);
                 -1
             }
-            _ => e.c.stream.as_raw_fd(),
+            Some(_) => {
+                timeout_ms = 0;
+                e.c.stream.as_raw_fd()
+            }
+            None => e.c.stream.as_raw_fd(),
         };
         fds.push(libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
     }
@@ -264,7 +275,7 @@ fn hand_over(idle: &mut Vec<Idle>, fds: &[libc::pollfd], pools: &Pools<'_>, requ
         if !polled && !due {
             continue;
         }
-        let state = match waiting(&idle[i].c.stream) {
+        let state = match waiting(&idle[i].c) {
             // Until it authenticated, everything a connection sends is a control message.
             Waiting::Data if !idle[i].c.authed => Waiting::Control,
             w => w,
@@ -305,7 +316,7 @@ fn accept_all(listener: &TcpListener, idle: &mut Vec<Idle>, auth_required: bool)
                     continue;
                 }
                 let _ = c.set_nodelay(true);
-                let c = Conn { stream: c, authed: !auth_required, nonce: None };
+                let c = Conn { stream: c, authed: !auth_required, nonce: None, pending: Pending::default() };
                 idle.push(Idle { c, partial_since: None, recheck_at: None });
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -317,44 +328,69 @@ fn accept_all(listener: &TcpListener, idle: &mut Vec<Idle>, auth_required: bool)
     }
 }
 
-/// Peeks at what waits on a connection: nothing, EOF, part of a header, or a whole header and
-/// body (SendData / RecvData go to the data pool). Malformed headers go to a control worker,
-/// which reads them, logs the reason and closes the connection.
-fn waiting(c: &TcpStream) -> Waiting {
-    let mut buf = [0u8; frame::REQUEST_HEADER_LEN + frame::MAX_BODY_LEN as usize];
-    // SAFETY: recv writes at most buf.len() bytes into buf; MSG_PEEK leaves them queued.
-    let n =
-        unsafe { libc::recv(c.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+/// Peeks at what waits on a connection (the bytes it kept, then the socket): nothing, EOF, part
+/// of a header, or a whole header and body (SendData / RecvData go to the data pool).
+fn waiting(c: &Conn) -> Waiting {
+    let mut view = [0u8; frame::REQUEST_HEADER_LEN + frame::MAX_BODY_LEN as usize];
+    let kept = c.pending.0.len().min(view.len());
+    view[..kept].copy_from_slice(&c.pending.0[..kept]);
+    if kept == view.len() {
+        return classify(&view);
+    }
+    let free = &mut view[kept..];
+    // SAFETY: recv writes at most free.len() bytes into free; MSG_PEEK leaves them queued.
+    let n = unsafe {
+        libc::recv(c.stream.as_raw_fd(), free.as_mut_ptr().cast(), free.len(), libc::MSG_PEEK | libc::MSG_DONTWAIT)
+    };
     if n == 0 {
         return Waiting::Closed;
     }
     if n < 0 {
         let e = io::Error::last_os_error();
-        return if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted {
-            Waiting::Nothing
-        } else {
-            Waiting::Closed
-        };
+        if e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted {
+            return Waiting::Closed;
+        }
+        return if kept == 0 { Waiting::Nothing } else { classify(&view[..kept]) };
     }
-    let n = n as usize;
-    if n < frame::REQUEST_HEADER_LEN {
-        return Waiting::Partial;
+    classify(&view[..kept + n as usize])
+}
+
+/// What the start of a connection's unread bytes holds. Malformed headers count as control
+/// messages: a control worker reads them, logs the reason and closes the connection.
+fn classify(bytes: &[u8]) -> Waiting {
+    if bytes.len() < frame::REQUEST_HEADER_LEN {
+        return if bytes.is_empty() { Waiting::Nothing } else { Waiting::Partial };
     }
     let mut hdr = [0u8; frame::REQUEST_HEADER_LEN];
-    hdr.copy_from_slice(&buf[..frame::REQUEST_HEADER_LEN]);
+    hdr.copy_from_slice(&bytes[..frame::REQUEST_HEADER_LEN]);
     let Ok(h) = frame::parse_request_header(&hdr) else {
         return Waiting::Control;
     };
     let end = frame::REQUEST_HEADER_LEN + h.body_len as usize;
-    if n < end {
+    if bytes.len() < end {
         return Waiting::Partial;
     }
     let is_data = h.function_id == frame::FUNCTION_ID
-        && matches!(frame::decode_body(&buf[frame::REQUEST_HEADER_LEN..end]), Ok(msg::SEND_DATA) | Ok(msg::RECV_DATA));
+        && matches!(
+            frame::decode_body(&bytes[frame::REQUEST_HEADER_LEN..end]),
+            Ok(msg::SEND_DATA) | Ok(msg::RECV_DATA)
+        );
     if is_data { Waiting::Data } else { Waiting::Control }
 }
 
+/// Whether another data request can be served on this connection at once: one already read, or
+/// one that arrived since (read without waiting).
+fn next_is_data(io: &mut ConnIo<'_>) -> io::Result<bool> {
+    match classify(io.buffered()) {
+        Waiting::Data => return Ok(true),
+        Waiting::Control => return Ok(false),
+        _ => {}
+    }
+    Ok(io.fill_now()? && matches!(classify(io.buffered()), Waiting::Data))
+}
+
 fn worker(shared: &Shared, queue: &WorkQueue<Conn>) {
+    let mut buf = vec![0u8; READ_BUF];
     while let Some(mut c) = queue.pop() {
         if shared.stopping.load(Ordering::SeqCst) {
             break;
@@ -369,19 +405,29 @@ fn worker(shared: &Shared, queue: &WorkQueue<Conn>) {
             // `stop` may have drained the active list just before this connection joined it.
             let _ = c.stream.shutdown(std::net::Shutdown::Both);
         }
-        let mut served = serve_one(shared, &mut c);
+        let Conn { stream, authed, nonce, pending } = &mut c;
+        let mut io = ConnIo::new(stream, &mut buf, std::mem::take(pending));
+        let mut served = serve_one(shared, &mut io, authed, nonce);
         // A client that pipelines small transfers has the next request waiting already: serve
         // it here instead of handing the connection back to the reactor and waking a worker
         // again for each one. Bounded, so other connections are not starved.
         let mut more = 0;
-        while served.is_ok()
-            && more < MAX_SERVED_IN_A_ROW
-            && c.authed
-            && !shared.stopping.load(Ordering::SeqCst)
-            && matches!(waiting(&c.stream), Waiting::Data)
-        {
-            served = serve_one(shared, &mut c);
+        while served.is_ok() && more < MAX_SERVED_IN_A_ROW && *authed && !shared.stopping.load(Ordering::SeqCst) {
+            match next_is_data(&mut io) {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(e) => {
+                    served = Err(format!("read failed: {e}"));
+                    break;
+                }
+            }
+            served = serve_one(shared, &mut io, authed, nonce);
             more += 1;
+        }
+        // The replies go out even after a failure (a refusal may explain it).
+        match io.finish() {
+            Ok(rest) => *pending = rest,
+            Err(e) => served = served.and(Err(format!("write failed: {e}"))),
         }
         shared.active.lock().retain(|(k, _)| *k != key);
         match served {
@@ -401,33 +447,40 @@ fn worker(shared: &Shared, queue: &WorkQueue<Conn>) {
 }
 
 /// Serves one request. `Err("")` means the peer closed the connection; other errors are logged.
-fn serve_one(shared: &Shared, conn: &mut Conn) -> std::result::Result<(), String> {
-    let Conn { stream: c, authed, nonce } = conn;
-    let mut hdr = [0u8; frame::REQUEST_HEADER_LEN];
-    match c.read(&mut hdr[..1]) {
-        Ok(0) => return Err(String::new()),
-        Ok(_) => {}
+fn serve_one(
+    shared: &Shared,
+    io: &mut ConnIo<'_>,
+    authed: &mut bool,
+    nonce: &mut Option<[u8; 32]>,
+) -> std::result::Result<(), String> {
+    match io.await_request() {
+        Ok(true) => {}
+        Ok(false) => return Err(String::new()),
         Err(e) => return Err(format!("read failed: {e}")),
     }
-    c.read_exact(&mut hdr[1..]).map_err(|e| format!("truncated request header: {e}"))?;
+    let mut hdr = [0u8; frame::REQUEST_HEADER_LEN];
+    io.read_exact(&mut hdr).map_err(|e| format!("truncated request header: {e}"))?;
     let h = match frame::parse_request_header(&hdr) {
         Ok(h) => h,
         Err(FrameError::Close(why)) | Err(FrameError::Reply(_, why)) => return Err(why),
     };
-    let mut body = vec![0u8; h.body_len as usize];
-    c.read_exact(&mut body).map_err(|e| format!("truncated request body: {e}"))?;
-    let reply_err = |c: &mut TcpStream, code: u8, text: &str| -> std::result::Result<(), String> {
-        c.write_all(&frame::encode_error_response(h.seq, code, text)).map_err(|e| format!("write failed: {e}"))
-    };
+    let mut body = [0u8; frame::MAX_BODY_LEN as usize];
+    let body = &mut body[..(h.body_len as usize).min(frame::MAX_BODY_LEN as usize)];
+    io.read_exact(body).map_err(|e| format!("truncated request body: {e}"))?;
+    let reply_err =
+        |io: &mut ConnIo<'_>, code: u8, text: &str| io.queue(&frame::encode_error_response(h.seq, code, text));
+    let truncated = |e: io::Error| format!("truncated attachment: {e}");
     if h.function_id != frame::FUNCTION_ID {
-        frame::discard(c, h.attach_len as u64).map_err(|e| format!("truncated attachment: {e}"))?;
-        return reply_err(c, frame::ERR_FUNCTION_NOT_REGISTERED, "the rpc function not registered");
+        io.discard(h.attach_len as u64).map_err(truncated)?;
+        reply_err(io, frame::ERR_FUNCTION_NOT_REGISTERED, "the rpc function not registered");
+        return Ok(());
     }
-    let id = match frame::decode_body(&body) {
+    let id = match frame::decode_body(body) {
         Ok(id) => id,
         Err(FrameError::Reply(code, text)) => {
-            frame::discard(c, h.attach_len as u64).map_err(|e| format!("truncated attachment: {e}"))?;
-            return reply_err(c, code, &text);
+            io.discard(h.attach_len as u64).map_err(truncated)?;
+            reply_err(io, code, &text);
+            return Ok(());
         }
         Err(FrameError::Close(why)) => return Err(why),
     };
@@ -437,76 +490,79 @@ fn serve_one(shared: &Shared, conn: &mut Conn) -> std::result::Result<(), String
             return Err("unauthenticated request with a large attachment".into());
         }
         let mut att = vec![0u8; h.attach_len as usize];
-        c.read_exact(&mut att).map_err(|e| format!("truncated attachment: {e}"))?;
+        io.read_exact(&mut att).map_err(truncated)?;
         match (id, nonce.take()) {
             (msg::AUTH_CHALLENGE, _) => {
                 let fresh = super::auth::nonce().map_err(|e| format!("no random challenge: {e}"))?;
                 *nonce = Some(fresh);
-                return reply(c, h.seq, &fresh);
+                reply(io, h.seq, &fresh);
+                return Ok(());
             }
             (msg::AUTH_RESPONSE, Some(sent)) if super::auth::verify(token, &sent, &att) => {
                 *authed = true;
-                return reply(c, h.seq, &[]);
+                reply(io, h.seq, &[]);
+                return Ok(());
             }
             _ => {
-                let _ = reply_err(c, frame::ERR_HANDLER, "authentication required (rpc_auth_token)");
+                reply_err(io, frame::ERR_HANDLER, "authentication required (rpc_auth_token)");
                 return Err("request before authentication, or a wrong token".into());
             }
         }
     }
     // tent-rs clients ask for refusals as err_code replies; upstream clients get in-band text.
     let rust_peer = h.msg_type == frame::MSG_TYPE_TENT_RS;
-    let refuse = |c: &mut TcpStream, text: &str| -> std::result::Result<(), String> {
-        if rust_peer { reply_err(c, frame::ERR_HANDLER, text) } else { reply(c, h.seq, text.as_bytes()) }
+    let refuse = |io: &mut ConnIo<'_>, text: &str| {
+        if rust_peer { reply_err(io, frame::ERR_HANDLER, text) } else { reply(io, h.seq, text.as_bytes()) }
     };
     match id {
-        msg::SEND_DATA => serve_send_data(shared, c, h, refuse),
-        msg::RECV_DATA => serve_recv_data(shared, c, h, refuse),
+        msg::SEND_DATA => serve_send_data(shared, io, h, refuse),
+        msg::RECV_DATA => serve_recv_data(shared, io, h, refuse),
         _ => {
             if h.attach_len > MAX_CONTROL_ATTACHMENT {
                 return Err(format!("attachment of {} bytes exceeds {MAX_CONTROL_ATTACHMENT}", h.attach_len));
             }
             let mut att = vec![0u8; h.attach_len as usize];
-            c.read_exact(&mut att).map_err(|e| format!("truncated attachment: {e}"))?;
+            io.read_exact(&mut att).map_err(truncated)?;
             match control_message(shared, id, &att) {
-                Ok(out) => reply(c, h.seq, &out),
-                Err(text) => reply_err(c, frame::ERR_HANDLER, &text),
+                Ok(out) => reply(io, h.seq, &out),
+                Err(text) => reply_err(io, frame::ERR_HANDLER, &text),
             }
+            Ok(())
         }
     }
 }
 
-fn reply(c: &mut TcpStream, seq: u32, payload: &[u8]) -> std::result::Result<(), String> {
-    let hdr = frame::encode_response(seq, payload.len() as u32);
-    if payload.len() <= 4096 {
-        let mut all = Vec::with_capacity(hdr.len() + payload.len());
-        all.extend_from_slice(&hdr);
-        all.extend_from_slice(payload);
-        c.write_all(&all)
-    } else {
-        c.write_all(&hdr).and_then(|_| c.write_all(payload))
-    }
-    .map_err(|e| format!("write failed: {e}"))
+/// Queues a reply with `payload` to request `seq`.
+fn reply(io: &mut ConnIo<'_>, seq: u32, payload: &[u8]) {
+    io.queue(&frame::encode_response(seq, payload.len() as u32));
+    io.queue(payload);
 }
 
 fn serve_send_data(
     shared: &Shared,
-    c: &mut TcpStream,
+    io: &mut ConnIo<'_>,
     h: frame::RequestHeader,
-    refuse: impl Fn(&mut TcpStream, &str) -> std::result::Result<(), String>,
+    refuse: impl Fn(&mut ConnIo<'_>, &str),
 ) -> std::result::Result<(), String> {
     let trunc = |e: io::Error| format!("truncated SendData: {e}");
     if h.attach_len < 16 {
-        frame::discard(c, h.attach_len as u64).map_err(trunc)?;
-        return refuse(c, "SendData failed: request too short");
+        io.discard(h.attach_len as u64).map_err(trunc)?;
+        refuse(io, "SendData failed: request too short");
+        return Ok(());
     }
     let mut dh = [0u8; 16];
-    c.read_exact(&mut dh).map_err(trunc)?;
+    io.read_exact(&mut dh).map_err(trunc)?;
     let (addr, len) = frame::decode_data_header(&dh);
     let payload = h.attach_len as u64 - 16;
     if payload < len {
-        frame::discard(c, payload).map_err(trunc)?;
-        return refuse(c, "SendData failed: invalid request size");
+        io.discard(payload).map_err(trunc)?;
+        refuse(io, "SendData failed: invalid request size");
+        return Ok(());
+    }
+    if (io.buffered().len() as u64) < len {
+        // The payload is still coming: answer what was served before waiting on the peer, and
+        // not while the target buffer is leased.
+        io.flush().map_err(|e| format!("write failed: {e}"))?;
     }
     let mut copied: io::Result<()> = Ok(());
     let outcome = if len == 0 {
@@ -515,21 +571,22 @@ fn serve_send_data(
         shared.handler.with_memory(addr, len, true, &mut |dst| {
             // SAFETY: with_memory checked that [dst, dst+len) is registered, writable by peers,
             // and keeps it registered while this closure runs.
-            copied = unsafe { rawio::read_exact_raw(c, dst, len as usize) };
+            copied = unsafe { io.read_exact_raw(dst, len as usize) };
             Ok(())
         })
     };
     match outcome {
         Ok(_) => {
             copied.map_err(trunc)?;
-            frame::discard(c, payload - len).map_err(trunc)?;
-            reply(c, h.seq, &[])
+            io.discard(payload - len).map_err(trunc)?;
+            reply(io, h.seq, &[]);
         }
         Err(r) => {
-            frame::discard(c, payload).map_err(trunc)?;
-            refuse(c, refusal_text("SendData", &r))
+            io.discard(payload).map_err(trunc)?;
+            refuse(io, refusal_text("SendData", &r));
         }
     }
+    Ok(())
 }
 
 fn refusal_text(op: &str, r: &Refusal) -> &'static str {
@@ -543,37 +600,57 @@ fn refusal_text(op: &str, r: &Refusal) -> &'static str {
 
 fn serve_recv_data(
     shared: &Shared,
-    c: &mut TcpStream,
+    io: &mut ConnIo<'_>,
     h: frame::RequestHeader,
-    refuse: impl Fn(&mut TcpStream, &str) -> std::result::Result<(), String>,
+    refuse: impl Fn(&mut ConnIo<'_>, &str),
 ) -> std::result::Result<(), String> {
     let trunc = |e: io::Error| format!("truncated RecvData: {e}");
     if h.attach_len < 16 {
-        frame::discard(c, h.attach_len as u64).map_err(trunc)?;
-        return refuse(c, "RecvData failed: request too short");
+        io.discard(h.attach_len as u64).map_err(trunc)?;
+        refuse(io, "RecvData failed: request too short");
+        return Ok(());
     }
     let mut dh = [0u8; 16];
-    c.read_exact(&mut dh).map_err(trunc)?;
-    frame::discard(c, h.attach_len as u64 - 16).map_err(trunc)?;
+    io.read_exact(&mut dh).map_err(trunc)?;
+    io.discard(h.attach_len as u64 - 16).map_err(trunc)?;
     let (addr, len) = frame::decode_data_header(&dh);
     if len > MAX_RECV_DATA {
-        return refuse(c, "RecvData failed: length exceeds maximum allowed");
+        refuse(io, "RecvData failed: length exceeds maximum allowed");
+        return Ok(());
     }
     if len == 0 {
-        return reply(c, h.seq, &[]);
+        reply(io, h.seq, &[]);
+        return Ok(());
     }
-    let mut sent: io::Result<()> = Ok(());
-    let outcome = shared.handler.with_memory(addr, len, false, &mut |src| {
-        let hdr = frame::encode_response(h.seq, len as u32);
-        // SAFETY: with_memory checked that [src, src+len) is registered and readable by peers,
-        // and keeps it registered while this closure runs.
-        sent = c.write_all(&hdr).and_then(|_| unsafe { rawio::write_all_raw(c, src, len as usize) });
-        Ok(())
-    });
-    match outcome {
-        Ok(_) => sent.map_err(|e| format!("write failed: {e}")),
-        Err(r) => refuse(c, refusal_text("RecvData", &r)),
+    let write_failed = |e: io::Error| format!("write failed: {e}");
+    let hdr = frame::encode_response(h.seq, len as u32);
+    let outcome = if len as usize <= QUEUED_REPLY_MAX {
+        // A small reply is copied behind the others and written with them.
+        let r = shared.handler.with_memory(addr, len, false, &mut |src| {
+            io.queue(&hdr);
+            // SAFETY: with_memory checked that [src, src+len) is registered and readable by
+            // peers, and keeps it registered while this closure runs.
+            unsafe { io.queue_raw(src, len as usize) };
+            Ok(())
+        });
+        io.flush_if_large().map_err(write_failed)?;
+        r
+    } else {
+        // A large one goes from memory to the socket, behind the replies queued before it.
+        let mut sent: io::Result<()> = Ok(());
+        let r = shared.handler.with_memory(addr, len, false, &mut |src| {
+            let parts = [rawio::RawRange::of(&hdr), rawio::RawRange { ptr: src, len: len as usize }];
+            // SAFETY: as above; the header is ours.
+            sent = unsafe { io.write_after_queued(&parts) };
+            Ok(())
+        });
+        sent.map_err(write_failed)?;
+        r
+    };
+    if let Err(r) = outcome {
+        refuse(io, refusal_text("RecvData", &r));
     }
+    Ok(())
 }
 
 /// A decoded `Notify` payload.

@@ -119,7 +119,7 @@ impl TcpTransport {
 /// side per group instead of per request.
 const PIPELINE_MAX_CHUNK: u64 = 256 << 10;
 /// At most this many chunks per pipelined group.
-const PIPELINE_MAX_OPS: usize = 16;
+const PIPELINE_MAX_OPS: usize = 64;
 /// At most this many bytes per pipelined group, so the other workers still get work.
 const PIPELINE_MAX_BYTES: u64 = 1 << 20;
 

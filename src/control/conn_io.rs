@@ -1,0 +1,321 @@
+//! Buffered I/O of one server connection while a worker serves it.
+//!
+//! A client that pipelines small transfers sends many requests in one write. Reading each
+//! request's header, body, data header and payload with its own `recv`, and answering each with
+//! its own `send`, cost the server about seven system calls per request, more than the copy of a
+//! 16 KiB payload. Here a worker reads what has arrived in one `recv` into its buffer, takes
+//! requests out of it, and queues replies until it is about to wait for the peer or lets the
+//! connection go, so a group of requests costs a few system calls. The bytes on the wire are
+//! unchanged. Large payloads still move between the socket and registered memory directly.
+
+use std::io;
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+
+use super::rawio;
+
+/// Size of a worker's read buffer.
+pub const READ_BUF: usize = 64 << 10;
+/// A payload remainder up to this size is read through the buffer (one `recv` may bring the
+/// next requests with it); a larger one goes from the socket straight into memory, since a copy
+/// through the buffer would cost as much as the kernel's own copy.
+const THROUGH_BUFFER_MAX: usize = 2 << 10;
+/// While a payload is read straight into memory, at most this much of what follows it is read
+/// into the buffer by the same calls: the next request's header (47 bytes for a SendData from
+/// any client) and a little of its payload, so a stream of pipelined requests costs one
+/// `recvmsg` each and no copy in between.
+const SPILL: usize = 128;
+/// A reply payload up to this size is copied into the reply queue; a larger one is written from
+/// memory directly, together with the replies queued before it.
+pub const QUEUED_REPLY_MAX: usize = 16 << 10;
+/// Queued replies are written once they reach this many bytes.
+const OUT_FLUSH: usize = 256 << 10;
+
+/// The read side of a connection between requests: bytes that arrived but were not taken yet.
+/// Travels with the connection when a worker lets it go.
+#[derive(Default)]
+pub struct Pending(pub Vec<u8>);
+
+/// A worker's view of one connection: the socket, the worker's read buffer (holding the
+/// connection's unread bytes) and the replies not yet written.
+pub struct ConnIo<'a> {
+    stream: &'a TcpStream,
+    buf: &'a mut [u8],
+    start: usize,
+    end: usize,
+    out: Vec<u8>,
+}
+
+impl<'a> ConnIo<'a> {
+    /// Starts serving `stream` with `buf` as read buffer, first holding `pending` (the bytes
+    /// read from it earlier and not taken; at most `buf.len()`).
+    pub fn new(stream: &'a TcpStream, buf: &'a mut [u8], pending: Pending) -> ConnIo<'a> {
+        let n = pending.0.len().min(buf.len());
+        buf[..n].copy_from_slice(&pending.0[..n]);
+        ConnIo { stream, buf, start: 0, end: n, out: Vec::new() }
+    }
+
+    /// The bytes read and not taken yet.
+    pub fn buffered(&self) -> &[u8] {
+        &self.buf[self.start..self.end]
+    }
+
+    /// Ends the run: writes the queued replies and gives back the bytes not taken, to be kept
+    /// with the connection.
+    pub fn finish(mut self) -> io::Result<Pending> {
+        self.flush()?;
+        Ok(Pending(self.buffered().to_vec()))
+    }
+
+    /// Reads what the socket has into the buffer, after writing the queued replies when `wait`
+    /// (the peer may be waiting for them before it sends more). Returns the number of new
+    /// bytes: 0 means the peer closed the connection. Without `wait`, a socket with nothing to
+    /// read gives `WouldBlock`.
+    fn fill(&mut self, wait: bool) -> io::Result<usize> {
+        if wait {
+            self.flush()?;
+        }
+        if self.start == self.end {
+            (self.start, self.end) = (0, 0);
+        } else if self.end == self.buf.len() {
+            self.buf.copy_within(self.start..self.end, 0);
+            (self.start, self.end) = (0, self.end - self.start);
+        }
+        if self.end == self.buf.len() {
+            return Err(io::Error::other("read buffer full"));
+        }
+        let flags = if wait { 0 } else { libc::MSG_DONTWAIT };
+        loop {
+            let free = &mut self.buf[self.end..];
+            // SAFETY: `free` is valid for writes of its length.
+            let n = unsafe { libc::recv(self.stream.as_raw_fd(), free.as_mut_ptr().cast(), free.len(), flags) };
+            if n >= 0 {
+                self.end += n as usize;
+                return Ok(n as usize);
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => continue,
+                // A blocking read ends like this only when the socket's read timeout passed.
+                io::ErrorKind::WouldBlock if wait => return Err(io::Error::new(io::ErrorKind::TimedOut, e)),
+                _ => return Err(e),
+            }
+        }
+    }
+
+    /// Reads more without waiting, if the peer sent more: true when new bytes arrived.
+    pub fn fill_now(&mut self) -> io::Result<bool> {
+        if self.end - self.start == self.buf.len() {
+            return Ok(false);
+        }
+        match self.fill(false) {
+            Ok(0) => Ok(false),
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Waits for the first byte of a request: false when the peer closed the connection
+    /// before sending one.
+    pub fn await_request(&mut self) -> io::Result<bool> {
+        if self.start < self.end {
+            return Ok(true);
+        }
+        Ok(self.fill(true)? > 0)
+    }
+
+    /// Reads exactly `dst.len()` bytes.
+    pub fn read_exact(&mut self, dst: &mut [u8]) -> io::Result<()> {
+        let mut done = 0;
+        while done < dst.len() {
+            if self.start == self.end && self.fill(true)? == 0 {
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed the connection mid-request"));
+            }
+            let n = (self.end - self.start).min(dst.len() - done);
+            dst[done..done + n].copy_from_slice(&self.buf[self.start..self.start + n]);
+            self.start += n;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Reads exactly `len` bytes into `[dst, dst+len)`: what is buffered is copied, a small
+    /// rest is read through the buffer, a large one straight from the socket.
+    ///
+    /// # Safety
+    /// `[dst, dst+len)` must stay valid for writes for the whole call.
+    pub unsafe fn read_exact_raw(&mut self, dst: *mut u8, len: usize) -> io::Result<()> {
+        let mut done = 0;
+        while done < len {
+            if self.start == self.end {
+                if len - done > THROUGH_BUFFER_MAX {
+                    // Waiting on the peer: what it may wait for goes first.
+                    self.flush()?;
+                    (self.start, self.end) = (0, 0);
+                    let spill = &mut self.buf[..SPILL.min(READ_BUF)];
+                    // SAFETY: forwarded from this function's contract; `done < len`.
+                    self.end = unsafe { rawio::read_exact_spill_raw(self.stream, dst.add(done), len - done, spill) }?;
+                    return Ok(());
+                }
+                if self.fill(true)? == 0 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "peer closed the connection mid-transfer",
+                    ));
+                }
+            }
+            let n = (self.end - self.start).min(len - done);
+            // SAFETY: the destination is valid for `len` bytes (contract), the source is our
+            // buffer; they never overlap.
+            unsafe { std::ptr::copy_nonoverlapping(self.buf[self.start..].as_ptr(), dst.add(done), n) };
+            self.start += n;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Reads and drops `n` bytes.
+    pub fn discard(&mut self, mut n: u64) -> io::Result<()> {
+        while n > 0 {
+            if self.start == self.end && self.fill(true)? == 0 {
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed the connection mid-request"));
+            }
+            let step = ((self.end - self.start) as u64).min(n) as usize;
+            self.start += step;
+            n -= step as u64;
+        }
+        Ok(())
+    }
+
+    /// Queues `bytes` to be written after the replies queued before.
+    pub fn queue(&mut self, bytes: &[u8]) {
+        self.out.extend_from_slice(bytes);
+    }
+
+    /// Queues a copy of `[src, src+len)`.
+    ///
+    /// # Safety
+    /// `[src, src+len)` must be valid for reads for the call.
+    pub unsafe fn queue_raw(&mut self, src: *const u8, len: usize) {
+        self.out.reserve(len);
+        let at = self.out.len();
+        // SAFETY: `reserve` made room for `len` more bytes; the source is valid for `len` bytes
+        // (contract) and is not our vector.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src, self.out.as_mut_ptr().add(at), len);
+            self.out.set_len(at + len);
+        }
+    }
+
+    /// Writes the queued replies followed by `parts`, in as few calls as the kernel allows.
+    ///
+    /// # Safety
+    /// Every raw range in `parts` must stay valid for reads for the whole call.
+    pub unsafe fn write_after_queued(&mut self, parts: &[rawio::RawRange]) -> io::Result<()> {
+        let mut all = Vec::with_capacity(parts.len() + 1);
+        all.push(rawio::RawRange::of(&self.out));
+        all.extend_from_slice(parts);
+        // SAFETY: the queued replies are our own vector; the rest is the caller's contract.
+        let r = unsafe { rawio::writev_all_raw(self.stream, &all) };
+        self.out.clear();
+        r
+    }
+
+    /// Writes the queued replies once there are many of them.
+    pub fn flush_if_large(&mut self) -> io::Result<()> {
+        if self.out.len() >= OUT_FLUSH { self.flush() } else { Ok(()) }
+    }
+
+    /// Writes the queued replies.
+    pub fn flush(&mut self) -> io::Result<()> {
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the range is our own vector, alive for the call.
+        let r = unsafe { rawio::write_all_raw(self.stream, self.out.as_ptr(), self.out.len()) };
+        self.out.clear();
+        if self.out.capacity() > OUT_FLUSH * 2 {
+            self.out.shrink_to(OUT_FLUSH);
+        }
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let a = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+        let (b, _) = l.accept().expect("accept");
+        (a, b)
+    }
+
+    #[test]
+    fn requests_split_across_reads_and_pending_bytes_are_taken_in_order() {
+        let (mut peer, server) = pair();
+        let mut buf = vec![0u8; 16];
+        let mut io = ConnIo::new(&server, &mut buf, Pending(b"ab".to_vec()));
+        peer.write_all(b"cdefghijklmnopqrstuvwxyz").expect("send");
+        let mut first = [0u8; 5];
+        io.read_exact(&mut first).expect("read");
+        assert_eq!(&first, b"abcde");
+        io.discard(3).expect("discard");
+        let mut big = vec![0u8; 12];
+        // SAFETY: `big` is valid for 12 bytes.
+        unsafe { io.read_exact_raw(big.as_mut_ptr(), big.len()) }.expect("raw");
+        assert_eq!(&big, b"ijklmnopqrst");
+        assert!(io.await_request().expect("more"));
+        let left = io.finish().expect("finish");
+        let mut rest = left.0;
+        // What was not taken stays, and what was not read yet is still in the socket.
+        server.set_nonblocking(true).expect("nonblocking");
+        let mut tail = [0u8; 16];
+        let n = (&server).read(&mut tail).unwrap_or(0);
+        rest.extend_from_slice(&tail[..n]);
+        assert_eq!(&rest, b"uvwxyz");
+    }
+
+    #[test]
+    fn replies_are_written_in_order_and_only_when_flushed() {
+        let (mut peer, server) = pair();
+        let mut buf = vec![0u8; 64];
+        let mut io = ConnIo::new(&server, &mut buf, Pending::default());
+        io.queue(b"one ");
+        let payload = b"two ".to_vec();
+        // SAFETY: `payload` is valid for its length.
+        unsafe { io.queue_raw(payload.as_ptr(), payload.len()) };
+        peer.set_nonblocking(true).expect("nonblocking");
+        let mut got = [0u8; 16];
+        assert!(peer.read(&mut got).is_err(), "nothing is written before a flush");
+        // A read that has to wait writes the replies first, so a peer waiting for them is not
+        // stuck.
+        peer.set_nonblocking(false).expect("blocking");
+        let reader = std::thread::spawn(move || {
+            let mut got = [0u8; 8];
+            peer.read_exact(&mut got).expect("replies");
+            peer.write_all(b"x").expect("next request");
+            got
+        });
+        assert!(io.await_request().expect("request"));
+        assert_eq!(&reader.join().expect("reader"), b"one two ");
+        assert_eq!(io.buffered(), b"x");
+    }
+
+    #[test]
+    fn a_closed_peer_ends_the_wait_and_a_short_request_fails() {
+        let (peer, server) = pair();
+        let mut buf = vec![0u8; 64];
+        let mut io = ConnIo::new(&server, &mut buf, Pending(b"abc".to_vec()));
+        drop(peer);
+        let mut four = [0u8; 4];
+        let e = io.read_exact(&mut four).expect_err("only three bytes come");
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+        assert!(!io.await_request().expect("closed"));
+        assert!(!io.fill_now().expect("nothing more"));
+    }
+}
