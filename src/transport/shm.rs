@@ -229,6 +229,9 @@ const INLINE_MAX: u64 = 64 << 10;
 /// copy threads and the submitter) per block; small enough that the other threads still find
 /// work in a batch of a few hundred KiB.
 const TRIP_BYTES: u64 = 128 << 10;
+/// Staged chunks of a batch still being submitted are handed to the copy threads once they add
+/// up to this many bytes.
+const EARLY_START_BYTES: u64 = 4 << 20;
 /// A polling caller copies a queued chunk only up to this size, which bounds how long a status
 /// poll can take (about 0.1 ms here).
 const HELP_MAX_BYTES: u64 = 1 << 20;
@@ -365,7 +368,20 @@ impl ShmTransport {
         // times longer. The slices wait in `staged` and the last one queues them all. A last
         // slice this small is copied here.
         if partial {
-            self.staged.lock().extend(chunks);
+            let mut staged = self.staged.lock();
+            staged.extend(chunks);
+            // A long batch is worth sharing the cores for: once this much waits, the copy
+            // threads start on it while the submitter prepares the rest.
+            if staged.iter().map(|c| c.len).sum::<u64>() < EARLY_START_BYTES {
+                return Ok(());
+            }
+            let early = std::mem::take(&mut *staged);
+            drop(staged);
+            if let Err(rest) = self.pool.push_all(early) {
+                for c in rest {
+                    c.job.task.fail("shm transport is shutting down".into());
+                }
+            }
             return Ok(());
         }
         let mut queued = std::mem::take(&mut *self.staged.lock());
