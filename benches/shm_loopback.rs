@@ -3,7 +3,8 @@
 //! `cargo bench --bench shm_loopback` moves 256 MiB between two engines over SHM in 1 MiB
 //! requests (WRITE and READ) and as one 256 MiB request, and copies 256 MiB with one memcpy;
 //! each is repeated and the medians and ratios are printed. Under `cargo test` it runs once with
-//! 16 MiB as a smoke test. Options: `--size-mib N`, `--rounds N`, `--copy-threads N`.
+//! 16 MiB as a smoke test. Options: `--size-mib N`, `--rounds N`, `--copy-threads N`, and how the
+//! caller polls: `--spin` (a tight loop), `--yield`, or by default 20 us sleeps.
 
 mod common;
 

@@ -63,7 +63,9 @@ pub fn pass(
             break;
         }
         assert_eq!(s, Status::Pending, "transfer failed");
-        if !spinning() {
+        if yielding() {
+            std::thread::yield_now();
+        } else if !spinning() {
             std::thread::sleep(Duration::from_micros(20));
         }
     }
@@ -87,6 +89,11 @@ pub fn arg(name: &str) -> Option<usize> {
 /// `--spin`: poll status in a tight loop, as some callers (Go's p2p-store) do.
 pub fn spinning() -> bool {
     std::env::args().any(|a| a == "--spin")
+}
+
+/// `--yield`: poll status, yielding the CPU between polls.
+pub fn yielding() -> bool {
+    std::env::args().any(|a| a == "--yield")
 }
 
 /// True under `cargo bench` (false under `cargo test`, where benches run tiny).
