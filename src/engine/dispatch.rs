@@ -15,6 +15,9 @@ use crate::transport::Transport;
 /// At most this many units, or about this many bytes, are handed to a transport per submit call
 /// while a batch is being dispatched.
 const DISPATCH_SLICE: usize = 64;
+/// What a memory request's transport list depends on besides its segment: the peer buffer (by
+/// address), the size and priority (policies match on them) and the hint.
+type CandidateKey = (u64, u64, i32, TransportKind);
 const DISPATCH_SLICE_BYTES: u64 = 256 << 10;
 
 /// Everything needed to start and fail over units; shared by the engine and its progress worker.
@@ -156,6 +159,10 @@ impl Dispatcher {
     /// request cannot be served end FAILED.
     pub fn dispatch(&self, desc: &Arc<SegmentDesc>, entries: Vec<Entry>) {
         let mut per_transport: Vec<(TransportKind, Slice)> = Vec::new();
+        // The blocks of a KV batch all go to one peer buffer with the same size and priority,
+        // so their transport list is the same: worked out once (a quarter of the dispatch cost
+        // per request), not per block.
+        let mut last: Option<(CandidateKey, Vec<TransportKind>)> = None;
         for group in self.merge_groups(desc, &entries) {
             let first = entries[group[0]].request;
             let length = group.iter().map(|&i| entries[i].request.length).sum();
@@ -164,8 +171,17 @@ impl Dispatcher {
             let candidates = if desc.is_file() {
                 self.file_candidates(desc, &request)
             } else {
-                desc.find_buffer(request.target_offset, request.length, request.opcode, true)
-                    .and_then(|buf| self.candidates(desc, Some(buf), &request))
+                desc.find_buffer(request.target_offset, request.length, request.opcode, true).and_then(|buf| {
+                    let key = (buf.addr, request.length, request.priority, request.hint);
+                    match &last {
+                        Some((k, list)) if *k == key => Ok(list.clone()),
+                        _ => {
+                            let list = self.candidates(desc, Some(buf), &request)?;
+                            last = Some((key, list.clone()));
+                            Ok(list)
+                        }
+                    }
+                })
             };
             let candidates = match candidates {
                 Ok(c) => c,
