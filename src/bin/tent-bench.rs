@@ -233,11 +233,6 @@ fn buffer(e: tent_engine_t, o: &Opts, len: usize) -> Result<*mut u8, String> {
     if unsafe { tent_allocate_memory_ex(e, &mut p, len, &mut opts) } != 0 {
         return Err(format!("allocating {len} bytes failed: {}", last_error()));
     }
-    // A caller's buffers hold data: every page is written once, so that transfers read real
-    // memory and not the kernel's shared zero page, which an untouched page maps to (always in
-    // the cache for a copy, and pinned differently for direct I/O).
-    // SAFETY: p is the block of len bytes just allocated, not yet shared with anything.
-    unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0x5a, len) };
     opts.transport_type = TRANSPORT_UNSPEC;
     // SAFETY: p is the block just allocated; opts carries the shm name written back for SHM.
     if unsafe { tent_register_memory_ex(e, p, len, &mut opts) } != 0 {
