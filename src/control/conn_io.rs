@@ -245,15 +245,8 @@ impl<'a> ConnIo<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::control::rawio::tests::pair;
     use std::io::{Read, Write};
-    use std::net::TcpListener;
-
-    fn pair() -> (TcpStream, TcpStream) {
-        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let a = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
-        let (b, _) = l.accept().expect("accept");
-        (a, b)
-    }
 
     #[test]
     fn requests_split_across_reads_and_pending_bytes_are_taken_in_order() {

@@ -173,13 +173,14 @@ impl RawRange {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::io::{Read, Write};
     use std::net::TcpListener;
     use std::time::Duration;
 
-    fn pair() -> (TcpStream, TcpStream) {
+    /// A connected loopback socket pair, for tests of socket I/O.
+    pub(crate) fn pair() -> (TcpStream, TcpStream) {
         let l = TcpListener::bind("127.0.0.1:0").expect("bind");
         let a = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
         let (b, _) = l.accept().expect("accept");
