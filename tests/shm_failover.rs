@@ -364,3 +364,30 @@ fn batches_ending_on_a_slice_boundary_complete_without_polls() {
         }
     }
 }
+
+/// A batch of small blocks (32 x 16 KiB, handed over in two dispatch slices) is copied by the
+/// submitting thread: once the peer's descriptor is known, every task has ended, with its bytes
+/// in place, when submit returns.
+#[test]
+fn a_small_batch_is_copied_before_submit_returns() {
+    let a = engine(&[SHM_ON]);
+    let b = engine(&[SHM_ON]);
+    let len = 4 << 20;
+    let (base, _name) = shm_block(&b, len);
+    let src = buffer(&a, len, pattern, Permission::GlobalReadWrite);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    // The first transfer to a peer waits for its descriptor on another thread.
+    assert_eq!(run(&a, &[req(Opcode::Write, src.as_ptr() as u64, h, base, 64)], BOUND)[0], (Status::Completed, 64));
+    let many: Vec<_> =
+        (0..32u64).map(|i| req(Opcode::Write, src.as_ptr() as u64 + i * 32768, h, base + i * 32768, 16384)).collect();
+    let id = a.allocate_batch(many.len()).expect("batch");
+    // SAFETY: the requests' local memory stays alive until their tasks end.
+    unsafe { a.submit(id, &many, None) }.expect("submit");
+    let peer = slice(base, len);
+    for (i, r) in many.iter().enumerate() {
+        let (off, s) = ((r.target_offset - base) as usize, (r.source - src.as_ptr() as u64) as usize);
+        assert!(peer[off..off + r.length as usize] == src[s..s + r.length as usize], "block {i} not yet copied");
+    }
+    assert_eq!(a.overall_status(id).expect("status"), (Status::Completed, 32 * 16384));
+    a.free_batch(id).expect("free");
+}

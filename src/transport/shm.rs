@@ -219,11 +219,13 @@ impl Mapping {
 
 type MapKey = (String, u64, String);
 
-/// A submit carrying at most this many bytes in all is copied on the submitting thread: a lone
-/// small request (the latency case) is cheaper to copy than to hand to a copy thread. Larger
-/// submits are queued whole, so the copy threads start at once, and the caller copies queued
-/// chunks itself while it polls for their end (see `help`).
-const INLINE_MAX: u64 = 64 << 10;
+/// A batch carrying at most this many bytes in all is copied on the submitting thread: handing
+/// it to a copy thread and seeing the result back costs here about as long as copying 512 KiB
+/// (40-50 us of wake-ups on shared cores), so a lone small request (the latency case) and a
+/// batch of small KV blocks are copied at once. Larger batches are queued whole, so the copy
+/// threads start at once, and the caller copies queued chunks itself while it polls for their
+/// end (see `poll`).
+const INLINE_MAX: u64 = 512 << 10;
 /// A copy thread (or a polling caller) takes queued chunks up to this many bytes per trip to the
 /// queue, so a batch of small blocks does not pay a lock round trip (contended by the other
 /// copy threads and the submitter) per block; small enough that the other threads still find
@@ -407,12 +409,14 @@ impl ShmTransport {
             return Ok(());
         }
         let mut queued = std::mem::take(&mut staged.0);
-        staged.1 = 0;
+        let whole = std::mem::take(&mut staged.1);
         drop(staged);
-        if total <= INLINE_MAX {
-            chunks.iter().for_each(run_chunk);
-        } else {
-            queued.extend(chunks);
+        queued.extend(chunks);
+        // The whole batch decides, not its last slice: the slices staged before were never
+        // handed to a copy thread, so a small batch is still copied here in one go.
+        if whole <= INLINE_MAX {
+            queued.iter().for_each(run_chunk);
+            return Ok(());
         }
         queued.iter_mut().for_each(|c| c.streaming = streaming);
         let pushed = if queued.is_empty() { Ok(()) } else { self.pool.push_all(queued) };
