@@ -262,6 +262,8 @@ impl Batch {
         }
         let first = tasks.len();
         let mut out = Vec::with_capacity(requests.len());
+        // One clock read for the whole submit: its tasks were all submitted at this moment.
+        let submitted = Instant::now();
         self.life.pending.fetch_add(requests.len(), Ordering::SeqCst);
         for r in requests {
             let t = Entry {
@@ -272,7 +274,7 @@ impl Batch {
                     length: r.length,
                     write: r.opcode == super::types::Opcode::Write,
                     local: r.target_id == 0,
-                    submitted: Instant::now(),
+                    submitted,
                     cancel_requested: AtomicBool::new(false),
                     error: Mutex::new(None),
                     life: self.life.clone(),

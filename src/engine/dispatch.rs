@@ -8,7 +8,7 @@ use super::batch::{Entry, TaskState};
 use super::policy::{self, Policy, SelectCtx};
 use super::segment::{BufferDesc, LocalSegment, SegmentDesc};
 use super::types::{Request, TransportKind, range_within};
-use super::unit::{FailoverConfig, Task, Unit};
+use super::unit::{FailoverConfig, Members, Task, Unit};
 use crate::error::{Error, Result};
 use crate::transport::Transport;
 
@@ -19,6 +19,21 @@ const DISPATCH_SLICE: usize = 64;
 /// address), the size and priority (policies match on them) and the hint.
 type CandidateKey = (u64, u64, i32, TransportKind);
 const DISPATCH_SLICE_BYTES: u64 = 256 << 10;
+
+/// The units of work of one dispatch: each a list of indices into the dispatched entries, the
+/// first being the one submitted first. Kept as one index list and its runs, not a list per
+/// unit (one allocation per dispatch instead of one per request).
+pub struct Groups {
+    order: Vec<usize>,
+    bounds: Vec<std::ops::Range<usize>>,
+}
+
+impl Groups {
+    /// The groups in submission order of their first member.
+    pub fn iter(&self) -> impl Iterator<Item = &[usize]> {
+        self.bounds.iter().map(|b| &self.order[b.clone()])
+    }
+}
 
 /// Everything needed to start and fail over units; shared by the engine and its progress worker.
 pub struct Dispatcher {
@@ -54,7 +69,12 @@ impl Dispatcher {
     /// and made for the segment's type (file transports serve only file segments and the others
     /// only memory), ordered by policy (or the default), with the hint first. An unusable hint or
     /// an empty list is an error.
-    pub fn candidates(&self, desc: &SegmentDesc, buf: Option<&BufferDesc>, r: &Request) -> Result<Vec<TransportKind>> {
+    pub fn candidates(
+        &self,
+        desc: &SegmentDesc,
+        buf: Option<&BufferDesc>,
+        r: &Request,
+    ) -> Result<Arc<[TransportKind]>> {
         let usable = |k: TransportKind| {
             k.serves_files() == desc.is_file()
                 && buf.is_none_or(|b| b.transports.contains(&(k as i32)))
@@ -93,26 +113,28 @@ impl Dispatcher {
                 ),
             }));
         }
-        Ok(list)
+        Ok(list.into())
     }
 
     /// Groups adjacent requests (same opcode and hint, contiguous on both sides, inside one
-    /// registered local buffer and one remote buffer) into units of work. Returns the groups as
-    /// index lists into `entries`, in submission order of their first member.
-    pub fn merge_groups(&self, desc: &SegmentDesc, entries: &[Entry]) -> Vec<Vec<usize>> {
-        if !self.merge || entries.len() < 2 {
-            return (0..entries.len()).map(|i| vec![i]).collect();
-        }
+    /// registered local buffer and one remote buffer) into units of work, in submission order of
+    /// their first member.
+    pub fn merge_groups(&self, desc: &SegmentDesc, entries: &[Entry]) -> Groups {
         let mut order: Vec<usize> = (0..entries.len()).collect();
+        if !self.merge || entries.len() < 2 {
+            let bounds = (0..entries.len()).map(|i| i..i + 1).collect();
+            return Groups { order, bounds };
+        }
         order.sort_by_key(|&i| {
             let r = &entries[i].request;
             (r.opcode, r.hint, r.target_offset, r.source)
         });
-        let mut groups: Vec<Vec<usize>> = Vec::new();
-        let mut cur: Option<(Request, Vec<usize>)> = None;
-        for i in order {
+        // Runs of `order` that merge; `order` itself is the member list of every run.
+        let mut bounds: Vec<std::ops::Range<usize>> = Vec::new();
+        let mut cur: Option<Request> = None;
+        for (pos, &i) in order.iter().enumerate() {
             let r = entries[i].request;
-            if let Some((m, members)) = cur.as_mut() {
+            if let Some(m) = cur.as_mut() {
                 let contiguous = m.opcode == r.opcode
                     && m.hint == r.hint
                     && m.target_offset.checked_add(m.length) == Some(r.target_offset)
@@ -121,21 +143,18 @@ impl Dispatcher {
                     let merged = Request { length: m.length + r.length, ..*m };
                     if self.same_buffers(desc, m, &merged) {
                         *m = merged;
-                        members.push(i);
+                        if let Some(last) = bounds.last_mut() {
+                            last.end = pos + 1;
+                        }
                         continue;
                     }
                 }
-                if let Some((_, done)) = cur.take() {
-                    groups.push(done);
-                }
             }
-            cur = Some((r, vec![i]));
+            cur = Some(r);
+            bounds.push(pos..pos + 1);
         }
-        if let Some((_, done)) = cur {
-            groups.push(done);
-        }
-        groups.sort_by_key(|g| g[0]);
-        groups
+        bounds.sort_by_key(|g| order[g.start]);
+        Groups { order, bounds }
     }
 
     /// True when `merged` still lies in the one remote buffer and one local registered buffer that
@@ -162,12 +181,16 @@ impl Dispatcher {
         // The blocks of a KV batch all go to one peer buffer with the same size and priority,
         // so their transport list is the same: worked out once (a quarter of the dispatch cost
         // per request), not per block.
-        let mut last: Option<(CandidateKey, Vec<TransportKind>)> = None;
-        for group in self.merge_groups(desc, &entries) {
+        let mut last: Option<(CandidateKey, Arc<[TransportKind]>)> = None;
+        let groups = self.merge_groups(desc, &entries);
+        for group in groups.iter() {
             let first = entries[group[0]].request;
             let length = group.iter().map(|&i| entries[i].request.length).sum();
             let request = Request { length, ..first };
-            let members: Vec<Arc<TaskState>> = group.iter().map(|&i| entries[i].state.clone()).collect();
+            let members = match group[..] {
+                [only] => Members::One(entries[only].state.clone()),
+                _ => Members::Many(group.iter().map(|&i| entries[i].state.clone()).collect()),
+            };
             let candidates = if desc.is_file() {
                 self.file_candidates(desc, &request)
             } else {
@@ -187,7 +210,7 @@ impl Dispatcher {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::debug!("transfer to {} failed: {e}", desc.name);
-                    for m in members {
+                    for m in &members {
                         m.fail(e.to_string());
                     }
                     continue;
@@ -224,7 +247,7 @@ impl Dispatcher {
     /// The transports for a request to a file segment. Only a segment this engine described from
     /// its own file qualifies (a file descriptor from a peer never does), and the local memory
     /// must be registered, since the kernel or a bounce copy touches it after submit returns.
-    fn file_candidates(&self, desc: &SegmentDesc, r: &Request) -> Result<Vec<TransportKind>> {
+    fn file_candidates(&self, desc: &SegmentDesc, r: &Request) -> Result<Arc<[TransportKind]>> {
         if desc.file.is_none() {
             return Err(Error::PermissionDenied(format!(
                 "segment {} is a file segment of another engine; file segments are never served to peers",

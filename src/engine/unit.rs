@@ -29,17 +29,44 @@ pub struct FailoverConfig {
 }
 
 struct Route {
-    /// Transports to try, in order; `index` is the one in use.
-    candidates: Vec<TransportKind>,
+    /// Transports to try, in order; `index` is the one in use. Shared by the units of a batch
+    /// that go the same way (one allocation per batch, not per request).
+    candidates: Arc<[TransportKind]>,
     index: usize,
     failovers: u32,
+}
+
+/// The public tasks a unit completes: one, unless requests were merged, and then kept without a
+/// heap allocation of their own (a KV batch makes hundreds of units per submit).
+pub enum Members {
+    One(Arc<TaskState>),
+    Many(Vec<Arc<TaskState>>),
+}
+
+impl Members {
+    /// The tasks, in submission order.
+    pub fn as_slice(&self) -> &[Arc<TaskState>] {
+        match self {
+            Members::One(m) => std::slice::from_ref(m),
+            Members::Many(v) => v,
+        }
+    }
+}
+
+impl<'a> IntoIterator for &'a Members {
+    type Item = &'a Arc<TaskState>;
+    type IntoIter = std::slice::Iter<'a, Arc<TaskState>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.as_slice().iter()
+    }
 }
 
 /// One request in flight and the public tasks it completes.
 pub struct Unit {
     pub request: Request,
     pub target: Arc<SegmentDesc>,
-    members: Vec<Arc<TaskState>>,
+    members: Members,
     attempt: AtomicU32,
     suspended: AtomicBool,
     route: Mutex<Route>,
@@ -68,7 +95,7 @@ impl TaskSink for Unit {
     }
 
     fn cancel_requested(&self) -> bool {
-        self.members.iter().all(|m| m.cancel_requested())
+        self.members.as_slice().iter().all(|m| m.cancel_requested())
     }
 }
 
@@ -77,8 +104,8 @@ impl Unit {
     pub fn new(
         request: Request,
         target: Arc<SegmentDesc>,
-        members: Vec<Arc<TaskState>>,
-        candidates: Vec<TransportKind>,
+        members: Members,
+        candidates: Arc<[TransportKind]>,
         failover: Arc<FailoverConfig>,
     ) -> Arc<Unit> {
         let unit = Arc::new(Unit {
@@ -131,7 +158,7 @@ impl Unit {
             return;
         }
         let deferred = self.failover.on_poll || self.failover.progress.is_some();
-        let freed = self.members.iter().all(|m| m.batch_freed());
+        let freed = self.members.as_slice().iter().all(|m| m.batch_freed());
         if deferred && !freed && self.can_fail_over() {
             // Park the tasks; a status poll or the progress worker decides, exactly once.
             let mut any = false;
@@ -171,7 +198,8 @@ impl Unit {
                 None
             }
         };
-        let reason = || self.members.iter().find_map(|m| m.error()).unwrap_or_else(|| "transfer failed".into());
+        let reason =
+            || self.members.as_slice().iter().find_map(|m| m.error()).unwrap_or_else(|| "transfer failed".into());
         match next {
             Some(kind) => {
                 self.failover.metrics.failover();
