@@ -246,13 +246,30 @@ const EARLY_START_BYTES: u64 = 4 << 20;
 /// poll can take (about 0.1 ms here).
 const HELP_MAX_BYTES: u64 = 1 << 20;
 
+/// A request copied in several chunks: the last chunk copied ends the task.
 struct Job {
     task: Task,
     remaining: AtomicUsize,
 }
 
+/// Whom a chunk reports to: the task itself when its request is one chunk (the common case of
+/// a KV batch, which then costs no allocation per request), or the shared count of a longer one.
+enum Owner {
+    Whole(Task),
+    Part(Arc<Job>),
+}
+
+impl Owner {
+    fn task(&self) -> &Task {
+        match self {
+            Owner::Whole(t) => t,
+            Owner::Part(j) => &j.task,
+        }
+    }
+}
+
 struct Chunk {
-    job: Arc<Job>,
+    owner: Owner,
     map: Arc<Mapping>,
     /// Offset of the request inside the remote buffer.
     remote_off: u64,
@@ -265,11 +282,18 @@ struct Chunk {
 
 /// Copies one chunk (unless its task was cancelled) and completes the task after its last chunk.
 fn run_chunk(c: &Chunk) {
-    if !c.job.task.cancel_requested() {
+    if !c.owner.task().cancel_requested() {
         copy_chunk(c);
     }
-    if c.job.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-        c.job.task.complete();
+    match &c.owner {
+        Owner::Whole(t) => {
+            t.complete();
+        }
+        Owner::Part(j) => {
+            if j.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+                j.task.complete();
+            }
+        }
     }
 }
 
@@ -367,13 +391,24 @@ impl ShmTransport {
                 task.complete();
                 continue;
             }
+            if r.length <= self.params.chunk_size {
+                chunks.push(Chunk {
+                    owner: Owner::Whole(task),
+                    map,
+                    remote_off,
+                    offset: 0,
+                    len: r.length,
+                    streaming: false,
+                });
+                continue;
+            }
             let n = r.length.div_ceil(self.params.chunk_size);
             let job = Arc::new(Job { task, remaining: AtomicUsize::new(n as usize) });
             let mut off = 0;
             while off < r.length {
                 let len = (r.length - off).min(self.params.chunk_size);
                 chunks.push(Chunk {
-                    job: job.clone(),
+                    owner: Owner::Part(job.clone()),
                     map: map.clone(),
                     remote_off,
                     offset: off,
@@ -403,7 +438,7 @@ impl ShmTransport {
             early.iter_mut().for_each(|c| c.streaming = streaming);
             if let Err(rest) = self.pool.push_all(early) {
                 for c in rest {
-                    c.job.task.fail("shm transport is shutting down".into());
+                    c.owner.task().fail("shm transport is shutting down".into());
                 }
             }
             return Ok(());
@@ -422,7 +457,7 @@ impl ShmTransport {
         let pushed = if queued.is_empty() { Ok(()) } else { self.pool.push_all(queued) };
         if let Err(rest) = pushed {
             for c in rest {
-                c.job.task.fail("shm transport is shutting down".into());
+                c.owner.task().fail("shm transport is shutting down".into());
             }
         }
         Ok(())
@@ -452,7 +487,7 @@ impl ShmTransport {
 }
 
 fn copy_chunk(c: &Chunk) {
-    let r = c.job.task.request();
+    let r = c.owner.task().request();
     let local = (r.source + c.offset) as *mut u8;
     let remote = c.map.at(c.remote_off + c.offset);
     let (src, dst) = match r.opcode {
@@ -487,7 +522,7 @@ impl Transport for ShmTransport {
         if let Some(large) = large {
             // Too long for a status poll: back to the copy threads (chunk order is free).
             if let Err(c) = self.pool.push(large) {
-                c.job.task.fail("shm transport is shutting down".into());
+                c.owner.task().fail("shm transport is shutting down".into());
             }
         }
         let Some(first) = first.pop() else { return false };
@@ -508,7 +543,7 @@ impl Transport for ShmTransport {
         self.stopping.store(true, Ordering::Release);
         let staged = std::mem::take(&mut self.staged.lock().0);
         for c in self.pool.close().into_iter().chain(staged) {
-            c.job.task.fail("shm transport is shutting down".into());
+            c.owner.task().fail("shm transport is shutting down".into());
         }
         self.pool.join();
         self.mappings.lock().clear();
