@@ -89,10 +89,15 @@ impl Chunk {
     }
 }
 
+/// What a worker takes off the queue: chunks to one peer, moved in one pipelined trip when
+/// there are several. A submit forms its groups itself, so a batch of small blocks wakes one
+/// worker per group, not every idle worker for its first chunks (who then found nothing left).
+type Group = Vec<Chunk>;
+
 /// The TCP transport; `shutdown` (or drop) fails what is queued and joins the workers.
 pub struct TcpTransport {
     params: TcpParams,
-    pool: Pool<Chunk>,
+    pool: Pool<Group>,
     stopping: Arc<AtomicBool>,
 }
 
@@ -123,36 +128,66 @@ const PIPELINE_MAX_OPS: usize = 64;
 /// At most this many bytes per pipelined group, so the other workers still get work.
 const PIPELINE_MAX_BYTES: u64 = 1 << 20;
 
-fn worker(queue: &WorkQueue<Chunk>, client: &RpcClient, stopping: &AtomicBool, p: TcpParams, metrics: &Metrics) {
-    // A chunk taken off the queue that did not fit the last pipelined group goes first.
-    let mut held: Option<Chunk> = None;
-    while let Some(chunk) = held.take().or_else(|| queue.pop()) {
-        // Fault injection counts single chunk attempts; keep that path when it is on.
-        if chunk.len <= PIPELINE_MAX_CHUNK && p.fail_every_nth_chunk == 0 {
-            let (addr, opcode) = (chunk.job.rpc_addr.clone(), chunk.job.task.request().opcode);
-            let mut bytes = chunk.len;
-            let mut group = vec![chunk];
-            let (more, other) = queue.pop_more(PIPELINE_MAX_OPS - 1, |c| {
-                let fits = c.len <= PIPELINE_MAX_CHUNK
-                    && bytes + c.len <= PIPELINE_MAX_BYTES
-                    && c.job.rpc_addr == addr
-                    && c.job.task.request().opcode == opcode;
+/// Whether `group` goes in one pipelined trip (small chunks, and no fault injection, which
+/// counts single chunk attempts).
+fn pipelined(group: &[Chunk], p: TcpParams) -> bool {
+    p.fail_every_nth_chunk == 0 && group.first().is_some_and(|c| c.len <= PIPELINE_MAX_CHUNK)
+}
+
+/// Cuts a submit's chunks (all to one peer) into groups: runs of small chunks of one opcode up
+/// to the pipelining limits, and every other chunk alone.
+fn group_chunks(chunks: Vec<Chunk>, p: TcpParams) -> Vec<Group> {
+    let mut groups: Vec<Group> = Vec::new();
+    let mut cur: Group = Vec::new();
+    let mut bytes = 0u64;
+    for chunk in chunks {
+        let joins = pipelined(&cur, p)
+            && chunk.len <= PIPELINE_MAX_CHUNK
+            && cur.len() < PIPELINE_MAX_OPS
+            && bytes + chunk.len <= PIPELINE_MAX_BYTES
+            && cur.first().is_some_and(|f| f.job.task.request().opcode == chunk.job.task.request().opcode);
+        if !joins && !cur.is_empty() {
+            groups.push(std::mem::take(&mut cur));
+            bytes = 0;
+        }
+        bytes += chunk.len;
+        cur.push(chunk);
+    }
+    if !cur.is_empty() {
+        groups.push(cur);
+    }
+    groups
+}
+
+fn worker(queue: &WorkQueue<Group>, client: &RpcClient, stopping: &AtomicBool, p: TcpParams, metrics: &Metrics) {
+    // A group taken off the queue that did not fit the last pipelined trip goes first.
+    let mut held: Option<Group> = None;
+    while let Some(mut group) = held.take().or_else(|| queue.pop()) {
+        if pipelined(&group, p) {
+            // Groups of other submits to the same peer travel along while they fit.
+            let (addr, opcode) = (group[0].job.rpc_addr.clone(), group[0].job.task.request().opcode);
+            let (mut ops, mut bytes) = (group.len(), group.iter().map(|c| c.len).sum::<u64>());
+            let (more, other) = queue.pop_more(usize::MAX, |g| {
+                let len: u64 = g.iter().map(|c| c.len).sum();
+                let fits = pipelined(g, p)
+                    && ops + g.len() <= PIPELINE_MAX_OPS
+                    && bytes + len <= PIPELINE_MAX_BYTES
+                    && g[0].job.rpc_addr == addr
+                    && g[0].job.task.request().opcode == opcode;
                 if fits {
-                    bytes += c.len;
+                    ops += g.len();
+                    bytes += len;
                 }
                 fits
             });
-            group.extend(more);
+            more.into_iter().for_each(|g| group.extend(g));
             held = other;
-            if group.len() > 1 {
-                move_group(client, &group, stopping, p, metrics);
-                continue;
-            }
-            let Some(chunk) = group.pop() else { continue };
-            run_chunk(client, &chunk, stopping, p, metrics);
-            continue;
         }
-        run_chunk(client, &chunk, stopping, p, metrics);
+        if group.len() > 1 {
+            move_group(client, &group, stopping, p, metrics);
+        } else if let Some(chunk) = group.pop() {
+            run_chunk(client, &chunk, stopping, p, metrics);
+        }
     }
 }
 
@@ -286,8 +321,8 @@ impl Transport for TcpTransport {
                 off += l;
             }
         }
-        if let Err(rest) = self.pool.push_all(chunks) {
-            for c in rest {
+        if let Err(rest) = self.pool.push_all(group_chunks(chunks, self.params)) {
+            for c in rest.into_iter().flatten() {
                 c.job.task.fail("tcp transport is shutting down".into());
             }
         }
@@ -296,7 +331,7 @@ impl Transport for TcpTransport {
 
     fn shutdown(&self) {
         self.stopping.store(true, Ordering::Release);
-        for c in self.pool.close() {
+        for c in self.pool.close().into_iter().flatten() {
             c.job.failed.store(true, Ordering::Release);
             c.job.task.fail("tcp transport is shutting down".into());
         }
@@ -331,6 +366,66 @@ mod tests {
             (p.max_retry_count, p.retry_base_delay_ms, p.retry_max_delay_ms, p.max_concurrent_tasks),
             (5, 200, 4000, 32)
         );
+    }
+
+    /// A sink that only holds its request.
+    struct Sink(crate::base::request::Request);
+
+    impl crate::base::task::TaskSink for Sink {
+        fn request(&self) -> &crate::base::request::Request {
+            &self.0
+        }
+        fn complete(&self, _: u32) {}
+        fn fail(self: Arc<Self>, _: u32, _: String) {}
+        fn time_out(&self, _: u32, _: String) {}
+        fn cancel_requested(&self) -> bool {
+            false
+        }
+    }
+
+    fn chunk(opcode: Opcode, len: u64) -> Chunk {
+        let r = crate::base::request::Request {
+            opcode,
+            source: 0x1000,
+            target_id: 1,
+            target_offset: 0x2000,
+            length: len,
+            priority: 0,
+            hint: TransportKind::Unspec,
+        };
+        let job = Arc::new(Job {
+            task: Task::new(Arc::new(Sink(r)), 0),
+            rpc_addr: "127.0.0.1:1".into(),
+            remaining: AtomicUsize::new(1),
+            failed: AtomicBool::new(false),
+        });
+        Chunk { job, offset: 0, len }
+    }
+
+    #[test]
+    fn a_submit_is_cut_into_pipelined_groups() {
+        let p = TcpParams::from_config(&Config::new());
+        let sizes = |groups: &[Group]| groups.iter().map(|g| g.iter().map(|c| c.len >> 10).collect()).collect();
+        let kib = |n: u64| n << 10;
+        // 96 blocks of 16 KiB: groups of at most 64 requests and 1 MiB.
+        let groups = group_chunks((0..96).map(|_| chunk(Opcode::Write, kib(16))).collect(), p);
+        let lens: Vec<usize> = groups.iter().map(Vec::len).collect();
+        assert_eq!(lens, vec![64, 32]);
+        // A large chunk goes alone and ends the group before it; an opcode change starts one.
+        let chunks = vec![
+            chunk(Opcode::Write, kib(64)),
+            chunk(Opcode::Write, kib(64)),
+            chunk(Opcode::Write, kib(512)),
+            chunk(Opcode::Write, kib(64)),
+            chunk(Opcode::Read, kib(64)),
+        ];
+        let got: Vec<Vec<u64>> = sizes(&group_chunks(chunks, p));
+        assert_eq!(got, vec![vec![64, 64], vec![512], vec![64], vec![64]]);
+        // With fault injection every chunk travels alone.
+        let mut faulty = p;
+        faulty.fail_every_nth_chunk = 3;
+        let groups = group_chunks((0..4).map(|_| chunk(Opcode::Write, kib(16))).collect(), faulty);
+        assert_eq!(groups.len(), 4);
     }
 
     #[test]
