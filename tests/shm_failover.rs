@@ -334,6 +334,25 @@ fn failover_rdma_to_tcp_on_injected_work_request_failures() {
     }
 }
 
+/// Two engines with SHM on: `a` holds `src` (registered, `len` bytes of the pattern) and the
+/// handle `h` of `b`'s segment, where an SHM block of `len` bytes starts at `base`.
+struct ShmPair {
+    a: std::sync::Arc<Engine>,
+    _b: std::sync::Arc<Engine>,
+    base: u64,
+    src: Vec<u8>,
+    h: u64,
+}
+
+fn shm_pair(len: usize) -> ShmPair {
+    let a = engine(&[SHM_ON]);
+    let b = engine(&[SHM_ON]);
+    let (base, _name) = shm_block(&b, len);
+    let src = buffer(&a, len, pattern, Permission::GlobalReadWrite);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    ShmPair { a, _b: b, base, src, h }
+}
+
 /// The dispatcher hands a batch to the transport in slices and wakes the copy threads with the
 /// last one. Batches whose last request fills a slice exactly (one 2 MiB request; 64 small
 /// ones) must still be copied when nobody polls in a way that lets the caller copy (the wait
@@ -341,12 +360,8 @@ fn failover_rdma_to_tcp_on_injected_work_request_failures() {
 /// polling caller copies itself.
 #[test]
 fn batches_ending_on_a_slice_boundary_complete_without_polls() {
-    let a = engine(&[SHM_ON]);
-    let b = engine(&[SHM_ON]);
     let len = 4 << 20;
-    let (base, _name) = shm_block(&b, len);
-    let src = buffer(&a, len, pattern, Permission::GlobalReadWrite);
-    let h = a.open_segment(b.segment_name()).expect("open");
+    let ShmPair { a, _b, base, src, h } = shm_pair(len);
     let bound = Duration::from_secs(10);
     let one = [req(Opcode::Write, src.as_ptr() as u64, h, base, 2 << 20)];
     // Every other 16 KiB slot, so no two requests merge.
@@ -370,12 +385,8 @@ fn batches_ending_on_a_slice_boundary_complete_without_polls() {
 /// in place, when submit returns.
 #[test]
 fn a_small_batch_is_copied_before_submit_returns() {
-    let a = engine(&[SHM_ON]);
-    let b = engine(&[SHM_ON]);
     let len = 4 << 20;
-    let (base, _name) = shm_block(&b, len);
-    let src = buffer(&a, len, pattern, Permission::GlobalReadWrite);
-    let h = a.open_segment(b.segment_name()).expect("open");
+    let ShmPair { a, _b, base, src, h } = shm_pair(len);
     // The first transfer to a peer waits for its descriptor on another thread.
     assert_eq!(run(&a, &[req(Opcode::Write, src.as_ptr() as u64, h, base, 64)], BOUND)[0], (Status::Completed, 64));
     let many: Vec<_> =
