@@ -309,14 +309,24 @@ fn take_more(queue: &WorkQueue<Chunk>, mut taken: u64, budget: u64) -> (Vec<Chun
     })
 }
 
+/// A batch whose slices are still being submitted.
+#[derive(Default)]
+struct Staged {
+    /// Chunks held back without waking a copy thread.
+    chunks: Vec<Chunk>,
+    /// Their bytes.
+    chunk_bytes: u64,
+    /// Bytes of the whole batch so far, including chunks already handed over early.
+    batch_bytes: u64,
+}
+
 /// The SHM transport.
 pub struct ShmTransport {
     params: ShmParams,
     mappings: Mutex<HashMap<MapKey, Arc<Mapping>>>,
     pool: Pool<Chunk>,
-    /// Chunks of batch slices queued without waking a copy thread (see `start`), and the bytes
-    /// of the batch being submitted so far.
-    staged: Mutex<(Vec<Chunk>, u64)>,
+    /// The batch being submitted slice by slice (see `start`).
+    staged: Mutex<Staged>,
     stopping: Arc<AtomicBool>,
 }
 
@@ -337,7 +347,7 @@ impl ShmTransport {
             params,
             mappings: Mutex::new(HashMap::new()),
             pool,
-            staged: Mutex::new((Vec::new(), 0)),
+            staged: Mutex::new(Staged::default()),
             stopping,
         })
     }
@@ -421,19 +431,21 @@ impl ShmTransport {
         // While the submitter still prepares further slices of its batch the copy threads are
         // not woken: on a machine with as many cores as copy threads, woken copy threads
         // preempted the submitter until they were done, and a batch of 32 x 64 KiB took 3 to 20
-        // times longer. The slices wait in `staged` and the last one queues them all. A last
-        // slice this small is copied here.
+        // times longer. The slices wait in `staged` and the last one queues them all, or copies
+        // them here when the whole batch is small.
         let mut staged = self.staged.lock();
-        staged.1 += total;
-        let streaming = staged.1 > STREAM_FROM;
+        staged.batch_bytes += total;
+        let streaming = staged.batch_bytes > STREAM_FROM;
         if partial {
-            staged.0.extend(chunks);
+            staged.chunk_bytes += chunks.iter().map(|c| c.len).sum::<u64>();
+            staged.chunks.extend(chunks);
             // A long batch is worth sharing the cores for: once this much waits, the copy
             // threads start on it while the submitter prepares the rest.
-            if staged.0.iter().map(|c| c.len).sum::<u64>() < EARLY_START_BYTES {
+            if staged.chunk_bytes < EARLY_START_BYTES {
                 return Ok(());
             }
-            let mut early = std::mem::take(&mut staged.0);
+            let mut early = std::mem::take(&mut staged.chunks);
+            staged.chunk_bytes = 0;
             drop(staged);
             early.iter_mut().for_each(|c| c.streaming = streaming);
             if let Err(rest) = self.pool.push_all(early) {
@@ -443,8 +455,7 @@ impl ShmTransport {
             }
             return Ok(());
         }
-        let mut queued = std::mem::take(&mut staged.0);
-        let whole = std::mem::take(&mut staged.1);
+        let Staged { chunks: mut queued, batch_bytes: whole, .. } = std::mem::take(&mut *staged);
         drop(staged);
         queued.extend(chunks);
         // The whole batch decides, not its last slice: the slices staged before were never
@@ -541,7 +552,7 @@ impl Transport for ShmTransport {
 
     fn shutdown(&self) {
         self.stopping.store(true, Ordering::Release);
-        let staged = std::mem::take(&mut self.staged.lock().0);
+        let staged = std::mem::take(&mut self.staged.lock().chunks);
         for c in self.pool.close().into_iter().chain(staged) {
             c.owner.task().fail("shm transport is shutting down".into());
         }
