@@ -9,7 +9,7 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::{Mutex, RwLock};
 
-use super::types::{Request, Status};
+use super::types::{Request, Status, TransportKind};
 use crate::error::{Error, Result};
 use crate::metrics::{LOCAL_SLOT, Metrics};
 use std::time::Instant;
@@ -72,6 +72,8 @@ struct BatchLife {
     completed_bytes: AtomicU64,
     /// Status polls that found the batch pending (see `Batch::pending_poll`).
     pending_polls: AtomicU32,
+    /// Bit `k` set: some task was handed to the transport of kind `k` (see `Batch::transport`).
+    transports: AtomicU32,
     free_requested: AtomicBool,
     table: Weak<BatchTable>,
     metrics: Arc<Metrics>,
@@ -85,6 +87,11 @@ impl BatchLife {
             }
         }
     }
+}
+
+/// The bit of transport `kind` in a batch's set of transports.
+pub fn kind_bit(kind: TransportKind) -> u32 {
+    1 << (kind as u32 % 32)
 }
 
 /// Transient status while one finisher publishes bytes and reason; reads as PENDING.
@@ -171,6 +178,14 @@ impl TaskState {
             self.life.suspended.fetch_sub(1, Ordering::AcqRel);
         }
         resumed
+    }
+
+    /// Records that the task (and so its batch) was handed to the transport of `kind`.
+    pub fn handed_to(&self, kind: TransportKind) {
+        let bit = kind_bit(kind);
+        if self.life.transports.load(Ordering::Relaxed) & bit == 0 {
+            self.life.transports.fetch_or(bit, Ordering::Relaxed);
+        }
     }
 
     /// Ends a pending or suspended task with `status` once; later calls are ignored so that
@@ -353,6 +368,11 @@ impl Batch {
         (status, bytes)
     }
 
+    /// The transports its tasks were handed to so far: bit `k` for the kind `k`.
+    pub fn transports(&self) -> u32 {
+        self.life.transports.load(Ordering::Relaxed)
+    }
+
     /// Counts a status poll that found this batch pending; returns how many did before it.
     pub fn pending_poll(&self) -> u32 {
         self.life.pending_polls.fetch_add(1, Ordering::Relaxed)
@@ -427,6 +447,7 @@ impl BatchTable {
             suspended: AtomicUsize::new(0),
             completed_bytes: AtomicU64::new(0),
             pending_polls: AtomicU32::new(0),
+            transports: AtomicU32::new(0),
             free_requested: AtomicBool::new(false),
             table: self.me.clone(),
             metrics: self.metrics.clone(),
@@ -572,5 +593,18 @@ mod tests {
         tasks[2].state.fail("x".into());
         assert_eq!(b.overall(), (Status::Failed, 8));
         assert!(!tasks[2].state.complete(), "an ended task is never revived");
+    }
+
+    #[test]
+    fn a_batch_knows_the_transports_its_tasks_were_handed_to() {
+        let t = BatchTable::new();
+        let b = t.get(t.allocate(4).expect("alloc")).expect("live");
+        assert_eq!(b.transports(), 0, "nothing handed over yet");
+        let (_, tasks) = b.append(&[req(), req(), req()], None).expect("append");
+        tasks[0].state.handed_to(TransportKind::IoUring);
+        tasks[1].state.handed_to(TransportKind::IoUring);
+        assert_eq!(b.transports(), kind_bit(TransportKind::IoUring), "one carrier");
+        tasks[2].state.handed_to(TransportKind::Shm);
+        assert_eq!(b.transports(), kind_bit(TransportKind::IoUring) | kind_bit(TransportKind::Shm));
     }
 }

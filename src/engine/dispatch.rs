@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::batch::{Entry, TaskState};
+use super::batch::{Entry, TaskState, kind_bit};
 use super::policy::{self, Policy, SelectCtx};
 use super::segment::{BufferDesc, LocalSegment, SegmentDesc};
 use super::types::{Request, TransportKind, range_within};
@@ -274,6 +274,10 @@ impl Dispatcher {
             }
             return;
         };
+        if let Some(m) = units.first().and_then(|u| u.members().first()) {
+            // One per slice: the units of a submit all belong to one batch.
+            m.handed_to(kind);
+        }
         let keep = tasks.clone();
         self.submitted[kind as usize].fetch_add(tasks.len() as u64, Ordering::Relaxed);
         let submitted = if more { t.submit_partial(desc, tasks) } else { t.submit(desc, tasks) };
@@ -311,6 +315,14 @@ impl Dispatcher {
     /// `Transport::poll`); true when some transport did.
     pub fn poll(&self) -> bool {
         self.transports.iter().fold(false, |did, t| t.poll() | did)
+    }
+
+    /// Lets a caller polling a batch wait, at most `limit`, for the progress of the transport
+    /// that carries it (see `Transport::wait`; `carriers` as `Batch::transports`). Only a batch
+    /// carried by one transport waits: a wait for one transport would hold up seeing what
+    /// another one finished. False when it did not wait.
+    pub fn wait(&self, carriers: u32, limit: std::time::Duration) -> bool {
+        self.transports.iter().any(|t| carriers == kind_bit(t.kind()) && t.wait(limit))
     }
 
     /// How many units were handed to the transport of `kind` so far.

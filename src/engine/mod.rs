@@ -16,6 +16,7 @@ pub mod unit;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 
@@ -31,7 +32,7 @@ use crate::transport::Transport;
 use crate::transport::rdma::RdmaTransport;
 use crate::transport::shm::{self, ShmParams};
 use background::{ProgressPool, Published, Publisher};
-use batch::{BatchTable, Entry, HookSink, NotifyHook};
+use batch::{Batch, BatchTable, Entry, HookSink, NotifyHook};
 use dispatch::Dispatcher;
 use peers::{Fetcher, HookLanes, PeerLanes};
 use remote::Remote;
@@ -41,22 +42,34 @@ pub use start::effective_config;
 use start::{RpcSettings, attach_rdma, load_transports, metadata_settings, segment_name_for, start_metrics_server};
 use types::{Notification, Opcode, Permission, Request, Status, TransportKind};
 
-/// Pending polls of one batch answered with a yield; later ones sleep briefly.
+/// Pending polls of one batch answered with a yield; later ones sleep a little.
 const YIELDING_POLLS: u32 = 64;
+/// Longest wait of one pending poll in a transport, and its sleep after the yields.
+const PENDING_WAIT: Duration = Duration::from_micros(20);
 
-/// Called when a status poll finds work still pending (`polls`: how many polls of this batch
-/// found it pending so far). Callers often poll in a tight loop (Go's p2p-store does); giving up
-/// the CPU lets the engine's own threads run on the core the poller would otherwise keep busy.
-/// A yield is enough while a transfer is short, and costs nothing in latency; but on a small
-/// machine a yielding spinner still takes a core's share from the copy threads of a long
-/// transfer (measured: 1 MiB SHM requests at 0.53-0.69x memcpy under a spinning caller), so
-/// once a batch has stayed pending for many polls the poll sleeps a little instead. A poll
-/// that did transport work itself (see `Transport::poll`) neither yields nor sleeps.
-fn pending_poll(polls: u32) {
+/// Called when a status poll finds `batch` still pending and did no transport work itself (see
+/// `Transport::poll`); the caller reads the status again afterwards, so what ended meanwhile is
+/// reported by this poll rather than the next.
+///
+/// A batch carried by a transport whose progress can be waited for in the kernel (io_uring's
+/// completion queue) waits there, at most [`PENDING_WAIT`]: the completion wakes the caller as
+/// it would wake a program blocked in a read, which neither a yield nor a sleep does.
+///
+/// Otherwise: callers often poll in a tight loop (Go's p2p-store does); giving up the CPU lets
+/// the engine's own threads run on the core the poller would otherwise keep busy. A yield is
+/// enough while a transfer is short, and costs nothing in latency; but on a small machine a
+/// yielding spinner still takes a core's share from the copy threads of a long transfer
+/// (measured: 1 MiB SHM requests at 0.53-0.69x memcpy under a spinning caller), so once a batch
+/// has stayed pending for [`YIELDING_POLLS`] polls each poll sleeps a little instead.
+fn pending_poll(dispatcher: &Dispatcher, batch: &Batch) {
+    let polls = batch.pending_poll();
+    if dispatcher.wait(batch.transports(), PENDING_WAIT) {
+        return;
+    }
     if polls < YIELDING_POLLS {
         std::thread::yield_now();
     } else {
-        std::thread::sleep(std::time::Duration::from_micros(20));
+        std::thread::sleep(PENDING_WAIT);
     }
 }
 
@@ -642,7 +655,8 @@ impl Engine {
             let worked = self.dispatcher.poll();
             st = e.state.load();
             if st.0 == Status::Pending && !worked {
-                pending_poll(batch.pending_poll());
+                pending_poll(&self.dispatcher, &batch);
+                st = e.state.load();
             }
         }
         Ok(st)
@@ -679,7 +693,8 @@ impl Engine {
             let worked = self.dispatcher.poll();
             st = b.overall();
             if st.0 == Status::Pending && !worked {
-                pending_poll(b.pending_poll());
+                pending_poll(&self.dispatcher, &b);
+                st = b.overall();
             }
         }
         if st.0 != Status::Pending {

@@ -134,6 +134,11 @@ impl Unit {
         self.route.lock().failovers
     }
 
+    /// The public tasks it completes.
+    pub fn members(&self) -> &[Arc<TaskState>] {
+        self.members.as_slice()
+    }
+
     /// A task for the current attempt.
     pub fn task(self: &Arc<Self>) -> Task {
         Task::new(self.clone(), self.attempt.load(Ordering::Acquire))

@@ -62,6 +62,16 @@ pub trait Transport: Send + Sync {
         false
     }
 
+    /// Called by a status poll that found a task pending and did no work, in place of the
+    /// short sleep that would follow: a transport whose progress the caller can wait for in the
+    /// kernel (io_uring: its next completion) waits there, at most `limit`, and then does what
+    /// `poll` does. A completion landing during the wait is then seen at once instead of after
+    /// the sleep. Returns false when it has nothing to wait for, and the caller sleeps instead.
+    fn wait(&self, limit: std::time::Duration) -> bool {
+        let _ = limit;
+        false
+    }
+
     /// Stops workers and waits for them; pending tasks end FAILED. A worker blocked on a peer
     /// ends with its call; the owner of the RPC client (the engine) aborts the client first, so
     /// that is at once.

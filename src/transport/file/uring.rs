@@ -182,6 +182,12 @@ impl Transport for IoUringTransport {
         self.rings.iter().fold(false, |reaped, r| r.poll() | reaped)
     }
 
+    fn wait(&self, limit: Duration) -> bool {
+        // One ring with work in flight is waited for; the others' completions are still seen
+        // within `limit`, as after a sleep.
+        self.rings.iter().any(|r| r.wait(limit))
+    }
+
     fn segment_changed(&self, name: &str, desc: Option<&SegmentDesc>) {
         self.files.forget(name, desc);
     }
@@ -304,6 +310,18 @@ impl Ring {
         n > 0
     }
 
+    /// Waits on a caller's thread, at most `limit`, for a completion of this ring and reaps
+    /// what came; false (without waiting) when nothing is in flight here or the kernel cannot
+    /// bound the wait.
+    fn wait(&self, limit: Duration) -> bool {
+        if self.active.load(Ordering::Acquire) == 0 || !self.uring.params().is_feature_ext_arg() {
+            return false;
+        }
+        self.wait_in_ring(limit);
+        self.poll();
+        true
+    }
+
     /// Stops accepting work, fails what was not issued, and wakes the reaper so that it ends
     /// once the pieces in flight are back.
     fn close(&self) {
@@ -377,7 +395,10 @@ impl Ring {
             if polled > 0 && polled >= last_reaped && !closed {
                 self.nap(Some(LAZY_NAP));
             } else {
-                self.wait_in_ring();
+                if !self.wait_in_ring(RING_WAIT) {
+                    // Not to spin on a refusing ring until the next enter breaks it.
+                    std::thread::sleep(LAZY_NAP);
+                }
             }
             let mut ended = Vec::new();
             {
@@ -391,9 +412,11 @@ impl Ring {
     }
 
     /// Waits in the kernel for a completion (submitting whatever is queued, harmlessly: the
-    /// kernel takes each queued entry once), at most [`RING_WAIT`].
-    fn wait_in_ring(&self) {
-        let ts = types::Timespec::from(RING_WAIT);
+    /// kernel takes each queued entry once), at most `limit` where the kernel can bound it.
+    /// Needs no lock: it only reads the queues' shared indexes, and several threads may wait.
+    /// False when the kernel refused the wait for a reason other than time or a signal.
+    fn wait_in_ring(&self, limit: Duration) -> bool {
+        let ts = types::Timespec::from(limit);
         let args = types::SubmitArgs::new().timespec(&ts);
         let waited = if self.uring.params().is_feature_ext_arg() {
             self.uring.submitter().submit_with_args(1, &args)
@@ -408,9 +431,10 @@ impl Ring {
             Err(e) => {
                 // Seen again, and acted on, by the next `enter` under the lock.
                 tracing::debug!("io_uring wait failed: {e}");
-                std::thread::sleep(LAZY_NAP);
+                return false;
             }
         }
+        true
     }
 
     /// Submits what was pushed, without waiting. A transient refusal leaves the entries queued
@@ -639,5 +663,79 @@ impl Ring {
         st.free_jobs.push(slot);
         self.active.fetch_sub(1, Ordering::AcqRel);
         ended.push((a.job.task, a.error));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicU32;
+
+    use super::*;
+    use crate::base::request::Request;
+    use crate::base::task::TaskSink;
+    use crate::config::Config;
+
+    /// A sink that counts how its task ended.
+    struct Sink {
+        request: Request,
+        completed: AtomicU32,
+        failed: AtomicU32,
+    }
+
+    impl TaskSink for Sink {
+        fn request(&self) -> &Request {
+            &self.request
+        }
+        fn complete(&self, _: u32) {
+            self.completed.fetch_add(1, Ordering::SeqCst);
+        }
+        fn fail(self: Arc<Self>, _: u32, _: String) {
+            self.failed.fetch_add(1, Ordering::SeqCst);
+        }
+        fn time_out(&self, _: u32, _: String) {
+            self.failed.fetch_add(1, Ordering::SeqCst);
+        }
+        fn cancel_requested(&self) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn a_waiting_caller_reaps_its_own_completion() {
+        let dir = std::env::temp_dir().join(format!("tent-uring-wait-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("f");
+        let content: Vec<u8> = (0..64 << 10).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &content).expect("write");
+        let params = FileParams::from_config(&Config::new());
+        // A ring without its reaper thread: only the caller's own wait can end the task.
+        let ring = Ring::new(params).expect("io_uring ring");
+        assert!(!ring.wait(Duration::from_secs(5)), "nothing in flight: no wait");
+        let file = Arc::new(OpenFile::open(&path.to_string_lossy(), false).expect("open"));
+        let mut dst = vec![0u8; content.len()];
+        let request = Request {
+            opcode: Opcode::Read,
+            source: dst.as_mut_ptr() as u64,
+            target_id: 1,
+            target_offset: 0,
+            length: dst.len() as u64,
+            priority: 0,
+            hint: TransportKind::Unspec,
+        };
+        let pieces = file.plan(&request, params.chunk_size, None).expect("plan");
+        let sink = Arc::new(Sink { request, completed: AtomicU32::new(0), failed: AtomicU32::new(0) });
+        let task = Task::new(sink.clone(), 0);
+        ring.submit(std::iter::once(Job { task, file, op: Opcode::Read, pieces: pieces.into() }));
+        assert_eq!(sink.completed.load(Ordering::SeqCst), 0, "nobody reaped yet");
+        for _ in 0..100 {
+            if sink.completed.load(Ordering::SeqCst) == 1 {
+                break;
+            }
+            assert!(ring.wait(Duration::from_millis(100)), "a read is in flight: the caller waits");
+        }
+        assert_eq!((sink.completed.load(Ordering::SeqCst), sink.failed.load(Ordering::SeqCst)), (1, 0));
+        assert!(dst == content, "the read filled the caller's memory");
+        assert!(!ring.wait(Duration::from_secs(5)), "nothing in flight any more");
+        std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 }
