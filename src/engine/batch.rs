@@ -72,7 +72,7 @@ struct BatchLife {
     completed_bytes: AtomicU64,
     /// Status polls that found the batch pending (see `Batch::pending_poll`).
     pending_polls: AtomicU32,
-    /// Bit `k` set: some task was handed to the transport of kind `k` (see `Batch::transport`).
+    /// Bit `k` set: some task was handed to the transport of kind `k` (see `Batch::transports`).
     transports: AtomicU32,
     free_requested: AtomicBool,
     table: Weak<BatchTable>,
