@@ -94,6 +94,16 @@ impl<T> WorkQueue<T> {
         (out, None)
     }
 
+    /// Puts an item that a worker took and will not handle now back at the end of the queue,
+    /// where a waiting worker takes it (or this one, once it asks again); gives it back when
+    /// the queue is closed.
+    pub fn requeue(&self, item: T) -> Result<(), T> {
+        match self.tx.read().as_ref() {
+            Some(tx) => tx.send(item).map_err(|e| e.into_inner()),
+            None => Err(item),
+        }
+    }
+
     /// Items waiting.
     pub fn len(&self) -> usize {
         self.rx.len()
@@ -286,6 +296,13 @@ mod tests {
         assert_eq!(q.pop_more(8, |v| v % 2 == 0), (vec![6], Some(7)), "the first that does not match");
         assert_eq!(q.pop_more(8, |_| true), (vec![8], None));
         assert!(q.is_empty());
+        // An item handed back goes to the end of the queue, and is refused once it is closed.
+        tx.send(1).expect("send");
+        q.requeue(9).expect("open");
+        assert_eq!(q.pop_more(8, |_| true), (vec![1, 9], None));
+        drop(tx);
+        drop(pool.close());
+        assert_eq!(q.requeue(3), Err(3));
     }
 
     #[test]
