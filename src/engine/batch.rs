@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, RwLock};
 
 use super::types::{Request, Status, TransportKind};
 use crate::error::{Error, Result};
@@ -77,9 +77,23 @@ struct BatchLife {
     free_requested: AtomicBool,
     table: Weak<BatchTable>,
     metrics: Arc<Metrics>,
+    /// Status polls waiting for the batch to end (see `Batch::wait_ended`), and where they wait.
+    waiters: AtomicU32,
+    ended_lock: Mutex<()>,
+    ended: Condvar,
 }
 
 impl BatchLife {
+    /// Wakes the polls waiting for the batch to end; called when its last pending task ended.
+    fn wake_waiters(&self) {
+        // SeqCst, as `pending` before it and both in `Batch::wait_ended`: either the waiter
+        // sees nothing pending, or this sees the waiter.
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            let _held = self.ended_lock.lock();
+            self.ended.notify_all();
+        }
+    }
+
     fn maybe_reclaim(&self) {
         if self.free_requested.load(Ordering::SeqCst) && self.pending.load(Ordering::SeqCst) == 0 {
             if let Some(t) = self.table.upgrade() {
@@ -219,7 +233,9 @@ impl TaskState {
         if let Some(h) = &self.hook {
             h.task_ended(status);
         }
-        self.life.pending.fetch_sub(1, Ordering::SeqCst);
+        if self.life.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.life.wake_waiters();
+        }
         self.life.maybe_reclaim();
         true
     }
@@ -368,6 +384,20 @@ impl Batch {
         (status, bytes)
     }
 
+    /// Waits until no task of the batch is pending any more, at most `limit`; returns at once
+    /// when none is. A poll that waits here instead of sleeping sees the batch end when it ends.
+    pub fn wait_ended(&self, limit: std::time::Duration) {
+        let life = &self.life;
+        life.waiters.fetch_add(1, Ordering::SeqCst);
+        {
+            let mut held = life.ended_lock.lock();
+            if life.pending.load(Ordering::SeqCst) > 0 {
+                life.ended.wait_for(&mut held, limit);
+            }
+        }
+        life.waiters.fetch_sub(1, Ordering::SeqCst);
+    }
+
     /// The transports its tasks were handed to so far: bit `k` for the kind `k`.
     pub fn transports(&self) -> u32 {
         self.life.transports.load(Ordering::Relaxed)
@@ -448,6 +478,9 @@ impl BatchTable {
             completed_bytes: AtomicU64::new(0),
             pending_polls: AtomicU32::new(0),
             transports: AtomicU32::new(0),
+            waiters: AtomicU32::new(0),
+            ended_lock: Mutex::new(()),
+            ended: Condvar::new(),
             free_requested: AtomicBool::new(false),
             table: self.me.clone(),
             metrics: self.metrics.clone(),
@@ -593,6 +626,30 @@ mod tests {
         tasks[2].state.fail("x".into());
         assert_eq!(b.overall(), (Status::Failed, 8));
         assert!(!tasks[2].state.complete(), "an ended task is never revived");
+    }
+
+    #[test]
+    fn a_poll_waiting_for_the_end_wakes_when_the_last_task_ends() {
+        let t = BatchTable::new();
+        let b = t.get(t.allocate(2).expect("alloc")).expect("live");
+        let long = std::time::Duration::from_secs(60);
+        let start = Instant::now();
+        b.wait_ended(long);
+        assert!(start.elapsed() < long / 2, "nothing pending: no wait");
+        let (_, tasks) = b.append(&[req(), req()], None).expect("append");
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| {
+                let start = Instant::now();
+                b.wait_ended(long);
+                start.elapsed()
+            });
+            tasks[0].state.complete();
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            tasks[1].state.fail("x".into());
+            let waited = waiter.join().expect("waiter");
+            assert!(waited < long / 2, "woken by the last task's end, not by the limit ({waited:?})");
+        });
+        assert_eq!(b.overall().0, Status::Failed);
     }
 
     #[test]

@@ -42,9 +42,9 @@ pub use start::effective_config;
 use start::{RpcSettings, attach_rdma, load_transports, metadata_settings, segment_name_for, start_metrics_server};
 use types::{Notification, Opcode, Permission, Request, Status, TransportKind};
 
-/// Pending polls of one batch answered with a yield; later ones sleep a little.
-const YIELDING_POLLS: u32 = 64;
-/// Longest wait of one pending poll in a transport, and its sleep after the yields.
+/// Pending polls of one batch answered with a yield; later ones wait for the batch's end.
+const YIELDING_POLLS: u32 = 8;
+/// Longest wait of one pending poll.
 const PENDING_WAIT: Duration = Duration::from_micros(20);
 
 /// Called when a status poll finds `batch` still pending and did no transport work itself (see
@@ -53,14 +53,14 @@ const PENDING_WAIT: Duration = Duration::from_micros(20);
 ///
 /// A batch carried by a transport whose progress can be waited for in the kernel (io_uring's
 /// completion queue) waits there, at most [`PENDING_WAIT`]: the completion wakes the caller as
-/// it would wake a program blocked in a read, which neither a yield nor a sleep does.
+/// it would wake a program blocked in a read.
 ///
-/// Otherwise: callers often poll in a tight loop (Go's p2p-store does); giving up the CPU lets
-/// the engine's own threads run on the core the poller would otherwise keep busy. A yield is
-/// enough while a transfer is short, and costs nothing in latency; but on a small machine a
-/// yielding spinner still takes a core's share from the copy threads of a long transfer
-/// (measured: 1 MiB SHM requests at 0.53-0.69x memcpy under a spinning caller), so once a batch
-/// has stayed pending for [`YIELDING_POLLS`] polls each poll sleeps a little instead.
+/// Otherwise: callers often poll in a tight loop (Go's p2p-store does). The first polls of a
+/// batch yield, which costs nothing in latency while a transfer is short. After
+/// [`YIELDING_POLLS`] of them each poll waits for the batch to end, at most [`PENDING_WAIT`]:
+/// a spinning or yielding poller still takes a core's share from the engine's threads (on a
+/// 2-core VM: 1 MiB SHM requests at 0.53-0.69x memcpy under a spinning caller), and a wait that
+/// the batch's last task ends sees the end at once, where a sleep saw it only when it was over.
 fn pending_poll(dispatcher: &Dispatcher, batch: &Batch) {
     let polls = batch.pending_poll();
     if dispatcher.wait(batch.transports(), PENDING_WAIT) {
@@ -69,7 +69,7 @@ fn pending_poll(dispatcher: &Dispatcher, batch: &Batch) {
     if polls < YIELDING_POLLS {
         std::thread::yield_now();
     } else {
-        std::thread::sleep(PENDING_WAIT);
+        batch.wait_ended(PENDING_WAIT);
     }
 }
 
