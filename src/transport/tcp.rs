@@ -11,6 +11,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use parking_lot::Mutex;
+
 use crate::base::request::{Opcode, TransportKind};
 use crate::base::segment::SegmentDesc;
 use crate::base::task::Task;
@@ -21,7 +23,6 @@ use crate::control::rawio::RawRange;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::transport::Transport;
-use parking_lot::Mutex;
 
 /// Tunables read from `transports/tcp/*`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
