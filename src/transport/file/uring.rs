@@ -311,15 +311,15 @@ impl Ring {
     }
 
     /// Waits on a caller's thread, at most `limit`, for a completion of this ring and reaps
-    /// what came; false (without waiting) when nothing is in flight here or the kernel cannot
-    /// bound the wait.
+    /// what came; false when it did not wait: nothing is in flight here, the kernel cannot
+    /// bound the wait, or it refused it (the caller then waits its own way).
     fn wait(&self, limit: Duration) -> bool {
         if self.active.load(Ordering::Acquire) == 0 || !self.uring.params().is_feature_ext_arg() {
             return false;
         }
-        self.wait_in_ring(limit);
+        let waited = self.wait_in_ring(limit);
         self.poll();
-        true
+        waited
     }
 
     /// Stops accepting work, fails what was not issued, and wakes the reaper so that it ends
