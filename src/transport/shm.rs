@@ -434,6 +434,15 @@ impl ShmTransport {
         // times longer. The slices wait in `staged` and the last one queues them all, or copies
         // them here when the whole batch is small.
         let mut staged = self.staged.lock();
+        // Read under the lock `shutdown` takes after setting it: chunks staged here are either
+        // failed by `shutdown` or refused now, never left behind unended.
+        if self.stopping.load(Ordering::Acquire) {
+            drop(staged);
+            for c in chunks {
+                c.owner.task().fail("shm transport is shutting down".into());
+            }
+            return Ok(());
+        }
         staged.batch_bytes += total;
         let streaming = staged.batch_bytes > STREAM_FROM;
         if partial {
@@ -604,5 +613,78 @@ mod tests {
         assert!(!std::path::Path::new(&format!("/dev/shm/{name}")).exists());
         let missing = BufferDesc { shm_path: name, ..buf };
         assert!(Mapping::open("", &missing).is_err(), "a consumer never creates a missing object");
+    }
+
+    /// A sink that counts how its task ended.
+    struct Ends(crate::base::request::Request, AtomicUsize, AtomicUsize);
+
+    impl crate::base::task::TaskSink for Ends {
+        fn request(&self) -> &crate::base::request::Request {
+            &self.0
+        }
+        fn complete(&self, _: u32) {
+            self.1.fetch_add(1, Ordering::SeqCst);
+        }
+        fn fail(self: Arc<Self>, _: u32, _: String) {
+            self.2.fetch_add(1, Ordering::SeqCst);
+        }
+        fn time_out(&self, _: u32, _: String) {}
+        fn cancel_requested(&self) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn a_slice_submitted_after_shutdown_still_ends_its_tasks() {
+        let (p, name) = create_object("", 1 << 20).expect("create");
+        let buf = BufferDesc {
+            addr: 0x10_0000,
+            internal: false,
+            length: 1 << 20,
+            location: "cpu:0".into(),
+            mnnvl_handle: String::new(),
+            perm: None,
+            regions: vec![],
+            rkey: vec![],
+            shm_offset: 0,
+            shm_path: name.clone(),
+            transport_attrs: vec![],
+            transports: vec![3],
+        };
+        let target = Arc::new(SegmentDesc {
+            name: "peer".into(),
+            kind: "memory".into(),
+            machine_id: "m".into(),
+            rpc_server_addr: "127.0.0.1:1".into(),
+            buffers: vec![buf],
+            devices: Vec::new(),
+            detail_extra: Default::default(),
+            rdma_server_name: None,
+            file: None,
+        });
+        let mut local = vec![0u8; 4096];
+        let sink = Arc::new(Ends(
+            crate::base::request::Request {
+                opcode: Opcode::Write,
+                source: local.as_mut_ptr() as u64,
+                target_id: 1,
+                target_offset: 0x10_0000,
+                length: 4096,
+                priority: 0,
+                hint: TransportKind::Unspec,
+            },
+            AtomicUsize::new(0),
+            AtomicUsize::new(0),
+        ));
+        let t = ShmTransport::new(ShmParams::from_config(&Config::new())).expect("transport");
+        t.shutdown();
+        // A submitter that raced shutdown: its slice must not wait in the staged list forever.
+        t.submit_partial(&target, vec![Task::new(sink.clone(), 0)]).expect("partial submit");
+        assert_eq!((sink.1.load(Ordering::SeqCst), sink.2.load(Ordering::SeqCst)), (0, 1), "the task failed");
+        assert!(t.staged.lock().chunks.is_empty());
+        drop(t);
+        // SAFETY: p and size come from create_object.
+        unsafe { libc::munmap(p.cast(), 1 << 20) };
+        unlink_object("", &name);
     }
 }
