@@ -428,19 +428,26 @@ impl Lane {
     fn scan(&mut self, now: Duration) {
         let core = self.core.clone();
         let mut forced = Vec::new();
-        let mut retire = Vec::new();
+        let mut expired = Vec::new();
         for (i, slot) in self.slots.iter().enumerate() {
             let Some(r) = &slot.record else { continue };
             if r.ep.state() == EpState::Destroyed {
                 forced.push(encode_wr_id(self.id, i, slot.generation));
             } else if !r.slice.job.is_done() && now >= r.slice.job.deadline {
-                core.counters.timeouts.fetch_add(1, Ordering::Relaxed);
-                r.slice.job.time_out("RDMA transfer timed out".into());
-                retire.push(r.ep.clone());
+                expired.push((r.ep.clone(), r.slice.job.clone()));
             }
         }
-        for ep in retire {
-            core.retire_endpoint(&ep);
+        // The endpoints go first: a caller that sees TIMEOUT may free the batch or send again
+        // at once, and must find the stuck endpoint already retired, not reused.
+        for (ep, _) in &expired {
+            core.retire_endpoint(ep);
+        }
+        for (_, job) in expired {
+            // Several slices of one job may have expired; it times out once.
+            if !job.is_done() {
+                core.counters.timeouts.fetch_add(1, Ordering::Relaxed);
+                job.time_out("RDMA transfer timed out".into());
+            }
         }
         for id in forced {
             if let Some(rec) = self.take_record(id) {
