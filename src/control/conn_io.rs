@@ -141,7 +141,8 @@ impl<'a> ConnIo<'a> {
     }
 
     /// Reads exactly `len` bytes into `[dst, dst+len)`: what is buffered is copied, a small
-    /// rest is read through the buffer, a large one straight from the socket.
+    /// rest is read through the buffer, a large one straight from the socket. For the payload
+    /// of a request: the replies queued before are not written while it waits.
     ///
     /// # Safety
     /// `[dst, dst+len)` must stay valid for writes for the whole call.
@@ -150,10 +151,11 @@ impl<'a> ConnIo<'a> {
         while done < len {
             if self.start == self.end {
                 if len - done > THROUGH_BUFFER_MAX {
-                    // Waiting on the peer: what it may wait for goes first.
-                    self.flush()?;
+                    // The queued replies stay queued: the peer is sending this payload and does
+                    // not wait for them (see `serve_send_data`).
                     (self.start, self.end) = (0, 0);
-                    let spill = &mut self.buf[..SPILL.min(READ_BUF)];
+                    let spill_len = SPILL.min(self.buf.len());
+                    let spill = &mut self.buf[..spill_len];
                     // SAFETY: forwarded from this function's contract; `done < len`.
                     self.end = unsafe { rawio::read_exact_spill_raw(self.stream, dst.add(done), len - done, spill) }?;
                     return Ok(());
@@ -297,6 +299,34 @@ mod tests {
         assert!(io.await_request().expect("request"));
         assert_eq!(&reader.join().expect("reader"), b"one two ");
         assert_eq!(io.buffered(), b"x");
+    }
+
+    #[test]
+    fn replies_wait_while_a_payload_is_read_straight_into_memory() {
+        let (mut peer, server) = pair();
+        let mut buf = vec![0u8; 64];
+        let mut io = ConnIo::new(&server, &mut buf, Pending::default());
+        io.queue(b"reply");
+        let payload: Vec<u8> = (0..64 << 10).map(|i| i as u8).collect();
+        let sender = {
+            let payload = payload.clone();
+            std::thread::spawn(move || {
+                peer.write_all(&payload).expect("payload");
+                peer
+            })
+        };
+        let mut got = vec![0u8; payload.len()];
+        // SAFETY: `got` is valid for its length.
+        unsafe { io.read_exact_raw(got.as_mut_ptr(), got.len()) }.expect("payload read");
+        assert!(got == payload);
+        let mut peer = sender.join().expect("sender");
+        peer.set_nonblocking(true).expect("nonblocking");
+        let mut reply = [0u8; 8];
+        assert!(peer.read(&mut reply).is_err(), "no reply is written in the middle of a request");
+        io.finish().expect("finish");
+        peer.set_nonblocking(false).expect("blocking");
+        peer.read_exact(&mut reply[..5]).expect("reply");
+        assert_eq!(&reply[..5], b"reply");
     }
 
     #[test]

@@ -560,9 +560,12 @@ fn serve_send_data(
         return Ok(());
     }
     if (io.buffered().len() as u64) < len {
-        // The payload is still coming: answer what was served before waiting on the peer, and
-        // not while the target buffer is leased.
-        io.flush().map_err(|e| format!("write failed: {e}"))?;
+        // The payload is still coming. The peer is in the middle of sending this request, so it
+        // does not wait for the replies queued before it: they go out when the run ends or the
+        // next request is awaited, one write for a pipelined group instead of a write (and a
+        // wake-up of the peer) per request. Only many of them are written now, and before the
+        // target buffer is leased: a write blocked on a peer that reads nothing must not hold it.
+        io.flush_if_large().map_err(|e| format!("write failed: {e}"))?;
     }
     let mut copied: io::Result<()> = Ok(());
     let outcome = if len == 0 {
