@@ -8,6 +8,7 @@
 //! connection go, so a group of requests costs a few system calls. The bytes on the wire are
 //! unchanged. Large payloads still move between the socket and registered memory directly.
 
+use std::any::Any;
 use std::io;
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
@@ -25,16 +26,27 @@ const THROUGH_BUFFER_MAX: usize = 2 << 10;
 /// any client) and a little of its payload, so a stream of pipelined requests costs one
 /// `recvmsg` each and no copy in between.
 const SPILL: usize = 128;
-/// A reply payload up to this size is copied into the reply queue; a larger one is written from
-/// memory directly, together with the replies queued before it.
-pub const QUEUED_REPLY_MAX: usize = 16 << 10;
-/// Queued replies are written once they reach this many bytes.
+/// A held reply payload up to this size is copied into the reply queue at once (cheaper than
+/// an entry of the gathered write); a larger one is written from memory directly, together with
+/// the replies queued around it.
+const COPY_REPLY_MAX: usize = 4 << 10;
+/// Queued replies are written once they reach this many bytes...
 const OUT_FLUSH: usize = 256 << 10;
+/// ...or this many payloads written from memory.
+const HELD_FLUSH: usize = 256;
 
 /// The read side of a connection between requests: bytes that arrived but were not taken yet.
 /// Travels with the connection when a worker lets it go.
 #[derive(Default)]
 pub struct Pending(pub Vec<u8>);
+
+/// A reply payload to be written from memory: where it goes in the queue (bytes of `out` before
+/// it), the range, and what keeps that range valid until it is written.
+struct Held {
+    at: usize,
+    range: rawio::RawRange,
+    _guard: Box<dyn Any>,
+}
 
 /// A worker's view of one connection: the socket, the worker's read buffer (holding the
 /// connection's unread bytes) and the replies not yet written.
@@ -44,6 +56,8 @@ pub struct ConnIo<'a> {
     start: usize,
     end: usize,
     out: Vec<u8>,
+    held: Vec<Held>,
+    held_bytes: usize,
 }
 
 impl<'a> ConnIo<'a> {
@@ -52,7 +66,7 @@ impl<'a> ConnIo<'a> {
     pub fn new(stream: &'a TcpStream, buf: &'a mut [u8], pending: Pending) -> ConnIo<'a> {
         let n = pending.0.len().min(buf.len());
         buf[..n].copy_from_slice(&pending.0[..n]);
-        ConnIo { stream, buf, start: 0, end: n, out: Vec::new() }
+        ConnIo { stream, buf, start: 0, end: n, out: Vec::new(), held: Vec::new(), held_bytes: 0 }
     }
 
     /// The bytes read and not taken yet.
@@ -210,33 +224,56 @@ impl<'a> ConnIo<'a> {
         }
     }
 
-    /// Writes the queued replies followed by `parts`, in as few calls as the kernel allows.
+    /// Queues the reply payload `[src, src+len)` without copying it (unless it is small): it is
+    /// written from memory by the flush that writes the replies around it, and `guard`, which
+    /// keeps the range valid, is dropped once it was written (or the connection dropped).
     ///
     /// # Safety
-    /// Every raw range in `parts` must stay valid for reads for the whole call.
-    pub unsafe fn write_after_queued(&mut self, parts: &[rawio::RawRange]) -> io::Result<()> {
-        let mut all = Vec::with_capacity(parts.len() + 1);
-        all.push(rawio::RawRange::of(&self.out));
-        all.extend_from_slice(parts);
-        // SAFETY: the queued replies are our own vector; the rest is the caller's contract.
-        let r = unsafe { rawio::writev_all_raw(self.stream, &all) };
-        self.out.clear();
-        r
+    /// `[src, src+len)` must be valid for reads while `guard` lives.
+    pub unsafe fn queue_held(&mut self, src: *const u8, len: usize, guard: Box<dyn Any>) {
+        if len <= COPY_REPLY_MAX {
+            // SAFETY: valid for reads while `guard` lives (contract), which is until after this.
+            unsafe { self.queue_raw(src, len) };
+            return;
+        }
+        let range = rawio::RawRange { ptr: src.cast_mut(), len };
+        self.held.push(Held { at: self.out.len(), range, _guard: guard });
+        self.held_bytes += len;
+    }
+
+    /// Whether queued replies hold registered memory (see [`ConnIo::queue_held`]).
+    pub fn holds_memory(&self) -> bool {
+        !self.held.is_empty()
     }
 
     /// Writes the queued replies once there are many of them.
     pub fn flush_if_large(&mut self) -> io::Result<()> {
-        if self.out.len() >= OUT_FLUSH { self.flush() } else { Ok(()) }
+        if self.out.len() + self.held_bytes >= OUT_FLUSH || self.held.len() >= HELD_FLUSH {
+            self.flush()
+        } else {
+            Ok(())
+        }
     }
 
-    /// Writes the queued replies.
+    /// Writes the queued replies, in one gathered write when payloads are held.
     pub fn flush(&mut self) -> io::Result<()> {
-        if self.out.is_empty() {
+        if self.out.is_empty() && self.held.is_empty() {
             return Ok(());
         }
-        // SAFETY: the range is our own vector, alive for the call.
-        let r = unsafe { rawio::write_all_raw(self.stream, self.out.as_ptr(), self.out.len()) };
+        let mut parts = Vec::with_capacity(2 * self.held.len() + 1);
+        let mut from = 0;
+        for h in &self.held {
+            parts.push(rawio::RawRange::of(&self.out[from..h.at]));
+            parts.push(h.range);
+            from = h.at;
+        }
+        parts.push(rawio::RawRange::of(&self.out[from..]));
+        // SAFETY: the queued bytes are our own vector; each held range stays valid while its
+        // guard lives, and the guards are dropped only below, after the write.
+        let r = unsafe { rawio::writev_all_raw(self.stream, &parts) };
         self.out.clear();
+        self.held.clear();
+        self.held_bytes = 0;
         if self.out.capacity() > OUT_FLUSH * 2 {
             self.out.shrink_to(OUT_FLUSH);
         }
@@ -327,6 +364,44 @@ mod tests {
         peer.set_nonblocking(false).expect("blocking");
         peer.read_exact(&mut reply[..5]).expect("reply");
         assert_eq!(&reply[..5], b"reply");
+    }
+
+    /// Counts its drops.
+    struct Guard(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn held_payloads_go_out_in_queue_order_and_are_released_after_the_write() {
+        let (mut peer, server) = pair();
+        let mut buf = vec![0u8; 64];
+        let mut io = ConnIo::new(&server, &mut buf, Pending::default());
+        let dropped = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let big: Vec<u8> = (0..COPY_REPLY_MAX + 100).map(|i| i as u8).collect();
+        let small = vec![7u8; 10];
+        io.queue(b"<a>");
+        // SAFETY: both vectors outlive the flush below.
+        unsafe { io.queue_held(big.as_ptr(), big.len(), Box::new(Guard(dropped.clone()))) };
+        io.queue(b"<b>");
+        // SAFETY: as above.
+        unsafe { io.queue_held(small.as_ptr(), small.len(), Box::new(Guard(dropped.clone()))) };
+        io.queue(b"<c>");
+        assert!(io.holds_memory(), "the large payload is held, not copied");
+        assert_eq!(dropped.load(std::sync::atomic::Ordering::SeqCst), 1, "the small one was copied at once");
+        let want: Vec<u8> = [&b"<a>"[..], &big, b"<b>", &small, b"<c>"].concat();
+        let reader = std::thread::spawn(move || {
+            let mut got = vec![0u8; want.len()];
+            peer.read_exact(&mut got).expect("replies");
+            got == want
+        });
+        io.flush().expect("flush");
+        assert!(!io.holds_memory());
+        assert_eq!(dropped.load(std::sync::atomic::Ordering::SeqCst), 2, "released after the write");
+        assert!(reader.join().expect("reader"), "bytes in queue order");
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! messages such as GetSegmentDesc or Notify. Workers read and answer through a buffer (see
 //! `conn_io`); bytes read but not taken stay with the connection.
 
+use std::any::Any;
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
@@ -16,10 +17,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::conn_io::{ConnIo, Pending, QUEUED_REPLY_MAX, READ_BUF};
+use super::conn_io::{ConnIo, Pending, READ_BUF};
 use super::frame::{self, FrameError, msg};
 use super::queue::{Pool, WorkQueue};
-use super::rawio;
 use crate::error::Result;
 
 /// Largest attachment accepted for a control message; larger frames close the connection.
@@ -62,6 +62,10 @@ pub trait RpcHandler: Send + Sync {
         write: bool,
         f: &mut dyn FnMut(*mut u8) -> io::Result<()>,
     ) -> std::result::Result<io::Result<()>, Refusal>;
+    /// Checks that a peer may access `[addr, addr+len)` (`write` or read) and keeps it
+    /// registered until the returned guard is dropped, so its bytes can be written out later,
+    /// together with other replies.
+    fn hold_memory(&self, addr: u64, len: u64, write: bool) -> std::result::Result<Box<dyn Any>, Refusal>;
 }
 
 /// A running RPC server; `stop` (or drop) ends every thread it started.
@@ -565,7 +569,10 @@ fn serve_send_data(
         // next request is awaited, one write for a pipelined group instead of a write (and a
         // wake-up of the peer) per request. Only many of them are written now, and before the
         // target buffer is leased: a write blocked on a peer that reads nothing must not hold it.
-        io.flush_if_large().map_err(|e| format!("write failed: {e}"))?;
+        // Replies that hold registered memory go now as well: a peer slow to send this payload
+        // must not keep that memory from being unregistered.
+        let written = if io.holds_memory() { io.flush() } else { io.flush_if_large() };
+        written.map_err(|e| format!("write failed: {e}"))?;
     }
     let mut copied: io::Result<()> = Ok(());
     let outcome = if len == 0 {
@@ -625,34 +632,18 @@ fn serve_recv_data(
         reply(io, h.seq, &[]);
         return Ok(());
     }
-    let write_failed = |e: io::Error| format!("write failed: {e}");
-    let hdr = frame::encode_response(h.seq, len as u32);
-    let outcome = if len as usize <= QUEUED_REPLY_MAX {
-        // A small reply is copied behind the others and written with them.
-        let r = shared.handler.with_memory(addr, len, false, &mut |src| {
-            io.queue(&hdr);
-            // SAFETY: with_memory checked that [src, src+len) is registered and readable by
-            // peers, and keeps it registered while this closure runs.
-            unsafe { io.queue_raw(src, len as usize) };
-            Ok(())
-        });
-        io.flush_if_large().map_err(write_failed)?;
-        r
-    } else {
-        // A large one goes from memory to the socket, behind the replies queued before it.
-        let mut sent: io::Result<()> = Ok(());
-        let r = shared.handler.with_memory(addr, len, false, &mut |src| {
-            let parts = [rawio::RawRange::of(&hdr), rawio::RawRange { ptr: src, len: len as usize }];
-            // SAFETY: as above; the header is ours.
-            sent = unsafe { io.write_after_queued(&parts) };
-            Ok(())
-        });
-        sent.map_err(write_failed)?;
-        r
+    let held = match shared.handler.hold_memory(addr, len, false) {
+        Ok(held) => held,
+        Err(r) => {
+            refuse(io, refusal_text("RecvData", &r));
+            return Ok(());
+        }
     };
-    if let Err(r) = outcome {
-        refuse(io, refusal_text("RecvData", &r));
-    }
+    io.queue(&frame::encode_response(h.seq, len as u32));
+    // SAFETY: hold_memory checked that [addr, addr+len) is registered and readable by peers,
+    // and `held` keeps it registered until the reply is written.
+    unsafe { io.queue_held(addr as *const u8, len as usize, held) };
+    io.flush_if_large().map_err(|e| format!("write failed: {e}"))?;
     Ok(())
 }
 

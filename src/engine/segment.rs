@@ -102,6 +102,17 @@ impl BufferLife {
 /// Keeps one buffer registered while a copy moves bytes in or out of it.
 struct Lease(Arc<BufferLife>);
 
+/// Keeps the buffer of a checked range registered until dropped (see
+/// [`LocalSegment::hold_range`]).
+pub struct HeldRange(#[allow(dead_code)] Lease);
+
+/// Checks `(addr, len, access)` against `snap` and enters the buffer holding it.
+fn hold_in(snap: &[LocalBuffer], (addr, len, access): RangeCheck) -> Result<HeldRange> {
+    let b = find_buffer(snap, addr, len, access)?;
+    // Removed after the snapshot was taken: as if it had never been there.
+    Ok(HeldRange(b.life.enter().ok_or_else(|| not_registered(addr, len))?))
+}
+
 impl Drop for Lease {
     fn drop(&mut self) {
         let mut g = self.0.state.lock();
@@ -263,15 +274,17 @@ impl LocalSegment {
     /// unregistering other buffers, registering, and other copies go on meanwhile.
     pub fn with_ranges<T>(&self, ranges: &[RangeCheck], f: impl FnOnce() -> T) -> Result<T> {
         let snap = self.snapshot();
-        let mut leases = Vec::with_capacity(ranges.len());
-        for &(addr, len, access) in ranges {
-            let b = find_buffer(&snap, addr, len, access)?;
-            // Removed after our snapshot was taken: as if it had never been there.
-            leases.push(b.life.enter().ok_or_else(|| not_registered(addr, len))?);
-        }
+        let leases = ranges.iter().map(|&range| hold_in(&snap, range)).collect::<Result<Vec<_>>>()?;
         let out = f();
         drop(leases);
         Ok(out)
+    }
+
+    /// Checks one range as [`LocalSegment::with_ranges`] does and keeps its buffer registered
+    /// until the returned guard is dropped: for bytes that are written out later, together with
+    /// others, rather than inside one call.
+    pub fn hold_range(&self, range: RangeCheck) -> Result<HeldRange> {
+        hold_in(&self.snapshot(), range)
     }
 
     /// The descriptor of this segment as peers see it.
@@ -391,6 +404,30 @@ mod tests {
             transports: vec![TransportKind::Tcp],
             rkey: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_held_range_keeps_its_buffer_until_the_guard_is_dropped() {
+        let s = Arc::new(LocalSegment::new("a".into(), "m".into(), "a".into(), "{}".into()));
+        s.register(&[reg(0x1000, 4096, Permission::GlobalReadOnly)]).expect("register");
+        let peer_write = Some((Opcode::Write, true));
+        assert!(matches!(s.hold_range((0x1000, 16, peer_write)), Err(Error::PermissionDenied(_))));
+        assert!(matches!(s.hold_range((0x9000, 16, None)), Err(Error::AddressNotRegistered(_))));
+        let held = s.hold_range((0x1000, 16, Some((Opcode::Read, true)))).expect("readable by peers");
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let s2 = s.clone();
+        let t = std::thread::spawn(move || {
+            let removed = s2.unregister(&[(0x1000, 0)]).len();
+            let _ = done_tx.send(removed);
+        });
+        assert!(
+            done_rx.recv_timeout(std::time::Duration::from_millis(200)).is_err(),
+            "unregister waits for the held range"
+        );
+        drop(held);
+        assert_eq!(done_rx.recv_timeout(std::time::Duration::from_secs(10)).ok(), Some(1));
+        t.join().expect("unregister thread");
+        assert!(s.hold_range((0x1000, 16, None)).is_err(), "gone once unregistered");
     }
 
     #[test]

@@ -1,11 +1,12 @@
 //! What the RPC server sees of the engine: the handler for inbound control messages and data
 //! requests, holding only the shared pieces it needs.
 
+use std::any::Any;
 use std::io;
 use std::sync::Arc;
 
 use super::remote::Remote;
-use super::segment::LocalSegment;
+use super::segment::{LocalSegment, RangeCheck};
 use super::types::Opcode;
 use crate::control::server::{Refusal, RpcHandler};
 use crate::error::Error;
@@ -53,10 +54,24 @@ impl RpcHandler for ServerView {
         write: bool,
         f: &mut dyn FnMut(*mut u8) -> io::Result<()>,
     ) -> std::result::Result<io::Result<()>, Refusal> {
-        let op = if write { Opcode::Write } else { Opcode::Read };
-        self.local.with_ranges(&[(addr, len, Some((op, true)))], || f(addr as *mut u8)).map_err(|e| match e {
-            Error::PermissionDenied(_) => Refusal::Permission,
-            _ => Refusal::NotRegistered,
-        })
+        self.local.with_ranges(&[peer_access(addr, len, write)], || f(addr as *mut u8)).map_err(refusal)
+    }
+
+    fn hold_memory(&self, addr: u64, len: u64, write: bool) -> std::result::Result<Box<dyn Any>, Refusal> {
+        let held = self.local.hold_range(peer_access(addr, len, write)).map_err(refusal)?;
+        Ok(Box::new(held))
+    }
+}
+
+/// The check of a peer's access to `[addr, addr+len)`.
+fn peer_access(addr: u64, len: u64, write: bool) -> RangeCheck {
+    (addr, len, Some((if write { Opcode::Write } else { Opcode::Read }, true)))
+}
+
+/// What a peer is told when a range check fails.
+fn refusal(e: Error) -> Refusal {
+    match e {
+        Error::PermissionDenied(_) => Refusal::Permission,
+        _ => Refusal::NotRegistered,
     }
 }
