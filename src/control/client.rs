@@ -2,12 +2,13 @@
 //! and the data calls that stream payloads straight from and into caller memory.
 
 use std::collections::HashMap;
-use std::io::{self, BufRead, Read, Write};
+use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use super::conn_io::{ConnIo, Pending};
 use super::frame::{self, msg};
 use super::rawio::{self, RawRange};
 use crate::error::{Error, Result};
@@ -77,21 +78,6 @@ pub enum DataOp {
     Write { remote: u64, data: RawRange },
     /// RecvData: read `out.len` bytes at `remote` straight into `out`.
     Read { remote: u64, out: RawRange },
-}
-
-/// Fills `out` from a reply stream read through `r`: first what `r` has buffered, then
-/// straight from the socket.
-///
-/// # Safety
-/// `out` must be valid for writes for the whole call.
-unsafe fn read_into(r: &mut io::BufReader<&mut TcpStream>, out: RawRange) -> io::Result<()> {
-    let buffered = r.buffer();
-    let n = buffered.len().min(out.len);
-    // SAFETY: `out` is valid for `out.len` bytes (contract) and `n` <= that; the buffer is ours.
-    unsafe { std::ptr::copy_nonoverlapping(buffered.as_ptr(), out.ptr, n) };
-    r.consume(n);
-    // SAFETY: the rest of `out`, valid by the contract.
-    unsafe { rawio::read_exact_raw(r.get_ref(), out.ptr.add(n), out.len - n) }
 }
 
 /// Checks a reply header read into `hdr` against request `seq` and reads its body; an
@@ -402,8 +388,10 @@ impl RpcClient {
             return ops.iter().map(|_| Err(rpc_err(addr, format!("call failed: {e}")))).collect();
         }
         // The replies of a group arrive together: read them through a small buffer (one
-        // syscall for many replies). Larger READ payloads bypass it once it is drained.
-        let mut replies = io::BufReader::with_capacity(4096, &mut c.stream);
+        // syscall for many replies). A READ payload goes from the socket straight into its
+        // memory, with the next reply's header read behind it by the same call.
+        let mut buf = [0u8; 4096];
+        let mut replies = ConnIo::new(&c.stream, &mut buf, Pending::default());
         let mut healthy = true;
         for (i, op) in ops.iter().enumerate() {
             if !healthy {
@@ -417,7 +405,7 @@ impl RpcClient {
         }
         // A server only answers requests: bytes beyond the last reply mean the stream is out of
         // step, and the connection is not reused.
-        healthy &= replies.buffer().is_empty();
+        healthy &= replies.buffered().is_empty();
         drop(replies);
         if healthy {
             self.give_back(addr, c);
@@ -429,13 +417,7 @@ impl RpcClient {
     ///
     /// # Safety
     /// A Read op's range must be valid for writes for the whole call.
-    unsafe fn read_data_reply(
-        &self,
-        addr: &str,
-        s: &mut io::BufReader<&mut TcpStream>,
-        seq: u32,
-        op: &DataOp,
-    ) -> Result<()> {
+    unsafe fn read_data_reply(&self, addr: &str, s: &mut ConnIo<'_>, seq: u32, op: &DataOp) -> Result<()> {
         let mut hdr = [0u8; frame::RESPONSE_HEADER_LEN];
         s.read_exact(&mut hdr).map_err(|e| rpc_err(addr, format!("call failed: {e}")))?;
         let h = reply_head(addr, s, &hdr, seq)?;
@@ -443,7 +425,7 @@ impl RpcClient {
             DataOp::Write { .. } if h.attach_len == 0 => Ok(()),
             DataOp::Read { out, .. } if h.attach_len as u64 == out.len as u64 => {
                 // SAFETY: forwarded from this function's contract.
-                unsafe { read_into(s, *out) }.map_err(|e| rpc_err(addr, format!("truncated data: {e}")))
+                unsafe { s.read_exact_raw(out.ptr, out.len) }.map_err(|e| rpc_err(addr, format!("truncated data: {e}")))
             }
             _ => Err(in_band_refusal(s, &h, addr)),
         }

@@ -1,4 +1,5 @@
-//! Buffered I/O of one server connection while a worker serves it.
+//! Buffered I/O of one connection: a server worker serving requests, or a client reading the
+//! replies of a pipelined group.
 //!
 //! A client that pipelines small transfers sends many requests in one write. Reading each
 //! request's header, body, data header and payload with its own `recv`, and answering each with
@@ -278,6 +279,23 @@ impl<'a> ConnIo<'a> {
             self.out.shrink_to(OUT_FLUSH);
         }
         r
+    }
+}
+
+/// Reads what is buffered first, then from the socket (waiting, after writing the queued
+/// replies).
+impl io::Read for ConnIo<'_> {
+    fn read(&mut self, dst: &mut [u8]) -> io::Result<usize> {
+        if dst.is_empty() {
+            return Ok(0);
+        }
+        if self.start == self.end && self.fill(true)? == 0 {
+            return Ok(0);
+        }
+        let n = (self.end - self.start).min(dst.len());
+        dst[..n].copy_from_slice(&self.buf[self.start..self.start + n]);
+        self.start += n;
+        Ok(n)
     }
 }
 
