@@ -41,6 +41,17 @@ const HELD_FLUSH: usize = 256;
 #[derive(Default)]
 pub struct Pending(pub Vec<u8>);
 
+/// How [`ConnIo::fill`] reads.
+#[derive(Clone, Copy)]
+enum Wait {
+    /// Only what has arrived.
+    No,
+    /// Waits for a request to start: the peer may be waiting for the replies queued so far.
+    ForRequest,
+    /// Waits for the rest of a request that has started.
+    MidRequest,
+}
+
 /// A reply payload to be written from memory: where it goes in the queue (bytes of `out` before
 /// it), the range, and what keeps that range valid until it is written.
 struct Held {
@@ -82,14 +93,21 @@ impl<'a> ConnIo<'a> {
         Ok(Pending(self.buffered().to_vec()))
     }
 
-    /// Reads what the socket has into the buffer, after writing the queued replies when `wait`
-    /// (the peer may be waiting for them before it sends more). Returns the number of new
-    /// bytes: 0 means the peer closed the connection. Without `wait`, a socket with nothing to
-    /// read gives `WouldBlock`.
-    fn fill(&mut self, wait: bool) -> io::Result<usize> {
-        if wait {
-            self.flush()?;
+    /// Reads what the socket has into the buffer, waiting for it unless `wait` is
+    /// [`Wait::No`] (then a socket with nothing to read gives `WouldBlock`), and writing queued
+    /// replies first as `wait` says. Returns the number of new bytes: 0 means the peer closed
+    /// the connection.
+    fn fill(&mut self, wait: Wait) -> io::Result<usize> {
+        match wait {
+            Wait::No => {}
+            Wait::ForRequest => self.flush()?,
+            // The peer is sending the rest of a request and does not wait for replies: they are
+            // written only when many wait or when they hold registered memory, which a slow
+            // peer must not keep from being unregistered.
+            Wait::MidRequest if self.holds_memory() => self.flush()?,
+            Wait::MidRequest => self.flush_if_large()?,
         }
+        let wait = !matches!(wait, Wait::No);
         if self.start == self.end {
             (self.start, self.end) = (0, 0);
         } else if self.end == self.buf.len() {
@@ -123,7 +141,7 @@ impl<'a> ConnIo<'a> {
         if self.end - self.start == self.buf.len() {
             return Ok(false);
         }
-        match self.fill(false) {
+        match self.fill(Wait::No) {
             Ok(0) => Ok(false),
             Ok(_) => Ok(true),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(false),
@@ -137,14 +155,14 @@ impl<'a> ConnIo<'a> {
         if self.start < self.end {
             return Ok(true);
         }
-        Ok(self.fill(true)? > 0)
+        Ok(self.fill(Wait::ForRequest)? > 0)
     }
 
     /// Reads exactly `dst.len()` bytes.
     pub fn read_exact(&mut self, dst: &mut [u8]) -> io::Result<()> {
         let mut done = 0;
         while done < dst.len() {
-            if self.start == self.end && self.fill(true)? == 0 {
+            if self.start == self.end && self.fill(Wait::MidRequest)? == 0 {
                 return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed the connection mid-request"));
             }
             let n = (self.end - self.start).min(dst.len() - done);
@@ -175,7 +193,7 @@ impl<'a> ConnIo<'a> {
                     self.end = unsafe { rawio::read_exact_spill_raw(self.stream, dst.add(done), len - done, spill) }?;
                     return Ok(());
                 }
-                if self.fill(true)? == 0 {
+                if self.fill(Wait::MidRequest)? == 0 {
                     return Err(io::Error::new(
                         io::ErrorKind::UnexpectedEof,
                         "peer closed the connection mid-transfer",
@@ -195,7 +213,7 @@ impl<'a> ConnIo<'a> {
     /// Reads and drops `n` bytes.
     pub fn discard(&mut self, mut n: u64) -> io::Result<()> {
         while n > 0 {
-            if self.start == self.end && self.fill(true)? == 0 {
+            if self.start == self.end && self.fill(Wait::MidRequest)? == 0 {
                 return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed the connection mid-request"));
             }
             let step = ((self.end - self.start) as u64).min(n) as usize;
@@ -289,7 +307,7 @@ impl io::Read for ConnIo<'_> {
         if dst.is_empty() {
             return Ok(0);
         }
-        if self.start == self.end && self.fill(true)? == 0 {
+        if self.start == self.end && self.fill(Wait::ForRequest)? == 0 {
             return Ok(0);
         }
         let n = (self.end - self.start).min(dst.len());
@@ -374,6 +392,34 @@ mod tests {
         // SAFETY: `got` is valid for its length.
         unsafe { io.read_exact_raw(got.as_mut_ptr(), got.len()) }.expect("payload read");
         assert!(got == payload);
+        let mut peer = sender.join().expect("sender");
+        peer.set_nonblocking(true).expect("nonblocking");
+        let mut reply = [0u8; 8];
+        assert!(peer.read(&mut reply).is_err(), "no reply is written in the middle of a request");
+        io.finish().expect("finish");
+        peer.set_nonblocking(false).expect("blocking");
+        peer.read_exact(&mut reply[..5]).expect("reply");
+        assert_eq!(&reply[..5], b"reply");
+    }
+
+    #[test]
+    fn replies_wait_while_the_rest_of_a_started_request_comes() {
+        let (mut peer, server) = pair();
+        let mut buf = vec![0u8; 64];
+        let mut io = ConnIo::new(&server, &mut buf, Pending::default());
+        io.queue(b"reply");
+        peer.write_all(b"head").expect("first part");
+        // Taken without waiting, as a worker serving a run of requests finds the next one.
+        assert!(io.fill_now().expect("a request starts"));
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            peer.write_all(b"er-rest").expect("second part");
+            peer
+        });
+        // Waits for the second part: the request has started, so the reply is not written.
+        let mut header = [0u8; 11];
+        io.read_exact(&mut header).expect("whole header");
+        assert_eq!(&header, b"header-rest");
         let mut peer = sender.join().expect("sender");
         peer.set_nonblocking(true).expect("nonblocking");
         let mut reply = [0u8; 8];
