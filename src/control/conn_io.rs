@@ -5,9 +5,11 @@
 //! request's header, body, data header and payload with its own `recv`, and answering each with
 //! its own `send`, cost the server about seven system calls per request, more than the copy of a
 //! 16 KiB payload. Here a worker reads what has arrived in one `recv` into its buffer, takes
-//! requests out of it, and queues replies until it is about to wait for the peer or lets the
-//! connection go, so a group of requests costs a few system calls. The bytes on the wire are
-//! unchanged. Large payloads still move between the socket and registered memory directly.
+//! requests out of it, and queues replies until it is about to wait for a new request (the peer
+//! may be waiting for them), lets the connection go, or has many queued; a peer in the middle of
+//! sending a request is not waiting for replies. A group of requests costs a few system calls.
+//! The bytes on the wire are unchanged. Large payloads move between the socket and registered
+//! memory directly, reply payloads included (held registered until written).
 
 use std::any::Any;
 use std::io;
