@@ -257,6 +257,41 @@ fn a_mixed_pipelined_burst_is_served_in_order_with_every_byte() {
     assert_eq!(call(&mut s, 999, msg::PROBE, &[]).0, 0);
 }
 
+/// A RecvData answers with the bytes as they were when it was served, even when a SendData
+/// pipelined right behind it overwrites the same range before the replies are written.
+#[test]
+fn a_read_pipelined_before_a_write_of_the_same_range_returns_the_old_bytes() {
+    let e = engine(&[]);
+    let len = 64 << 10;
+    let buf = buffer(&e, len, |i| (i % 251) as u8, Permission::GlobalReadWrite);
+    let addr = buf.as_ptr() as u64;
+    let old: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    for size in [8 << 10, 48 << 10] {
+        let mut s = connect(e.rpc_port());
+        let mut burst = Vec::new();
+        let head = frame::encode_data_header(addr, size as u64);
+        burst.extend_from_slice(&frame::encode_request(1, msg::RECV_DATA, head.len() as u32, 0));
+        burst.extend_from_slice(&head);
+        let mut att = frame::encode_data_header(addr, size as u64).to_vec();
+        att.extend(std::iter::repeat_n(0xEE, size));
+        burst.extend_from_slice(&frame::encode_request(2, msg::SEND_DATA, att.len() as u32, 0));
+        burst.extend_from_slice(&att);
+        burst.extend_from_slice(&frame::encode_request(3, msg::RECV_DATA, head.len() as u32, 0));
+        burst.extend_from_slice(&head);
+        s.write_all(&burst).expect("send");
+        assert!(read_reply(&mut s, 1).2 == old[..size], "{size} B: the first read sees the old bytes");
+        assert_eq!(read_reply(&mut s, 2).0, 0);
+        assert!(read_reply(&mut s, 3).2.iter().all(|&b| b == 0xEE), "{size} B: the second read sees the new ones");
+        // Put the old bytes back for the next size.
+        let mut att = frame::encode_data_header(addr, size as u64).to_vec();
+        att.extend_from_slice(&old[..size]);
+        let mut req = frame::encode_request(4, msg::SEND_DATA, att.len() as u32, 0).to_vec();
+        req.extend_from_slice(&att);
+        s.write_all(&req).expect("restore");
+        assert_eq!(read_reply(&mut s, 4).0, 0);
+    }
+}
+
 #[test]
 fn auth_token_gates_every_request() {
     let tok = ("rpc_auth_token", "s3cret-token");
