@@ -376,6 +376,17 @@ mod tests {
         assert_eq!(io.buffered(), b"x");
     }
 
+    /// Checks that `peer` got nothing yet, and then the reply `io` queued once it finishes.
+    fn reply_comes_only_with_finish(io: ConnIo<'_>, mut peer: TcpStream) {
+        peer.set_nonblocking(true).expect("nonblocking");
+        let mut reply = [0u8; 8];
+        assert!(peer.read(&mut reply).is_err(), "no reply is written in the middle of a request");
+        io.finish().expect("finish");
+        peer.set_nonblocking(false).expect("blocking");
+        peer.read_exact(&mut reply[..5]).expect("reply");
+        assert_eq!(&reply[..5], b"reply");
+    }
+
     #[test]
     fn replies_wait_while_a_payload_is_read_straight_into_memory() {
         let (mut peer, server) = pair();
@@ -394,14 +405,7 @@ mod tests {
         // SAFETY: `got` is valid for its length.
         unsafe { io.read_exact_raw(got.as_mut_ptr(), got.len()) }.expect("payload read");
         assert!(got == payload);
-        let mut peer = sender.join().expect("sender");
-        peer.set_nonblocking(true).expect("nonblocking");
-        let mut reply = [0u8; 8];
-        assert!(peer.read(&mut reply).is_err(), "no reply is written in the middle of a request");
-        io.finish().expect("finish");
-        peer.set_nonblocking(false).expect("blocking");
-        peer.read_exact(&mut reply[..5]).expect("reply");
-        assert_eq!(&reply[..5], b"reply");
+        reply_comes_only_with_finish(io, sender.join().expect("sender"));
     }
 
     #[test]
@@ -422,14 +426,7 @@ mod tests {
         let mut header = [0u8; 11];
         io.read_exact(&mut header).expect("whole header");
         assert_eq!(&header, b"header-rest");
-        let mut peer = sender.join().expect("sender");
-        peer.set_nonblocking(true).expect("nonblocking");
-        let mut reply = [0u8; 8];
-        assert!(peer.read(&mut reply).is_err(), "no reply is written in the middle of a request");
-        io.finish().expect("finish");
-        peer.set_nonblocking(false).expect("blocking");
-        peer.read_exact(&mut reply[..5]).expect("reply");
-        assert_eq!(&reply[..5], b"reply");
+        reply_comes_only_with_finish(io, sender.join().expect("sender"));
     }
 
     /// Counts its drops.
