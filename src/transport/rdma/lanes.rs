@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use super::Endpoint;
 use super::core::Core;
 use super::endpoint::EpState;
-use super::job::Slice;
+use super::job::{Job, Slice};
 use crate::base::request::Opcode;
 use crate::error::{Error, Result};
 use crate::verbs::{Cq, SendOp, SendWr, Sge, Wc, WcStatus};
@@ -428,12 +428,17 @@ impl Lane {
     fn scan(&mut self, now: Duration) {
         let core = self.core.clone();
         let mut forced = Vec::new();
-        let mut expired = Vec::new();
+        let mut expired: Vec<(Arc<Endpoint>, Arc<Job>)> = Vec::new();
         for (i, slot) in self.slots.iter().enumerate() {
             let Some(r) = &slot.record else { continue };
             if r.ep.state() == EpState::Destroyed {
                 forced.push(encode_wr_id(self.id, i, slot.generation));
-            } else if !r.slice.job.is_done() && now >= r.slice.job.deadline {
+            } else if !r.slice.job.is_done()
+                && now >= r.slice.job.deadline
+                && !expired.iter().any(|(_, job)| Arc::ptr_eq(job, &r.slice.job))
+            {
+                // A job times out once, through its first expired slice, and that slice's
+                // endpoint is the one retired.
                 expired.push((r.ep.clone(), r.slice.job.clone()));
             }
         }
@@ -443,11 +448,8 @@ impl Lane {
             core.retire_endpoint(ep);
         }
         for (_, job) in expired {
-            // Several slices of one job may have expired; it times out once.
-            if !job.is_done() {
-                core.counters.timeouts.fetch_add(1, Ordering::Relaxed);
-                job.time_out("RDMA transfer timed out".into());
-            }
+            core.counters.timeouts.fetch_add(1, Ordering::Relaxed);
+            job.time_out("RDMA transfer timed out".into());
         }
         for id in forced {
             if let Some(rec) = self.take_record(id) {
