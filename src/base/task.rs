@@ -66,3 +66,45 @@ impl Task {
         self.attempt
     }
 }
+
+/// A sink for unit tests: holds its request and counts how its task ended (a timeout counts as
+/// a failure).
+#[cfg(test)]
+pub(crate) struct CountingSink {
+    pub request: Request,
+    pub completed: std::sync::atomic::AtomicU32,
+    pub failed: std::sync::atomic::AtomicU32,
+}
+
+#[cfg(test)]
+impl CountingSink {
+    /// A sink for `request` that has seen no outcome yet.
+    pub fn new(request: Request) -> Arc<CountingSink> {
+        Arc::new(CountingSink { request, completed: Default::default(), failed: Default::default() })
+    }
+
+    /// (completions, failures) so far.
+    pub fn ends(&self) -> (u32, u32) {
+        use std::sync::atomic::Ordering::SeqCst;
+        (self.completed.load(SeqCst), self.failed.load(SeqCst))
+    }
+}
+
+#[cfg(test)]
+impl TaskSink for CountingSink {
+    fn request(&self) -> &Request {
+        &self.request
+    }
+    fn complete(&self, _: u32) {
+        self.completed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+    fn fail(self: Arc<Self>, _: u32, _: String) {
+        self.failed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+    fn time_out(&self, _: u32, _: String) {
+        self.failed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+    fn cancel_requested(&self) -> bool {
+        false
+    }
+}

@@ -579,6 +579,7 @@ impl Drop for ShmTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::base::task::CountingSink;
 
     #[test]
     fn objects_are_created_sized_and_removed() {
@@ -615,25 +616,6 @@ mod tests {
         assert!(Mapping::open("", &missing).is_err(), "a consumer never creates a missing object");
     }
 
-    /// A sink that counts how its task ended.
-    struct Ends(crate::base::request::Request, AtomicUsize, AtomicUsize);
-
-    impl crate::base::task::TaskSink for Ends {
-        fn request(&self) -> &crate::base::request::Request {
-            &self.0
-        }
-        fn complete(&self, _: u32) {
-            self.1.fetch_add(1, Ordering::SeqCst);
-        }
-        fn fail(self: Arc<Self>, _: u32, _: String) {
-            self.2.fetch_add(1, Ordering::SeqCst);
-        }
-        fn time_out(&self, _: u32, _: String) {}
-        fn cancel_requested(&self) -> bool {
-            false
-        }
-    }
-
     #[test]
     fn a_slice_submitted_after_shutdown_still_ends_its_tasks() {
         let (p, name) = create_object("", 1 << 20).expect("create");
@@ -663,24 +645,20 @@ mod tests {
             file: None,
         });
         let mut local = vec![0u8; 4096];
-        let sink = Arc::new(Ends(
-            crate::base::request::Request {
-                opcode: Opcode::Write,
-                source: local.as_mut_ptr() as u64,
-                target_id: 1,
-                target_offset: 0x10_0000,
-                length: 4096,
-                priority: 0,
-                hint: TransportKind::Unspec,
-            },
-            AtomicUsize::new(0),
-            AtomicUsize::new(0),
-        ));
+        let sink = CountingSink::new(crate::base::request::Request {
+            opcode: Opcode::Write,
+            source: local.as_mut_ptr() as u64,
+            target_id: 1,
+            target_offset: 0x10_0000,
+            length: 4096,
+            priority: 0,
+            hint: TransportKind::Unspec,
+        });
         let t = ShmTransport::new(ShmParams::from_config(&Config::new())).expect("transport");
         t.shutdown();
         // A submitter that raced shutdown: its slice must not wait in the staged list forever.
         t.submit_partial(&target, vec![Task::new(sink.clone(), 0)]).expect("partial submit");
-        assert_eq!((sink.1.load(Ordering::SeqCst), sink.2.load(Ordering::SeqCst)), (0, 1), "the task failed");
+        assert_eq!(sink.ends(), (0, 1), "the task failed");
         assert!(t.staged.lock().chunks.is_empty());
         drop(t);
         // SAFETY: p and size come from create_object.

@@ -407,6 +407,7 @@ impl Drop for TcpTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::base::task::CountingSink;
 
     #[test]
     fn defaults_and_overrides() {
@@ -427,21 +428,6 @@ mod tests {
         );
     }
 
-    /// A sink that only holds its request.
-    struct Sink(crate::base::request::Request);
-
-    impl crate::base::task::TaskSink for Sink {
-        fn request(&self) -> &crate::base::request::Request {
-            &self.0
-        }
-        fn complete(&self, _: u32) {}
-        fn fail(self: Arc<Self>, _: u32, _: String) {}
-        fn time_out(&self, _: u32, _: String) {}
-        fn cancel_requested(&self) -> bool {
-            false
-        }
-    }
-
     fn chunk(opcode: Opcode, len: u64) -> Chunk {
         chunk_to("127.0.0.1:1", opcode, len)
     }
@@ -457,7 +443,7 @@ mod tests {
             hint: TransportKind::Unspec,
         };
         let job = Arc::new(Job {
-            task: Task::new(Arc::new(Sink(r)), 0),
+            task: Task::new(CountingSink::new(r), 0),
             rpc_addr: addr.into(),
             remaining: AtomicUsize::new(1),
             failed: AtomicBool::new(false),
@@ -524,7 +510,7 @@ mod tests {
             rdma_server_name: None,
             file: None,
         });
-        let task = |len| Task::new(Arc::new(Sink(*chunk(Opcode::Write, len).job.task.request())), 0);
+        let task = |len| Task::new(CountingSink::new(*chunk(Opcode::Write, len).job.task.request()), 0);
         t.submit_partial(&target, vec![task(4096), task(4096)]).expect("partial");
         assert_eq!(t.pool.queue().len(), 0, "no worker is handed a slice while the batch is submitted");
         assert_eq!(t.staged.lock().chunks.len(), 2);

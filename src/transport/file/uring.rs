@@ -668,37 +668,11 @@ impl Ring {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::AtomicU32;
 
     use super::*;
     use crate::base::request::Request;
-    use crate::base::task::TaskSink;
+    use crate::base::task::CountingSink;
     use crate::config::Config;
-
-    /// A sink that counts how its task ended.
-    struct Sink {
-        request: Request,
-        completed: AtomicU32,
-        failed: AtomicU32,
-    }
-
-    impl TaskSink for Sink {
-        fn request(&self) -> &Request {
-            &self.request
-        }
-        fn complete(&self, _: u32) {
-            self.completed.fetch_add(1, Ordering::SeqCst);
-        }
-        fn fail(self: Arc<Self>, _: u32, _: String) {
-            self.failed.fetch_add(1, Ordering::SeqCst);
-        }
-        fn time_out(&self, _: u32, _: String) {
-            self.failed.fetch_add(1, Ordering::SeqCst);
-        }
-        fn cancel_requested(&self) -> bool {
-            false
-        }
-    }
 
     #[test]
     fn a_waiting_caller_reaps_its_own_completion() {
@@ -723,7 +697,7 @@ mod tests {
             hint: TransportKind::Unspec,
         };
         let pieces = file.plan(&request, params.chunk_size, None).expect("plan");
-        let sink = Arc::new(Sink { request, completed: AtomicU32::new(0), failed: AtomicU32::new(0) });
+        let sink = CountingSink::new(request);
         let task = Task::new(sink.clone(), 0);
         ring.submit(std::iter::once(Job { task, file, op: Opcode::Read, pieces: pieces.into() }));
         assert_eq!(sink.completed.load(Ordering::SeqCst), 0, "nobody reaped yet");
@@ -733,7 +707,7 @@ mod tests {
             }
             assert!(ring.wait(Duration::from_millis(100)), "a read is in flight: the caller waits");
         }
-        assert_eq!((sink.completed.load(Ordering::SeqCst), sink.failed.load(Ordering::SeqCst)), (1, 0));
+        assert_eq!(sink.ends(), (1, 0));
         assert!(dst == content, "the read filled the caller's memory");
         assert!(!ring.wait(Duration::from_secs(5)), "nothing in flight any more");
         std::fs::remove_dir_all(&dir).expect("cleanup");
