@@ -103,11 +103,7 @@ impl<'a> ConnIo<'a> {
         match wait {
             Wait::No => {}
             Wait::ForRequest => self.flush()?,
-            // The peer is sending the rest of a request and does not wait for replies: they are
-            // written only when many wait or when they hold registered memory, which a slow
-            // peer must not keep from being unregistered.
-            Wait::MidRequest if self.holds_memory() => self.flush()?,
-            Wait::MidRequest => self.flush_if_large()?,
+            Wait::MidRequest => self.flush_mid_request()?,
         }
         let wait = !matches!(wait, Wait::No);
         if self.start == self.end {
@@ -265,6 +261,14 @@ impl<'a> ConnIo<'a> {
     /// Whether queued replies hold registered memory (see [`ConnIo::queue_held`]).
     pub fn holds_memory(&self) -> bool {
         !self.held.is_empty()
+    }
+
+    /// Writes what must not wait while the peer sends the rest of a request: the queued
+    /// replies when they hold registered memory (a slow peer must not keep it from being
+    /// unregistered, nor may a later write into it change them), else only when there are many
+    /// (the peer does not wait for them).
+    pub fn flush_mid_request(&mut self) -> io::Result<()> {
+        if self.holds_memory() { self.flush() } else { self.flush_if_large() }
     }
 
     /// Writes the queued replies once there are many of them.

@@ -566,19 +566,14 @@ fn serve_send_data(
     // Replies whose payloads are still in registered memory go out before this request writes
     // into memory: each must carry the bytes as they were when its own request was served, and
     // a peer slow to send this payload must not keep that memory from being unregistered.
-    let written = if io.holds_memory() {
-        io.flush()
-    } else if (io.buffered().len() as u64) < len {
-        // The payload is still coming. The peer is in the middle of sending this request, so it
-        // does not wait for the replies queued before it: they go out when the run ends or the
-        // next request is awaited, one write for a pipelined group instead of a write (and a
-        // wake-up of the peer) per request. Only many of them are written now, and before the
-        // target buffer is leased: a write blocked on a peer that reads nothing must not hold it.
-        io.flush_if_large()
-    } else {
-        Ok(())
-    };
-    written.map_err(|e| format!("write failed: {e}"))?;
+    // When the payload is still coming, the peer is in the middle of sending this request and
+    // does not wait for the replies queued before it: they go out when the run ends or the next
+    // request is awaited, one write for a pipelined group instead of a write (and a wake-up of
+    // the peer) per request. Only many of them are written now, and before the target buffer is
+    // leased: a write blocked on a peer that reads nothing must not hold it.
+    if io.holds_memory() || (io.buffered().len() as u64) < len {
+        io.flush_mid_request().map_err(|e| format!("write failed: {e}"))?;
+    }
     let mut copied: io::Result<()> = Ok(());
     let outcome = if len == 0 {
         Ok(Ok(()))
