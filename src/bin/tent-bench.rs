@@ -930,11 +930,60 @@ fn kv_batch(
     Ok(secs)
 }
 
+/// A plain loopback socket that moves one batch's bytes at a time: the writer sends them and
+/// waits for a one-byte answer, which the reader sends once it has them all. Shown beside the
+/// TCP `--kv` reference: the stream never waits for an answer, while a batch is one transfer
+/// and its replies, started after the machine did other work.
+struct OneShot {
+    conn: TcpStream,
+    reader: Option<std::thread::JoinHandle<()>>,
+    src: Vec<u8>,
+}
+
+impl OneShot {
+    /// Connects a writer and a reader thread for transfers of `len` bytes; `None` when the
+    /// loopback socket cannot be set up.
+    fn new(len: usize) -> Option<OneShot> {
+        let l = TcpListener::bind("127.0.0.1:0").ok()?;
+        let conn = TcpStream::connect(l.local_addr().ok()?).ok()?;
+        let _ = conn.set_nodelay(true);
+        let reader = std::thread::spawn(move || {
+            let Ok((mut c, _)) = l.accept() else { return };
+            let _ = c.set_nodelay(true);
+            let mut dst = vec![0u8; len];
+            while c.read_exact(&mut dst).is_ok() && c.write_all(&[1]).is_ok() {}
+        });
+        Some(OneShot { conn, reader: Some(reader), src: vec![7u8; len] })
+    }
+
+    /// Moves the bytes once and waits for the answer: GB/s, or 0 when the socket failed.
+    fn once(&mut self) -> f64 {
+        let start = Instant::now();
+        let mut answer = [0u8; 1];
+        if self.conn.write_all(&self.src).is_err() || self.conn.read_exact(&mut answer).is_err() {
+            return 0.0;
+        }
+        self.src.len() as f64 / start.elapsed().as_secs_f64() / 1e9
+    }
+}
+
+impl Drop for OneShot {
+    fn drop(&mut self) {
+        // The reader sees the end of the stream and returns.
+        let _ = self.conn.shutdown(std::net::Shutdown::Both);
+        if let Some(t) = self.reader.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// `--kv`: for each of `--kv_shapes` ([`KV_SHAPES`] by default), `--kv_rounds` rounds of one WRITE batch and one READ batch
 /// back into a second buffer, every byte compared; prints the median GB/s of each against the
 /// plain reference for the same bytes in the same run: for SHM a single-thread memcpy of the
 /// same blocks to the same scattered places of a plain buffer as large as the target's, for TCP
-/// one loopback socket stream (`--duration` seconds) moving the batch's bytes per write. The
+/// one loopback socket stream (`--duration` seconds) moving the batch's bytes per write (and,
+/// in a column of its own, the batch's bytes moved once over a plain socket with a one-byte
+/// answer, see [`OneShot`]). The
 /// blocks of a batch go to every other block-sized slot of the target, starting at a different
 /// place each round, so no two are adjacent (requests are not merged) and caches stay as cold as
 /// a KV pool's. Returns the number of mismatched bytes.
@@ -954,8 +1003,9 @@ fn run_kv(o: &Opts, e: tent_engine_t, t: &Target) -> Result<u64, String> {
         kv_batch(e, t, OPCODE_WRITE, local, &[t.base + off as u64], len, "sleep")?;
         off += len;
     }
+    let tcp = o.xport_type == "tcp";
     println!(
-        "{:>8} {:>6} {:>9} {:>10} {:>10} {:>10} {:>7} {:>7}   ({}, median of {} rounds, polling: {})",
+        "{:>8} {:>6} {:>9} {:>10} {:>10} {:>10} {:>7} {:>7}{}   ({}, median of {} rounds, polling: {})",
         "Block",
         "Batch",
         "Total",
@@ -964,6 +1014,7 @@ fn run_kv(o: &Opts, e: tent_engine_t, t: &Target) -> Result<u64, String> {
         "Ref GB/s",
         "W ratio",
         "R ratio",
+        if tcp { format!(" {:>10}", "Once GB/s") } else { String::new() },
         o.xport_type,
         o.kv_rounds,
         o.poll
@@ -977,6 +1028,8 @@ fn run_kv(o: &Opts, e: tent_engine_t, t: &Target) -> Result<u64, String> {
         // right after the engine's batches, and each round compared with its own.
         let (mut refs, mut wr, mut rr) = (Vec::new(), Vec::new(), Vec::new());
         let span = Duration::from_secs_f64((o.duration / o.kv_rounds as f64).max(0.05));
+        let mut one_shot = if tcp { OneShot::new(region) } else { None };
+        let mut onces = Vec::new();
         for round in 0..=o.kv_rounds {
             // Every other slot from a base that moves each round (round 0 is a warm-up).
             let base = (round * 2 * batch + round) % nslots;
@@ -1000,7 +1053,9 @@ fn run_kv(o: &Opts, e: tent_engine_t, t: &Target) -> Result<u64, String> {
             // The copies must happen: nothing else reads `plain`.
             std::hint::black_box(&mut plain);
             let tm = start.elapsed().as_secs_f64();
+            let once = one_shot.as_mut().map_or(0.0, OneShot::once);
             if round > 0 {
+                onces.push(once);
                 let (gw, gr, gm) = (region as f64 / tw / 1e9, region as f64 / tr / 1e9, region as f64 / tm / 1e9);
                 let rf = if o.xport_type == "tcp" { reference_for(o, region, span) } else { gm };
                 w.push(gw);
@@ -1012,11 +1067,12 @@ fn run_kv(o: &Opts, e: tent_engine_t, t: &Target) -> Result<u64, String> {
         }
         let (w, r, rf) = (median(&w), median(&r), median(&refs));
         println!(
-            "{:>7}K {batch:>6} {:>8}M {w:>10.3} {r:>10.3} {rf:>10.3} {:>7.2} {:>7.2}",
+            "{:>7}K {batch:>6} {:>8}M {w:>10.3} {r:>10.3} {rf:>10.3} {:>7.2} {:>7.2}{}",
             block >> 10,
             region as f64 / (1 << 20) as f64,
             median(&wr),
-            median(&rr)
+            median(&rr),
+            if tcp { format!(" {:>10.3}", median(&onces)) } else { String::new() }
         );
     }
     println!("consistency check: {mismatches} mismatched bytes");
