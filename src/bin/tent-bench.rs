@@ -947,6 +947,9 @@ impl OneShot {
         let l = TcpListener::bind("127.0.0.1:0").ok()?;
         let conn = TcpStream::connect(l.local_addr().ok()?).ok()?;
         let _ = conn.set_nodelay(true);
+        // A reader that never came up must not hang the benchmark: `once` then reports 0.
+        let _ = conn.set_write_timeout(Some(Duration::from_secs(10)));
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
         let reader = std::thread::spawn(move || {
             let Ok((mut c, _)) = l.accept() else { return };
             let _ = c.set_nodelay(true);
@@ -983,10 +986,9 @@ impl Drop for OneShot {
 /// same blocks to the same scattered places of a plain buffer as large as the target's, for TCP
 /// one loopback socket stream (`--duration` seconds) moving the batch's bytes per write (and,
 /// in a column of its own, the batch's bytes moved once over a plain socket with a one-byte
-/// answer, see [`OneShot`]). The
-/// blocks of a batch go to every other block-sized slot of the target, starting at a different
-/// place each round, so no two are adjacent (requests are not merged) and caches stay as cold as
-/// a KV pool's. Returns the number of mismatched bytes.
+/// answer, see [`OneShot`]). The blocks of a batch go to every other block-sized slot of the
+/// target, starting at a different place each round, so no two are adjacent (requests are not
+/// merged) and caches stay as cold as a KV pool's. Returns the number of mismatched bytes.
 fn run_kv(o: &Opts, e: tent_engine_t, t: &Target) -> Result<u64, String> {
     let local_len = o.kv_shapes.iter().map(|(b, n)| b * n).max().unwrap_or(0);
     if t.len < 2 * local_len {

@@ -367,14 +367,21 @@ mod tests {
         let (mut peer, server) = pair();
         let mut buf = vec![0u8; READ_BUF];
         let mut io = ConnIo::new(&server, &mut buf, Pending::default());
-        // A 47-byte header and a 100 KiB payload, all of it waiting before the first read.
+        // A 47-byte header and a 100 KiB payload, at least 48 KiB of them waiting before the
+        // first read.
         let header = [9u8; 47];
         let payload: Vec<u8> = (0..100 << 10).map(|i| (i % 251) as u8).collect();
-        peer.write_all(&header).expect("header");
-        peer.write_all(&payload).expect("payload");
-        let wanted = header.len() + payload.len();
-        let mut peek = vec![0u8; wanted];
-        while server.peek(&mut peek).expect("peek") < wanted {
+        let sender = {
+            let payload = payload.clone();
+            std::thread::spawn(move || {
+                peer.write_all(&header).expect("header");
+                peer.write_all(&payload).expect("payload");
+            })
+        };
+        let mut peek = vec![0u8; 48 << 10];
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while server.peek(&mut peek).expect("peek") < peek.len() {
+            assert!(std::time::Instant::now() < deadline, "the bytes never arrived");
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         assert!(io.await_request().expect("request"));
@@ -388,6 +395,7 @@ mod tests {
         // SAFETY: `body` is valid for its length.
         unsafe { io.read_exact_raw(body.as_mut_ptr(), body.len()) }.expect("payload read");
         assert!(body == payload);
+        sender.join().expect("sender");
     }
 
     #[test]
