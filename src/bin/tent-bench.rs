@@ -1059,7 +1059,7 @@ fn run_kv(o: &Opts, e: tent_engine_t, t: &Target) -> Result<u64, String> {
             if round > 0 {
                 onces.push(once);
                 let (gw, gr, gm) = (region as f64 / tw / 1e9, region as f64 / tr / 1e9, region as f64 / tm / 1e9);
-                let rf = if o.xport_type == "tcp" { reference_for(o, region, span) } else { gm };
+                let rf = if tcp { reference_for(o, region, span) } else { gm };
                 w.push(gw);
                 r.push(gr);
                 refs.push(rf);
