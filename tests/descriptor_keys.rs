@@ -135,12 +135,45 @@ fn check(e: &Arc<Engine>, what: &str, transport: TransportKind, devices: usize) 
     assert!(errs.is_empty(), "{what}: the descriptor misses keys upstream requires:\n{}", errs.join("\n"));
     let v: Value = serde_json::from_str(&text).expect("JSON");
     assert_eq!(v["detail"]["devices"].as_array().map(Vec::len), Some(devices), "{what}: {text}");
+    check_topology(&v, what);
     let buffers = v["detail"]["buffers"].as_array().cloned().unwrap_or_default();
     assert!(!buffers.is_empty(), "{what}: no buffer published: {text}");
     assert!(
         buffers.iter().any(|b| b["transports"].as_array().is_some_and(|t| t.contains(&(transport as i32).into()))),
         "{what}: no buffer offers {transport:?}: {text}"
     );
+}
+
+/// The topology an upstream peer chooses our NIC from: `nics` lists every published device, in
+/// the same order (a NicID indexes both, and `rkey`), and every memory entry's rank lists hold
+/// valid NicIDs that together name every NIC (an upstream client finds no device for a buffer
+/// whose location lists none: "DeviceNotFound").
+fn check_topology(v: &Value, what: &str) {
+    let text = v["detail"]["topology"].as_str().unwrap_or_else(|| panic!("{what}: no topology string: {v}"));
+    let t: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{what}: topology is not JSON ({e}): {text}"));
+    let nics = t["nics"].as_array().unwrap_or_else(|| panic!("{what}: topology has no nics array: {text}"));
+    let devices = v["detail"]["devices"].as_array().cloned().unwrap_or_default();
+    let names = |list: &[Value]| list.iter().map(|d| d["name"].as_str().unwrap_or("").to_string()).collect::<Vec<_>>();
+    assert_eq!(names(nics), names(&devices), "{what}: topology nics are the devices, in NicID order: {text}");
+    for nic in nics {
+        assert_eq!(nic["type"], 0, "{what}: an RDMA NIC has type 0: {nic}");
+        assert!(nic["pci_bus_id"].is_string() && nic["numa_node"].is_i64(), "{what}: {nic}");
+    }
+    let mems = t["mems"].as_array().unwrap_or_else(|| panic!("{what}: topology has no mems array: {text}"));
+    assert!(mems.iter().any(|m| m["name"] == "*"), "{what}: the wildcard memory entry is listed: {text}");
+    for m in mems {
+        let mut ids = Vec::new();
+        for rank in ["rank0", "rank1", "rank2"] {
+            let list = m["device_list"][rank].as_array().unwrap_or_else(|| panic!("{what}: {rank} missing in {m}"));
+            for id in list {
+                let id = id.as_u64().unwrap_or_else(|| panic!("{what}: NicID {id} is not an index"));
+                assert!((id as usize) < nics.len(), "{what}: NicID {id} of {} indexes no NIC", m["name"]);
+                ids.push(id as usize);
+            }
+        }
+        ids.sort_unstable();
+        assert_eq!(ids, (0..nics.len()).collect::<Vec<_>>(), "{what}: every NIC serves {} once", m["name"]);
+    }
 }
 
 #[test]

@@ -124,16 +124,58 @@ pub fn probe_location(addr: u64) -> String {
     if rc == 0 && node >= 0 { format!("cpu:{node}") } else { "*".to_string() }
 }
 
-/// The topology string of the local descriptor: no RDMA NICs yet, the wildcard memory and one
-/// entry per NUMA node.
-pub fn topology_json() -> String {
-    let mut mems = vec![serde_json::json!({"name": "*", "pci_bus_id": "", "type": 0, "numa_node": -1,
-        "device_list": {"rank0": [], "rank1": [], "rank2": []}})];
-    for n in numa_nodes() {
-        mems.push(serde_json::json!({"name": format!("cpu:{n}"), "pci_bus_id": "", "type": 0, "numa_node": n,
-            "device_list": {"rank0": [], "rank1": [], "rank2": []}}));
+/// One NIC as the descriptor's topology lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopologyNic {
+    /// The verbs device name.
+    pub name: String,
+    /// The PCI address of the device ("" when it has none, as the simulated NICs).
+    pub pci_bus_id: String,
+    /// The NUMA node the NIC is attached to, -1 when the system does not say.
+    pub numa_node: i32,
+}
+
+impl From<crate::transport::rdma::NicLink> for TopologyNic {
+    fn from(l: crate::transport::rdma::NicLink) -> TopologyNic {
+        TopologyNic { name: l.device, pci_bus_id: l.pci_bus_id, numa_node: l.numa_node }
     }
-    serde_json::json!({"nics": [], "mems": mems}).to_string()
+}
+
+/// NIC type in upstream's topology: 0 is an RDMA NIC.
+const NIC_TYPE_RDMA: u8 = 0;
+/// Memory type in upstream's topology: 0 is host memory.
+const MEM_TYPE_HOST: u8 = 0;
+
+/// The topology string of the local descriptor, in upstream's format: `nics` lists the RDMA NICs
+/// in NicID order (their index is the NicID that `rkey` and `devices` use), and `mems` the
+/// wildcard memory `*` and one `cpu:N` entry per NUMA node, each with the NicIDs that serve it
+/// by rank: rank 0 the NICs on the same NUMA node, rank 2 every other one (the wildcard has every
+/// NIC in rank 2). Upstream peers pick the remote NIC of a transfer from these lists, so every
+/// NIC must appear in each memory's lists. Pretty-printed with 4 spaces, as upstream writes it.
+pub fn topology_json(nics: &[TopologyNic]) -> String {
+    let all: Vec<usize> = (0..nics.len()).collect();
+    let mut mems = vec![serde_json::json!({"name": "*", "pci_bus_id": "", "type": MEM_TYPE_HOST, "numa_node": -1,
+        "device_list": {"rank0": [], "rank1": [], "rank2": all}})];
+    for n in numa_nodes() {
+        let (near, far): (Vec<usize>, Vec<usize>) = all.iter().partition(|&&i| nics[i].numa_node == n as i32);
+        mems.push(serde_json::json!({"name": format!("cpu:{n}"), "pci_bus_id": "", "type": MEM_TYPE_HOST,
+            "numa_node": n, "device_list": {"rank0": near, "rank1": [], "rank2": far}}));
+    }
+    let nics: Vec<serde_json::Value> = nics
+        .iter()
+        .map(|n| {
+            serde_json::json!({"name": n.name, "pci_bus_id": n.pci_bus_id, "type": NIC_TYPE_RDMA,
+                "numa_node": n.numa_node})
+        })
+        .collect();
+    let topology = serde_json::json!({"nics": nics, "mems": mems});
+    let mut out = Vec::new();
+    let mut ser =
+        serde_json::Serializer::with_formatter(&mut out, serde_json::ser::PrettyFormatter::with_indent(b"    "));
+    match serde::Serialize::serialize(&topology, &mut ser) {
+        Ok(()) => String::from_utf8(out).unwrap_or_else(|_| topology.to_string()),
+        Err(_) => topology.to_string(),
+    }
 }
 
 /// `<boot_id>:<machine-id>`, either alone, or a random fallback, as upstream builds `machine_id`.
@@ -181,6 +223,58 @@ mod tests {
         assert_eq!(random_letters(8).len(), 8);
         assert!(random_letters(8).chars().all(|c| c.is_ascii_lowercase()));
         assert!(!machine_id().is_empty());
-        assert!(topology_json().contains("\"mems\""));
+    }
+
+    fn parse(text: &str) -> serde_json::Value {
+        serde_json::from_str(text).expect("the topology is JSON")
+    }
+
+    #[test]
+    fn topology_without_nics_has_memories_and_no_nic_ids() {
+        let t = parse(&topology_json(&[]));
+        assert_eq!(t["nics"], serde_json::json!([]));
+        let mems = t["mems"].as_array().expect("mems");
+        assert_eq!(mems[0]["name"], "*");
+        assert_eq!(mems.len(), 1 + numa_nodes().len());
+        for m in mems {
+            for r in ["rank0", "rank1", "rank2"] {
+                assert_eq!(m["device_list"][r], serde_json::json!([]), "{m}");
+            }
+        }
+    }
+
+    #[test]
+    fn topology_lists_every_nic_for_every_memory() {
+        let node = numa_nodes()[0] as i32;
+        let nics = [
+            TopologyNic { name: "mlx5_0".into(), pci_bus_id: "0000:3b:00.0".into(), numa_node: node },
+            TopologyNic { name: "mlx5_1".into(), pci_bus_id: "0000:5e:00.0".into(), numa_node: node + 100 },
+            TopologyNic { name: "rxe0".into(), pci_bus_id: "virtual".into(), numa_node: -1 },
+        ];
+        let text = topology_json(&nics);
+        assert!(text.contains("\n    \"mems\""), "pretty-printed with 4 spaces, as upstream: {text}");
+        let t = parse(&text);
+        let listed = t["nics"].as_array().expect("nics");
+        assert_eq!(listed.len(), 3);
+        for (i, n) in nics.iter().enumerate() {
+            assert_eq!(listed[i]["name"], n.name.as_str());
+            assert_eq!(listed[i]["pci_bus_id"], n.pci_bus_id.as_str());
+            assert_eq!(listed[i]["numa_node"], n.numa_node);
+            assert_eq!(listed[i]["type"], 0, "an RDMA NIC");
+        }
+        for m in t["mems"].as_array().expect("mems") {
+            let mut ids: Vec<u64> = ["rank0", "rank1", "rank2"]
+                .iter()
+                .flat_map(|r| m["device_list"][r].as_array().expect("a rank list").clone())
+                .map(|v| v.as_u64().expect("a NicID"))
+                .collect();
+            ids.sort_unstable();
+            assert_eq!(ids, vec![0, 1, 2], "every NIC serves {} exactly once", m["name"]);
+        }
+        let first = &t["mems"][1];
+        assert_eq!(first["name"], format!("cpu:{node}"));
+        assert_eq!(first["device_list"]["rank0"], serde_json::json!([0]), "the NIC on the same node comes first");
+        assert_eq!(first["device_list"]["rank2"], serde_json::json!([1, 2]));
+        assert_eq!(t["mems"][0]["device_list"]["rank2"], serde_json::json!([0, 1, 2]), "the wildcard");
     }
 }

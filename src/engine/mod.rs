@@ -176,9 +176,13 @@ impl Engine {
         let port = listener.local_addr().map_err(Error::from)?.port();
         let rpc_addr = addr::host_port(&ip, port);
         let name = segment_name_for(&config, &metadata_type, &rpc_addr, port);
-        let local =
-            Arc::new(LocalSegment::new(name.clone(), memory::machine_id(), rpc_addr.clone(), memory::topology_json()));
         let client = Arc::new(RpcClient::new(rpc.timeouts).with_token(rpc.token.clone()));
+        // RDMA starts first: the descriptor's topology lists its NICs.
+        let rdma = start::start_rdma(&config, &name, &client);
+        let nics: Vec<memory::TopologyNic> =
+            rdma.iter().flat_map(|t| t.links()).map(memory::TopologyNic::from).collect();
+        let topology = memory::topology_json(&nics);
+        let local = Arc::new(LocalSegment::new(name.clone(), memory::machine_id(), rpc_addr.clone(), topology));
         let store = metadata::open(&store_settings, client.clone())?;
         let publication = {
             let l = local.clone();
@@ -189,7 +193,6 @@ impl Engine {
         let metrics = Arc::new(Metrics::default());
         let shm_dir = ShmParams::from_config(&config).cxl_mount_path;
         let mut transports = load_transports(&config, &client, &metrics)?;
-        let rdma = start::start_rdma(&config, &name, &client);
         if let Some(t) = &rdma {
             attach_rdma(t, &local, &remote, &metrics);
             transports.push(t.clone());

@@ -84,6 +84,8 @@ pub struct NicLink {
     pub device: String,
     /// The NUMA node the NIC is attached to, -1 when the system does not say.
     pub numa_node: i32,
+    /// Its bus address as upstream's topology gives it ("" when sysfs does not know it).
+    pub pci_bus_id: String,
     /// The GID in use, in text form ("" when none).
     pub gid: String,
     /// Its index in the port's GID table, -1 when none.
@@ -103,6 +105,16 @@ fn numa_node_of(name: &str) -> i32 {
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(-1)
+}
+
+/// The bus address of verbs device `name` as upstream's topology names it: the last part of the
+/// device's sysfs folder two levels up (`0000:3b:00.0` for a PCI NIC, `virtual` for soft-RoCE),
+/// or "" when sysfs does not know the device (the simulated ones).
+fn pci_bus_id_of(name: &str) -> String {
+    std::fs::canonicalize(format!("/sys/class/infiniband/{name}/../.."))
+        .ok()
+        .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()))
+        .unwrap_or_default()
 }
 
 /// The RDMA transport of one engine.
@@ -231,6 +243,7 @@ impl RdmaTransport {
                 NicLink {
                     device: name.clone(),
                     numa_node: numa_node_of(name),
+                    pci_bus_id: pci_bus_id_of(name),
                     gid: gid.as_ref().map(|g| g.gid.to_wire_string()).unwrap_or_default(),
                     gid_index: gid.map(|g| g.index as i32).unwrap_or(-1),
                     port,
