@@ -17,6 +17,13 @@ use crate::error::{Error, Result};
 const MAX_CONTROL_REPLY: u32 = 64 << 20;
 /// Idle connections kept per peer.
 const MAX_IDLE_PER_PEER: usize = 64;
+/// One connect attempt waits at most this long for the peer's answer before a new attempt
+/// starts with a new socket. The kernel resends an unanswered SYN after 1 s, then 3 s, 7 s...:
+/// after a link blip that would keep a peer unreachable for seconds after the link came back;
+/// fresh attempts reach it within this time of its return.
+const CONNECT_ATTEMPT: Duration = Duration::from_millis(300);
+/// At most this many connect attempts to one address run at once.
+const MAX_CONNECT_ATTEMPTS: usize = 16;
 
 /// Timeouts of the client side.
 #[derive(Debug, Clone, Copy)]
@@ -163,12 +170,59 @@ impl RpcClient {
         Ok(att)
     }
 
+    /// Connects to `t` within the connect timeout. The first attempt waits at most
+    /// [`CONNECT_ATTEMPT`]; if it gets no answer, attempts on fresh sockets start every
+    /// [`CONNECT_ATTEMPT`], each one kept until the deadline, and the first to connect wins. A
+    /// fresh socket sends its SYN at once, so a peer that becomes reachable again (a link back
+    /// after a blip) is reached within about [`CONNECT_ATTEMPT`], not after the kernel's SYN
+    /// backoff; and since no attempt is cut short, a path slower than that still connects. A
+    /// refused connection ends it at once: nothing listens there.
+    fn connect_stream(&self, t: &SocketAddr) -> std::io::Result<TcpStream> {
+        use std::sync::mpsc;
+        let deadline = std::time::Instant::now() + self.timeouts.connect;
+        let left = || deadline.saturating_duration_since(std::time::Instant::now());
+        let first = left().min(CONNECT_ATTEMPT).max(Duration::from_millis(1));
+        match TcpStream::connect_timeout(t, first) {
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut && left() > Duration::ZERO => {}
+            other => return other,
+        }
+        let (tx, rx) = mpsc::channel();
+        let mut last = std::io::Error::from(std::io::ErrorKind::TimedOut);
+        let mut running = 0usize;
+        loop {
+            let remaining = left();
+            if remaining.is_zero() || self.aborted.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(last);
+            }
+            if running < MAX_CONNECT_ATTEMPTS {
+                let (tx, t) = (tx.clone(), *t);
+                // A thread per attempt: std has no non-blocking connect, and this path runs only
+                // while a peer does not answer. A late winner's socket is simply closed.
+                let spawned = std::thread::Builder::new().name("tent-connect".into()).spawn(move || {
+                    let _ = tx.send(TcpStream::connect_timeout(&t, remaining));
+                });
+                if spawned.is_ok() {
+                    running += 1;
+                }
+            }
+            match rx.recv_timeout(remaining.min(CONNECT_ATTEMPT)) {
+                Ok(Ok(s)) => return Ok(s),
+                Ok(Err(e)) if e.kind() == std::io::ErrorKind::TimedOut => {
+                    running = running.saturating_sub(1);
+                    last = e;
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(_) => {}
+            }
+        }
+    }
+
     fn connect(&self, addr: &str) -> Result<Conn> {
         let targets: Vec<SocketAddr> =
             addr.to_socket_addrs().map_err(|e| rpc_err(addr, format!("cannot resolve: {e}")))?.collect();
         let mut last: Option<std::io::Error> = None;
         for t in targets {
-            match TcpStream::connect_timeout(&t, self.timeouts.connect) {
+            match self.connect_stream(&t) {
                 Ok(s) => {
                     let _ = s.set_nodelay(true);
                     s.set_read_timeout(Some(self.timeouts.request)).map_err(|e| rpc_err(addr, e))?;
@@ -229,6 +283,18 @@ impl RpcClient {
     fn exchange<T>(
         &self,
         addr: &str,
+        send: impl FnMut(&mut TcpStream, u32) -> io::Result<()>,
+        recv: impl FnMut(&mut TcpStream, &frame::ResponseHeader) -> Result<T>,
+    ) -> Result<T> {
+        self.exchange_within(addr, None, send, recv)
+    }
+
+    /// [`RpcClient::exchange`] with the reply awaited for at most `reply_timeout` (instead of
+    /// the request timeout) on the connection it uses.
+    fn exchange_within<T>(
+        &self,
+        addr: &str,
+        reply_timeout: Option<Duration>,
         mut send: impl FnMut(&mut TcpStream, u32) -> io::Result<()>,
         mut recv: impl FnMut(&mut TcpStream, &frame::ResponseHeader) -> Result<T>,
     ) -> Result<T> {
@@ -243,6 +309,9 @@ impl RpcClient {
                 self.active.lock().insert(id, clone);
             }
             let _active = ActiveGuard { map: &self.active, id };
+            if let Some(t) = reply_timeout {
+                c.stream.set_read_timeout(Some(t.max(Duration::from_millis(1)))).map_err(|e| rpc_err(addr, e))?;
+            }
             let seq = c.seq;
             c.seq = c.seq.wrapping_add(1);
             let mut hdr = [0u8; frame::RESPONSE_HEADER_LEN];
@@ -262,6 +331,9 @@ impl RpcClient {
             // here drops `c`).
             let h = reply_head(addr, &mut c.stream, &hdr, seq)?;
             let out = recv(&mut c.stream, &h)?;
+            if reply_timeout.is_some() {
+                c.stream.set_read_timeout(Some(self.timeouts.request)).map_err(|e| rpc_err(addr, e))?;
+            }
             self.give_back(addr, c);
             return Ok(out);
         }
@@ -270,9 +342,17 @@ impl RpcClient {
 
     /// Sends TENT message `id` with `payload` and returns the reply attachment.
     pub fn call(&self, addr: &str, id: i32, payload: &[u8]) -> Result<Vec<u8>> {
+        self.call_within(addr, id, payload, None)
+    }
+
+    /// [`RpcClient::call`] waiting at most `reply_timeout` for the reply (the request timeout
+    /// when `None`). A reply that does not come in time closes the connection, whose bytes may
+    /// be stuck behind a link that went down: the next call starts afresh.
+    pub fn call_within(&self, addr: &str, id: i32, payload: &[u8], reply_timeout: Option<Duration>) -> Result<Vec<u8>> {
         let len = u32::try_from(payload.len()).map_err(|_| Error::InvalidArgument("payload over 4 GiB".into()))?;
-        self.exchange(
+        self.exchange_within(
             addr,
+            reply_timeout,
             |s, seq| {
                 let mut req = Vec::with_capacity(31 + payload.len());
                 req.extend_from_slice(&frame::encode_request(seq, id, len, frame::MSG_TYPE_TENT_RS));
