@@ -127,12 +127,18 @@ pub mod keys {
     pub const RDMA_MAX_TIMEOUT_NS: (&str, u64) = ("transports/rdma/max_timeout_ns", 10_000_000_000);
     /// `transports/rdma/workers/flush_budget`.
     pub const RDMA_WORKERS_FLUSH_BUDGET: (&str, u64) = ("transports/rdma/workers/flush_budget", 1024);
+    /// `transports/rdma/endpoint/bootstrap_timeout_ms` (tent-rs).
+    pub const RDMA_BOOTSTRAP_TIMEOUT_MS: (&str, u64) = ("transports/rdma/endpoint/bootstrap_timeout_ms", 2000);
+    /// `transports/rdma/workers/connect_patience_ms` (tent-rs).
+    pub const RDMA_WORKERS_CONNECT_PATIENCE_MS: (&str, u64) = ("transports/rdma/workers/connect_patience_ms", 500);
     /// `transports/rdma/rail_error_threshold`.
     pub const RDMA_RAIL_ERROR_THRESHOLD: (&str, u64) = ("transports/rdma/rail_error_threshold", 3);
     /// `transports/rdma/rail_error_window_secs`.
     pub const RDMA_RAIL_ERROR_WINDOW_SECS: (&str, u64) = ("transports/rdma/rail_error_window_secs", 10);
     /// `transports/rdma/rail_cooldown_secs`.
     pub const RDMA_RAIL_COOLDOWN_SECS: (&str, u64) = ("transports/rdma/rail_cooldown_secs", 30);
+    /// `transports/rdma/rail_probe_interval_ms` (tent-rs).
+    pub const RDMA_RAIL_PROBE_INTERVAL_MS: (&str, u64) = ("transports/rdma/rail_probe_interval_ms", 250);
     /// `transports/rdma/endpoint/store_type`.
     pub const RDMA_ENDPOINT_STORE_TYPE: (&str, &str) = ("transports/rdma/endpoint/store_type", "sieve");
     /// `transports/rdma/endpoint/endpoint_store_cap`.

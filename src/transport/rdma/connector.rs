@@ -29,7 +29,11 @@ impl Core {
     fn connect_once(&self, ep: &Arc<Endpoint>, peer_rpc: &str) -> std::result::Result<(), super::ConnectError> {
         let Some(req) = ep.connect_request(&ep.key)? else { return Ok(()) };
         self.counters.bootstraps_sent.fetch_add(1, Ordering::Relaxed);
-        let reply = self.client.call(peer_rpc, msg::BOOTSTRAP_RDMA, &req.to_bytes());
+        // Bounded well below the request timeout: after a link blip the reply may sit behind
+        // the TCP retransmission backoff of this connection for seconds, while a new one (the
+        // next attempt) gets through as soon as the link is back.
+        let reply =
+            self.client.call_within(peer_rpc, msg::BOOTSTRAP_RDMA, &req.to_bytes(), Some(self.wp.bootstrap_timeout));
         // A peer whose process is gone refuses the connection: its work fails now instead of
         // after every backoff round (a restarted peer is reached by the next endpoint).
         let peer_down = matches!(reply, Err(Error::PeerDown(_)));
@@ -134,6 +138,16 @@ fn finish_attempt(
     result: std::result::Result<(), super::ConnectError>,
     delayed: &mut Vec<(Instant, Arc<Endpoint>, String)>,
 ) {
+    // The peer's answer settles its side of this NIC pair: it accepted our new QPs (and
+    // retired a stale endpoint on the way), retired one and asked for a retry, has no such NIC,
+    // or its process is gone. Endpoints of the pair retired before now are fenced (fence.rs).
+    let settled = match &result {
+        Ok(()) => true,
+        Err(e) => matches!(e.result, BootstrapResult::RetiredRetry | BootstrapResult::NoDevice) || ep.peer_down(),
+    };
+    if settled {
+        core.record_fence(ep.nic_id, &ep.key);
+    }
     match result {
         Ok(()) => {
             if ep.peer_is_tent() {
@@ -152,6 +166,13 @@ fn finish_attempt(
                 ep.connect_failures.fetch_add(1, Ordering::AcqRel) + 1
             };
             tracing::debug!("connecting {} failed ({failures}): {}", ep.key, e.message);
+            if e.peer_refused && matches!(e.result, BootstrapResult::NoDevice | BootstrapResult::Error) {
+                // The peer cannot set up its side of this pair (its NIC is down, its QPs cannot
+                // reach ours): the rail is unusable as surely as when its requests fail, and
+                // pausing it spares the bootstraps of every slice that would try it meanwhile.
+                // (A failed call says nothing of the rail: the control plane runs elsewhere.)
+                core.rails.mark_failed(ep.nic_id, &ep.key, core.clock.now());
+            }
             if !e.retryable || failures >= core.wp.max_retry_count {
                 ep.fail_connect(e.message, core.clock.now());
                 core.retire_endpoint(&ep);

@@ -197,7 +197,19 @@ pub fn select_devices(provider: &Arc<dyn Provider>, cfg: &Config, port: u8) -> R
             }
         })
         .collect();
-    Ok(filter_devices(&usable, &cfg.get_str_list(KEY_WHITELIST), &cfg.get_str_list(KEY_BLACKLIST)))
+    let mut chosen = filter_devices(&usable, &cfg.get_str_list(KEY_WHITELIST), &cfg.get_str_list(KEY_BLACKLIST));
+    // libibverbs lists devices in the order sysfs gives them, which differs between hosts;
+    // NicIDs in name order (rxe0 before rxe1, mlx5_2 before mlx5_10) are the same everywhere.
+    chosen.sort_by_key(|n| natural_key(n));
+    Ok(chosen)
+}
+
+/// A device name as (its text without the trailing number, that number): sorts `mlx5_2` before
+/// `mlx5_10`.
+pub fn natural_key(name: &str) -> (String, u64) {
+    let digits = name.len() - name.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+    let (text, number) = name.split_at(name.len() - digits);
+    (text.to_string(), number.parse().unwrap_or(0))
 }
 
 const OVERLAY_PREFIXES: [&str; 5] = ["flannel", "cni", "calico", "vxlan", "docker"];
@@ -748,5 +760,17 @@ impl BufferRegistration {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::natural_key;
+
+    #[test]
+    fn device_names_sort_by_their_number() {
+        let mut names = vec!["mlx5_10", "rxe1", "mlx5_2", "rxe0", "mlx5_0", "ib"];
+        names.sort_by_key(|n| natural_key(n));
+        assert_eq!(names, ["ib", "mlx5_0", "mlx5_2", "mlx5_10", "rxe0", "rxe1"]);
     }
 }

@@ -34,6 +34,12 @@ pub struct WorkerParams {
     pub max_timeout: Duration,
     /// Resubmissions after flushes caused by our own retirement (these spend no retries).
     pub flush_budget: u32,
+    /// How long a slice waits for its endpoint to connect before it takes another pair's
+    /// connected endpoint instead.
+    pub connect_patience: Duration,
+    /// How long one bootstrap RPC waits for the peer's answer before it is sent again on a new
+    /// connection.
+    pub bootstrap_timeout: Duration,
 }
 
 impl WorkerParams {
@@ -53,6 +59,12 @@ impl WorkerParams {
             flush_budget: cfg
                 .get_u64(keys::RDMA_WORKERS_FLUSH_BUDGET.0, keys::RDMA_WORKERS_FLUSH_BUDGET.1)
                 .clamp(1, 1 << 20) as u32,
+            connect_patience: Duration::from_millis(
+                cfg.get_u64(keys::RDMA_WORKERS_CONNECT_PATIENCE_MS.0, keys::RDMA_WORKERS_CONNECT_PATIENCE_MS.1),
+            ),
+            bootstrap_timeout: Duration::from_millis(
+                cfg.get_u64(keys::RDMA_BOOTSTRAP_TIMEOUT_MS.0, keys::RDMA_BOOTSTRAP_TIMEOUT_MS.1).max(1),
+            ),
         })
     }
 }
@@ -96,10 +108,15 @@ pub struct Counters {
     pub bootstraps_served: AtomicU64,
     pub retired_on_mismatch: AtomicU64,
     pub root_errors: AtomicU64,
+    /// Root-cause errors that were retry-exceeded completions: no answer from the peer's QP
+    /// (a link down, a lossy path, a peer host gone).
+    pub retry_exceeded: AtomicU64,
     pub flush_resubmits: AtomicU64,
     pub timeouts: AtomicU64,
     pub stale_completions: AtomicU64,
     pub forced_records: AtomicU64,
+    /// WRITE slices that waited for the peer to retire an endpoint they had been posted on.
+    pub fenced_slices: AtomicU64,
     pub cq_errors: AtomicU64,
     pub notifications_sent: AtomicU64,
     pub notifications_received: AtomicU64,
@@ -128,6 +145,9 @@ pub struct Core {
     /// notify QP when one is first used, so new endpoints to them are made without one.
     pub tent_peers: Mutex<HashSet<String>>,
     pub notify_sink: Mutex<Option<NotifySink>>,
+    /// When a bootstrap last settled the peer's side of each (local NicID, peer NIC path): see
+    /// `fence.rs`.
+    pub fences: Mutex<HashMap<(usize, String), u64>>,
 }
 
 impl Core {

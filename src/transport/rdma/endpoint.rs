@@ -140,7 +140,19 @@ struct Peer {
 struct Inner {
     peer: Option<Peer>,
     destroy_start: Option<Duration>,
+    /// Where in the process's order of retirements and fences this one came (`fence_stamp`).
+    retire_stamp: Option<u64>,
     mtu: Mtu,
+}
+
+/// Stamps retirements and fences with their order: a fence settles the endpoints retired
+/// before it, even when the clock did not move in between (a virtual clock, or two events in
+/// the same tick).
+static ORDER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// The next stamp of that order.
+pub fn fence_stamp() -> u64 {
+    ORDER.fetch_add(1, Ordering::AcqRel)
 }
 
 /// Why a connect attempt did not give a READY endpoint.
@@ -152,6 +164,8 @@ pub struct ConnectError {
     pub message: String,
     /// Trying the same endpoint again may work.
     pub retryable: bool,
+    /// The peer answered and refused (rather than the call failing, or this side).
+    pub peer_refused: bool,
 }
 
 /// One endpoint. Shared as `Arc<Endpoint>` by the store, the lanes and the connector.
@@ -194,6 +208,9 @@ pub struct Endpoint {
     progressed: AtomicBool,
     /// The peer cannot connect a notify QP to this endpoint: notifications use the RPC.
     notify_declined: AtomicBool,
+    /// Retired because a request on it failed (a root-cause error, a timeout): the path it
+    /// takes is suspect, so the work it flushes goes to another pair.
+    path_failed: AtomicBool,
 }
 
 /// A fresh random 64-bit value, never 0, from the OS's random source (`getrandom`). Endpoint
@@ -282,7 +299,12 @@ impl Endpoint {
             psn: (random_nonce() >> 8) as u32 & 0x00ff_ffff,
             depth,
             state: AtomicU8::new(EpState::Uninit as u8),
-            inner: Mutex::new(Inner { peer: None, destroy_start: None, mtu: params.path_mtu.min(limits.path_mtu) }),
+            inner: Mutex::new(Inner {
+                peer: None,
+                destroy_start: None,
+                retire_stamp: None,
+                mtu: params.path_mtu.min(limits.path_mtu),
+            }),
             qps: RwLock::new(qps),
             notify: RwLock::new(notify),
             outstanding: (0..params.num_lanes).map(|_| AtomicU32::new(0)).collect(),
@@ -294,6 +316,7 @@ impl Endpoint {
             forced: AtomicBool::new(false),
             progressed: AtomicBool::new(false),
             notify_declined: AtomicBool::new(false),
+            path_failed: AtomicBool::new(false),
         };
         ep.state.store(EpState::Handshaking as u8, Ordering::Release);
         Ok(Arc::new(ep))
@@ -439,7 +462,12 @@ impl Endpoint {
 
     /// Moves every QP through RTR to RTS against `peer`. Requires the inner lock held (passed).
     fn setup_locked(&self, inner: &mut Inner, peer: &BootstrapDesc) -> std::result::Result<(), ConnectError> {
-        let err = |result: BootstrapResult, message: String| ConnectError { result, message, retryable: false };
+        let err = |result: BootstrapResult, message: String| ConnectError {
+            result,
+            message,
+            retryable: false,
+            peer_refused: false,
+        };
         let qps = self.qps.read();
         if peer.qp_num.len() != qps.len() {
             return Err(err(
@@ -672,6 +700,7 @@ impl Endpoint {
                 result: BootstrapResult::Error,
                 message: format!("Endpoint not in handshaking state ({s:?})"),
                 retryable: false,
+                peer_refused: false,
             }),
         }
     }
@@ -691,7 +720,12 @@ impl Endpoint {
                 if self.state() == EpState::Ready {
                     return Ok(());
                 }
-                return Err(ConnectError { result: BootstrapResult::Error, message: e, retryable: true });
+                return Err(ConnectError {
+                    result: BootstrapResult::Error,
+                    message: e,
+                    retryable: true,
+                    peer_refused: false,
+                });
             }
         };
         let outcome = reply.outcome();
@@ -701,6 +735,7 @@ impl Endpoint {
                 result: outcome,
                 message: format!("peer refused the RDMA bootstrap: {} ({outcome:?})", reply.reply_msg),
                 retryable,
+                peer_refused: true,
             });
         }
         match self.state() {
@@ -714,6 +749,7 @@ impl Endpoint {
                     result: BootstrapResult::RetiredRetry,
                     message: "the peer answered with another endpoint than the one connected".into(),
                     retryable: false,
+                    peer_refused: false,
                 })
             }
             EpState::Handshaking => self.setup_locked(&mut inner, &reply).inspect_err(|_| {
@@ -723,6 +759,7 @@ impl Endpoint {
                 result: BootstrapResult::Error,
                 message: format!("Endpoint state changed during bootstrap ({s:?})"),
                 retryable: false,
+                peer_refused: false,
             }),
         }
     }
@@ -730,6 +767,23 @@ impl Endpoint {
     /// Records that the peer's address refused the bootstrap connection (its process is gone).
     pub fn mark_peer_down(&self) {
         self.peer_down.store(true, Ordering::Release);
+    }
+
+    /// Where the endpoint's retirement came in the order of [`fence_stamp`], `None` while it is
+    /// live.
+    pub fn retire_stamp(&self) -> Option<u64> {
+        self.inner.lock().retire_stamp
+    }
+
+    /// Records that a request on this endpoint failed on its path (before it is retired).
+    pub fn mark_path_failed(&self) {
+        self.path_failed.store(true, Ordering::Release);
+    }
+
+    /// Whether the endpoint was retired because its path failed, rather than to make room or
+    /// to replace it: its flushed work should take another pair.
+    pub fn path_failed(&self) -> bool {
+        self.path_failed.load(Ordering::Acquire)
     }
 
     /// Whether a bootstrap found the peer's process gone.
@@ -755,6 +809,7 @@ impl Endpoint {
             return false;
         }
         inner.destroy_start = Some(now);
+        inner.retire_stamp = Some(fence_stamp());
         self.state.store(EpState::Destroying as u8, Ordering::Release);
         if let Some(ch) = self.notify.read().as_ref() {
             ch.set_connected(false);

@@ -77,14 +77,41 @@ pub struct Slice {
     pub retries: u32,
     /// Resubmissions after flushes of our own retirement.
     pub flushes: u32,
-    /// Position in the job, spreads slices over NIC pairs.
+    /// Completions that said the peer refused the request itself (see `lanes::refused`).
+    pub refusals: u32,
+    /// Position among the transport's slices: spreads them over lanes and NIC pairs.
     pub seq: u32,
+    /// Moves to the next NIC pair that spent no retry: work flushed from an endpoint whose path
+    /// failed, or moved off an endpoint that took too long to connect.
+    pub detours: u32,
+    /// The endpoint it goes over and the remote NIC's index, once chosen, and since when (the
+    /// provider's clock).
     pub(super) ep: Option<(Arc<Endpoint>, usize)>,
+    pub(super) bound_at: Duration,
+    /// A WRITE whose attempt on this (retired) endpoint did not complete: its packets may
+    /// still be in the network and land at the peer later, so the slice is posted again, or
+    /// its failure reported, only once the peer's side of that endpoint is retired (fenced).
+    pub(super) fence: Option<Arc<Endpoint>>,
+    /// Why the slice failed for good, reported once its fence is done.
+    pub(super) failure: Option<String>,
 }
 
 impl Slice {
     /// A fresh slice.
     pub fn new(job: Arc<Job>, offset: u64, len: u32, seq: u32) -> Slice {
-        Slice { job, offset, len, retries: 0, flushes: 0, seq, ep: None }
+        Slice {
+            job,
+            offset,
+            len,
+            retries: 0,
+            flushes: 0,
+            refusals: 0,
+            seq,
+            detours: 0,
+            ep: None,
+            bound_at: Duration::ZERO,
+            fence: None,
+            failure: None,
+        }
     }
 }

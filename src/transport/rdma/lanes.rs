@@ -20,26 +20,30 @@ use crate::verbs::{Cq, SendOp, SendWr, Sge, Wc, WcStatus};
 
 impl Core {
     /// Picks a (local NIC, remote NIC) pair for a slice and returns the endpoint between them
-    /// (created if needed) and the remote NIC's index. Retries rotate over the pairs.
+    /// (created if needed) and the remote NIC's index. See [`pair_order`] for the order; retries
+    /// move along it.
     fn endpoint_for(&self, s: &Slice) -> Result<(Arc<Endpoint>, usize)> {
         let job = &s.job;
         let enabled: Vec<usize> = self.contexts.enabled().map(|(i, _)| i).collect();
-        let (nl, nr) = (enabled.len(), job.remote_keys.len());
-        if nl == 0 || nr == 0 {
+        let (pairs, direct) = pair_order(&enabled, &self.device_names, &job.remote_keys, s.seq as usize);
+        if pairs.is_empty() {
             return Err(Error::Unavailable("no RDMA NIC is up on one side".into()));
         }
         let now = self.clock.now();
-        let start = (s.seq as usize).wrapping_add(s.retries as usize);
-        let total = nl * nr;
-        // First choice: a pair whose rail is not paused. When every rail is paused there is no
-        // better alternative, so the pause is ignored rather than failing the slice.
-        for k in 0..2 * total {
-            let p = (start + k) % total;
-            let local = enabled[p % nl];
-            let remote = (p / nl + p % nl) % nr;
+        let start = (s.retries + s.detours) as usize;
+        // Each retry moves to the next direct rail; a cross pair is taken only when no direct
+        // rail is usable, and when every rail is paused there is no better alternative, so the
+        // pause is ignored (second round) rather than failing the slice.
+        let (direct_pairs, cross_pairs) = pairs.split_at(direct);
+        let mut preference: Vec<(usize, usize)> = Vec::with_capacity(pairs.len());
+        for list in [direct_pairs, cross_pairs] {
+            preference.extend((0..list.len()).map(|k| list[(start + k) % list.len()]));
+        }
+        let scan = preference.iter().map(|p| (*p, true)).chain(preference.iter().map(|p| (*p, false)));
+        for ((local, remote), heed_pauses) in scan {
             let usable = job.lkeys.get(local).is_some_and(|k| *k != 0)
                 && job.rkeys.get(remote).is_some_and(|k| *k != 0)
-                && (k >= total || self.rails.available(local, &job.remote_keys[remote], now));
+                && (!heed_pauses || self.rails.available(local, &job.remote_keys[remote], now));
             if !usable {
                 continue;
             }
@@ -54,6 +58,73 @@ impl Core {
         }
         Err(Error::Unavailable("no usable RDMA rail between the two sides".into()))
     }
+
+    /// A READY endpoint of another pair the slice may take, on a rail that is not paused, for
+    /// a slice whose own endpoint is still connecting. Creates nothing and spends no probe.
+    fn ready_alternative(&self, s: &Slice, current: &Arc<Endpoint>) -> Option<(Arc<Endpoint>, usize)> {
+        let job = &s.job;
+        let enabled: Vec<usize> = self.contexts.enabled().map(|(i, _)| i).collect();
+        let now = self.clock.now();
+        pair_order(&enabled, &self.device_names, &job.remote_keys, s.seq as usize).0.into_iter().find_map(
+            |(local, remote)| {
+                let key = job.remote_keys.get(remote)?;
+                let keyed =
+                    job.lkeys.get(local).is_some_and(|k| *k != 0) && job.rkeys.get(remote).is_some_and(|k| *k != 0);
+                if !keyed || self.rails.is_paused(local, key, now) {
+                    return None;
+                }
+                let ep = self.store(local)?.get(key)?;
+                (ep.state() == EpState::Ready && !Arc::ptr_eq(&ep, current)).then_some((ep, remote))
+            },
+        )
+    }
+}
+
+/// The (local NicID, remote NicID) pairs a slice may take, in the order it prefers them, and how
+/// many of them (the first ones) are direct rails.
+///
+/// Between hosts with as many NICs each, NIC *i* of one is taken to share a rail with the
+/// peer's NIC of the same name (`rxe0` with `rxe0`), or else with the one at its position: on a
+/// rail-optimised fabric NIC *i* of every host sits on switch *i*, so a cross pair may have no
+/// path at all (between soft-RoCE hosts it has none) or one through the spine, and is only a
+/// fallback for when no direct rail can be used. The direct rails come starting at the slice's
+/// sequence number, so that slices spread over them, then every cross pair. Hosts with
+/// different NIC counts have no such alignment: every pair is direct, taken in turn, so the
+/// slices spread over all of the peer's NICs. `remote_keys` are the peer's NIC paths
+/// (`server@nic`) by its NicID.
+fn pair_order(
+    enabled: &[usize],
+    local_names: &[String],
+    remote_keys: &[String],
+    seq: usize,
+) -> (Vec<(usize, usize)>, usize) {
+    let (nl, nr) = (enabled.len(), remote_keys.len());
+    if nl == 0 || nr == 0 {
+        return (Vec::new(), 0);
+    }
+    if local_names.len() != nr {
+        let total = nl * nr;
+        let order: Vec<(usize, usize)> =
+            (0..total).map(|k| (seq + k) % total).map(|p| (enabled[p % nl], (p / nl + p % nl) % nr)).collect();
+        return (order, total);
+    }
+    let remote_nic = |r: usize| remote_keys[r].rsplit_once('@').map_or("", |(_, n)| n);
+    let partner = |l: usize| {
+        let name = local_names.get(l).map(String::as_str).unwrap_or("");
+        (0..nr).find(|&r| !name.is_empty() && remote_nic(r) == name).unwrap_or(l % nr)
+    };
+    let direct: Vec<(usize, usize)> = (0..nl).map(|i| enabled[(seq + i) % nl]).map(|l| (l, partner(l))).collect();
+    let mut order = direct;
+    for i in 0..nl {
+        let l = enabled[(seq + i) % nl];
+        for j in 0..nr {
+            let r = (l + j) % nr;
+            if !order.contains(&(l, r)) {
+                order.push((l, r));
+            }
+        }
+    }
+    (order, nl)
 }
 
 struct Record {
@@ -179,7 +250,14 @@ impl Lane {
     fn spend_retry(&self, s: &mut Slice, reason: &str) -> bool {
         s.retries += 1;
         if s.retries >= self.core.wp.max_retry_count {
-            s.job.fail(format!("{reason} (after {} attempts)", s.retries));
+            let why = format!("{reason} (after {} attempts)", s.retries);
+            if s.fence.is_some() {
+                // Reported once the peer cannot execute its old packets any more (fence.rs):
+                // a caller told FAILED may write there again at once.
+                s.failure = Some(why);
+                return true;
+            }
+            s.job.fail(why);
             return false;
         }
         true
@@ -233,9 +311,24 @@ impl Lane {
             s.job.time_out("RDMA transfer timed out before it could be posted".into());
             return Err(None);
         }
+        if let Some(old) = s.fence.clone() {
+            if !core.fenced(&old) {
+                core.start_fence(&old, &s.job.peer_rpc);
+                return Err(Some(s));
+            }
+            core.counters.fenced_slices.fetch_add(1, Ordering::Relaxed);
+            s.fence = None;
+        }
+        if let Some(why) = s.failure.take() {
+            s.job.fail(why);
+            return Err(None);
+        }
         if let Some((ep, _)) = &s.ep {
             if !ep.state().is_live() {
                 let (fatal, peer_down) = (ep.fatal_error(), ep.peer_down());
+                if ep.path_failed() && fatal.is_none() {
+                    s.detours += 1;
+                }
                 s.ep = None;
                 if let Some(m) = fatal.as_ref().filter(|_| peer_down) {
                     // Retrying cannot bring the process back within this task's life.
@@ -249,11 +342,23 @@ impl Lane {
                 }
             }
         }
+        let now = core.clock.now();
+        if let Some((ep, _)) = &s.ep {
+            // An endpoint that takes long to connect (its peer's control plane may be cut off)
+            // does not hold up work that a connected rail can carry.
+            if ep.state() == EpState::Handshaking && now.saturating_sub(s.bound_at) >= core.wp.connect_patience {
+                if let Some(alt) = core.ready_alternative(&s, ep) {
+                    s.ep = Some(alt);
+                    s.bound_at = now;
+                }
+            }
+        }
         let (ep, remote) = match &s.ep {
             Some((ep, r)) => (ep.clone(), *r),
             None => match core.endpoint_for(&s) {
                 Ok((ep, r)) => {
                     s.ep = Some((ep.clone(), r));
+                    s.bound_at = now;
                     (ep, r)
                 }
                 Err(e) => {
@@ -319,6 +424,7 @@ impl Lane {
                 self.free.push(slot);
                 if let Some(Some(e)) = other {
                     tracing::debug!("posting to {} failed: {e}", ep.key);
+                    ep.mark_path_failed();
                     core.retire_endpoint(&ep);
                     s.ep = None;
                     if !self.spend_retry(&mut s, &format!("RDMA post failed: {e}")) {
@@ -394,6 +500,15 @@ impl Lane {
             WcStatus::WrFlushErr if !ep.state().is_live() => {
                 core.counters.flush_resubmits.fetch_add(1, Ordering::Relaxed);
                 slice.flushes += 1;
+                if slice.job.task.request().opcode == Opcode::Write {
+                    // Flushed after some of it may have been sent: see fence.rs.
+                    slice.fence = Some(ep.clone());
+                }
+                if ep.path_failed() {
+                    // Flushed because a request beside it failed on this path: try the next
+                    // pair first, without charging it a retry.
+                    slice.detours += 1;
+                }
                 slice.ep = None;
                 if slice.flushes > core.wp.flush_budget {
                     slice.job.fail("RDMA work kept being flushed by endpoint retirement".into());
@@ -403,19 +518,34 @@ impl Lane {
             }
             status => {
                 core.counters.root_errors.fetch_add(1, Ordering::Relaxed);
+                if status == WcStatus::RetryExcErr {
+                    core.counters.retry_exceeded.fetch_add(1, Ordering::Relaxed);
+                }
                 tracing::debug!("RDMA request on {} failed: {}", ep.key, status.as_str());
                 // Any error completion leaves the QP in ERR, so the endpoint goes either way.
+                ep.mark_path_failed();
                 core.retire_endpoint(&ep);
                 slice.ep = None;
                 let reason = format!("RDMA request to {remote_key} failed: {}", status.as_str());
-                if refused_for_good(status) {
+                if let Some(refusal) = refused(status) {
                     // The keys or bounds are wrong (the peer unregistered the memory, say): a
                     // retry would use the same keys, and the path is healthy, so the rail is
-                    // not charged.
-                    slice.job.fail(reason);
+                    // not charged. A refusal that may be the responder's own mistake is given
+                    // one more try on another pair.
+                    slice.refusals += 1;
+                    if refusal == Refusal::ForGood || slice.refusals > 1 || !self.spend_retry(&mut slice, &reason) {
+                        slice.job.fail(reason);
+                        return;
+                    }
+                    slice.detours += 1;
+                    self.pending.push_back(slice);
                     return;
                 }
                 core.rails.mark_failed(ep.nic_id, remote_key, core.clock.now());
+                if slice.job.task.request().opcode == Opcode::Write && !nak(status) {
+                    // No answer from the peer: what was sent may still arrive (fence.rs).
+                    slice.fence = Some(ep.clone());
+                }
                 if self.spend_retry(&mut slice, &reason) {
                     self.pending.push_back(slice);
                 }
@@ -445,6 +575,7 @@ impl Lane {
         // The endpoints go first: a caller that sees TIMEOUT may free the batch or send again
         // at once, and must find the stuck endpoint already retired, not reused.
         for (ep, _) in &expired {
+            ep.mark_path_failed();
             core.retire_endpoint(ep);
         }
         for (_, job) in expired {
@@ -460,16 +591,77 @@ impl Lane {
     }
 }
 
-/// Whether a completion status means the request itself is refused (bad remote key, range or
-/// rights; bad local key or length), which no retry with the same keys can change, rather than
-/// the path or the peer failing.
-fn refused_for_good(status: WcStatus) -> bool {
-    matches!(status, WcStatus::RemAccessErr | WcStatus::RemInvReqErr | WcStatus::LocProtErr | WcStatus::LocLenErr)
+/// How sure a refusal is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// Bad remote key, range or rights; bad local key or length: no retry with the same keys
+    /// can change it.
+    ForGood,
+    /// REMOTE_INVALID_REQUEST: a request the responder found malformed. Real NICs send it for
+    /// requests that are wrong, but soft-RoCE also sends it when, after go-back-N
+    /// retransmissions on a lossy path, it miscounts the remaining length of a multi-packet
+    /// WRITE (seen between soft-RoCE hosts with every key and bound right), so it gets one
+    /// more try.
+    Doubtful,
+}
+
+/// Whether a completion status is the peer's negative acknowledgement: its QP then goes to ERR
+/// itself and executes nothing more of ours, so no fence is needed.
+fn nak(status: WcStatus) -> bool {
+    matches!(status, WcStatus::RemAccessErr | WcStatus::RemInvReqErr | WcStatus::RemOpErr)
+}
+
+/// Whether a completion status means the request itself is refused, rather than the path or
+/// the peer failing.
+fn refused(status: WcStatus) -> Option<Refusal> {
+    match status {
+        WcStatus::RemAccessErr | WcStatus::LocProtErr | WcStatus::LocLenErr => Some(Refusal::ForGood),
+        WcStatus::RemInvReqErr => Some(Refusal::Doubtful),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn paths(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| format!("10.0.0.2:1@{s}")).collect()
+    }
+
+    #[test]
+    fn direct_rails_come_first_and_every_pair_once() {
+        let (ours, theirs) = (names(&["mlx5_0", "mlx5_1"]), paths(&["mlx5_0", "mlx5_1"]));
+        // Two NICs on each side: slices alternate between rail 0 and rail 1; a retry moves to
+        // the other rail, and only then to the cross pairs.
+        assert_eq!(pair_order(&[0, 1], &ours, &theirs, 0), (vec![(0, 0), (1, 1), (0, 1), (1, 0)], 2));
+        assert_eq!(pair_order(&[0, 1], &ours, &theirs, 1), (vec![(1, 1), (0, 0), (1, 0), (0, 1)], 2));
+        // A NIC that is down is not used; its rail partner is left to the cross pairs.
+        assert_eq!(pair_order(&[1], &ours, &theirs, 5), (vec![(1, 1), (1, 0)], 1));
+        // The peer lists the same NICs in another order: rails pair by name.
+        let swapped = paths(&["mlx5_1", "mlx5_0"]);
+        assert_eq!(pair_order(&[0, 1], &ours, &swapped, 0).0[..2], [(0, 1), (1, 0)]);
+        // Same counts, other names: rails by position.
+        let (ab, cd) = (names(&["a0", "a1"]), paths(&["b0", "b1"]));
+        assert_eq!(pair_order(&[0, 1], &ab, &cd, 1), (vec![(1, 1), (0, 0), (1, 0), (0, 1)], 2));
+        // Other NIC counts: every pair is direct, in turn, so slices reach all the peer's NICs.
+        let one = names(&["mlx5_0"]);
+        let fifteen: Vec<String> = (0..15).map(|i| format!("10.0.0.2:1@mlx5_{i}")).collect();
+        let remotes: Vec<usize> = (0..15).map(|seq| pair_order(&[0], &one, &fifteen, seq).0[0].1).collect();
+        assert_eq!(remotes, (0..15).collect::<Vec<_>>());
+        let four = names(&["a0", "a1", "a2", "a3"]);
+        let (order, direct) = pair_order(&[0, 1, 2, 3], &four, &paths(&["b0", "b1"]), 3);
+        assert_eq!(direct, 8);
+        let mut all = order.clone();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), 8, "every pair appears once: {order:?}");
+        assert!(pair_order(&[], &ours, &theirs, 0).0.is_empty() && pair_order(&[0], &ours, &[], 0).0.is_empty());
+    }
 
     #[test]
     fn wr_id_round_trips_and_keeps_generation() {

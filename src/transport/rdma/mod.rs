@@ -28,6 +28,8 @@ mod connector;
 /// cbindgen:ignore
 mod core;
 /// cbindgen:ignore
+mod fence;
+/// cbindgen:ignore
 mod job;
 /// cbindgen:ignore
 mod lanes;
@@ -167,6 +169,7 @@ impl RdmaTransport {
             notify_index: Mutex::new(Default::default()),
             tent_peers: Mutex::new(Default::default()),
             notify_sink: Mutex::new(None),
+            fences: Mutex::new(Default::default()),
         });
         let mut threads = Vec::new();
         let mut lanes = Vec::new();
@@ -453,11 +456,14 @@ impl Transport for RdmaTransport {
                 now + self.core.wp.max_timeout,
                 n as usize,
             ));
+            // One counter spreads slices over the lanes and, through their sequence numbers,
+            // over the rails, across jobs too: a batch of one-slice requests uses every rail.
             let start = self.next_lane.fetch_add(n as usize, Ordering::Relaxed);
             for k in 0..n {
                 let off = k * block;
                 let len = (r.length - off).min(block) as u32;
-                per_lane[(start + k as usize) % lanes.len()].push(Slice::new(job.clone(), off, len, k as u32));
+                let seq = start.wrapping_add(k as usize);
+                per_lane[seq % lanes.len()].push(Slice::new(job.clone(), off, len, seq as u32));
             }
         }
         for (lane, slices) in per_lane.into_iter().enumerate() {

@@ -33,7 +33,8 @@ impl Core {
         let req = ep.notify_upgrade_request()?;
         self.track_notify(ep);
         self.counters.bootstraps_sent.fetch_add(1, Ordering::Relaxed);
-        let reply = self.client.call(peer_rpc, msg::BOOTSTRAP_RDMA, &req.to_bytes())?;
+        let reply =
+            self.client.call_within(peer_rpc, msg::BOOTSTRAP_RDMA, &req.to_bytes(), Some(self.wp.bootstrap_timeout))?;
         let reply = BootstrapDesc::parse(&reply).map_err(Error::Rpc)?;
         ep.notify_upgrade_finish(&reply)
     }

@@ -5,6 +5,11 @@
 //! doubles on each new trip (not on each failure, unlike upstream) up to 300 s and resets when
 //! the pair succeeds again. Only root-cause failures count: flushes caused by our own
 //! retirement never reach the monitor.
+//!
+//! A paused pair is probed: every `probe_interval` one slice may take it. Its success ends the
+//! pause at once, so a rail whose link came back carries traffic again within about one probe
+//! interval instead of a whole cooldown (30 s by default); its failure leaves the pause as it
+//! was. Only one probe is out at a time.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -20,11 +25,13 @@ pub struct RailParams {
     pub threshold: u32,
     pub window: Duration,
     pub cooldown: Duration,
+    /// How often a paused pair lets one slice through to see whether it works again.
+    pub probe_interval: Duration,
 }
 
 impl RailParams {
-    /// Reads `transports/rdma/rail_error_threshold`, `rail_error_window_secs` and
-    /// `rail_cooldown_secs` (3, 10, 30).
+    /// Reads `transports/rdma/rail_error_threshold`, `rail_error_window_secs`,
+    /// `rail_cooldown_secs` and `rail_probe_interval_ms` (3, 10, 30, 250).
     pub fn from_config(cfg: &Config) -> RailParams {
         RailParams {
             threshold: cfg
@@ -35,6 +42,9 @@ impl RailParams {
             ),
             cooldown: Duration::from_secs(
                 cfg.get_u64(keys::RDMA_RAIL_COOLDOWN_SECS.0, keys::RDMA_RAIL_COOLDOWN_SECS.1).max(1),
+            ),
+            probe_interval: Duration::from_millis(
+                cfg.get_u64(keys::RDMA_RAIL_PROBE_INTERVAL_MS.0, keys::RDMA_RAIL_PROBE_INTERVAL_MS.1).max(1),
             ),
         }
     }
@@ -51,26 +61,46 @@ struct Rail {
     /// The cooldown of the next trip (0: the base).
     next_cooldown: Duration,
     trips: u32,
+    /// While paused: when the next probe may go.
+    next_probe: Duration,
+    /// While paused: a probe is out until then (it counts as lost after that).
+    probe_until: Option<Duration>,
 }
+
+/// How long a probe may take before another one may go: a probe that neither succeeds nor
+/// fails (its endpoint still connecting, say) must not stop the probing.
+const PROBE_PATIENCE: u32 = 4;
 
 /// Rail state keyed by (local NIC id, remote `server@nic`).
 pub struct RailMonitor {
     params: RailParams,
     rails: Mutex<HashMap<(usize, String), Rail>>,
+    /// Probes let through so far.
+    probes: std::sync::atomic::AtomicU64,
 }
 
 impl RailMonitor {
     /// A monitor where every rail is available.
     pub fn new(params: RailParams) -> RailMonitor {
-        RailMonitor { params, rails: Mutex::new(HashMap::new()) }
+        RailMonitor { params, rails: Mutex::new(HashMap::new()), probes: Default::default() }
     }
 
-    /// Whether the pair may be used at `now`; an expired pause ends here.
+    /// Whether the pair may be used at `now`; an expired pause ends here. While the pair is
+    /// paused this is true once per probe interval: the caller's slice is the probe.
     pub fn available(&self, local: usize, remote: &str, now: Duration) -> bool {
         let mut rails = self.rails.lock();
         let Some(r) = rails.get_mut(&(local, remote.to_string())) else { return true };
         match r.paused_until {
-            Some(t) if now < t => false,
+            Some(t) if now < t => {
+                let probe_out = r.probe_until.is_some_and(|u| now < u);
+                if probe_out || now < r.next_probe {
+                    return false;
+                }
+                r.probe_until = Some(now + self.params.probe_interval * PROBE_PATIENCE);
+                r.next_probe = now + self.params.probe_interval;
+                self.probes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                true
+            }
             Some(_) => {
                 tracing::info!("rail {local} -> {remote} recovered (cooldown expired)");
                 r.paused_until = None;
@@ -81,12 +111,21 @@ impl RailMonitor {
         }
     }
 
+    /// Whether the pair is paused at `now` (no side effect: no probe is let through).
+    pub fn is_paused(&self, local: usize, remote: &str, now: Duration) -> bool {
+        let rails = self.rails.lock();
+        rails.get(&(local, remote.to_string())).and_then(|r| r.paused_until).is_some_and(|t| now < t)
+    }
+
     /// Counts a root-cause failure; returns true when this failure paused the rail.
     pub fn mark_failed(&self, local: usize, remote: &str, now: Duration) -> bool {
         let p = self.params;
         let mut rails = self.rails.lock();
         let r = rails.entry((local, remote.to_string())).or_default();
         if r.paused_until.is_some() {
+            // A failed probe (or a slice that was on the pair before it paused): the pause
+            // stays, and the next probe goes after the interval.
+            r.probe_until = None;
             return false;
         }
         if r.errors == 0 || now.saturating_sub(r.first_error) > p.window {
@@ -100,6 +139,8 @@ impl RailMonitor {
         }
         let cooldown = if r.next_cooldown.is_zero() { p.cooldown } else { r.next_cooldown };
         r.paused_until = Some(now + cooldown);
+        r.next_probe = now + p.probe_interval;
+        r.probe_until = None;
         r.next_cooldown = (cooldown * 2).min(MAX_COOLDOWN);
         r.trips += 1;
         r.errors = 0;
@@ -125,6 +166,11 @@ impl RailMonitor {
     pub fn trips(&self) -> u32 {
         self.rails.lock().values().map(|r| r.trips).sum()
     }
+
+    /// How many probes paused rails let through.
+    pub fn probes(&self) -> u64 {
+        self.probes.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 #[cfg(test)]
@@ -133,10 +179,12 @@ mod tests {
 
     #[test]
     fn pauses_after_threshold_doubles_per_trip_and_recovers() {
+        // Probes only every 1000 s, so they stay out of this test's way.
         let m = RailMonitor::new(RailParams {
             threshold: 3,
             window: Duration::from_secs(10),
             cooldown: Duration::from_secs(30),
+            probe_interval: Duration::from_secs(1000),
         });
         let s = Duration::from_secs;
         assert!(!m.mark_failed(0, "b@x", s(0)));
@@ -160,5 +208,34 @@ mod tests {
         for t in [200, 215, 230] {
             assert!(!m.mark_failed(0, "b@x", s(t)));
         }
+    }
+
+    #[test]
+    fn a_paused_rail_lets_one_probe_through_per_interval() {
+        let m = RailMonitor::new(RailParams {
+            threshold: 2,
+            window: Duration::from_secs(10),
+            cooldown: Duration::from_secs(30),
+            probe_interval: Duration::from_millis(250),
+        });
+        let ms = Duration::from_millis;
+        m.mark_failed(1, "b@y", ms(0));
+        assert!(m.mark_failed(1, "b@y", ms(100)), "paused");
+        assert!(!m.available(1, "b@y", ms(200)), "no probe before the interval");
+        assert!(m.available(1, "b@y", ms(350)), "the first probe");
+        assert!(!m.available(1, "b@y", ms(360)), "one probe at a time");
+        assert!(!m.available(1, "b@y", ms(700)), "still out");
+        // The probe fails: the pause stays and the next probe goes an interval after the last.
+        assert!(!m.mark_failed(1, "b@y", ms(710)));
+        assert!(m.available(1, "b@y", ms(710)), "the next probe");
+        assert_eq!(m.paused_count(ms(720)), 1);
+        // A probe that never reports counts as lost after a while.
+        assert!(!m.available(1, "b@y", ms(1500)));
+        assert!(m.available(1, "b@y", ms(710 + 4 * 250)));
+        // It succeeds: the rail is back at once, long before the cooldown ends.
+        m.mark_recovered(1, "b@y");
+        assert!(m.available(1, "b@y", ms(1800)) && m.available(1, "b@y", ms(1801)));
+        assert_eq!(m.paused_count(ms(1800)), 0);
+        assert_eq!(m.probes(), 3);
     }
 }

@@ -68,6 +68,10 @@ impl Core {
             }
             let was_ready = ep.state() == EpState::Ready;
             let reply = ep.accept(&req, now);
+            if reply.outcome() == BootstrapResult::Ok {
+                // The peer connects new QPs to us: its older ones for this pair are retired.
+                self.record_fence(nic_id, &req.local_nic_path);
+            }
             // Accepting a notify upgrade creates the channel.
             self.track_notify(&ep);
             if !ep.state().is_live() {

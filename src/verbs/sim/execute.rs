@@ -35,8 +35,62 @@ struct Exchange {
 }
 
 impl FabricState {
+    /// Puts the WRITEs that `qpn` (about to go to ERR) has already sent on a lingering path on
+    /// the wire: the bytes as they are now, due when the path's delay after their posting ends.
+    pub(super) fn strand_writes(&mut self, qpn: u32) {
+        let Some(q) = self.qps.get(&qpn).filter(|q| q.state == QpState::Rts) else { return };
+        let Some((rqpn, path)) = self.responder(qpn) else { return };
+        let Some(delay) = self.path_delay.get(&path).copied().filter(|_| self.lingering_paths.contains(&path)) else {
+            return;
+        };
+        let pd = q.pd;
+        let mut stranded = Vec::new();
+        for w in &q.sq {
+            let SendOp::RdmaWrite { remote_addr, rkey } = w.op else { continue };
+            let Some(local) = self.check_local(pd, &w.sges, Access::NONE) else { continue };
+            let total: usize = local.iter().map(|(_, l)| *l).sum();
+            let mut data = vec![0u8; total];
+            // SAFETY: the pieces lie inside MRs of the requester's PD (checked above), valid
+            // memory while registered; `data` holds `total` bytes.
+            unsafe { copy_scatter_gather(&local, &[(data.as_mut_ptr() as u64, total)]) };
+            stranded.push(super::queues::InFlightWrite {
+                responder_qpn: rqpn,
+                due: w.posted_at + delay,
+                remote_addr,
+                rkey,
+                data,
+            });
+        }
+        self.wire.extend(stranded);
+    }
+
+    /// Delivers the WRITEs on the wire that are due at `now`: executed if their responder QP
+    /// still accepts requests (RTR or RTS) and the key and range are good, dropped otherwise;
+    /// nobody is told either way.
+    fn deliver_wire(&mut self, now: Duration) {
+        if self.wire.is_empty() {
+            return;
+        }
+        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.wire).into_iter().partition(|w| w.due <= now);
+        self.wire = later;
+        for w in due {
+            let Some(r) = self.qps.get(&w.responder_qpn) else { continue };
+            let accepts = matches!(r.state, QpState::Rtr | QpState::Rts)
+                && r.access.contains(Access::REMOTE_WRITE)
+                && self.check_remote(r.pd, w.rkey, w.remote_addr, w.data.len() as u64, Access::REMOTE_WRITE);
+            if accepts {
+                // SAFETY: the remote range lies inside an MR of the responder's PD (checked
+                // above), valid memory while registered, under the fabric lock.
+                unsafe {
+                    copy_scatter_gather(&[(w.data.as_ptr() as u64, w.data.len())], &[(w.remote_addr, w.data.len())])
+                };
+            }
+        }
+    }
+
     /// Runs every QP's send queue as far as it can go at time `now`.
     pub fn pump_all(&mut self, now: Duration) {
+        self.deliver_wire(now);
         let busy: Vec<u32> = self.busy.iter().copied().collect();
         for qpn in busy {
             self.pump_qp(qpn, now);

@@ -33,6 +33,10 @@ pub(super) struct FabricState {
     pub dropped_paths: HashSet<(u32, u32)>,
     /// Injected one-way latency per NIC pair: a request runs no earlier than this after posting.
     pub path_delay: HashMap<(u32, u32), Duration>,
+    /// Delayed paths whose requests count as sent: see `SimFabric::set_path_lingering`.
+    pub lingering_paths: HashSet<(u32, u32)>,
+    /// WRITEs still on the wire after their requester QP went to ERR, by due time.
+    pub(super) wire: Vec<super::queues::InFlightWrite>,
     /// QPs in RTS with requests queued: the only ones pumping has to visit.
     pub(super) busy: BTreeSet<u32>,
     pub fail_nth: HashMap<u32, (u64, WcStatus)>,
@@ -66,6 +70,8 @@ impl FabricState {
             qps: HashMap::new(),
             dropped_paths: HashSet::new(),
             path_delay: HashMap::new(),
+            lingering_paths: HashSet::new(),
+            wire: Vec::new(),
             busy: BTreeSet::new(),
             fail_nth: HashMap::new(),
             purge_on_destroy: true,

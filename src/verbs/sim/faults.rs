@@ -131,6 +131,25 @@ impl SimFabric {
         }
     }
 
+    /// Makes the requests on a delayed path (`set_path_delay`) count as sent (or stops it): when
+    /// their QP goes to ERR before they ran, its WRITEs still reach the responder when the delay
+    /// is over, and write their bytes there if the responder's QP still accepts requests, as
+    /// packets held up in a network outlive their sender. Nobody gets a completion for them.
+    pub fn set_path_lingering(&self, a: SimNic, b: SimNic, lingering: bool) {
+        let key = if a.dev <= b.dev { (a.dev, b.dev) } else { (b.dev, a.dev) };
+        let mut st = self.state.lock();
+        if lingering {
+            st.lingering_paths.insert(key);
+        } else {
+            st.lingering_paths.remove(&key);
+        }
+    }
+
+    /// How many WRITEs are on the wire after their QP went to ERR (see `set_path_lingering`).
+    pub fn writes_on_the_wire(&self) -> usize {
+        self.state.lock().wire.len()
+    }
+
     /// Puts QP `qpn` in ERR (flushing it) and raises QP_FATAL on its device.
     pub fn qp_fatal(&self, qpn: u32) -> VerbsResult<()> {
         let mut st = self.state.lock();

@@ -240,6 +240,7 @@ impl FabricState {
     /// Moves a QP to ERR and flushes every outstanding request, send queue then receive queue,
     /// each in posting order.
     pub(super) fn qp_to_err(&mut self, qpn: u32) {
+        self.strand_writes(qpn);
         let Some(q) = self.qps.get_mut(&qpn) else {
             return;
         };

@@ -1,0 +1,67 @@
+//! Fences: a WRITE posted again after its endpoint failed must not be overtaken by its own old
+//! packets.
+//!
+//! When an endpoint fails (retry-exceeded, a timeout, a flush after a sibling's error) the
+//! peer's QP of that endpoint may still be in RTS, and packets our QP sent before it stopped may
+//! still be in the network: queued in a switch, delayed on a slow link. RC executes them at the
+//! peer whenever they arrive. Had the WRITE been posted again on another rail and completed,
+//! and had the caller then written new bytes to the same place, such a late packet would put
+//! the old bytes back. So a WRITE that did not complete on an endpoint is posted again (or its
+//! failure reported) only once the peer's side of that endpoint is known to be retired: the
+//! peer answered a bootstrap of a newer endpoint for the same NIC pair (it retires its stale
+//! READY endpoint on that bootstrap, and refuses the old QPs' packets from then on), or it
+//! bootstrapped a newer one itself, or its process is gone. A READ needs no fence: a late
+//! response to a QP in ERR is dropped.
+//!
+//! The bootstrap is the one the pair needs anyway to be used again, so a fence normally costs
+//! nothing extra; only when the control plane cannot reach the peer does the WRITE wait, at
+//! most until its task's deadline.
+
+use std::sync::Arc;
+
+use super::Endpoint;
+use super::core::Core;
+use super::endpoint::{EpState, fence_stamp};
+
+impl Core {
+    /// Records that the peer's side of every endpoint of (local NIC `nic_id`, peer NIC path
+    /// `key`) retired before now is retired too.
+    pub(super) fn record_fence(&self, nic_id: usize, key: &str) {
+        let stamp = fence_stamp();
+        let mut fences = self.fences.lock();
+        match fences.get_mut(&(nic_id, key.to_string())) {
+            Some(t) => *t = (*t).max(stamp),
+            None => {
+                fences.insert((nic_id, key.to_string()), stamp);
+            }
+        }
+    }
+
+    /// Whether the peer can no longer execute packets of `old`, a retired endpoint.
+    pub(super) fn fenced(&self, old: &Arc<Endpoint>) -> bool {
+        if old.peer_down() {
+            return true;
+        }
+        let Some(retired) = old.retire_stamp() else { return false };
+        self.fences.lock().get(&(old.nic_id, old.key.clone())).is_some_and(|t| *t > retired)
+    }
+
+    /// Makes sure a newer endpoint for `old`'s NIC pair exists and is connecting, so that its
+    /// bootstrap fences `old` (`peer_rpc`: where the peer's RPC server is).
+    pub(super) fn start_fence(&self, old: &Arc<Endpoint>, peer_rpc: &str) {
+        let (Some(ctx), Some(store)) = (self.contexts.get(old.nic_id), self.store(old.nic_id)) else { return };
+        let now = self.clock.now();
+        let made = store.get_or_insert(&old.key, now, || {
+            let notify = self.offers_notify(&old.key);
+            Endpoint::create(ctx, old.nic_id, &old.key, &self.local_server, peer_rpc, &self.ep_params, notify)
+        });
+        match made {
+            Ok(ep) if ep.state() == EpState::Handshaking => {
+                self.track_notify(&ep);
+                self.request_connect(&ep, peer_rpc);
+            }
+            Ok(_) => {}
+            Err(e) => tracing::debug!("cannot make an endpoint to fence {}: {e}", old.key),
+        }
+    }
+}

@@ -1,0 +1,230 @@
+//! Rails on the simulated fabric: two NICs a side, rail *i* being NIC *i* of both engines, and
+//! faults on one rail while work streams over both (the same scenarios run between soft-RoCE
+//! hosts in `tests/rdma_cluster.rs`). Each test has its own virtual-clock fabric: the NICs'
+//! retry timers and the engine's timeouts pass by advancing it, never by sleeping.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::engines::{buffer, engine, req, wait};
+use tent::engine::Engine;
+use tent::engine::types::{Opcode, Permission, Status, TransportKind};
+use tent::verbs::sim::{SimFabric, SimHost, SimNic};
+
+const BOUND: Duration = Duration::from_secs(60);
+
+/// A virtual-clock fabric registered under `name`.
+fn fabric(name: &str) -> Arc<SimFabric> {
+    let f = SimFabric::new_virtual();
+    f.register_as(name);
+    f
+}
+
+/// An engine with two simulated NICs whose only transport is RDMA on fabric `name`.
+fn rail_engine(name: &str, extra: &[(&str, &str)]) -> Arc<Engine> {
+    let mut cfg: Vec<(&str, &str)> = vec![
+        ("transports/rdma/provider", "sim"),
+        ("transports/rdma/sim/fabric", name),
+        ("transports/rdma/sim/devices", "2"),
+        ("transports/tcp/enable", "false"),
+        ("transports/rdma/num_lanes", "2"),
+        ("transports/rdma/workers/block_size", "16384"),
+    ];
+    cfg.extend_from_slice(extra);
+    let e = engine(&cfg);
+    assert!(e.loaded_transports().contains(&TransportKind::Rdma), "RDMA is loaded on the sim");
+    e
+}
+
+fn nic(e: &Engine, i: usize) -> SimNic {
+    let h = SimHost::from_provider(e.rdma().expect("rdma").provider()).expect("sim host");
+    h.nic(&format!("sim_mlx5_{i}")).expect("nic")
+}
+
+/// Bytes completed so far over each of `e`'s NICs.
+fn nic_bytes(e: &Engine) -> Vec<u64> {
+    e.rdma().expect("rdma").core().nics.iter().map(|n| n.completed.load(Ordering::Relaxed)).collect()
+}
+
+fn pattern(i: usize, round: usize) -> u8 {
+    ((i.wrapping_mul(131) ^ (i >> 11)) as u8).wrapping_add(round as u8)
+}
+
+/// Rounds of WRITE-then-READ-back of `len` bytes from `a` into `b`, every byte compared, on a
+/// thread of their own until `stop`; counts the good rounds and fails the test on a wrong byte.
+struct Stream {
+    stop: Arc<AtomicBool>,
+    good: Arc<AtomicUsize>,
+    failed: Arc<AtomicUsize>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Stream {
+    fn start(a: &Arc<Engine>, b: &Arc<Engine>, len: usize) -> Stream {
+        let (stop, good, failed): (Arc<AtomicBool>, Arc<AtomicUsize>, Arc<AtomicUsize>) = Default::default();
+        let (a, b) = (a.clone(), b.clone());
+        let (s, g, fl) = (stop.clone(), Arc::clone(&good), Arc::clone(&failed));
+        let thread = std::thread::spawn(move || {
+            let src = buffer(&a, len, |_| 0, Permission::GlobalReadWrite);
+            let back = buffer(&a, len, |_| 0, Permission::GlobalReadWrite);
+            let dst = buffer(&b, len, |_| 0, Permission::GlobalReadWrite);
+            let h = a.open_segment(b.segment_name()).expect("open");
+            let (sp, bp, dp) = (src.as_ptr() as u64, back.as_ptr() as u64, dst.as_ptr() as u64);
+            let mut round = 0;
+            while !s.load(Ordering::Acquire) {
+                round += 1;
+                for i in 0..len {
+                    // SAFETY: `src` is ours and no transfer of it is in flight between rounds.
+                    unsafe { (sp as *mut u8).add(i).write_volatile(pattern(i, round)) };
+                }
+                let ok = [(Opcode::Write, sp), (Opcode::Read, bp)].into_iter().all(|(op, local)| {
+                    let batch = a.allocate_batch(1).expect("batch");
+                    // SAFETY: the buffers outlive the batch, which ends before the next round.
+                    unsafe { a.submit(batch, &[req(op, local, h, dp, len as u64)], None) }.expect("submit");
+                    let st = wait(&a, batch, BOUND);
+                    a.free_batch(batch).expect("free");
+                    st[0].0 == Status::Completed
+                });
+                if !ok {
+                    fl.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                // SAFETY: as above; volatile because the NIC wrote it.
+                let wrong =
+                    (0..len).find(|&i| unsafe { (bp as *const u8).add(i).read_volatile() } != pattern(i, round));
+                assert_eq!(wrong, None, "round {round}: a completed WRITE and READ left a wrong byte");
+                g.fetch_add(1, Ordering::Relaxed);
+            }
+            std::mem::forget((src, back, dst));
+        });
+        Stream { stop, good, failed, thread: Some(thread) }
+    }
+
+    fn good(&self) -> usize {
+        self.good.load(Ordering::Relaxed)
+    }
+
+    fn finish(mut self) -> (usize, usize) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            t.join().expect("the stream's thread ended without a wrong byte");
+        }
+        (self.good(), self.failed.load(Ordering::Relaxed))
+    }
+}
+
+/// Advances the virtual clock by `step` (and lets real time pass a little) until `cond` holds.
+fn until(f: &SimFabric, step: Duration, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < BOUND, "condition not reached in time");
+        f.advance(step);
+        std::thread::sleep(Duration::from_micros(300));
+    }
+}
+
+/// A link blip on rail 0 while work streams over both rails: the QPs on rail 0 report
+/// retry-exceeded, the work moves to rail 1 and completes there (every byte checked), and once
+/// the rail works again it carries traffic within a probe interval, long before the cooldown.
+#[test]
+fn blip_on_one_rail_moves_work_to_the_other_and_back() {
+    let name = "rails-blip";
+    let f = fabric(name);
+    let a = rail_engine(name, &[]);
+    let b = rail_engine(name, &[]);
+    let stream = Stream::start(&a, &b, 256 << 10);
+    until(&f, Duration::from_millis(1), || stream.good() >= 3);
+    let before = nic_bytes(&a);
+    assert!(before[0] > 0 && before[1] > 0, "both rails carry traffic: {before:?}");
+    let core = a.rdma().expect("rdma").core().clone();
+    f.set_path_dropped(nic(&a, 0), nic(&b, 0), true);
+    // The blip: 3 s of virtual time.
+    let good = stream.good();
+    for _ in 0..300 {
+        f.advance(Duration::from_millis(10));
+        std::thread::sleep(Duration::from_micros(300));
+    }
+    let during = nic_bytes(&a);
+    assert!(stream.good() > good + 2, "rounds completed during the blip, over rail 1");
+    assert!(core.counters.retry_exceeded.load(Ordering::Relaxed) > 0, "rail 0's QPs reported retry-exceeded");
+    f.set_path_dropped(nic(&a, 0), nic(&b, 0), false);
+    let at_end = nic_bytes(&a);
+    until(&f, Duration::from_millis(10), || nic_bytes(&a)[0] > at_end[0]);
+    let (good, failed) = stream.finish();
+    eprintln!("blip: rail bytes {before:?} -> {during:?} -> {:?}; {good} good rounds, {failed} failed", nic_bytes(&a));
+    assert_eq!(failed, 0, "every round completed, on the other rail during the blip");
+}
+
+/// The endpoints `e` holds towards peer `p` on each NIC.
+fn endpoints_to(e: &Engine, p: &Engine) -> Vec<Arc<tent::transport::rdma::Endpoint>> {
+    let core = e.rdma().expect("rdma").core().clone();
+    (0..2)
+        .flat_map(|i| core.store(i).expect("store").endpoints())
+        .filter(|ep| ep.key.starts_with(p.segment_name()))
+        .collect()
+}
+
+/// A WRITE posted again after its endpoint failed is not overtaken by its own old packets. Rail
+/// 0 holds A's packets for 100 ms, and they outlive their QP (a lingering path). A's QPs on rail
+/// 0 go to ERR while part of a WRITE is held there; the WRITE completes elsewhere, and new
+/// bytes are then written to the same place. When the held packets arrive, B's side of the old
+/// endpoint must no longer take them: the WRITE waited until B had retired it (a bootstrap of a
+/// new rail-0 endpoint, which B answers by retiring its stale one), so the new bytes stay.
+#[test]
+fn a_write_posted_again_is_not_overtaken_by_its_old_packets() {
+    let name = "rails-fence";
+    let f = fabric(name);
+    let a = rail_engine(name, &[]);
+    let b = rail_engine(name, &[]);
+    let len = 64 << 10;
+    let src = buffer(&a, len, |i| pattern(i, 1), Permission::GlobalReadWrite);
+    let dst = buffer(&b, len, |_| 0, Permission::GlobalReadWrite);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let (sp, dp) = (src.as_ptr() as u64, dst.as_ptr() as u64);
+    let write = |seed: usize| {
+        for i in 0..len {
+            // SAFETY: `src` is ours, and no transfer of it is in flight between calls.
+            unsafe { (sp as *mut u8).add(i).write_volatile(pattern(i, seed)) };
+        }
+        let batch = a.allocate_batch(1).expect("batch");
+        // SAFETY: the buffers outlive the batch, which ends before this returns.
+        unsafe { a.submit(batch, &[req(Opcode::Write, sp, h, dp, len as u64)], None) }.expect("submit");
+        batch
+    };
+    // Both rails connected first.
+    let batch = write(1);
+    until(&f, Duration::from_millis(1), || a.task_status(batch, 0).expect("status").0 != Status::Pending);
+    a.free_batch(batch).expect("free");
+    f.set_path_delay(nic(&a, 0), nic(&b, 0), Duration::from_millis(100));
+    f.set_path_lingering(nic(&a, 0), nic(&b, 0), true);
+    let old: Vec<_> = endpoints_to(&a, &b).into_iter().filter(|ep| ep.nic_id == 0).collect();
+    assert_eq!(old.len(), 1, "one endpoint on rail 0");
+    // The WRITE of seed 2: its rail-0 slices wait out the delay; then rail 0's QPs fail.
+    let batch = write(2);
+    let core = a.rdma().expect("rdma").core().clone();
+    until(&f, Duration::ZERO, || old[0].outstanding_total() > 0);
+    for qpn in old[0].qp_numbers() {
+        f.qp_fatal(qpn).expect("QP to ERR");
+    }
+    assert!(f.writes_on_the_wire() > 0, "some of the WRITE is still on its way to B");
+    // It completes (on rail 1, or on a new rail-0 endpoint) without the delay having passed.
+    let st = wait(&a, batch, BOUND);
+    a.free_batch(batch).expect("free");
+    assert_eq!(st[0].0, Status::Completed, "{st:?}");
+    assert!(core.counters.fenced_slices.load(Ordering::Relaxed) > 0, "a slice waited for its fence");
+    // B's owner writes new bytes there (as a caller told COMPLETED may have another engine do).
+    for i in 0..len {
+        // SAFETY: `dst` is B's registered buffer, which no transfer touches now.
+        unsafe { (dp as *mut u8).add(i).write_volatile(pattern(i, 3)) };
+    }
+    // The held packets of seed 2 arrive now: B's side of the failed endpoint must refuse them.
+    f.advance(Duration::from_millis(300));
+    assert_eq!(f.writes_on_the_wire(), 0, "the held packets arrived");
+    // SAFETY: as above; volatile because a NIC may have written it.
+    let wrong = (0..len).find(|&i| unsafe { (dp as *const u8).add(i).read_volatile() } != pattern(i, 3));
+    assert_eq!(wrong, None, "old packets of a WRITE that was posted again overwrote newer bytes");
+    std::mem::forget((src, dst));
+}
