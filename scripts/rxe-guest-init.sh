@@ -1,7 +1,7 @@
 #!/bin/busybox sh
 # /init of the soft-RoCE guest's initramfs (built by scripts/rxe-guest.sh): mounts the host's root
 # read-only and the results share read-write over 9p, loads rdma_rxe from the unpacked Debian
-# kernel, adds rxe0 on lo, runs the requested script chrooted into the host's root, writes its
+# kernel, adds rxe0 on lo (unless guest.env says TENT_RXE_LOOPBACK=0), runs the requested script chrooted into the host's root, writes its
 # exit status into the results share and powers off. Any failure before the script runs leaves no
 # status file, which the host reports as a setup failure.
 /bin/busybox --install -s /bin
@@ -22,7 +22,10 @@ while read -r m; do
 done </mods/order
 
 opts=trans=virtio,version=9p2000.L,msize=512000
-mount -t 9p -o "$opts,ro" hostroot /newroot || fail "cannot mount the host root over 9p"
+# The host's root is read-only here and its binaries do not change while the guest runs: cache
+# it, so a program started again (an engine restarted by a test) loads from the guest's memory
+# instead of again over 9p.
+mount -t 9p -o "$opts,ro,cache=loose" hostroot /newroot || fail "cannot mount the host root over 9p"
 mkdir -p /results /host
 mount -t 9p -o "$opts" results /results || fail "cannot mount the results share"
 . /results/guest.env
@@ -63,7 +66,11 @@ echo /bin/guest-modprobe >/proc/sys/kernel/modprobe
 chroot /newroot /usr/sbin/modprobe -d "$TENT_RXE_MODULES" -a rdma_rxe ib_uverbs ||
     fail "modprobe rdma_rxe ib_uverbs failed"
 chroot /newroot /usr/sbin/ip link set lo up || fail "ip link set lo up failed"
-chroot /newroot /usr/bin/rdma link add rxe0 type rxe netdev lo || fail "rdma link add rxe0 failed"
+[ -n "${TENT_RXE_HOSTNAME:-}" ] && echo "$TENT_RXE_HOSTNAME" >/proc/sys/kernel/hostname
+# A cluster host (scripts/rxe-cluster.sh) sets up its own NICs and rxe devices in its script.
+if [ "${TENT_RXE_LOOPBACK:-1}" = 1 ]; then
+    chroot /newroot /usr/bin/rdma link add rxe0 type rxe netdev lo || fail "rdma link add rxe0 failed"
+fi
 
 chroot /newroot /bin/bash -c 'cd "$1" && exec /bin/bash "$2"' guest "$TENT_RXE_CWD" "$TENT_RXE_SCRIPT"
 echo $? >"/newroot$out/status"

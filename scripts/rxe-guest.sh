@@ -4,6 +4,13 @@
 #
 #   scripts/rxe-guest.sh setup          install and prepare everything; boot nothing
 #   scripts/rxe-guest.sh run SCRIPT     boot, run SCRIPT (bash) in the guest, power off
+#   scripts/rxe-guest.sh boot SCRIPT    the same without the setup step (after a `setup`; several
+#                                       guests may boot at once, each with its own TENT_RXE_OUT)
+#
+# Knobs for a cluster of guests (scripts/rxe-cluster.sh): TENT_RXE_OUT (the results share,
+# default WORK/out), TENT_RXE_QEMU_ARGS (more QEMU arguments, split on spaces: NICs, serial
+# ports, a monitor), TENT_RXE_LOOPBACK=0 (no rxe0 on lo: the script sets up its own devices),
+# TENT_RXE_HOSTNAME, TENT_RXE_CPUS and TENT_RXE_MEM_MB.
 #
 # The guest runs Debian's own kernel (fetched with `apt-get download`, unpacked into the work
 # folder, never installed on the host) under TCG: this machine's KVM cannot boot a stock kernel.
@@ -119,7 +126,7 @@ run_script() {
     local script
     script=$(realpath "$1")
     [ -f "$script" ] || { log "no script $1"; return 1; }
-    local kdir="$WORK/kernel" out="$WORK/out" ver
+    local kdir="$WORK/kernel" out="${TENT_RXE_OUT:-$WORK/out}" ver
     ver=$(ls "$kdir/lib/modules" | head -n1)
     rm -rf "$out"
     mkdir -p "$out"
@@ -132,7 +139,11 @@ TENT_RXE_MODULES='$kdir'
 TENT_RXE_KVER='$ver'
 TENT_RXE_OUT='$out'
 TENT_RXE_CWD='$PWD'
+TENT_RXE_LOOPBACK='${TENT_RXE_LOOPBACK:-1}'
+TENT_RXE_HOSTNAME='${TENT_RXE_HOSTNAME:-}'
 EOF
+    local extra=()
+    read -r -a extra <<<"${TENT_RXE_QEMU_ARGS:-}"
     local t0=$SECONDS rc=0
     timeout --foreground -k 10 "$BOOT_TIMEOUT" qemu-system-x86_64 \
         -accel tcg,thread=multi -cpu max -smp "$CPUS" -m "$MEM_MB" \
@@ -140,7 +151,7 @@ EOF
         -kernel "$kdir/boot/vmlinuz-$ver" -initrd "$WORK/initrd.img" \
         -append "console=ttyS0 panic=-1 quiet loglevel=3 tent_out=$out" \
         -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
-        -virtfs "local,path=$out,mount_tag=results,security_model=none,multidevs=remap" </dev/null || rc=$?
+        -virtfs "local,path=$out,mount_tag=results,security_model=none,multidevs=remap" "${extra[@]}" </dev/null || rc=$?
     if [ "$rc" -ne 0 ]; then
         log "qemu exited with $rc after $((SECONDS - t0)) s (124: timed out after ${BOOT_TIMEOUT} s)"
     fi
@@ -162,6 +173,10 @@ case "${1:-}" in
         fi
         setup
         ;;
+    boot)
+        [ $# -eq 2 ] || { echo "usage: $0 boot SCRIPT" >&2; exit 2; }
+        run_script "$2"
+        ;;
     run)
         [ $# -eq 2 ] || { echo "usage: $0 run SCRIPT" >&2; exit 2; }
         if ! command -v qemu-system-x86_64 >/dev/null 2>&1 && [ "$(id -u)" -ne 0 ]; then
@@ -172,7 +187,7 @@ case "${1:-}" in
         run_script "$2"
         ;;
     *)
-        echo "usage: $0 setup | run SCRIPT" >&2
+        echo "usage: $0 setup | run SCRIPT | boot SCRIPT" >&2
         exit 2
         ;;
 esac

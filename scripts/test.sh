@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every check and test of tent-rs: formatting, clippy with warnings as errors, the Rust unit
 # and integration tests, the C/C++ tests (built and run by tests/*.rs), and the RDMA tests on
-# soft-RoCE in a QEMU guest (scripts/rxe-tests.sh).
+# soft-RoCE in a QEMU guest (scripts/rxe-tests.sh) and in a cluster of guests (scripts/rxe-cluster.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
@@ -14,8 +14,21 @@ cargo test --all-targets
 # The ibverbs provider on a real kernel verbs stack: soft-RoCE in a QEMU guest (about 2 minutes).
 # Exit 77 means this machine cannot run QEMU at all; rxe-tests.sh says so loudly.
 rc=0
-scripts/rxe-tests.sh || rc=$?
+flock /tmp/qemu.lock scripts/rxe-tests.sh || rc=$?
 if [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ]; then
     echo "test.sh: the soft-RoCE stage failed" >&2
+    exit "$rc"
+fi
+# Several soft-RoCE hosts on two rail switches (scripts/rxe-cluster.sh, about 6 minutes): RDMA
+# between kernels, with link blips, slow paths, rails down, hosts dying and a chaos run.
+rc=0
+flock /tmp/qemu.lock scripts/rxe-cluster.sh || rc=$?
+if [ "$rc" -eq 77 ]; then
+    echo "######################################################################" >&2
+    echo "# rxe-cluster: SKIPPED: this machine cannot run QEMU; RDMA between   #" >&2
+    echo "# hosts was NOT exercised.                                           #" >&2
+    echo "######################################################################" >&2
+elif [ "$rc" -ne 0 ]; then
+    echo "test.sh: the soft-RoCE cluster stage failed" >&2
     exit "$rc"
 fi

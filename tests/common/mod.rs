@@ -101,6 +101,7 @@ pub fn run_c(exe: &Path, envs: &[(&str, &str)]) -> String {
     out
 }
 
+pub mod cluster;
 pub mod engines;
 pub mod fake_peer;
 pub mod stores;

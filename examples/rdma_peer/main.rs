@@ -1,25 +1,36 @@
 //! A peer engine in its own process, driven line by line on standard input: the other side of
-//! the cross-process RDMA tests (`tests/rdma_rxe.rs`), and a small example of serving memory
-//! over RDMA with the Rust API.
+//! the cross-process RDMA tests (`tests/rdma_rxe.rs`), every host's engine in the soft-RoCE
+//! cluster (`tests/rdma_cluster.rs`), and a small example of serving memory over RDMA with the
+//! Rust API.
 //!
-//!     rdma_peer --port PORT [--size BYTES] [--seed N]
+//!     rdma_peer --port PORT [--host IP] [--size BYTES] [--work BYTES] [--seed N]
 //!
-//! It starts an engine on 127.0.0.1:PORT whose only transport is RDMA (`transports/rdma/provider`
-//! from the config, `ibverbs` by default; `MC_TENT_CONF` is merged as usual), registers one
-//! buffer of BYTES filled with the pattern of seed N, and prints
-//! `READY <segment> <buffer address> <length>`. Then it answers one line per command:
+//! It starts an engine on IP:PORT (127.0.0.1 by default) whose only transport is RDMA
+//! (`transports/rdma/provider` from the config, `ibverbs` by default; `MC_TENT_CONF` is merged as
+//! usual), registers a buffer of BYTES filled with the pattern of seed N that peers read and
+//! write (the served buffer), and a work buffer of `--work` bytes (default BYTES) its own
+//! transfers move from and into, and prints `READY <segment> <served buffer address> <length>`.
+//! Then it answers one line per command:
 //!
-//! - `CHECK <offset> <len> <seed>`: `OK`, or `BAD <first offset that differs>`
-//! - `FILL <offset> <len> <seed>`: fills that part of the buffer, `OK`
-//! - `UNREG` / `REREG`: unregisters / registers the buffer again, `OK` or `ERR <why>`
+//! - `CHECK <offset> <len> <seed>`: `OK`, or `BAD <first offset that differs>` (served buffer)
+//! - `FILL <offset> <len> <seed>`: fills that part of the served buffer, `OK`
+//! - `UNREG` / `REREG`: unregisters / registers the served buffer again, `OK` or `ERR <why>`
 //! - `NOTIFS`: `NOTIFS <count> <name>=<msg>;...` for the notifications received so far
 //! - `NOTIFY <segment> <msg>`: sends a notification to that segment, `OK` or `ERR <why>`
 //! - `RDMA_NOTIFS`: `RDMA_NOTIFS <sent> <received>` over notify QPs
+//! - `OPEN <segment>`: `OK <handle>`; `REFRESH <handle>`: fetches its descriptor again, `OK`
+//! - `XFER ...` and `STREAM ...`, `STOP <id>`: transfers of this engine (see `transfers.rs`)
+//! - `STATS`: the RDMA transport's counters (see `transfers.rs`)
 //! - `EXIT`: destroys the engine and exits 0 (so does the end of standard input)
+//!
+//! Streams run in the background and print `EV ...` lines of their own between the replies.
+
+mod transfers;
 
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 
 use tent::config::Config;
 use tent::engine::types::Permission;
@@ -31,9 +42,25 @@ pub fn pattern(offset: usize, seed: u8) -> u8 {
     ((offset.wrapping_mul(131) ^ (offset >> 11)) as u8).wrapping_add(seed)
 }
 
+/// Standard output, shared with the streams' threads so that lines never interleave.
+#[derive(Clone)]
+pub struct Out(Arc<Mutex<std::io::Stdout>>);
+
+impl Out {
+    /// Prints one line and flushes it.
+    pub fn line(&self, text: &str) {
+        if let Ok(out) = self.0.lock() {
+            let mut out = out.lock();
+            let _ = writeln!(out, "{text}");
+            let _ = out.flush();
+        }
+    }
+}
+
 struct Peer {
-    engine: std::sync::Arc<Engine>,
+    engine: Arc<Engine>,
     buf: Vec<u8>,
+    transfers: transfers::Transfers,
 }
 
 impl Peer {
@@ -108,30 +135,46 @@ impl Peer {
                 None => "ERR no RDMA transport".to_string(),
             },
             "EXIT" => return None,
-            other => format!("ERR unknown command {other}"),
+            _ => self.transfers.command(&words),
         };
         Some(reply)
     }
 }
 
-fn start(args: &[String]) -> Result<Peer, String> {
+struct Args {
+    port: u16,
+    host: String,
+    size: usize,
+    work: Option<usize>,
+    seed: u8,
+}
+
+fn parse_args(args: &[String]) -> Result<Args, String> {
+    let mut a = Args { port: 0, host: "127.0.0.1".into(), size: 1 << 20, work: None, seed: 0 };
     let mut port = None;
-    let (mut size, mut seed) = (1usize << 20, 0usize);
     let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut value = || it.next().and_then(|v| v.parse::<usize>().ok()).ok_or(format!("{a} needs a number"));
-        match a.as_str() {
-            "--port" => port = Some(value()?),
-            "--size" => size = value()?,
-            "--seed" => seed = value()?,
+    while let Some(flag) = it.next() {
+        let value = it.next().ok_or(format!("{flag} needs a value"))?;
+        let number = || value.parse::<usize>().map_err(|_| format!("{flag} needs a number"));
+        match flag.as_str() {
+            "--port" => port = Some(u16::try_from(number()?).map_err(|_| "--port is out of range")?),
+            "--host" => a.host = value.clone(),
+            "--size" => a.size = number()?,
+            "--work" => a.work = Some(number()?),
+            "--seed" => a.seed = number()? as u8,
             other => return Err(format!("unknown argument {other}")),
         }
     }
-    let port = port.ok_or("--port is required")?;
+    a.port = port.ok_or("--port is required")?;
+    Ok(a)
+}
+
+fn start(args: &[String], out: Out) -> Result<Peer, String> {
+    let a = parse_args(args)?;
     let mut cfg = Config::new();
     for (k, v) in [
-        ("rpc_server_hostname", "127.0.0.1".to_string()),
-        ("rpc_server_port", port.to_string()),
+        ("rpc_server_hostname", a.host.clone()),
+        ("rpc_server_port", a.port.to_string()),
         ("log_level", "warning".to_string()),
         ("transports/tcp/enable", "false".to_string()),
         ("transports/shm/enable", "false".to_string()),
@@ -142,8 +185,9 @@ fn start(args: &[String]) -> Result<Peer, String> {
     if engine.rdma().is_none() {
         return Err("the engine has no RDMA transport".into());
     }
-    let buf: Vec<u8> = (0..size).map(|i| pattern(i, seed as u8)).collect();
-    let peer = Peer { engine, buf };
+    let buf: Vec<u8> = (0..a.size).map(|i| pattern(i, a.seed)).collect();
+    let transfers = transfers::Transfers::new(engine.clone(), a.work.unwrap_or(a.size), out)?;
+    let peer = Peer { engine, buf, transfers };
     // SAFETY: the memory stays alive until unregistered or the engine is dropped.
     unsafe { peer.engine.register_memory(&[peer.range()], &Peer::opts()) }.map_err(|e| format!("register: {e}"))?;
     Ok(peer)
@@ -151,26 +195,23 @@ fn start(args: &[String]) -> Result<Peer, String> {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut peer = match start(&args) {
+    let out = Out(Arc::new(Mutex::new(std::io::stdout())));
+    let mut peer = match start(&args, out.clone()) {
         Ok(p) => p,
         Err(e) => {
-            println!("FAILED {e}");
+            out.line(&format!("FAILED {e}"));
             return ExitCode::from(1);
         }
     };
     let (addr, len) = peer.range();
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "READY {} {addr} {len}", peer.engine.segment_name());
-    let _ = out.flush();
+    out.line(&format!("READY {} {addr} {len}", peer.engine.segment_name()));
     for line in std::io::stdin().lock().lines() {
         let Ok(line) = line else { break };
         match peer.command(&line) {
-            Some(reply) => {
-                let _ = writeln!(out, "{reply}");
-                let _ = out.flush();
-            }
+            Some(reply) => out.line(&reply),
             None => break,
         }
     }
+    peer.transfers.stop_all();
     ExitCode::SUCCESS
 }
