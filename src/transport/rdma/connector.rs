@@ -146,7 +146,7 @@ fn finish_attempt(
         Err(e) => matches!(e.result, BootstrapResult::RetiredRetry | BootstrapResult::NoDevice) || ep.peer_down(),
     };
     if settled {
-        core.record_fence(ep.nic_id, &ep.key);
+        core.record_fence(ep.nic_id, &ep.key, result.is_err() && ep.peer_down());
     }
     match result {
         Ok(()) => {

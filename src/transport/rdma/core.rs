@@ -14,6 +14,7 @@ use super::bootstrap::split_nic_path;
 use super::connector::ConnectorMsg;
 use super::context::ContextSet;
 use super::endpoint::EndpointParams;
+use super::fence::Fence;
 use super::notify_index::{NotifyEntry, NotifySink};
 use super::rail::RailMonitor;
 use super::store::EndpointStore;
@@ -147,7 +148,7 @@ pub struct Core {
     pub notify_sink: Mutex<Option<NotifySink>>,
     /// When a bootstrap last settled the peer's side of each (local NicID, peer NIC path): see
     /// `fence.rs`.
-    pub fences: Mutex<HashMap<(usize, String), u64>>,
+    pub fences: Mutex<HashMap<(usize, String), Fence>>,
 }
 
 impl Core {

@@ -23,27 +23,45 @@ use super::Endpoint;
 use super::core::Core;
 use super::endpoint::{EpState, fence_stamp};
 
+/// The latest fence of one NIC pair.
+#[derive(Debug, Clone, Copy)]
+pub struct Fence {
+    /// Its place in the order of retirements and fences (`fence_stamp`).
+    stamp: u64,
+    /// It was set because the peer's process is gone (its RPC server refused us).
+    peer_gone: bool,
+}
+
+/// What a fence says about a retired endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FenceState {
+    /// The peer may still execute its packets.
+    Open,
+    /// The peer cannot any more; it is alive.
+    Closed,
+    /// The peer cannot any more: its process is gone.
+    PeerGone,
+}
+
 impl Core {
     /// Records that the peer's side of every endpoint of (local NIC `nic_id`, peer NIC path
-    /// `key`) retired before now is retired too.
-    pub(super) fn record_fence(&self, nic_id: usize, key: &str) {
-        let stamp = fence_stamp();
-        let mut fences = self.fences.lock();
-        match fences.get_mut(&(nic_id, key.to_string())) {
-            Some(t) => *t = (*t).max(stamp),
-            None => {
-                fences.insert((nic_id, key.to_string()), stamp);
-            }
-        }
+    /// `key`) retired before now is retired too (`peer_gone`: because its process is gone).
+    pub(super) fn record_fence(&self, nic_id: usize, key: &str, peer_gone: bool) {
+        let fence = Fence { stamp: fence_stamp(), peer_gone };
+        self.fences.lock().insert((nic_id, key.to_string()), fence);
     }
 
-    /// Whether the peer can no longer execute packets of `old`, a retired endpoint.
-    pub(super) fn fenced(&self, old: &Arc<Endpoint>) -> bool {
+    /// Whether the peer can still execute packets of `old`, a retired endpoint.
+    pub(super) fn fence_state(&self, old: &Arc<Endpoint>) -> FenceState {
         if old.peer_down() {
-            return true;
+            return FenceState::PeerGone;
         }
-        let Some(retired) = old.retire_stamp() else { return false };
-        self.fences.lock().get(&(old.nic_id, old.key.clone())).is_some_and(|t| *t > retired)
+        let Some(retired) = old.retire_stamp() else { return FenceState::Open };
+        match self.fences.lock().get(&(old.nic_id, old.key.clone())) {
+            Some(f) if f.stamp > retired && f.peer_gone => FenceState::PeerGone,
+            Some(f) if f.stamp > retired => FenceState::Closed,
+            _ => FenceState::Open,
+        }
     }
 
     /// Makes sure a newer endpoint for `old`'s NIC pair exists and is connecting, so that its

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use super::Endpoint;
 use super::core::Core;
 use super::endpoint::EpState;
+use super::fence::FenceState;
 use super::job::{Job, Slice};
 use crate::base::request::Opcode;
 use crate::error::{Error, Result};
@@ -312,12 +313,17 @@ impl Lane {
             return Err(None);
         }
         if let Some(old) = s.fence.clone() {
-            if !core.fenced(&old) {
+            let state = core.fence_state(&old);
+            if state == FenceState::Open {
                 core.start_fence(&old, &s.job.peer_rpc);
                 return Err(Some(s));
             }
             core.counters.fenced_slices.fetch_add(1, Ordering::Relaxed);
             s.fence = None;
+            if state == FenceState::PeerGone && s.failure.is_none() {
+                // Retrying cannot bring the process back within this task's life.
+                s.failure = Some(format!("RDMA peer {} is gone", old.key));
+            }
         }
         if let Some(why) = s.failure.take() {
             s.job.fail(why);

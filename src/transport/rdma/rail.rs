@@ -60,7 +60,6 @@ struct Rail {
     paused_until: Option<Duration>,
     /// The cooldown of the next trip (0: the base).
     next_cooldown: Duration,
-    trips: u32,
     /// While paused: when the next probe may go.
     next_probe: Duration,
     /// While paused: a probe is out until then (it counts as lost after that).
@@ -77,12 +76,14 @@ pub struct RailMonitor {
     rails: Mutex<HashMap<(usize, String), Rail>>,
     /// Probes let through so far.
     probes: std::sync::atomic::AtomicU64,
+    /// Pauses so far.
+    trips: std::sync::atomic::AtomicU64,
 }
 
 impl RailMonitor {
     /// A monitor where every rail is available.
     pub fn new(params: RailParams) -> RailMonitor {
-        RailMonitor { params, rails: Mutex::new(HashMap::new()), probes: Default::default() }
+        RailMonitor { params, rails: Mutex::new(HashMap::new()), probes: Default::default(), trips: Default::default() }
     }
 
     /// Whether the pair may be used at `now`; an expired pause ends here. While the pair is
@@ -142,7 +143,7 @@ impl RailMonitor {
         r.next_probe = now + p.probe_interval;
         r.probe_until = None;
         r.next_cooldown = (cooldown * 2).min(MAX_COOLDOWN);
-        r.trips += 1;
+        self.trips.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         r.errors = 0;
         tracing::warn!("rail {local} -> {remote} paused for {cooldown:?} after repeated failures");
         true
@@ -162,9 +163,10 @@ impl RailMonitor {
         self.rails.lock().values().filter(|r| r.paused_until.is_some_and(|t| now < t)).count()
     }
 
-    /// How many times any rail was paused.
-    pub fn trips(&self) -> u32 {
-        self.rails.lock().values().map(|r| r.trips).sum()
+    /// How many times any rail was paused (a count that never goes down: a rail that
+    /// recovers is forgotten, its pauses are not).
+    pub fn trips(&self) -> u64 {
+        self.trips.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// How many probes paused rails let through.
@@ -176,6 +178,20 @@ impl RailMonitor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pauses_are_counted_after_the_rail_recovers() {
+        let m = RailMonitor::new(RailParams {
+            threshold: 1,
+            window: Duration::from_secs(10),
+            cooldown: Duration::from_secs(1),
+            probe_interval: Duration::from_secs(1000),
+        });
+        assert!(m.mark_failed(0, "b@x", Duration::ZERO));
+        m.mark_recovered(0, "b@x");
+        assert!(m.available(0, "b@x", Duration::from_millis(1)), "recovered");
+        assert_eq!(m.trips(), 1, "the pause still counts");
+    }
 
     #[test]
     fn pauses_after_threshold_doubles_per_trip_and_recovers() {

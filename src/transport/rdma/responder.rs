@@ -38,8 +38,14 @@ impl Core {
         let (Some(ctx), Some(store)) = (self.contexts.get(nic_id), self.store(nic_id)) else {
             return refuse(BootstrapResult::NoDevice, format!("No device found in local segment: {nic}"));
         };
-        if !matches!(ctx.state(), ContextState::Enabled | ContextState::Paused) {
-            return refuse(BootstrapResult::NoDevice, format!("Device is down: {nic}"));
+        match ctx.state() {
+            ContextState::Enabled => {}
+            // Paused after its port went down (or at start with the port down): its endpoints
+            // were retired then, and QPs set up now would only fail (ENETUNREACH on rxe). The
+            // peer is told the device is down, which also tells it that nothing of its older
+            // QPs for this pair can execute here (its fences, fence.rs).
+            ContextState::Paused => return refuse(BootstrapResult::NoDevice, format!("Device is paused: {nic}")),
+            _ => return refuse(BootstrapResult::NoDevice, format!("Device is down: {nic}")),
         }
         for _ in 0..2 {
             let now = self.clock.now();
@@ -70,7 +76,7 @@ impl Core {
             let reply = ep.accept(&req, now);
             if reply.outcome() == BootstrapResult::Ok {
                 // The peer connects new QPs to us: its older ones for this pair are retired.
-                self.record_fence(nic_id, &req.local_nic_path);
+                self.record_fence(nic_id, &req.local_nic_path, false);
             }
             // Accepting a notify upgrade creates the channel.
             self.track_notify(&ep);
