@@ -163,14 +163,9 @@ impl Dispatcher {
         // A file segment is one file: any contiguous range of it is one target.
         let remote = desc.is_file()
             || desc
-                .buffers
-                .iter()
-                .find(|b| range_within(first.target_offset, first.length, b.addr, b.length))
+                .buffer_holding(first.target_offset, first.length)
                 .is_some_and(|b| range_within(merged.target_offset, merged.length, b.addr, b.length));
-        let local = self.local.snapshot().iter().any(|b| {
-            range_within(first.source, first.length, b.addr, b.len)
-                && range_within(merged.source, merged.length, b.addr, b.len)
-        });
+        let local = self.local.one_buffer_holds((first.source, first.length), (merged.source, merged.length));
         remote && local
     }
 
