@@ -13,6 +13,10 @@
 //!   buffer was written once before (first touches of pages fault), and the sizes take turns
 //!   batch by batch so that other work on the machine slows each alike.
 //!
+//! - `memcpy us`: the same batch's 32 blocks copied with memcpy to the same places of a plain
+//!   buffer as large as the target's (warm as well): what the memory system alone costs when
+//!   the blocks land all over a large buffer.
+//!
 //! Options: `--n 100,1000` (the list of N), `--batches N` (300), `--transports tcp,shm,rdma`,
 //! `--all-single` (register all N buffers one call each and time them all: the measure).
 //! Under `cargo test` it runs once with N = 100, 1,000 as a smoke test.
@@ -75,6 +79,10 @@ struct Setup {
     hint: TransportKind,
     rng: Rng,
     times: Vec<f64>,
+    /// A plain buffer as large as the target's, and the times of copying each batch's blocks
+    /// to the same places of it with memcpy: what the memory system alone costs.
+    plain: Vec<u8>,
+    copies: Vec<f64>,
 }
 
 fn setup(kind: &str, n: usize, all_single: bool) -> Setup {
@@ -113,7 +121,9 @@ fn setup(kind: &str, n: usize, all_single: bool) -> Setup {
     initiator.segment_info(h).expect("descriptor");
     let open_ms = t.elapsed().as_secs_f64() * 1e3;
     let rng = Rng(0x9e37_79b9_7f4a_7c15 ^ n as u64);
-    let mut s = Setup { n, reg_us, open_ms, target, initiator, base, src, h, hint, rng, times: Vec::new() };
+    let plain = vec![1u8; size];
+    let (times, copies) = (Vec::new(), Vec::new());
+    let mut s = Setup { n, reg_us, open_ms, target, initiator, base, src, h, hint, rng, times, plain, copies };
     // Steady state, as a KV pool in use: every target buffer was written through the engine
     // once (the first touch of a page faults, in the target or in the initiator's mapping of
     // it), and the connections are up.
@@ -165,6 +175,14 @@ impl Setup {
         let targets: Vec<usize> = (0..BATCH).map(|_| (self.rng.next() % self.n as u64) as usize).collect();
         let t = self.batch(&targets);
         self.times.push(t);
+        let block = vec![7u8; BUF as usize];
+        let start = Instant::now();
+        for &t in &targets {
+            let at = t * BUF as usize;
+            self.plain[at..at + BUF as usize].copy_from_slice(std::hint::black_box(&block));
+        }
+        std::hint::black_box(&mut self.plain);
+        self.copies.push(start.elapsed().as_secs_f64() * 1e6);
     }
 }
 
@@ -183,7 +201,10 @@ fn main() {
     fabric.register_as("scale_bench");
     for kind in &kinds {
         println!("scale {kind}: 4 KiB buffers, {batches} batches of {BATCH} x 4 KiB WRITE to random buffers");
-        println!("{:>8} {:>11} {:>9} {:>11} {:>9} {:>10}", "N", "reg us/buf", "open ms", "batch us", "p99 us", "vs first");
+        println!(
+            "{:>8} {:>11} {:>9} {:>11} {:>9} {:>10} {:>11}",
+            "N", "reg us/buf", "open ms", "batch us", "p99 us", "vs first", "memcpy us"
+        );
         let mut setups: Vec<Setup> = ns.iter().map(|&n| setup(kind, n.max(1), all_single)).collect();
         // The sizes take turns batch by batch, so a machine whose speed drifts (other work on
         // it) slows every size alike.
@@ -195,17 +216,20 @@ fn main() {
         let mut first = None;
         for s in &mut setups {
             s.times.sort_by(|a, b| a.total_cmp(b));
+            s.copies.sort_by(|a, b| a.total_cmp(b));
+            let copy = s.copies[s.copies.len() / 2];
             let median = s.times[s.times.len() / 2];
             let p99 = s.times[(s.times.len() * 99 / 100).min(s.times.len() - 1)];
             let base = *first.get_or_insert(median);
             println!(
-                "{:>8} {:>11.1} {:>9.1} {:>11.1} {:>9.1} {:>9.2}x",
+                "{:>8} {:>11.1} {:>9.1} {:>11.1} {:>9.1} {:>9.2}x {:>11.1}",
                 s.n,
                 s.reg_us,
                 s.open_ms,
                 median,
                 p99,
-                median / base
+                median / base,
+                copy
             );
             let _ = &s.target;
         }

@@ -68,13 +68,25 @@ pub struct SegmentDesc {
     pub index: BufferIndex,
 }
 
-/// An interval map from each buffer's range to its position in [`SegmentDesc::buffers`], made
-/// on the first lookup of a descriptor (which is shared and not changed once cached). It belongs
-/// to the buffer list it was made from: a clone starts without one, and a list whose length
-/// changed since is scanned instead. It never takes part in comparisons.
+/// Finds the buffers of a descriptor that hold an address, made on the first lookup of a
+/// descriptor (which is shared and not changed once cached). The usual list has no two buffers
+/// overlapping: then a binary search over the ranges sorted by start finds the only candidate,
+/// with no allocation and few cache misses (a descriptor of 100,000 buffers is looked up for
+/// every request). A list with overlaps uses an interval map instead. It belongs to the buffer
+/// list it was made from: a clone starts without one, and a list whose length changed since is
+/// scanned instead. It never takes part in comparisons.
 #[derive(Default)]
 pub struct BufferIndex {
-    built: OnceLock<(usize, IntervalMap<u64, u32>)>,
+    built: OnceLock<Built>,
+}
+
+/// The index of one buffer list of `len` entries.
+struct Built {
+    len: usize,
+    /// `(start, end, position)` of every non-empty buffer, by start.
+    sorted: Vec<(u64, u64, u32)>,
+    /// Present when some buffers overlap: range to position.
+    overlapping: Option<IntervalMap<u64, u32>>,
 }
 
 impl Clone for BufferIndex {
@@ -95,28 +107,60 @@ impl std::fmt::Debug for BufferIndex {
     }
 }
 
+/// The positions an index query yields: the one candidate of a disjoint list, or those of an
+/// interval-map query.
+enum Holders<'a> {
+    One(Option<usize>),
+    Map(iset::iter::Values<'a, u64, u32, std::ops::RangeInclusive<u64>, u32>),
+}
+
+impl Iterator for Holders<'_> {
+    type Item = usize;
+    fn next(&mut self) -> Option<usize> {
+        match self {
+            Holders::One(o) => o.take(),
+            Holders::Map(m) => m.next().map(|&i| i as usize),
+        }
+    }
+}
+
 impl BufferIndex {
+    fn build(buffers: &[BufferDesc]) -> Built {
+        // A 0-byte or wrapping buffer holds no range of at least one byte.
+        let mut sorted: Vec<(u64, u64, u32)> = buffers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, b)| b.addr.checked_add(b.length).filter(|_| b.length > 0).map(|e| (b.addr, e, i as u32)))
+            .collect();
+        sorted.sort_unstable();
+        let disjoint = sorted.windows(2).all(|w| w[0].1 <= w[1].0);
+        let overlapping = (!disjoint).then(|| {
+            let mut map = IntervalMap::new();
+            for &(s, e, i) in &sorted {
+                map.force_insert(s..e, i);
+            }
+            map
+        });
+        Built { len: buffers.len(), sorted, overlapping }
+    }
+
     /// Positions (in list order) of the buffers of `buffers` that may hold `[addr, addr+len)`:
     /// those holding `addr`, or `None` when only a scan can tell (a 0-byte range, or a list
     /// too long for the index).
-    fn candidates<'a>(&'a self, buffers: &[BufferDesc], addr: u64, len: u64) -> Option<impl Iterator<Item = usize> + 'a> {
+    fn candidates<'a>(&'a self, buffers: &[BufferDesc], addr: u64, len: u64) -> Option<Holders<'a>> {
         if len == 0 || buffers.len() > u32::MAX as usize {
             return None;
         }
-        let (n, map) = self.built.get_or_init(|| {
-            let mut map = IntervalMap::new();
-            for (i, b) in buffers.iter().enumerate() {
-                // A 0-byte or wrapping buffer holds no range of at least one byte.
-                if let Some(end) = b.addr.checked_add(b.length).filter(|_| b.length > 0) {
-                    map.force_insert(b.addr..end, i as u32);
-                }
-            }
-            (buffers.len(), map)
-        });
-        if *n != buffers.len() {
+        let built = self.built.get_or_init(|| Self::build(buffers));
+        if built.len != buffers.len() {
             return None;
         }
-        Some(map.values_overlap(addr).map(|&i| i as usize))
+        if let Some(map) = &built.overlapping {
+            return Some(Holders::Map(map.values_overlap(addr)));
+        }
+        let after = built.sorted.partition_point(|&(s, _, _)| s <= addr);
+        let hit = after.checked_sub(1).map(|i| built.sorted[i]).filter(|&(_, e, _)| addr < e);
+        Some(Holders::One(hit.map(|(_, _, i)| i as usize)))
     }
 }
 

@@ -1,7 +1,9 @@
 //! The local segment (this engine's registered buffers and the leases that keep them while
 //! copies run) and the table that maps segment names to handles.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, HashMap};
+use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -18,15 +20,11 @@ use crate::error::{Error, Result};
 pub type RangeCheck = (u64, u64, Option<(Opcode, bool)>);
 
 /// The buffer of `map` that holds `[addr, addr+len)` and allows `access` (any buffer holding it
-/// when `access` is `None`). Only the buffers that hold `addr` are looked at (an interval-map
-/// query, O(log N) plus the few overlapping registrations), never the whole list.
-fn find_buffer(map: &BufferMap, addr: u64, len: u64, access: Option<(Opcode, bool)>) -> Result<&LocalBuffer> {
+/// when `access` is `None`). Only the buffers that hold `addr` are looked at (one B-tree
+/// search, or an interval-map query when registrations overlap), never the whole list.
+fn find_buffer(map: &Buffers, addr: u64, len: u64, access: Option<(Opcode, bool)>) -> Result<&LocalBuffer> {
     let mut contained = false;
-    // The map holds only non-empty ranges; a 0-byte range at a buffer's end is checked by a
-    // scan, as it always was (it never moves a byte).
-    let mut holders: Box<dyn Iterator<Item = &LocalBuffer>> =
-        if len == 0 { Box::new(map.unsorted_values()) } else { Box::new(map.values_overlap(addr)) };
-    for b in &mut holders {
+    for b in map.holding(addr, len) {
         if range_within(addr, len, b.addr, b.len) {
             contained = true;
             match access {
@@ -45,8 +43,85 @@ fn find_buffer(map: &BufferMap, addr: u64, len: u64, access: Option<(Opcode, boo
     }
 }
 
-/// Registered buffers by range. Ranges are never empty and never wrap (checked on register).
-type BufferMap = IntervalMap<u64, LocalBuffer>;
+/// Registered buffers. Ranges are never empty and never wrap (checked on register).
+#[derive(Default)]
+struct Buffers {
+    /// Every buffer by (address, length descending): the order listings and the descriptor use.
+    by_start: BTreeMap<(u64, Reverse<u64>), LocalBuffer>,
+    /// Every range, for finding the ones that hold an address when some overlap.
+    ranges: IntervalMap<u64, ()>,
+    /// Pairs of registered buffers that overlap. While there are none (the usual case), the
+    /// buffer holding an address is the last one starting at or before it: one B-tree search.
+    overlapping_pairs: usize,
+}
+
+/// The buffers an address lookup looks at.
+enum Holders<'a> {
+    One(Option<&'a LocalBuffer>),
+    Overlapping(&'a BTreeMap<(u64, Reverse<u64>), LocalBuffer>, iset::iter::Intervals<'a, u64, (), RangeInclusive<u64>, u32>),
+    All(std::collections::btree_map::Values<'a, (u64, Reverse<u64>), LocalBuffer>),
+}
+
+impl<'a> Iterator for Holders<'a> {
+    type Item = &'a LocalBuffer;
+    fn next(&mut self) -> Option<&'a LocalBuffer> {
+        match self {
+            Holders::One(b) => b.take(),
+            Holders::Overlapping(by_start, ranges) => {
+                let r = ranges.next()?;
+                by_start.get(&(r.start, Reverse(r.end - r.start)))
+            }
+            Holders::All(all) => all.next(),
+        }
+    }
+}
+
+impl Buffers {
+    /// The buffers that may hold `[addr, addr+len)`: those holding byte `addr` (every buffer
+    /// for a 0-byte range, which may lie at a buffer's end; such a range never moves a byte).
+    fn holding(&self, addr: u64, len: u64) -> Holders<'_> {
+        if len == 0 {
+            Holders::All(self.by_start.values())
+        } else if self.overlapping_pairs == 0 {
+            let last = self.by_start.range(..=(addr, Reverse(0))).next_back().map(|(_, b)| b);
+            Holders::One(last.filter(|b| addr - b.addr < b.len))
+        } else {
+            Holders::Overlapping(&self.by_start, self.ranges.intervals_overlap(addr))
+        }
+    }
+
+    fn get(&self, addr: u64, len: u64) -> Option<&LocalBuffer> {
+        self.by_start.get(&(addr, Reverse(len)))
+    }
+
+    fn get_mut(&mut self, addr: u64, len: u64) -> Option<&mut LocalBuffer> {
+        self.by_start.get_mut(&(addr, Reverse(len)))
+    }
+
+    /// The lengths of the buffers starting at `addr`.
+    fn lengths_at(&self, addr: u64) -> Vec<u64> {
+        self.by_start.range((addr, Reverse(u64::MAX))..=(addr, Reverse(0))).map(|(k, _)| k.1.0).collect()
+    }
+
+    fn insert(&mut self, b: LocalBuffer) {
+        let range = b.addr..b.addr + b.len;
+        self.overlapping_pairs += self.ranges.iter(range.clone()).count();
+        self.ranges.insert(range, ());
+        self.by_start.insert((b.addr, Reverse(b.len)), b);
+    }
+
+    fn remove(&mut self, addr: u64, len: u64) -> Option<LocalBuffer> {
+        let b = self.by_start.remove(&(addr, Reverse(len)))?;
+        let range = addr..addr + len;
+        self.ranges.remove(range.clone());
+        self.overlapping_pairs = self.overlapping_pairs.saturating_sub(self.ranges.iter(range).count());
+        Some(b)
+    }
+
+    fn len(&self) -> usize {
+        self.by_start.len()
+    }
+}
 
 fn not_registered(addr: u64, len: u64) -> Error {
     Error::AddressNotRegistered(format!("{len} bytes at {addr:#x} are not inside memory registered with this engine"))
@@ -119,7 +194,7 @@ struct Lease(Arc<BufferLife>);
 pub struct HeldRange(#[allow(dead_code)] Lease);
 
 /// Checks `(addr, len, access)` against `map` and enters the buffer holding it.
-fn hold_in(map: &BufferMap, (addr, len, access): RangeCheck) -> Result<HeldRange> {
+fn hold_in(map: &Buffers, (addr, len, access): RangeCheck) -> Result<HeldRange> {
     let b = find_buffer(map, addr, len, access)?;
     // Being removed (its unregister waits for running copies): as if it were not there.
     Ok(HeldRange(b.life.enter().ok_or_else(|| not_registered(addr, len))?))
@@ -144,7 +219,7 @@ pub struct LocalSegment {
     pub machine_id: String,
     pub rpc_server_addr: String,
     topology: String,
-    buffers: RwLock<BufferMap>,
+    buffers: RwLock<Buffers>,
     version: AtomicU64,
     /// The descriptor JSON and the version it shows, made when a peer asks after a change.
     json_cache: Mutex<(u64, Arc<String>)>,
@@ -197,7 +272,7 @@ impl LocalSegment {
             machine_id,
             rpc_server_addr,
             topology,
-            buffers: RwLock::new(IntervalMap::new()),
+            buffers: RwLock::new(Buffers::default()),
             version: AtomicU64::new(1),
             json_cache: Mutex::new((0, Arc::new(String::new()))),
             devices: RwLock::new(Vec::new()),
@@ -207,9 +282,7 @@ impl LocalSegment {
     /// A copy of every registered buffer, sorted by address, then length descending. O(N): for
     /// listings, not for the data paths (they use [`LocalSegment::with_ranges`] and friends).
     pub fn snapshot(&self) -> Vec<LocalBuffer> {
-        let mut list: Vec<LocalBuffer> = self.buffers.read().unsorted_values().cloned().collect();
-        list.sort_by(|a, b| a.addr.cmp(&b.addr).then(b.len.cmp(&a.len)));
-        list
+        self.buffers.read().by_start.values().cloned().collect()
     }
 
     /// Number of registered buffers (distinct ranges).
@@ -219,25 +292,24 @@ impl LocalSegment {
 
     /// Whether nothing is registered.
     pub fn is_empty(&self) -> bool {
-        self.buffers.read().is_empty()
+        self.buffers.read().len() == 0
     }
 
     /// The registration of exactly `[addr, addr+len)`, if there is one.
     pub fn get(&self, addr: u64, len: u64) -> Option<LocalBuffer> {
-        let end = addr.checked_add(len).filter(|_| len > 0)?;
-        self.buffers.read().get(addr..end).cloned()
+        self.buffers.read().get(addr, len).cloned()
     }
 
     /// Whether some registration starts at `addr`.
     pub fn starts_at(&self, addr: u64) -> bool {
-        self.buffers.read().values_overlap(addr).any(|b| b.addr == addr)
+        !self.buffers.read().lengths_at(addr).is_empty()
     }
 
     /// Whether one registered buffer holds both `[a, a+a_len)` and `[b, b+b_len)`.
     pub fn one_buffer_holds(&self, (a, a_len): (u64, u64), (b, b_len): (u64, u64)) -> bool {
         let map = self.buffers.read();
         let holds = |x: &LocalBuffer| range_within(a, a_len, x.addr, x.len) && range_within(b, b_len, x.addr, x.len);
-        if a_len == 0 { map.unsorted_values().any(holds) } else { map.values_overlap(a).any(holds) }
+        map.holding(a, a_len).any(holds)
     }
 
     /// Increments on every change of the buffer list.
@@ -260,8 +332,7 @@ impl LocalSegment {
         let mut added = Vec::with_capacity(regs.len());
         let mut map = self.buffers.write();
         for r in regs {
-            let range = r.addr..r.addr + r.len;
-            if let Some(b) = map.get_mut(range.clone()) {
+            if let Some(b) = map.get_mut(r.addr, r.len) {
                 b.refcount = b.refcount.saturating_add(1);
                 added.push(false);
                 continue;
@@ -281,7 +352,7 @@ impl LocalSegment {
                 json: Arc::from(""),
             };
             b.json = Arc::from(serde_json::to_string(&buffer_desc(&b)).unwrap_or_default());
-            map.insert(range, b);
+            map.insert(b);
             added.push(true);
         }
         if added.iter().any(|a| *a) {
@@ -306,16 +377,12 @@ impl LocalSegment {
         let mut map = self.buffers.write();
         let mut removed = Vec::new();
         for &(addr, len) in entries {
-            let ranges: Vec<std::ops::Range<u64>> = if len == 0 {
-                map.iter(addr..=addr).filter(|(r, _)| r.start == addr).map(|(r, _)| r).collect()
-            } else {
-                addr.checked_add(len).map(|end| addr..end).into_iter().collect()
-            };
-            for range in ranges {
-                let Some(b) = map.get_mut(range.clone()) else { continue };
+            let lengths = if len == 0 { map.lengths_at(addr) } else { vec![len] };
+            for len in lengths {
+                let Some(b) = map.get_mut(addr, len) else { continue };
                 b.refcount = b.refcount.saturating_sub(1);
                 if b.refcount == 0 {
-                    removed.extend(map.remove(range));
+                    removed.extend(map.remove(addr, len));
                 }
             }
         }
@@ -403,14 +470,12 @@ impl LocalSegment {
         let Some(rest) = shell.strip_prefix(JSON_HEAD).and_then(|r| r.strip_prefix(']')) else {
             return self.descriptor().to_json();
         };
-        let entries: Vec<(u64, u64, Arc<str>)> =
-            self.buffers.read().unsorted_values().map(|b| (b.addr, b.len, b.json.clone())).collect();
-        let mut entries = entries;
-        entries.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
-        let size = shell.len() + entries.iter().map(|e| e.2.len() + 1).sum::<usize>();
+        // The entries are copied out (reference counts), so registering waits for no join.
+        let entries: Vec<Arc<str>> = self.buffers.read().by_start.values().map(|b| b.json.clone()).collect();
+        let size = shell.len() + entries.iter().map(|e| e.len() + 1).sum::<usize>();
         let mut out = String::with_capacity(size);
         out.push_str(JSON_HEAD);
-        for (i, (_, _, json)) in entries.iter().enumerate() {
+        for (i, json) in entries.iter().enumerate() {
             if i > 0 {
                 out.push(',');
             }
