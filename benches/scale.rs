@@ -191,8 +191,7 @@ fn main() {
     let ns: Vec<usize> = opt("--n")
         .map(|s| s.split(',').filter_map(|v| v.trim().parse().ok()).collect())
         .unwrap_or_else(|| if bench { vec![100, 1000, 10_000, 100_000] } else { vec![100, 1000] });
-    let batches: usize =
-        opt("--batches").and_then(|v| v.parse().ok()).unwrap_or(if bench { 300 } else { 20 }).max(1);
+    let batches: usize = opt("--batches").and_then(|v| v.parse().ok()).unwrap_or(if bench { 300 } else { 20 }).max(1);
     let kinds: Vec<String> = opt("--transports")
         .map(|s| s.split(',').map(|v| v.trim().to_string()).collect())
         .unwrap_or_else(|| vec!["tcp".into(), "shm".into(), "rdma".into()]);

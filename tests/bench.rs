@@ -55,7 +55,9 @@ fn sim_rdma_is_consistent() {
 
 /// A target started with tebench's flags and no role (an empty --target_seg_name), printing its
 /// segment name; returns the child and its stdout lines.
-fn tebench_target(extra: &[&str]) -> (std::process::Child, String, std::io::Lines<std::io::BufReader<std::process::ChildStdout>>) {
+fn tebench_target(
+    extra: &[&str],
+) -> (std::process::Child, String, std::io::Lines<std::io::BufReader<std::process::ChildStdout>>) {
     use std::io::{BufRead, BufReader};
     let mut target = Command::new(env!("CARGO_BIN_EXE_tent-bench"))
         .args(["--seg_name=bench_target", "--seg_type=DRAM", "--backend=tent", "--total_buffer_size=4M"])

@@ -55,6 +55,19 @@ fn usage() -> Usage {
     Usage { threads: proc_status("Threads:"), fds: open_fds(), rss_kib: proc_status("VmRSS:") }
 }
 
+/// 513 engines in one process hold a few thousand sockets (both ends of every connection are
+/// here): the soft limit on open files goes up to the hard one.
+fn raise_fd_limit() {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit read and write the one struct we own.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
 /// A small deterministic generator per thread.
 struct Rng(u64);
 impl Rng {
@@ -86,6 +99,7 @@ fn engines(n: usize, cfg: &[(&str, &str)]) -> Vec<Arc<Engine>> {
 /// (batches of 8 tasks to 8 peers), and other threads make random peers write into the hub, for
 /// the traffic time. Every task is waited for with [`BOUND`] and must complete.
 fn many_peers(label: &str, cfg: &[(&str, &str)]) {
+    raise_fd_limit();
     let before = usage();
     let hub = engine(cfg);
     let peers = engines(PEERS, cfg);
@@ -140,7 +154,13 @@ fn many_peers(label: &str, cfg: &[(&str, &str)]) {
                 while Instant::now() < end || round == 0 {
                     let p = rng.below(PEERS);
                     let slot = (PEERS + p) * BLOCK;
-                    let r = req(Opcode::Write, peer_mem[p].as_ptr() as u64, hub_handles[p], hub_mem.as_ptr() as u64 + slot as u64, BLOCK as u64);
+                    let r = req(
+                        Opcode::Write,
+                        peer_mem[p].as_ptr() as u64,
+                        hub_handles[p],
+                        hub_mem.as_ptr() as u64 + slot as u64,
+                        BLOCK as u64,
+                    );
                     let start = Instant::now();
                     let st = run(&peers[p], &[r], BOUND);
                     seen.latencies_us.push(start.elapsed().as_secs_f64() * 1e6);
@@ -163,11 +183,10 @@ fn many_peers(label: &str, cfg: &[(&str, &str)]) {
 
     let m = hub.metrics().snapshot();
     let ev = |k: &str| m["rdma_endpoint_events"][k].as_u64().unwrap_or(0);
-    let held: u64 = m["rdma_store_occupancy"].as_object().map(|o| o.values().filter_map(|v| v.as_u64()).sum()).unwrap_or(0);
-    let peers_created: u64 = peers
-        .iter()
-        .map(|p| p.metrics().snapshot()["rdma_endpoint_events"]["created"].as_u64().unwrap_or(0))
-        .sum();
+    let held: u64 =
+        m["rdma_store_occupancy"].as_object().map(|o| o.values().filter_map(|v| v.as_u64()).sum()).unwrap_or(0);
+    let peers_created: u64 =
+        peers.iter().map(|p| p.metrics().snapshot()["rdma_endpoint_events"]["created"].as_u64().unwrap_or(0)).sum();
     let rdma = hub.rdma().is_some();
     if rdma {
         assert!(held as usize <= CAP, "{label}: the hub holds {held} endpoints, over the cap of {CAP}");

@@ -83,8 +83,11 @@ pub struct BufferIndex {
 /// The index of one buffer list of `len` entries.
 struct Built {
     len: usize,
-    /// `(start, end, position)` of every non-empty buffer, by start.
-    sorted: Vec<(u64, u64, u32)>,
+    /// The start of every non-empty buffer, sorted: searched alone, so that the search touches
+    /// 8 bytes per buffer (a list of 100,000 mostly stays in the CPU's cache).
+    starts: Vec<u64>,
+    /// `(end, position)` of the buffer at the same index of `starts`.
+    ends: Vec<(u64, u32)>,
     /// Present when some buffers overlap: range to position.
     overlapping: Option<IntervalMap<u64, u32>>,
 }
@@ -141,7 +144,9 @@ impl BufferIndex {
             }
             map
         });
-        Built { len: buffers.len(), sorted, overlapping }
+        let starts = sorted.iter().map(|e| e.0).collect();
+        let ends = sorted.iter().map(|e| (e.1, e.2)).collect();
+        Built { len: buffers.len(), starts, ends, overlapping }
     }
 
     /// Positions (in list order) of the buffers of `buffers` that may hold `[addr, addr+len)`:
@@ -158,9 +163,9 @@ impl BufferIndex {
         if let Some(map) = &built.overlapping {
             return Some(Holders::Map(map.values_overlap(addr)));
         }
-        let after = built.sorted.partition_point(|&(s, _, _)| s <= addr);
-        let hit = after.checked_sub(1).map(|i| built.sorted[i]).filter(|&(_, e, _)| addr < e);
-        Some(Holders::One(hit.map(|(_, _, i)| i as usize)))
+        let after = built.starts.partition_point(|&s| s <= addr);
+        let hit = after.checked_sub(1).map(|i| built.ends[i]).filter(|&(e, _)| addr < e);
+        Some(Holders::One(hit.map(|(_, i)| i as usize)))
     }
 }
 

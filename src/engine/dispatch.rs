@@ -201,8 +201,8 @@ impl Dispatcher {
             let candidates = if desc.is_file() {
                 self.file_candidates(desc, &request)
             } else {
-                desc.find_buffer(request.target_offset, request.length, request.opcode, true).and_then(|buf| {
-                    match &last {
+                desc.find_buffer(request.target_offset, request.length, request.opcode, true).and_then(
+                    |buf| match &last {
                         Some((k, list)) if same_key(k, buf, request.length, request.priority, request.hint) => {
                             Ok(list.clone())
                         }
@@ -213,8 +213,8 @@ impl Dispatcher {
                             last = Some((key, list.clone()));
                             Ok(list)
                         }
-                    }
-                })
+                    },
+                )
             };
             let candidates = match candidates {
                 Ok(c) => c,

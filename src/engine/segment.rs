@@ -58,7 +58,10 @@ struct Buffers {
 /// The buffers an address lookup looks at.
 enum Holders<'a> {
     One(Option<&'a LocalBuffer>),
-    Overlapping(&'a BTreeMap<(u64, Reverse<u64>), LocalBuffer>, iset::iter::Intervals<'a, u64, (), RangeInclusive<u64>, u32>),
+    Overlapping(
+        &'a BTreeMap<(u64, Reverse<u64>), LocalBuffer>,
+        iset::iter::Intervals<'a, u64, (), RangeInclusive<u64>, u32>,
+    ),
     All(std::collections::btree_map::Values<'a, (u64, Reverse<u64>), LocalBuffer>),
 }
 

@@ -606,7 +606,10 @@ mod tests {
         let m = Mapping::open("", &buf.shm_path, buf.shm_offset + buf.length).expect("map the object");
         // SAFETY: the mapping covers the whole 1 MiB object.
         assert_eq!(unsafe { *m.at(8192 + 100) }, 42);
-        assert!(matches!(Mapping::open("", &buf.shm_path, 2 << 20), Err(Error::Remote(_))), "object shorter than the registration");
+        assert!(
+            matches!(Mapping::open("", &buf.shm_path, 2 << 20), Err(Error::Remote(_))),
+            "object shorter than the registration"
+        );
         drop(m);
         // SAFETY: p and size come from create_object.
         unsafe { libc::munmap(p.cast(), 1 << 20) };

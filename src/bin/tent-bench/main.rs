@@ -137,4 +137,3 @@ fn main() -> ExitCode {
         }
     }
 }
-
