@@ -704,3 +704,20 @@ fn control_message(shared: &Shared, id: i32, att: &[u8]) -> std::result::Result<
         _ => Ok(Vec::new()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptor_fetches_go_to_the_data_pool_and_notifications_to_control() {
+        let kind = |id| classify(&frame::encode_request(1, id, 0, frame::MSG_TYPE_TENT_RS));
+        // A descriptor may be 20 MB: it must not hold the control worker.
+        assert!(matches!(kind(msg::GET_SEGMENT_DESC), Waiting::Data));
+        assert!(matches!(kind(msg::SEND_DATA), Waiting::Data));
+        assert!(matches!(kind(msg::RECV_DATA), Waiting::Data));
+        for id in [msg::NOTIFY, msg::BOOTSTRAP_RDMA, msg::PROBE, msg::SUBSCRIBE_SEGMENT_UPDATE] {
+            assert!(matches!(kind(id), Waiting::Control), "message {id}");
+        }
+    }
+}
