@@ -4,7 +4,11 @@
 use std::process::Command;
 
 fn bench(args: &[&str]) -> String {
+    // Without a target to run against, both sides run in this process (an empty
+    // --target_seg_name alone would make a target, as tebench's).
+    let local = !args.iter().any(|a| a.starts_with("--target_seg_name="));
     let out = Command::new(env!("CARGO_BIN_EXE_tent-bench"))
+        .args(if local { &["--role=local"][..] } else { &[][..] })
         .args(["--duration=0.1", "--total_buffer_size=8M", "--start_block_size=64K", "--max_block_size=1M"])
         .args(["--max_batch_size=4", "--check_consistency", "--compare"])
         .args(args)
@@ -47,6 +51,76 @@ fn bad_options_are_refused_with_usage() {
 fn sim_rdma_is_consistent() {
     let t = bench(&["--xport_type=rdma", "--rdma_provider=sim", "--op_type=mix"]);
     assert!(t.contains("consistency check: 0 mismatched bytes"), "{t}");
+}
+
+/// A target started with tebench's flags and no role (an empty --target_seg_name), printing its
+/// segment name; returns the child and its stdout lines.
+fn tebench_target(
+    extra: &[&str],
+) -> (std::process::Child, String, std::io::Lines<std::io::BufReader<std::process::ChildStdout>>) {
+    use std::io::{BufRead, BufReader};
+    let mut target = Command::new(env!("CARGO_BIN_EXE_tent-bench"))
+        .args(["--seg_name=bench_target", "--seg_type=DRAM", "--backend=tent", "--total_buffer_size=4M"])
+        .args(extra)
+        .env("MC_LOG_LEVEL", "error")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("tent-bench target runs");
+    let mut lines = BufReader::new(target.stdout.take().expect("stdout")).lines();
+    let name = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|l| l.strip_prefix("target segment: ").map(str::to_string))
+        .expect("the target prints its segment name");
+    (target, name, lines)
+}
+
+fn stop(mut target: std::process::Child) {
+    let pid = i32::try_from(target.id()).expect("pid");
+    // SAFETY: signals the child this test spawned and still owns.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    assert!(target.wait().expect("wait").success(), "the target did not stop cleanly");
+}
+
+/// tebench's command lines: two targets made by an empty --target_seg_name, and initiators
+/// with a comma-separated --target_seg_name, --target_offset, --target_range_size and --notifi:
+/// write_seed writes each range's fixed content and a second process's read_verify finds it.
+#[test]
+fn tebench_command_lines_run_with_tebench_meaning() {
+    let (a, name_a, _la) = tebench_target(&[]);
+    let (b, name_b, lines_b) = tebench_target(&[]);
+    // Named by the engine's own default host (as tebench's target), which initiators reach.
+    assert!(name_a.contains(':') && name_a != name_b, "{name_a} {name_b}");
+    let targets = format!("--target_seg_name={name_a},{name_b}");
+    let common = ["--xport_type=tcp", "--target_offset=1M", "--target_range_size=2M", "--max_num_threads=2"];
+    let run = |op: &str, extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_tent-bench"))
+            .args([targets.as_str(), op, "--duration=0.05", "--start_block_size=64K", "--max_block_size=256K"])
+            .args(["--start_num_threads=2", "--max_batch_size=2"])
+            .args(common)
+            .args(extra)
+            .env("MC_LOG_LEVEL", "error")
+            .output()
+            .expect("initiator runs");
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{op} failed:\n{text}");
+        text
+    };
+    let seeded = run("--op_type=write_seed", &["--notifi"]);
+    assert!(rows(&seeded) >= 6, "{seeded}");
+    let verified = run("--op_type=read_verify", &[]);
+    assert!(verified.contains("consistency check: 0 mismatched bytes"), "{verified}");
+    // A range past the end of the buffer is refused before anything moves.
+    let out = Command::new(env!("CARGO_BIN_EXE_tent-bench"))
+        .args([targets.as_str(), "--target_offset=3M", "--target_range_size=2M"])
+        .env("MC_LOG_LEVEL", "error")
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("target_range_size"));
+    stop(a);
+    stop(b);
+    assert!(lines_b.map_while(Result::ok).any(|l| l.contains("notifications received")), "--notifi notified");
 }
 
 /// `--role=target` serves until it is signalled, as tebench's target does, whatever

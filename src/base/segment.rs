@@ -1,6 +1,9 @@
 //! Segment descriptors: what a segment's owner publishes about it (buffers, keys, NICs) in
 //! upstream's JSON shape, and the file segments described from a local `stat`.
 
+use std::sync::OnceLock;
+
+use iset::IntervalMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -61,6 +64,109 @@ pub struct SegmentDesc {
     /// machine and never parsed from JSON: a descriptor from a peer or a store can never make
     /// this engine touch a local file.
     pub file: Option<FileTarget>,
+    /// Finds the buffers holding an address in O(log N); made on the first lookup.
+    pub index: BufferIndex,
+}
+
+/// Finds the buffers of a descriptor that hold an address, made on the first lookup of a
+/// descriptor (which is shared and not changed once cached). The usual list has no two buffers
+/// overlapping: then a binary search over the ranges sorted by start finds the only candidate,
+/// with no allocation and few cache misses (a descriptor of 100,000 buffers is looked up for
+/// every request). A list with overlaps uses an interval map instead. It belongs to the buffer
+/// list it was made from: a clone starts without one, and a list whose length changed since is
+/// scanned instead. It never takes part in comparisons.
+#[derive(Default)]
+pub struct BufferIndex {
+    built: OnceLock<Built>,
+}
+
+/// The index of one buffer list of `len` entries.
+struct Built {
+    len: usize,
+    /// The start of every non-empty buffer, sorted: searched alone, so that the search touches
+    /// 8 bytes per buffer (a list of 100,000 mostly stays in the CPU's cache).
+    starts: Vec<u64>,
+    /// `(end, position)` of the buffer at the same index of `starts`.
+    ends: Vec<(u64, u32)>,
+    /// Present when some buffers overlap: range to position.
+    overlapping: Option<IntervalMap<u64, u32>>,
+}
+
+impl Clone for BufferIndex {
+    fn clone(&self) -> Self {
+        BufferIndex::default()
+    }
+}
+
+impl PartialEq for BufferIndex {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for BufferIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BufferIndex")
+    }
+}
+
+/// The positions an index query yields: the one candidate of a disjoint list, or those of an
+/// interval-map query.
+enum Holders<'a> {
+    One(Option<usize>),
+    Map(iset::iter::Values<'a, u64, u32, std::ops::RangeInclusive<u64>, u32>),
+}
+
+impl Iterator for Holders<'_> {
+    type Item = usize;
+    fn next(&mut self) -> Option<usize> {
+        match self {
+            Holders::One(o) => o.take(),
+            Holders::Map(m) => m.next().map(|&i| i as usize),
+        }
+    }
+}
+
+impl BufferIndex {
+    fn build(buffers: &[BufferDesc]) -> Built {
+        // A 0-byte or wrapping buffer holds no range of at least one byte.
+        let mut sorted: Vec<(u64, u64, u32)> = buffers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, b)| b.addr.checked_add(b.length).filter(|_| b.length > 0).map(|e| (b.addr, e, i as u32)))
+            .collect();
+        sorted.sort_unstable();
+        let disjoint = sorted.windows(2).all(|w| w[0].1 <= w[1].0);
+        let overlapping = (!disjoint).then(|| {
+            let mut map = IntervalMap::new();
+            for &(s, e, i) in &sorted {
+                map.force_insert(s..e, i);
+            }
+            map
+        });
+        let starts = sorted.iter().map(|e| e.0).collect();
+        let ends = sorted.iter().map(|e| (e.1, e.2)).collect();
+        Built { len: buffers.len(), starts, ends, overlapping }
+    }
+
+    /// Positions (in list order) of the buffers of `buffers` that may hold `[addr, addr+len)`:
+    /// those holding `addr`, or `None` when only a scan can tell (a 0-byte range, or a list
+    /// too long for the index).
+    fn candidates<'a>(&'a self, buffers: &[BufferDesc], addr: u64, len: u64) -> Option<Holders<'a>> {
+        if len == 0 || buffers.len() > u32::MAX as usize {
+            return None;
+        }
+        let built = self.built.get_or_init(|| Self::build(buffers));
+        if built.len != buffers.len() {
+            return None;
+        }
+        if let Some(map) = &built.overlapping {
+            return Some(Holders::Map(map.values_overlap(addr)));
+        }
+        let after = built.starts.partition_point(|&s| s <= addr);
+        let hit = after.checked_sub(1).map(|i| built.ends[i]).filter(|&(e, _)| addr < e);
+        Some(Holders::One(hit.map(|(_, i)| i as usize)))
+    }
 }
 
 /// Name prefix of file segments.
@@ -110,6 +216,7 @@ impl SegmentDesc {
             detail_extra: detail,
             rdma_server_name: None,
             file: Some(target),
+            index: BufferIndex::default(),
         })
     }
 
@@ -142,8 +249,8 @@ impl SegmentDesc {
     /// Parses a descriptor from a peer or a store; malformed input is an error, never a panic.
     pub fn from_json(text: &str) -> Result<SegmentDesc> {
         let bad = |what: &str| Error::Metadata(format!("malformed segment descriptor: {what}"));
-        let v: Value = serde_json::from_str(text).map_err(|e| bad(&e.to_string()))?;
-        let obj = v.as_object().ok_or_else(|| bad("not a JSON object"))?;
+        let mut v: Value = serde_json::from_str(text).map_err(|e| bad(&e.to_string()))?;
+        let obj = v.as_object_mut().ok_or_else(|| bad("not a JSON object"))?;
         let s = |k: &str| -> Result<String> {
             obj.get(k)
                 .and_then(Value::as_str)
@@ -154,11 +261,11 @@ impl SegmentDesc {
         let kind = s("type")?;
         let machine_id = s("machine_id")?;
         let rpc_server_addr = s("rpc_server_addr")?;
-        let mut detail = obj
-            .get("detail")
-            .and_then(Value::as_object)
-            .cloned()
-            .ok_or_else(|| bad("missing object field \"detail\""))?;
+        // Taken out, not copied: a descriptor of 100,000 buffers is 20 MB of JSON.
+        let mut detail = match obj.remove("detail") {
+            Some(Value::Object(d)) => d,
+            _ => return Err(bad("missing object field \"detail\"")),
+        };
         let (buffers, devices) = if kind == "memory" {
             let buffers = match detail.remove("buffers") {
                 Some(b) => serde_json::from_value::<Vec<BufferDesc>>(b).map_err(|e| bad(&format!("buffers: {e}")))?,
@@ -186,20 +293,27 @@ impl SegmentDesc {
             detail_extra: detail,
             rdma_server_name: obj.get("rdma_server_name").and_then(Value::as_str).map(str::to_string),
             file: None,
+            index: BufferIndex::default(),
         })
     }
 
-    /// The first buffer (in address order) that fully contains `[addr, addr+len)` and whose
-    /// permission allows `op` (from a peer when `remote`).
+    /// The first buffer (in list order, which is address order for tent-rs peers) that fully
+    /// contains `[addr, addr+len)` and whose permission allows `op` (from a peer when `remote`).
+    /// Only the buffers holding `addr` are looked at (see [`BufferIndex`]).
     pub fn find_buffer(&self, addr: u64, len: u64, op: Opcode, remote: bool) -> Result<&BufferDesc> {
         let mut contained = false;
-        for b in &self.buffers {
-            if range_within(addr, len, b.addr, b.length) {
-                contained = true;
-                if b.permission().allows(op, remote) {
-                    return Ok(b);
-                }
-            }
+        let mut check = |b: &BufferDesc| {
+            let holds = range_within(addr, len, b.addr, b.length);
+            contained |= holds;
+            holds && b.permission().allows(op, remote)
+        };
+        let found = match self.index.candidates(&self.buffers, addr, len) {
+            // The first in list order among the holders that allow the access.
+            Some(c) => c.filter(|&i| check(&self.buffers[i])).min().map(|i| &self.buffers[i]),
+            None => self.buffers.iter().find(|b| check(b)),
+        };
+        if let Some(b) = found {
+            return Ok(b);
         }
         if contained {
             Err(Error::PermissionDenied(format!(
@@ -211,6 +325,16 @@ impl SegmentDesc {
                 "{len} bytes at {addr:#x} are not inside a registered buffer of segment {}",
                 self.name
             )))
+        }
+    }
+
+    /// The first buffer (in list order) that fully contains `[addr, addr+len)`, whatever its
+    /// permission.
+    pub fn buffer_holding(&self, addr: u64, len: u64) -> Option<&BufferDesc> {
+        let holds = |b: &&BufferDesc| range_within(addr, len, b.addr, b.length);
+        match self.index.candidates(&self.buffers, addr, len) {
+            Some(c) => c.filter(|&i| holds(&&self.buffers[i])).min().map(|i| &self.buffers[i]),
+            None => self.buffers.iter().find(holds),
         }
     }
 }

@@ -1,8 +1,8 @@
 //! The RPC server: one reactor thread watches idle connections with poll(2) and hands a
 //! connection with a whole request waiting to a worker, which serves it (and the data requests
 //! that follow it at once, from a pipelining client) and gives the connection back. Data
-//! messages (SendData / RecvData) go to their own pool so bulk transfers never delay control
-//! messages such as GetSegmentDesc or Notify. Workers read and answer through a buffer (see
+//! messages (SendData / RecvData) and descriptor fetches (GetSegmentDesc) go to their own pool
+//! so bulk transfers never delay control messages such as Notify or an RDMA bootstrap. Workers read and answer through a buffer (see
 //! `conn_io`); bytes read but not taken stay with the connection.
 
 use std::any::Any;
@@ -374,10 +374,12 @@ fn classify(bytes: &[u8]) -> Waiting {
     if bytes.len() < end {
         return Waiting::Partial;
     }
+    // A descriptor is bulk too: one of a segment with 100,000 buffers is 20 MB of JSON, and
+    // sending it must not hold a control worker that Notify or a bootstrap is waiting for.
     let is_data = h.function_id == frame::FUNCTION_ID
         && matches!(
             frame::decode_body(&bytes[frame::REQUEST_HEADER_LEN..end]),
-            Ok(msg::SEND_DATA) | Ok(msg::RECV_DATA)
+            Ok(msg::SEND_DATA) | Ok(msg::RECV_DATA) | Ok(msg::GET_SEGMENT_DESC)
         );
     if is_data { Waiting::Data } else { Waiting::Control }
 }
@@ -700,5 +702,22 @@ fn control_message(shared: &Shared, id: i32, att: &[u8]) -> std::result::Result<
             Ok(Vec::new())
         }
         _ => Ok(Vec::new()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptor_fetches_go_to_the_data_pool_and_notifications_to_control() {
+        let kind = |id| classify(&frame::encode_request(1, id, 0, frame::MSG_TYPE_TENT_RS));
+        // A descriptor may be 20 MB: it must not hold the control worker.
+        assert!(matches!(kind(msg::GET_SEGMENT_DESC), Waiting::Data));
+        assert!(matches!(kind(msg::SEND_DATA), Waiting::Data));
+        assert!(matches!(kind(msg::RECV_DATA), Waiting::Data));
+        for id in [msg::NOTIFY, msg::BOOTSTRAP_RDMA, msg::PROBE, msg::SUBSCRIBE_SEGMENT_UPDATE] {
+            assert!(matches!(kind(id), Waiting::Control), "message {id}");
+        }
     }
 }

@@ -15,9 +15,21 @@ use crate::transport::Transport;
 /// At most this many units, or about this many bytes, are handed to a transport per submit call
 /// while a batch is being dispatched.
 const DISPATCH_SLICE: usize = 64;
-/// What a memory request's transport list depends on besides its segment: the peer buffer (by
-/// address), the size and priority (policies match on them) and the hint.
-type CandidateKey = (u64, u64, i32, TransportKind);
+/// What a memory request's transport list depends on besides its segment: the peer buffer's
+/// transports and memory kind (not its address: a batch to many buffers of one kind, such as
+/// random blocks of a KV pool, works the list out once), the size and priority (policies match
+/// on them) and the hint.
+type CandidateKey = (Vec<i32>, String, u64, i32, TransportKind);
+
+/// Whether `key` is the key of a request of `len`, `priority` and `hint` to `buf`, compared in
+/// place (nothing is allocated for a hit).
+fn same_key(key: &CandidateKey, buf: &BufferDesc, len: u64, priority: i32, hint: TransportKind) -> bool {
+    key.2 == len
+        && key.3 == priority
+        && key.4 == hint
+        && key.0 == buf.transports
+        && key.1 == policy::memory_kind(&buf.location)
+}
 const DISPATCH_SLICE_BYTES: u64 = 256 << 10;
 
 /// The units of work of one dispatch: each a list of indices into the dispatched entries, the
@@ -163,14 +175,9 @@ impl Dispatcher {
         // A file segment is one file: any contiguous range of it is one target.
         let remote = desc.is_file()
             || desc
-                .buffers
-                .iter()
-                .find(|b| range_within(first.target_offset, first.length, b.addr, b.length))
+                .buffer_holding(first.target_offset, first.length)
                 .is_some_and(|b| range_within(merged.target_offset, merged.length, b.addr, b.length));
-        let local = self.local.snapshot().iter().any(|b| {
-            range_within(first.source, first.length, b.addr, b.len)
-                && range_within(merged.source, merged.length, b.addr, b.len)
-        });
+        let local = self.local.one_buffer_holds((first.source, first.length), (merged.source, merged.length));
         remote && local
     }
 
@@ -194,17 +201,20 @@ impl Dispatcher {
             let candidates = if desc.is_file() {
                 self.file_candidates(desc, &request)
             } else {
-                desc.find_buffer(request.target_offset, request.length, request.opcode, true).and_then(|buf| {
-                    let key = (buf.addr, request.length, request.priority, request.hint);
-                    match &last {
-                        Some((k, list)) if *k == key => Ok(list.clone()),
+                desc.find_buffer(request.target_offset, request.length, request.opcode, true).and_then(
+                    |buf| match &last {
+                        Some((k, list)) if same_key(k, buf, request.length, request.priority, request.hint) => {
+                            Ok(list.clone())
+                        }
                         _ => {
                             let list = self.candidates(desc, Some(buf), &request)?;
+                            let kind = policy::memory_kind(&buf.location).to_string();
+                            let key = (buf.transports.clone(), kind, request.length, request.priority, request.hint);
                             last = Some((key, list.clone()));
                             Ok(list)
                         }
-                    }
-                })
+                    },
+                )
             };
             let candidates = match candidates {
                 Ok(c) => c,

@@ -463,16 +463,15 @@ impl Engine {
             })
             .collect::<Result<Vec<Registration>>>()?;
         let mut regs = regs;
-        let known = self.local.snapshot();
         let mut fresh_rdma: Vec<(u64, u64)> = Vec::new();
         for r in &mut regs {
-            let existing = known.iter().find(|b| b.addr == r.addr && b.len == r.len);
+            let existing = self.local.get(r.addr, r.len);
             if existing.is_none() {
                 memory::prefault(r.addr, r.len);
             }
             let (Some(t), true) = (&self.rdma, r.transports.contains(&TransportKind::Rdma)) else { continue };
             if let Some(b) = existing {
-                r.rkey = b.rkey.clone();
+                r.rkey = b.rkey;
                 continue;
             }
             // SAFETY: the caller registers memory it keeps valid until it unregisters it; the
@@ -491,8 +490,20 @@ impl Engine {
             }
         }
         match self.local.register(&regs) {
-            Ok(changed) => {
-                if changed {
+            Ok(added) => {
+                // A range registered twice at once (two threads, or twice in one call) is one
+                // buffer with two references and one NIC registration: a pin taken here for an
+                // entry that only gained a reference is given back, so the last unregister
+                // leaves nothing pinned.
+                if let Some(t) = &self.rdma {
+                    for (r, _) in regs.iter().zip(&added).filter(|(_, a)| !**a) {
+                        if let Some(i) = fresh_rdma.iter().position(|&(a, l)| a == r.addr && l == r.len) {
+                            fresh_rdma.swap_remove(i);
+                            t.unregister_buffer(r.addr, r.len);
+                        }
+                    }
+                }
+                if added.iter().any(|a| *a) {
                     self.published();
                 }
                 Ok(())

@@ -1,10 +1,13 @@
 //! The local segment (this engine's registered buffers and the leases that keep them while
 //! copies run) and the table that maps segment names to handles.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, HashMap};
+use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use iset::IntervalMap;
 use parking_lot::{Condvar, Mutex, RwLock};
 use serde_json::Value;
 
@@ -16,11 +19,12 @@ use crate::error::{Error, Result};
 /// performs it (`None`: only registration is required).
 pub type RangeCheck = (u64, u64, Option<(Opcode, bool)>);
 
-/// The buffer of `snap` that holds `[addr, addr+len)` and allows `access` (any buffer holding it
-/// when `access` is `None`).
-fn find_buffer(snap: &[LocalBuffer], addr: u64, len: u64, access: Option<(Opcode, bool)>) -> Result<&LocalBuffer> {
+/// The buffer of `map` that holds `[addr, addr+len)` and allows `access` (any buffer holding it
+/// when `access` is `None`). Only the buffers that hold `addr` are looked at (one B-tree
+/// search, or an interval-map query when registrations overlap), never the whole list.
+fn find_buffer(map: &Buffers, addr: u64, len: u64, access: Option<(Opcode, bool)>) -> Result<&LocalBuffer> {
     let mut contained = false;
-    for b in snap {
+    for b in map.holding(addr, len) {
         if range_within(addr, len, b.addr, b.len) {
             contained = true;
             match access {
@@ -36,6 +40,89 @@ fn find_buffer(snap: &[LocalBuffer], addr: u64, len: u64, access: Option<(Opcode
         )))
     } else {
         Err(not_registered(addr, len))
+    }
+}
+
+/// Registered buffers. Ranges are never empty and never wrap (checked on register).
+#[derive(Default)]
+struct Buffers {
+    /// Every buffer by (address, length descending): the order listings and the descriptor use.
+    by_start: BTreeMap<(u64, Reverse<u64>), LocalBuffer>,
+    /// Every range, for finding the ones that hold an address when some overlap.
+    ranges: IntervalMap<u64, ()>,
+    /// Pairs of registered buffers that overlap. While there are none (the usual case), the
+    /// buffer holding an address is the last one starting at or before it: one B-tree search.
+    overlapping_pairs: usize,
+}
+
+/// The buffers an address lookup looks at.
+enum Holders<'a> {
+    One(Option<&'a LocalBuffer>),
+    Overlapping(
+        &'a BTreeMap<(u64, Reverse<u64>), LocalBuffer>,
+        iset::iter::Intervals<'a, u64, (), RangeInclusive<u64>, u32>,
+    ),
+    All(std::collections::btree_map::Values<'a, (u64, Reverse<u64>), LocalBuffer>),
+}
+
+impl<'a> Iterator for Holders<'a> {
+    type Item = &'a LocalBuffer;
+    fn next(&mut self) -> Option<&'a LocalBuffer> {
+        match self {
+            Holders::One(b) => b.take(),
+            Holders::Overlapping(by_start, ranges) => {
+                let r = ranges.next()?;
+                by_start.get(&(r.start, Reverse(r.end - r.start)))
+            }
+            Holders::All(all) => all.next(),
+        }
+    }
+}
+
+impl Buffers {
+    /// The buffers that may hold `[addr, addr+len)`: those holding byte `addr` (every buffer
+    /// for a 0-byte range, which may lie at a buffer's end; such a range never moves a byte).
+    fn holding(&self, addr: u64, len: u64) -> Holders<'_> {
+        if len == 0 {
+            Holders::All(self.by_start.values())
+        } else if self.overlapping_pairs == 0 {
+            let last = self.by_start.range(..=(addr, Reverse(0))).next_back().map(|(_, b)| b);
+            Holders::One(last.filter(|b| addr - b.addr < b.len))
+        } else {
+            Holders::Overlapping(&self.by_start, self.ranges.intervals_overlap(addr))
+        }
+    }
+
+    fn get(&self, addr: u64, len: u64) -> Option<&LocalBuffer> {
+        self.by_start.get(&(addr, Reverse(len)))
+    }
+
+    fn get_mut(&mut self, addr: u64, len: u64) -> Option<&mut LocalBuffer> {
+        self.by_start.get_mut(&(addr, Reverse(len)))
+    }
+
+    /// The lengths of the buffers starting at `addr`.
+    fn lengths_at(&self, addr: u64) -> Vec<u64> {
+        self.by_start.range((addr, Reverse(u64::MAX))..=(addr, Reverse(0))).map(|(k, _)| k.1.0).collect()
+    }
+
+    fn insert(&mut self, b: LocalBuffer) {
+        let range = b.addr..b.addr + b.len;
+        self.overlapping_pairs += self.ranges.iter(range.clone()).count();
+        self.ranges.insert(range, ());
+        self.by_start.insert((b.addr, Reverse(b.len)), b);
+    }
+
+    fn remove(&mut self, addr: u64, len: u64) -> Option<LocalBuffer> {
+        let b = self.by_start.remove(&(addr, Reverse(len)))?;
+        let range = addr..addr + len;
+        self.ranges.remove(range.clone());
+        self.overlapping_pairs = self.overlapping_pairs.saturating_sub(self.ranges.iter(range).count());
+        Some(b)
+    }
+
+    fn len(&self) -> usize {
+        self.by_start.len()
     }
 }
 
@@ -58,8 +145,11 @@ pub struct LocalBuffer {
     /// RDMA remote keys by NicID (empty without RDMA).
     pub rkey: Vec<u32>,
     /// Counts the copies moving bytes in or out of this buffer right now; shared by every
-    /// snapshot that lists the buffer.
+    /// copy of this entry.
     life: Arc<BufferLife>,
+    /// This buffer's entry of the descriptor JSON, made once at registration so that serving a
+    /// descriptor of many buffers only joins text (see [`LocalSegment::descriptor_json`]).
+    json: Arc<str>,
 }
 
 /// Who is using one registered buffer, so removing it waits for exactly the copies into that
@@ -106,10 +196,10 @@ struct Lease(Arc<BufferLife>);
 /// [`LocalSegment::hold_range`]).
 pub struct HeldRange(#[allow(dead_code)] Lease);
 
-/// Checks `(addr, len, access)` against `snap` and enters the buffer holding it.
-fn hold_in(snap: &[LocalBuffer], (addr, len, access): RangeCheck) -> Result<HeldRange> {
-    let b = find_buffer(snap, addr, len, access)?;
-    // Removed after the snapshot was taken: as if it had never been there.
+/// Checks `(addr, len, access)` against `map` and enters the buffer holding it.
+fn hold_in(map: &Buffers, (addr, len, access): RangeCheck) -> Result<HeldRange> {
+    let b = find_buffer(map, addr, len, access)?;
+    // Being removed (its unregister waits for running copies): as if it were not there.
     Ok(HeldRange(b.life.enter().ok_or_else(|| not_registered(addr, len))?))
 }
 
@@ -123,17 +213,18 @@ impl Drop for Lease {
     }
 }
 
-/// The engine's own segment: registered buffers as an immutable snapshot replaced on change, so
-/// readers (the data paths and the RPC server) never block writers for long.
+/// The engine's own segment: registered buffers in an interval map under a read-write lock.
+/// Registering, unregistering and finding the buffer of a range each cost O(log N) in the
+/// number of registrations; readers (the data paths and the RPC server) hold the lock only for
+/// the lookup, never while bytes move (a [`Lease`] keeps the buffer meanwhile).
 pub struct LocalSegment {
     pub name: String,
     pub machine_id: String,
     pub rpc_server_addr: String,
     topology: String,
-    buffers: RwLock<Arc<Vec<LocalBuffer>>>,
-    /// Serialises writers so concurrent registrations never lose one another's changes.
-    write_lock: Mutex<()>,
+    buffers: RwLock<Buffers>,
     version: AtomicU64,
+    /// The descriptor JSON and the version it shows, made when a peer asks after a change.
     json_cache: Mutex<(u64, Arc<String>)>,
     /// The RDMA NICs published as `devices` (empty without RDMA).
     devices: RwLock<Vec<Value>>,
@@ -154,6 +245,28 @@ pub struct Registration {
     pub rkey: Vec<u32>,
 }
 
+/// The descriptor entry of one buffer, in upstream's JSON shape.
+fn buffer_desc(b: &LocalBuffer) -> BufferDesc {
+    BufferDesc {
+        addr: b.addr,
+        internal: b.internal,
+        length: b.len,
+        location: b.location.clone(),
+        mnnvl_handle: String::new(),
+        perm: Some(b.permission.as_c()),
+        regions: Vec::new(),
+        rkey: b.rkey.clone(),
+        shm_path: b.shm_path.clone(),
+        shm_offset: b.shm_offset,
+        transport_attrs: Vec::new(),
+        transports: b.transports.iter().map(|t| *t as i32).collect(),
+    }
+}
+
+/// How a descriptor's JSON text starts: `detail` is the first key of the object and `buffers`
+/// the first key of `detail` (keys are sorted), so the buffer list can be put in as text.
+const JSON_HEAD: &str = "{\"detail\":{\"buffers\":[";
+
 impl LocalSegment {
     /// Creates an empty local segment with its identity.
     pub fn new(name: String, machine_id: String, rpc_server_addr: String, topology: String) -> LocalSegment {
@@ -162,17 +275,44 @@ impl LocalSegment {
             machine_id,
             rpc_server_addr,
             topology,
-            buffers: RwLock::new(Arc::new(Vec::new())),
-            write_lock: Mutex::new(()),
+            buffers: RwLock::new(Buffers::default()),
             version: AtomicU64::new(1),
             json_cache: Mutex::new((0, Arc::new(String::new()))),
             devices: RwLock::new(Vec::new()),
         }
     }
 
-    /// The current list of registered buffers (sorted by address, then length descending).
-    pub fn snapshot(&self) -> Arc<Vec<LocalBuffer>> {
-        self.buffers.read().clone()
+    /// A copy of every registered buffer, sorted by address, then length descending. O(N): for
+    /// listings, not for the data paths (they use [`LocalSegment::with_ranges`] and friends).
+    pub fn snapshot(&self) -> Vec<LocalBuffer> {
+        self.buffers.read().by_start.values().cloned().collect()
+    }
+
+    /// Number of registered buffers (distinct ranges).
+    pub fn len(&self) -> usize {
+        self.buffers.read().len()
+    }
+
+    /// Whether nothing is registered.
+    pub fn is_empty(&self) -> bool {
+        self.buffers.read().len() == 0
+    }
+
+    /// The registration of exactly `[addr, addr+len)`, if there is one.
+    pub fn get(&self, addr: u64, len: u64) -> Option<LocalBuffer> {
+        self.buffers.read().get(addr, len).cloned()
+    }
+
+    /// Whether some registration starts at `addr`.
+    pub fn starts_at(&self, addr: u64) -> bool {
+        !self.buffers.read().lengths_at(addr).is_empty()
+    }
+
+    /// Whether one registered buffer holds both `[a, a+a_len)` and `[b, b+b_len)`.
+    pub fn one_buffer_holds(&self, (a, a_len): (u64, u64), (b, b_len): (u64, u64)) -> bool {
+        let map = self.buffers.read();
+        let holds = |x: &LocalBuffer| range_within(a, a_len, x.addr, x.len) && range_within(b, b_len, x.addr, x.len);
+        map.holding(a, a_len).any(holds)
     }
 
     /// Increments on every change of the buffer list.
@@ -181,11 +321,9 @@ impl LocalSegment {
     }
 
     /// Registers every entry (all or nothing). An identical `(addr, len)` only gains a reference.
-    /// Returns true when the buffer list changed.
-    pub fn register(&self, regs: &[Registration]) -> Result<bool> {
-        let _w = self.write_lock.lock();
-        let mut list: Vec<LocalBuffer> = (**self.buffers.read()).clone();
-        let mut changed = false;
+    /// Returns, per entry, whether it added a buffer (`false`: it took a reference of one that
+    /// was there already, or of an earlier entry of the same call).
+    pub fn register(&self, regs: &[Registration]) -> Result<Vec<bool>> {
         for r in regs {
             if r.len == 0 {
                 return Err(Error::InvalidArgument(format!("cannot register 0 bytes at {:#x}", r.addr)));
@@ -193,11 +331,16 @@ impl LocalSegment {
             if r.addr.checked_add(r.len).is_none() {
                 return Err(Error::InvalidArgument(format!("range {:#x}+{} overflows", r.addr, r.len)));
             }
-            if let Some(b) = list.iter_mut().find(|b| b.addr == r.addr && b.len == r.len) {
+        }
+        let mut added = Vec::with_capacity(regs.len());
+        let mut map = self.buffers.write();
+        for r in regs {
+            if let Some(b) = map.get_mut(r.addr, r.len) {
                 b.refcount = b.refcount.saturating_add(1);
+                added.push(false);
                 continue;
             }
-            list.push(LocalBuffer {
+            let mut b = LocalBuffer {
                 addr: r.addr,
                 len: r.len,
                 location: r.location.clone(),
@@ -209,12 +352,16 @@ impl LocalSegment {
                 refcount: 1,
                 rkey: r.rkey.clone(),
                 life: Arc::default(),
-            });
-            changed = true;
+                json: Arc::from(""),
+            };
+            b.json = Arc::from(serde_json::to_string(&buffer_desc(&b)).unwrap_or_default());
+            map.insert(b);
+            added.push(true);
         }
-        list.sort_by(|a, b| a.addr.cmp(&b.addr).then(b.len.cmp(&a.len)));
-        self.publish(list, changed);
-        Ok(changed)
+        if added.iter().any(|a| *a) {
+            self.version.fetch_add(1, Ordering::AcqRel);
+        }
+        Ok(added)
     }
 
     /// Drops one reference of each `(addr, len)`; `len == 0` matches any length at `addr`.
@@ -230,51 +377,39 @@ impl LocalSegment {
     }
 
     fn remove(&self, entries: &[(u64, u64)]) -> Vec<LocalBuffer> {
-        let _w = self.write_lock.lock();
-        let mut list: Vec<LocalBuffer> = (**self.buffers.read()).clone();
+        let mut map = self.buffers.write();
         let mut removed = Vec::new();
         for &(addr, len) in entries {
-            let mut i = 0;
-            while i < list.len() {
-                let b = &mut list[i];
-                if b.addr == addr && (len == 0 || b.len == len) {
-                    b.refcount = b.refcount.saturating_sub(1);
-                    if b.refcount == 0 {
-                        removed.push(list.remove(i));
-                        continue;
-                    }
-                    if len != 0 {
-                        break;
-                    }
+            let lengths = if len == 0 { map.lengths_at(addr) } else { vec![len] };
+            for len in lengths {
+                let Some(b) = map.get_mut(addr, len) else { continue };
+                b.refcount = b.refcount.saturating_sub(1);
+                if b.refcount == 0 {
+                    removed.extend(map.remove(addr, len));
                 }
-                i += 1;
             }
         }
-        let changed = !removed.is_empty();
-        self.publish(list, changed);
-        removed
-    }
-
-    fn publish(&self, list: Vec<LocalBuffer>, changed: bool) {
-        *self.buffers.write() = Arc::new(list);
-        if changed {
+        if !removed.is_empty() {
             self.version.fetch_add(1, Ordering::AcqRel);
         }
+        removed
     }
 
     /// Finds a registered local buffer holding `[addr, addr+len)` whose permission allows `op`
     /// when the access comes through a segment (`via_segment`), or any buffer when it is only
     /// used as local memory.
     pub fn check_range(&self, addr: u64, len: u64, access: Option<(Opcode, bool)>) -> Result<()> {
-        find_buffer(&self.snapshot(), addr, len, access).map(|_| ())
+        find_buffer(&self.buffers.read(), addr, len, access).map(|_| ())
     }
 
     /// Runs `f` after checking each `(addr, len, access)` range as [`LocalSegment::check_range`]
     /// does, while the buffers holding them cannot be unregistered. Nothing else waits for `f`:
     /// unregistering other buffers, registering, and other copies go on meanwhile.
     pub fn with_ranges<T>(&self, ranges: &[RangeCheck], f: impl FnOnce() -> T) -> Result<T> {
-        let snap = self.snapshot();
-        let leases = ranges.iter().map(|&range| hold_in(&snap, range)).collect::<Result<Vec<_>>>()?;
+        let leases = {
+            let map = self.buffers.read();
+            ranges.iter().map(|&range| hold_in(&map, range)).collect::<Result<Vec<_>>>()?
+        };
         let out = f();
         drop(leases);
         Ok(out)
@@ -284,29 +419,11 @@ impl LocalSegment {
     /// until the returned guard is dropped: for bytes that are written out later, together with
     /// others, rather than inside one call.
     pub fn hold_range(&self, range: RangeCheck) -> Result<HeldRange> {
-        hold_in(&self.snapshot(), range)
+        hold_in(&self.buffers.read(), range)
     }
 
-    /// The descriptor of this segment as peers see it.
-    pub fn descriptor(&self) -> SegmentDesc {
-        let snap = self.snapshot();
-        let buffers = snap
-            .iter()
-            .map(|b| BufferDesc {
-                addr: b.addr,
-                internal: b.internal,
-                length: b.len,
-                location: b.location.clone(),
-                mnnvl_handle: String::new(),
-                perm: Some(b.permission.as_c()),
-                regions: Vec::new(),
-                rkey: b.rkey.clone(),
-                shm_path: b.shm_path.clone(),
-                shm_offset: b.shm_offset,
-                transport_attrs: Vec::new(),
-                transports: b.transports.iter().map(|t| *t as i32).collect(),
-            })
-            .collect();
+    /// The descriptor of this segment, without its buffers.
+    fn shell(&self) -> SegmentDesc {
         let mut extra = serde_json::Map::new();
         extra.insert("device_attrs".into(), Value::Object(Default::default()));
         extra.insert("topology".into(), Value::String(self.topology.clone()));
@@ -316,12 +433,20 @@ impl LocalSegment {
             kind: "memory".into(),
             machine_id: self.machine_id.clone(),
             rpc_server_addr: self.rpc_server_addr.clone(),
-            buffers,
+            buffers: Vec::new(),
             devices: self.devices.read().clone(),
             detail_extra: extra,
             rdma_server_name: None,
             file: None,
+            index: Default::default(),
         }
+    }
+
+    /// The descriptor of this segment as peers see it.
+    pub fn descriptor(&self) -> SegmentDesc {
+        let mut desc = self.shell();
+        desc.buffers = self.snapshot().iter().map(buffer_desc).collect();
+        desc
     }
 
     /// Sets the RDMA devices the descriptor publishes (once, when the RDMA transport starts).
@@ -330,14 +455,38 @@ impl LocalSegment {
         self.version.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// The descriptor JSON, cached per version so repeated `GetSegmentDesc` calls are cheap.
+    /// The descriptor JSON, made when asked after a change (never by registering) and then
+    /// kept for as long as nothing changes. It is the text of [`LocalSegment::descriptor`]
+    /// byte for byte, made by joining each buffer's entry (serialised once, at registration)
+    /// instead of serialising every buffer again.
     pub fn descriptor_json(&self) -> Arc<String> {
         let v = self.version();
         let mut cache = self.json_cache.lock();
         if cache.0 != v || cache.1.is_empty() {
-            *cache = (v, Arc::new(self.descriptor().to_json()));
+            *cache = (v, Arc::new(self.join_json()));
         }
         cache.1.clone()
+    }
+
+    fn join_json(&self) -> String {
+        let shell = self.shell().to_json();
+        let Some(rest) = shell.strip_prefix(JSON_HEAD).and_then(|r| r.strip_prefix(']')) else {
+            return self.descriptor().to_json();
+        };
+        // The entries are copied out (reference counts), so registering waits for no join.
+        let entries: Vec<Arc<str>> = self.buffers.read().by_start.values().map(|b| b.json.clone()).collect();
+        let size = shell.len() + entries.iter().map(|e| e.len() + 1).sum::<usize>();
+        let mut out = String::with_capacity(size);
+        out.push_str(JSON_HEAD);
+        for (i, json) in entries.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str(json);
+        }
+        out.push(']');
+        out.push_str(rest);
+        out
     }
 }
 
@@ -433,13 +582,59 @@ mod tests {
     #[test]
     fn refcounted_register_and_wildcard_unregister() {
         let s = LocalSegment::new("a".into(), "m".into(), "a".into(), "{}".into());
-        assert!(s.register(&[reg(0x1000, 4096, Permission::GlobalReadWrite)]).unwrap_or(false));
-        assert!(!s.register(&[reg(0x1000, 4096, Permission::GlobalReadWrite)]).unwrap_or(true));
+        assert_eq!(s.register(&[reg(0x1000, 4096, Permission::GlobalReadWrite)]).ok(), Some(vec![true]));
+        assert_eq!(s.register(&[reg(0x1000, 4096, Permission::GlobalReadWrite)]).ok(), Some(vec![false]));
         assert_eq!(s.snapshot()[0].refcount, 2);
         assert!(s.unregister(&[(0x1000, 4096)]).is_empty());
         assert_eq!(s.unregister(&[(0x1000, 0)]).len(), 1);
         assert!(s.snapshot().is_empty());
         assert!(s.unregister(&[(0x9999, 0)]).is_empty());
+    }
+
+    #[test]
+    fn joined_descriptor_text_is_the_serialised_descriptor() {
+        let s = LocalSegment::new("n\"ame".into(), "m".into(), "127.0.0.1:1".into(), "{\"buffers\":[]}".into());
+        assert_eq!(*s.descriptor_json(), s.descriptor().to_json(), "no buffers");
+        let mut regs = Vec::new();
+        for i in 0..50u64 {
+            let mut r = reg(0x10_0000 + (i * 7919 % 50) * 0x1000, 4096 + i % 3, Permission::GlobalReadWrite);
+            r.rkey = vec![i as u32, 7];
+            r.shm_path = if i % 2 == 0 { format!("/obj{i}") } else { String::new() };
+            r.shm_offset = i * 64;
+            r.internal = i % 5 == 0;
+            r.location = "cpu:\u{e9}".into();
+            regs.push(r);
+        }
+        regs.push(reg(0x10_0000, 1 << 20, Permission::GlobalReadOnly));
+        s.register(&regs).expect("register");
+        s.set_devices(vec![serde_json::json!({"name": "mlx5_0", "lid": 1, "gid": "fe80::"})]);
+        let joined = s.descriptor_json();
+        assert_eq!(*joined, s.descriptor().to_json());
+        let back = SegmentDesc::from_json(&joined).expect("parses");
+        assert_eq!(back.buffers.len(), 51);
+        s.unregister(&[(0x10_0000, 0)]);
+        assert_eq!(*s.descriptor_json(), s.descriptor().to_json(), "after a change");
+    }
+
+    #[test]
+    fn overlapping_registrations_are_found_and_removed_one_by_one() {
+        let s = LocalSegment::new("a".into(), "m".into(), "a".into(), "{}".into());
+        s.register(&[reg(0x1000, 0x10000, Permission::GlobalReadOnly)]).expect("big");
+        for i in 0..100 {
+            s.register(&[reg(0x1000 + i * 0x100, 0x100, Permission::GlobalReadWrite)]).expect("small");
+        }
+        let peer_write = Some((Opcode::Write, true));
+        assert!(s.check_range(0x1000 + 0x100 * 50, 0x100, peer_write).is_ok(), "a small read-write one holds it");
+        assert!(matches!(s.check_range(0x1000 + 0x8000, 0x100, peer_write), Err(Error::PermissionDenied(_))));
+        assert!(s.check_range(0x1000 + 0x8000, 0x100, None).is_ok(), "the big one holds it");
+        assert!(s.check_range(0x1000 + 0xff00, 0x200, None).is_err(), "past the end of every buffer");
+        assert!(s.one_buffer_holds((0x1000, 16), (0x1000 + 0x8000, 16)));
+        assert!(!s.one_buffer_holds((0x1000, 16), (0x11000, 16)));
+        assert_eq!(s.unregister(&[(0x1000, 0x10000)]).len(), 1);
+        assert!(s.check_range(0x1000 + 0x100 * 50, 0x100, peer_write).is_ok(), "the small one stays");
+        assert!(s.check_range(0x1000 + 0x8000, 0x100, None).is_err(), "the big one is gone");
+        assert!(s.starts_at(0x1000) && !s.starts_at(0x1001));
+        assert_eq!(s.len(), 100);
     }
 
     #[test]

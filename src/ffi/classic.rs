@@ -438,7 +438,7 @@ pub unsafe extern "C" fn registerLocalMemory(
 
 /// Fails with `ERR_ADDRESS_NOT_REGISTERED` unless a registration starts at `addr`.
 fn require_registered(e: &Engine, addr: u64) -> Result<()> {
-    if e.local_segment().snapshot().iter().any(|b| b.addr == addr) {
+    if e.local_segment().starts_at(addr) {
         Ok(())
     } else {
         Err(Error::AddressNotRegistered(format!("no registration starts at {addr:#x}")))

@@ -134,13 +134,11 @@ pub fn create_object(dir: &str, size: usize) -> Result<(*mut u8, String)> {
 /// A peer's object mapped into this process; unmapped when the last user drops it.
 struct Mapping {
     base: *mut u8,
+    /// Bytes mapped: the whole object, as large as it was when mapped.
     mapped: usize,
     /// The object, kept open to notice when its owner removes it (link count 0): then the peer
     /// freed the memory or restarted, and copying into the orphan would lose the data silently.
     fd: libc::c_int,
-    /// Where the registered buffer starts inside the mapping (page alignment of shm_offset).
-    delta: usize,
-    length: u64,
 }
 
 // SAFETY: the mapping is plain shared memory; concurrent access is the transfer semantics the
@@ -161,45 +159,35 @@ impl Drop for Mapping {
 }
 
 impl Mapping {
-    /// Maps the object behind `buf`, checking that it holds the whole registered range.
-    fn open(dir: &str, buf: &BufferDesc) -> Result<Mapping> {
-        let fd = open_object(dir, &buf.shm_path, false)?;
-        let page = 4096u64;
-        let offset = buf.shm_offset;
-        let aligned = offset & !(page - 1);
-        let delta = (offset - aligned) as usize;
+    /// Maps the whole object `name`, which must hold at least `needed` bytes. One mapping serves
+    /// every buffer the peer registered in the object, so a peer with many buffers in one
+    /// object costs one mapping and one open file here, not one per buffer.
+    fn open(dir: &str, name: &str, needed: u64) -> Result<Mapping> {
+        let fd = open_object(dir, name, false)?;
         // SAFETY: `stat` is plain old data; all-zero is a valid value.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: fd is open; st is a valid out-parameter.
         let rc = unsafe { libc::fstat(fd, &mut st) };
-        let needed = offset.checked_add(buf.length);
-        if rc != 0 || needed.is_none_or(|n| (st.st_size as u64) < n) {
+        let size = st.st_size.max(0) as u64;
+        if rc != 0 || size < needed || size == 0 || usize::try_from(size).is_err() {
             // SAFETY: fd is ours.
             unsafe { libc::close(fd) };
             return Err(Error::Remote(format!(
-                "shm object {} holds {} bytes, fewer than the registered {} at offset {offset}",
-                buf.shm_path, st.st_size, buf.length
+                "shm object {name} holds {size} bytes, fewer than the {needed} its registered buffer needs"
             )));
         }
-        let mapped = delta + buf.length as usize;
-        // SAFETY: fd is open and large enough (checked); the result is checked.
+        let mapped = size as usize;
+        // SAFETY: fd is open and `mapped` bytes long (checked); the result is checked.
         let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                mapped,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                aligned as libc::off_t,
-            )
+            libc::mmap(std::ptr::null_mut(), mapped, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
         };
         if p == libc::MAP_FAILED {
-            let e = os_err(&format!("mapping shm object {}", buf.shm_path));
+            let e = os_err(&format!("mapping shm object {name}"));
             // SAFETY: fd is ours.
             unsafe { libc::close(fd) };
             return Err(e);
         }
-        Ok(Mapping { base: p.cast(), mapped, fd, delta, length: buf.length })
+        Ok(Mapping { base: p.cast(), mapped, fd })
     }
 
     /// False once the owner removed the object (it freed the memory or restarted).
@@ -210,14 +198,15 @@ impl Mapping {
         unsafe { libc::fstat(self.fd, &mut st) == 0 && st.st_nlink > 0 }
     }
 
-    /// The local address of `offset` bytes into the registered buffer.
+    /// The local address of `offset` bytes into the object.
     fn at(&self, offset: u64) -> *mut u8 {
-        // SAFETY: callers check offset + len <= self.length, which lies inside the mapping.
-        unsafe { self.base.add(self.delta + offset as usize) }
+        // SAFETY: callers check that the buffer (shm_offset + length) lies inside the mapping.
+        unsafe { self.base.add(offset as usize) }
     }
 }
 
-type MapKey = (String, u64, String);
+/// A mapping is named by the peer segment and the object.
+type MapKey = (String, String);
 
 /// A batch carrying at most this many bytes in all is copied on the submitting thread: handing
 /// it to a copy thread and seeing the result back costs here about as long as copying 512 KiB
@@ -370,7 +359,7 @@ impl ShmTransport {
         // A KV batch sends hundreds of requests into the same peer buffer: look its mapping up
         // (and check the object is still alive, a syscall) once per buffer per submit, not once
         // per request.
-        let mut last: Option<(u64, Arc<Mapping>)> = None;
+        let mut last: Option<(String, Arc<Mapping>)> = None;
         for task in tasks {
             let r = *task.request();
             let prepared = target.find_buffer(r.target_offset, r.length, r.opcode, true).and_then(|buf| {
@@ -380,15 +369,18 @@ impl ShmTransport {
                         target.name
                     )));
                 }
+                let end = buf.shm_offset.checked_add(buf.length).ok_or_else(|| {
+                    Error::Remote(format!("buffer at {:#x} of segment {} overflows its object", buf.addr, target.name))
+                })?;
                 let map = match &last {
-                    Some((addr, m)) if *addr == buf.addr => m.clone(),
+                    Some((path, m)) if *path == buf.shm_path && m.mapped as u64 >= end => m.clone(),
                     _ => {
                         let m = self.mapping(&target.name, buf)?;
-                        last = Some((buf.addr, m.clone()));
+                        last = Some((buf.shm_path.clone(), m.clone()));
                         m
                     }
                 };
-                Ok((map, r.target_offset - buf.addr))
+                Ok((map, buf.shm_offset + (r.target_offset - buf.addr)))
             });
             let (map, remote_off) = match prepared {
                 Ok(p) => p,
@@ -484,25 +476,33 @@ impl ShmTransport {
     }
 
     fn mapping(&self, segment: &str, buf: &BufferDesc) -> Result<Arc<Mapping>> {
-        let key = (segment.to_string(), buf.addr, buf.shm_path.clone());
+        let key = (segment.to_string(), buf.shm_path.clone());
+        let needed = buf.shm_offset.saturating_add(buf.length);
         {
             let mut maps = self.mappings.lock();
             if let Some(m) = maps.get(&key) {
-                if m.length >= buf.length && m.alive() {
+                if m.mapped as u64 >= needed && m.alive() {
                     return Ok(m.clone());
                 }
                 maps.remove(&key);
             }
         }
         // Map outside the lock; two racing mappers keep the first inserted.
-        let m = Arc::new(Mapping::open(&self.params.cxl_mount_path, buf)?);
+        let m = Arc::new(Mapping::open(&self.params.cxl_mount_path, &buf.shm_path, needed)?);
         if !m.alive() {
             return Err(Error::Remote(format!(
                 "the peer removed shm object {} (it freed the memory or restarted)",
                 buf.shm_path
             )));
         }
-        Ok(self.mappings.lock().entry(key).or_insert(m).clone())
+        let mut maps = self.mappings.lock();
+        match maps.get(&key) {
+            Some(other) if other.mapped as u64 >= needed => Ok(other.clone()),
+            _ => {
+                maps.insert(key, m.clone());
+                Ok(m)
+            }
+        }
     }
 }
 
@@ -554,9 +554,10 @@ impl Transport for ShmTransport {
     }
 
     fn segment_changed(&self, name: &str, desc: Option<&SegmentDesc>) {
-        self.mappings.lock().retain(|(seg, addr, path), _| {
-            seg != name || desc.is_some_and(|d| d.buffers.iter().any(|b| b.addr == *addr && b.shm_path == *path))
-        });
+        // Objects the new descriptor still names stay mapped (looked up once per object).
+        let named: std::collections::HashSet<&str> =
+            desc.map(|d| d.buffers.iter().map(|b| b.shm_path.as_str()).collect()).unwrap_or_default();
+        self.mappings.lock().retain(|(seg, path), _| seg != name || named.contains(path.as_str()));
     }
 
     fn shutdown(&self) {
@@ -602,18 +603,20 @@ mod tests {
         };
         // SAFETY: p maps 1 MiB.
         unsafe { *p.add(8192 + 100) = 42 };
-        let m = Mapping::open("", &buf).expect("map with an unaligned offset");
-        // SAFETY: the mapping covers the registered 4096 bytes.
-        assert_eq!(unsafe { *m.at(0) }, 42);
-        let too_long = BufferDesc { length: 2 << 20, ..buf.clone() };
-        assert!(matches!(Mapping::open("", &too_long), Err(Error::Remote(_))), "object shorter than the registration");
+        let m = Mapping::open("", &buf.shm_path, buf.shm_offset + buf.length).expect("map the object");
+        // SAFETY: the mapping covers the whole 1 MiB object.
+        assert_eq!(unsafe { *m.at(8192 + 100) }, 42);
+        assert!(
+            matches!(Mapping::open("", &buf.shm_path, 2 << 20), Err(Error::Remote(_))),
+            "object shorter than the registration"
+        );
         drop(m);
         // SAFETY: p and size come from create_object.
         unsafe { libc::munmap(p.cast(), 1 << 20) };
         unlink_object("", &name);
         assert!(!std::path::Path::new(&format!("/dev/shm/{name}")).exists());
         let missing = BufferDesc { shm_path: name, ..buf };
-        assert!(Mapping::open("", &missing).is_err(), "a consumer never creates a missing object");
+        assert!(Mapping::open("", &missing.shm_path, 1).is_err(), "a consumer never creates a missing object");
     }
 
     #[test]
@@ -643,6 +646,7 @@ mod tests {
             detail_extra: Default::default(),
             rdma_server_name: None,
             file: None,
+            index: Default::default(),
         });
         let mut local = vec![0u8; 4096];
         let sink = CountingSink::new(crate::base::request::Request {

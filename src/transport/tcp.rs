@@ -509,6 +509,7 @@ mod tests {
             detail_extra: Default::default(),
             rdma_server_name: None,
             file: None,
+            index: Default::default(),
         });
         let task = |len| Task::new(CountingSink::new(*chunk(Opcode::Write, len).job.task.request()), 0);
         t.submit_partial(&target, vec![task(4096), task(4096)]).expect("partial");

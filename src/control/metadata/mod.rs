@@ -150,7 +150,10 @@ impl Publication {
     }
 
     fn write_current(&self, w: &mut Written) -> Result<()> {
-        if w.removed {
+        // A p2p "store" keeps nothing (peers ask the owner itself, which answers from the
+        // descriptor it keeps): making the whole descriptor text for it would cost O(buffers)
+        // on every change for nothing.
+        if w.removed || self.store.kind() == "p2p" {
             return Ok(());
         }
         let value = (self.source)();

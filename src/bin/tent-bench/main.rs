@@ -1,0 +1,139 @@
+//! tent-bench: throughput and latency of the transfer engine, driven through the public C API
+//! (`tent_*`), with the options and columns of upstream's `tebench` where they apply.
+//!
+//! It takes tebench's command lines with tebench's meaning: with an empty `--target_seg_name` it
+//! is a target, serving a buffer and printing its segment name until SIGINT or SIGTERM
+//! (`--duration` applies to the initiator only); `--target_seg_name=NAME[,NAME...]` runs the
+//! initiator against such targets (threads take them in turn), within `--target_offset` and
+//! `--target_range_size` of each; `--seg_name`, `--seg_type=DRAM`, `--backend`, `--notifi` and
+//! `--op_type=write_seed|read_verify` as tebench. `--role=local` runs target and initiator in one
+//! process (a quick local measurement); `--role=target|initiator` says the role outright.
+//!
+//! Modules by job: `flags` (the command line), `runner` (the engine, the sweep and one batch),
+//! `kv` (the KV-cache preset), `reference` (what a run is compared with). `--compare` adds, for the same sizes and in the same run,
+//! the plain reference for the transport (a single-stream loopback socket copy for TCP, memcpy for
+//! SHM and sim RDMA) and the ratio. `--check_consistency` verifies every byte moved.
+//!
+//! `--xport_type=io_uring` (or `iouring`; `bufio` for the plain pread/pwrite path) measures a
+//! file segment instead: the engine moves data between its memory and the file at
+//! `--file_path`, and `--compare` runs `fio` on the same file with the same block size, queue
+//! depth (the batch size) and direct I/O (an O_DIRECT pread/pwrite loop when fio is missing).
+//! `--direct_io=false` measures buffered I/O instead, on both sides (the page cache then serves
+//! most of it, so the engine's own cost per request shows).
+//!
+//! `--kv` measures the shape inference engines move KV cache in: one batch of many 16-256 KiB
+//! blocks, scattered over the target buffer (no two adjacent, so no request merging helps),
+//! written and read back with every byte checked; see [`run_kv`].
+
+mod flags;
+mod kv;
+mod reference;
+mod runner;
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tent::ffi::tent::*;
+use tent::ffi::types::tent_engine_t;
+
+use flags::parse_args;
+use kv::run_kv;
+use runner::{buffer, fill, is_file_xport, open_target, run_file, run_initiator, segment_name, start_engine};
+
+/// Cleared by SIGINT/SIGTERM: a target serves until then.
+static SERVING: AtomicBool = AtomicBool::new(true);
+
+extern "C" fn stop_serving(_signo: libc::c_int) {
+    // Only an atomic store: async-signal-safe.
+    SERVING.store(false, Ordering::SeqCst);
+}
+
+/// Serves until SIGINT or SIGTERM. The target's own process owns its signals, so it installs
+/// handlers that only stop the loop; the engine is then destroyed normally. Notifications that
+/// initiators send (`--notifi`) are taken and dropped, so they do not pile up.
+fn serve_until_signalled(e: tent_engine_t) {
+    // SAFETY: the handler only stores to an atomic.
+    unsafe {
+        libc::signal(libc::SIGINT, stop_serving as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, stop_serving as *const () as libc::sighandler_t);
+    }
+    let mut notes = 0u64;
+    while SERVING.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(50));
+        let mut info = tent::ffi::types::tent_notifi_info { num_records: 0, records: std::ptr::null_mut() };
+        // SAFETY: valid engine and out-struct, freed at once.
+        if unsafe { tent_recv_notifs(e, &mut info) } == 0 {
+            notes += info.num_records.max(0) as u64;
+            // SAFETY: filled by tent_recv_notifs.
+            unsafe { tent_free_notifs(&mut info) };
+        }
+    }
+    if notes > 0 {
+        println!("{notes} notifications received");
+    }
+    println!("signal received, stopping the target");
+}
+
+fn main() -> ExitCode {
+    let o = match parse_args() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = (|| -> Result<u64, String> {
+        if o.backend == "classic" {
+            println!("--backend=classic: the classic API is this same engine; measured through tent_*");
+        }
+        if o.role == "target" {
+            let e = start_engine(&o)?;
+            let p = buffer(e, &o, o.total_buffer_size)?;
+            // SAFETY: p holds total_buffer_size bytes.
+            fill(unsafe { std::slice::from_raw_parts_mut(p, o.total_buffer_size) }, 0, 0);
+            let name = segment_name(e);
+            println!("target segment: {name}");
+            println!(
+                "run the initiator with: tent-bench --target_seg_name={name} --seg_type={} --backend={} --xport_type={}",
+                o.seg_type, o.backend, o.xport_type
+            );
+            let _ = std::io::stdout().flush();
+            serve_until_signalled(e);
+            tent_destroy_engine(e);
+            return Ok(0);
+        }
+        if is_file_xport(&o) {
+            return run_file(&o);
+        }
+        let initiator = start_engine(&o)?;
+        if o.role == "initiator" {
+            let targets = o.targets().iter().map(|n| open_target(initiator, n, &o)).collect::<Result<Vec<_>, _>>();
+            let r = targets.and_then(|ts| {
+                // The KV preset measures one target: the first.
+                if o.kv { run_kv(&o, initiator, &ts[0]) } else { run_initiator(&o, initiator, &ts) }
+            });
+            tent_destroy_engine(initiator);
+            return r;
+        }
+        // Local mode: a target engine in this process.
+        let target = start_engine(&o)?;
+        let p = buffer(target, &o, o.total_buffer_size)?;
+        // SAFETY: p holds total_buffer_size bytes.
+        fill(unsafe { std::slice::from_raw_parts_mut(p, o.total_buffer_size) }, 0, 0);
+        let t = open_target(initiator, &segment_name(target), &o)?;
+        let r = if o.kv { run_kv(&o, initiator, &t) } else { run_initiator(&o, initiator, &[t]) };
+        tent_destroy_engine(initiator);
+        tent_destroy_engine(target);
+        r
+    })();
+    match result {
+        Ok(0) => ExitCode::SUCCESS,
+        Ok(_) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("tent-bench: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
