@@ -171,6 +171,12 @@ impl LocalSegment {
     }
 
     /// The current list of registered buffers (sorted by address, then length descending).
+    /// The topology JSON this segment publishes (its NICs and memory locations).
+    pub fn topology(&self) -> &str {
+        &self.topology
+    }
+
+    /// The registered buffers as they are now.
     pub fn snapshot(&self) -> Arc<Vec<LocalBuffer>> {
         self.buffers.read().clone()
     }
