@@ -371,7 +371,8 @@ impl MemoryOptions {
 }
 
 /// Memory from `allocate_memory_guard`: `with engine.allocate_memory_guard(n) as addr:` frees
-/// it at the end of the block; `release()` frees it earlier, and collection frees it too.
+/// it at the end of the block (unregistering it first when it was registered at its start);
+/// `release()` frees it earlier, and collection frees it too.
 #[pyclass(module = "tent", name = "MemoryGuard", frozen)]
 pub struct MemoryGuard {
     slot: Arc<Slot<Engine>>,
@@ -386,6 +387,9 @@ impl MemoryGuard {
         if !*released {
             *released = true;
             if let Some(e) = self.slot.try_get() {
+                // Memory the guard's owner registered is unregistered first: freeing it while
+                // registered would leave peers a range that is no longer mapped.
+                let _ = e.unregister_memory(&[(self.addr, 0)]);
                 if let Err(err) = e.free_memory(self.addr) {
                     tracing::warn!("MemoryGuard: freeing {:#x}: {err}", self.addr);
                 }
