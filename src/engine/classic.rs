@@ -1,5 +1,5 @@
 //! The classic Mooncake API's behaviour, written once for both of its boundaries: the C functions
-//! of `include/transfer_engine_c.h` (`crate::ffi::classic`) and the Python module
+//! of `include/transfer_engine_c.h` (`src/ffi/classic.rs`) and the Python module
 //! `mooncake.engine` (the `python/` crate). Both only translate their callers' arguments and
 //! call into this module.
 //!
