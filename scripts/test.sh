@@ -11,6 +11,9 @@ cargo clippy --all-targets -- -D warnings
 # cdylib (libtent.so), so build every target first.
 cargo build --all-targets
 cargo test --all-targets
+# --- Python package (python/, issue 28): built with maturin into a venv, pytest across processes. ---
+scripts/python-tests.sh
+# --- end of the Python stage ---
 # The ibverbs provider on a real kernel verbs stack: soft-RoCE in a QEMU guest (about 2 minutes).
 # Exit 77 means this machine cannot run QEMU at all; rxe-tests.sh says so loudly.
 rc=0

@@ -2,6 +2,7 @@
 
 pub mod background;
 pub mod batch;
+pub mod classic;
 pub mod dispatch;
 pub mod memory;
 pub mod peers;

@@ -315,6 +315,11 @@ impl LocalSegment {
         map.holding(a, a_len).any(holds)
     }
 
+    /// The topology JSON this segment publishes (its NICs and memory locations).
+    pub fn topology(&self) -> &str {
+        &self.topology
+    }
+
     /// Increments on every change of the buffer list.
     pub fn version(&self) -> u64 {
         self.version.load(Ordering::Acquire)

@@ -12,104 +12,10 @@ use std::sync::atomic::AtomicU8;
 
 use super::classic_types::*;
 use super::{Handle, c_str, calloc_array, fill_fixed, guard, non_null, write_c_string};
-use crate::config::{Config, keys};
-use crate::engine::types::{Opcode, Permission, Request, TransportKind};
-use crate::engine::{self, Engine, MemoryOptions};
+use crate::engine::Engine;
+use crate::engine::classic;
+use crate::engine::types::{Request, TransportKind};
 use crate::error::{Error, Result};
-
-/// The connection string that selects p2p metadata (no metadata server).
-const P2P_HANDSHAKE: &str = "P2PHANDSHAKE";
-
-/// Splits a classic metadata connection string into (metadata type, servers), as upstream's
-/// classic engine reads it: `P2PHANDSHAKE` is p2p; `type://rest` names its type, where `http`
-/// (and `https`, which the HTTP store then refuses: it speaks plain HTTP only) keeps the whole
-/// URL as the server and every other type gets `rest`; a string without `://` is etcd servers.
-/// Unknown types are returned as they are and fail the engine's start.
-fn parse_connection(conn: &str) -> (String, String) {
-    if conn == P2P_HANDSHAKE {
-        return ("p2p".into(), String::new());
-    }
-    match conn.split_once("://") {
-        Some((kind, _)) if kind.eq_ignore_ascii_case("http") || kind.eq_ignore_ascii_case("https") => {
-            ("http".into(), conn.to_string())
-        }
-        Some((kind, servers)) => (kind.to_string(), servers.to_string()),
-        None => ("etcd".into(), conn.to_string()),
-    }
-}
-
-/// Splits a classic `local_server_name` into its host and port as upstream does: `[v6]:port`,
-/// `[v6]`, `host:port` or `host` (a bare IPv6 address is all host). A missing or unreadable port
-/// is `None`.
-fn split_server_name(name: &str) -> (String, Option<u16>) {
-    let name = name.trim();
-    if let Some(rest) = name.strip_prefix('[') {
-        if let Some((host, tail)) = rest.split_once(']') {
-            return (host.to_string(), tail.strip_prefix(':').and_then(|p| p.parse().ok()));
-        }
-    }
-    match name.rsplit_once(':') {
-        Some((host, port)) if !host.contains(':') => (host.to_string(), port.parse().ok()),
-        _ => (name.to_string(), None),
-    }
-}
-
-/// The port the legacy binding uses when `local_server_name` gives none: `MC_HANDSHAKE_PORT`,
-/// else 12001, as upstream.
-fn default_handshake_port(env: &dyn Fn(&str) -> Option<String>) -> u16 {
-    env("MC_HANDSHAKE_PORT").and_then(|p| p.trim().parse().ok()).filter(|&p| p > 0).unwrap_or(12001)
-}
-
-/// The explicit config of a classic engine, bound and named as upstream's classic engine does
-/// (`env` reads the environment):
-/// - `P2PHANDSHAKE`: the RPC server binds a free port whatever port `local_server_name` gives,
-///   so several engines given the same `host:port` all start; the segment (and what
-///   `getLocalIpAndPort` reports) is `<host as given>:<bound port>`.
-/// - a metadata server: the segment is named `local_server_name`; the RPC server listens on a
-///   free port and advertises `MC_TCP_BIND_ADDRESS` or this host's address, unless
-///   `MC_LEGACY_RPC_PORT_BINDING` is set, which binds the host and port of
-///   `local_server_name` (port `MC_HANDSHAKE_PORT` or 12001 when it has none).
-///
-/// `rpc_port` is ignored as upstream ignores it. `ip_or_host_name` is ignored too, except that
-/// it stands in for the host when `local_server_name` has none (upstream would then build a
-/// name without a host).
-fn classic_config(
-    conn: &str,
-    local_server_name: &str,
-    ip_or_host_name: &str,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Config {
-    let (kind, servers) = parse_connection(conn);
-    let (mut host, given_port) = split_server_name(local_server_name);
-    if host.is_empty() {
-        host = ip_or_host_name.trim().to_string();
-    }
-    let mut cfg = Config::new();
-    cfg.set(keys::METADATA_TYPE.0, kind.clone().into());
-    if !servers.is_empty() {
-        cfg.set(keys::METADATA_SERVERS.0, servers.into());
-    }
-    let (rpc_host, port) = if kind == "p2p" {
-        if !host.is_empty() {
-            cfg.set(keys::P2P_SEGMENT_HOST.0, host.clone().into());
-        }
-        (host, 0)
-    } else {
-        if !local_server_name.is_empty() {
-            cfg.set(keys::LOCAL_SEGMENT_NAME.0, local_server_name.into());
-        }
-        if env("MC_LEGACY_RPC_PORT_BINDING").is_some() {
-            (host, given_port.unwrap_or_else(|| default_handshake_port(env)))
-        } else {
-            (env("MC_TCP_BIND_ADDRESS").unwrap_or_default(), 0)
-        }
-    };
-    if !rpc_host.is_empty() {
-        cfg.set(keys::RPC_SERVER_HOSTNAME.0, rpc_host.into());
-    }
-    cfg.set(keys::RPC_SERVER_PORT.0, i64::from(port).into());
-    cfg
-}
 
 /// Reads an optional C string: NULL is "".
 ///
@@ -123,20 +29,8 @@ unsafe fn opt_str(p: *const c_char, what: &str) -> Result<String> {
     unsafe { c_str(p, what) }
 }
 
-/// A classic segment handle as the engine's handle; negative handles name nothing.
-fn segment_handle(id: segment_id_t) -> Result<u64> {
-    u64::try_from(id).map_err(|_| Error::InvalidArgument(format!("segment id {id} is negative")))
-}
-
-/// The engine's handle as a classic `int32` handle.
-fn classic_handle(handle: u64) -> Result<c_int> {
-    c_int::try_from(handle)
-        .map_err(|_| Error::Internal(format!("segment handle {handle} does not fit the classic 32-bit segment id")))
-}
-
-/// Copies classic requests (never kept: Go callers pass slices of their own heap) into engine
-/// requests, checking what the classic engine refuses up front: a bad opcode, a negative or
-/// unknown target and local memory that is not registered.
+/// Copies classic requests (never kept: Go callers pass slices of their own heap) and checks
+/// them as the classic engine does (`classic::checked_requests`).
 ///
 /// # Safety
 /// `entries` is NULL or points to `count` requests.
@@ -150,28 +44,17 @@ unsafe fn classic_requests(e: &Engine, entries: *const transfer_request, count: 
     }
     // SAFETY: non-NULL and the caller promises `count` elements.
     let raw = unsafe { std::slice::from_raw_parts(entries, count) };
-    let mut checked: Vec<u64> = Vec::new();
-    raw.iter()
-        .map(|r| {
-            let target = segment_handle(r.target_id)?;
-            if target != 0 && !checked.contains(&target) {
-                // Fetches (or reuses) the descriptor, so an unknown handle or an unreachable
-                // peer fails the submit as in the classic engine.
-                e.segment_info(target)?;
-                checked.push(target);
-            }
-            e.local_segment().check_range(r.source as u64, r.length, None)?;
-            Ok(Request {
-                opcode: Opcode::from_c(r.opcode)?,
-                source: r.source as u64,
-                target_id: target,
-                target_offset: r.target_offset,
-                length: r.length,
-                priority: 0,
-                hint: TransportKind::Unspec,
-            })
+    let reqs: Vec<classic::ClassicRequest> = raw
+        .iter()
+        .map(|r| classic::ClassicRequest {
+            opcode: r.opcode,
+            source: r.source as u64,
+            target_id: i64::from(r.target_id),
+            target_offset: r.target_offset,
+            length: r.length,
         })
-        .collect()
+        .collect();
+    classic::checked_requests(e, &reqs, TransportKind::Unspec)
 }
 
 /// Reads the two strings of a notification passed by value.
@@ -223,9 +106,7 @@ pub unsafe extern "C" fn createTransferEngine(
         let name = unsafe { opt_str(local_server_name, "local_server_name") }?;
         // SAFETY: forwarded contract.
         let host = unsafe { opt_str(ip_or_host_name, "ip_or_host_name") }?;
-        let cfg = classic_config(&conn, &name, &host, &|k| std::env::var(k).ok());
-        let e = Engine::new(engine::effective_config(cfg))?;
-        Ok(super::publish(Handle::Ready(e)))
+        Ok(super::publish(Handle::Ready(classic::start(&conn, &name, &host, &[])?)))
     })
 }
 
@@ -240,11 +121,7 @@ pub unsafe extern "C" fn getLocalIpAndPort(engine: transfer_engine_t, buf_out: *
     guard!("getLocalIpAndPort", classic, {
         let e = super::engine(engine)?;
         non_null(buf_out, "buf_out")?;
-        let addr = if e.config().get_string(keys::METADATA_TYPE.0, keys::METADATA_TYPE.1) == "p2p" {
-            e.segment_name().to_string()
-        } else {
-            e.local_segment().rpc_server_addr.clone()
-        };
+        let addr = classic::local_ip_and_port(&e);
         // SAFETY: non-NULL, `buf_len` bytes per the caller's contract.
         if unsafe { write_c_string(&addr, buf_out, buf_len) } {
             Ok(0)
@@ -276,30 +153,16 @@ pub unsafe extern "C" fn installTransport(
         let e = super::engine(engine)?;
         // SAFETY: forwarded contract.
         let proto = unsafe { c_str(proto, "proto") }?;
+        let mut matrix = None;
         if !args.is_null() {
             // SAFETY: `args` is non-NULL and has at least its terminating element.
             let first = unsafe { *args };
             if !first.is_null() {
                 // SAFETY: a non-NULL args[0] is the matrix JSON string by contract.
-                let matrix = unsafe { c_str(first.cast::<c_char>(), "args[0]") }?;
-                serde_json::from_str::<serde_json::Value>(&matrix).map_err(|err| {
-                    Error::InvalidArgument(format!("NIC priority matrix in args[0] is not JSON: {err}"))
-                })?;
+                matrix = Some(unsafe { c_str(first.cast::<c_char>(), "args[0]") }?);
             }
         }
-        let (kind, slot) = match proto.as_str() {
-            "tcp" => (TransportKind::Tcp, 0),
-            "rdma" => (TransportKind::Rdma, 1),
-            "shm" => (TransportKind::Shm, 2),
-            other => {
-                return Err(Error::InvalidArgument(format!(
-                    "unknown transport {other:?} (tcp, rdma and shm are known)"
-                )));
-            }
-        };
-        if !e.loaded_transports().contains(&kind) {
-            return Err(Error::NoTransport(format!("transport {proto} is not available in this engine")));
-        }
+        let slot = classic::installed_transport(&e, &proto, matrix.as_deref())?;
         Ok(TRANSPORT_TOKENS[slot].as_ptr().cast::<c_void>())
     })
 }
@@ -327,16 +190,7 @@ unsafe fn open_classic(engine: transfer_engine_t, segment_name: *const c_char, r
     let e = super::engine(engine)?;
     // SAFETY: forwarded contract.
     let name = unsafe { c_str(segment_name, "segment_name") }?;
-    if name.is_empty() {
-        return Err(Error::InvalidArgument("segment_name is empty".into()));
-    }
-    let handle = e.open_segment(&name)?;
-    if refresh {
-        e.refresh_segment(handle)?;
-    } else {
-        e.segment_info(handle)?;
-    }
-    classic_handle(handle)
+    classic::classic_segment_id(classic::open_segment(&e, &name, refresh)?)
 }
 
 /// Opens a segment by name and fetches its descriptor (cached for later calls); returns its
@@ -367,7 +221,7 @@ pub unsafe extern "C" fn openSegmentNoCache(engine: transfer_engine_t, segment_n
 pub extern "C" fn closeSegment(engine: transfer_engine_t, segment_id: segment_id_t) -> c_int {
     guard!("closeSegment", classic, {
         let e = super::engine(engine)?;
-        e.close_segment(segment_handle(segment_id)?)?;
+        e.close_segment(classic::segment_handle(i64::from(segment_id))?)?;
         Ok(0)
     })
 }
@@ -425,24 +279,10 @@ pub unsafe extern "C" fn registerLocalMemory(
         non_null(addr, "addr")?;
         // SAFETY: forwarded contract.
         let location = unsafe { opt_str(location, "location") }?;
-        let opts = MemoryOptions {
-            location: if location.is_empty() { "*".into() } else { location },
-            permission: if remote_accessible != 0 { Permission::GlobalReadWrite } else { Permission::LocalReadWrite },
-            ..MemoryOptions::default()
-        };
         // SAFETY: the C caller's contract: the memory stays valid while the engine may use it.
-        unsafe { e.register_memory(&[(addr as u64, length as u64)], &opts) }?;
+        unsafe { classic::register_memory(&e, addr as u64, length as u64, &location, remote_accessible != 0) }?;
         Ok(0)
     })
-}
-
-/// Fails with `ERR_ADDRESS_NOT_REGISTERED` unless a registration starts at `addr`.
-fn require_registered(e: &Engine, addr: u64) -> Result<()> {
-    if e.local_segment().starts_at(addr) {
-        Ok(())
-    } else {
-        Err(Error::AddressNotRegistered(format!("no registration starts at {addr:#x}")))
-    }
 }
 
 /// Unregisters the registration starting at `addr`; an address that starts none fails with
@@ -452,8 +292,7 @@ pub extern "C" fn unregisterLocalMemory(engine: transfer_engine_t, addr: *mut c_
     guard!("unregisterLocalMemory", classic, {
         let e = super::engine(engine)?;
         non_null(addr, "addr")?;
-        require_registered(&e, addr as u64)?;
-        e.unregister_memory(&[(addr as u64, 0)])?;
+        classic::unregister_memory(&e, &[addr as u64])?;
         Ok(0)
     })
 }
@@ -484,12 +323,8 @@ pub unsafe extern "C" fn registerLocalMemoryBatch(
         let ranges: Vec<(u64, u64)> = list.iter().map(|b| (b.addr as u64, b.length as u64)).collect();
         // SAFETY: forwarded contract.
         let location = unsafe { opt_str(location, "location") }?;
-        let opts = MemoryOptions {
-            location: if location.is_empty() { "*".into() } else { location },
-            ..MemoryOptions::default()
-        };
         // SAFETY: the C caller's contract: the memory stays valid while the engine may use it.
-        unsafe { e.register_memory(&ranges, &opts) }?;
+        unsafe { classic::register_memory_batch(&e, &ranges, &location) }?;
         Ok(0)
     })
 }
@@ -516,11 +351,8 @@ pub unsafe extern "C" fn unregisterLocalMemoryBatch(
         }
         // SAFETY: non-NULL, `addr_len` pointers per the caller's contract.
         let list = unsafe { std::slice::from_raw_parts(addr_list, addr_len) };
-        for &a in list {
-            require_registered(&e, a as u64)?;
-        }
-        let ranges: Vec<(u64, u64)> = list.iter().map(|&a| (a as u64, 0)).collect();
-        e.unregister_memory(&ranges)?;
+        let addrs: Vec<u64> = list.iter().map(|&a| a as u64).collect();
+        classic::unregister_memory(&e, &addrs)?;
         Ok(0)
     })
 }
@@ -797,61 +629,6 @@ pub extern "C" fn enableGracefulShutdown(engine: transfer_engine_t) {
     })
 }
 
-/// The `showLinks` report: with `json`, an object whose `local_nics` array has one entry per
-/// RDMA NIC (`device`, `numa`, `gid`, `gid_index`, `port`, `speed_gbps`, `source`) and, when
-/// RDMA is loaded, a `topology` member mapping each memory location to `[preferred NICs,
-/// other NICs]` (every NIC serves every location here, so all are listed as preferred);
-/// otherwise the same as readable text.
-fn links_report(e: &Engine, json: bool) -> String {
-    let nics = e.nic_links();
-    if json {
-        let local: Vec<serde_json::Value> = nics
-            .iter()
-            .map(|n| {
-                serde_json::json!({
-                    "device": n.device,
-                    "numa": n.numa_node,
-                    "gid": n.gid,
-                    "gid_index": n.gid_index,
-                    "port": n.port,
-                    "speed_gbps": n.speed_gbps,
-                    "source": "rdma_transport",
-                })
-            })
-            .collect();
-        let mut root = serde_json::Map::new();
-        root.insert("local_nics".into(), local.into());
-        if !nics.is_empty() {
-            let names: Vec<&str> = nics.iter().map(|n| n.device.as_str()).collect();
-            let topology: serde_json::Map<String, serde_json::Value> = e
-                .memory_locations()
-                .into_iter()
-                .map(|loc| (loc, serde_json::json!([names, Vec::<String>::new()])))
-                .collect();
-            root.insert("topology".into(), topology.into());
-        }
-        return serde_json::to_string_pretty(&serde_json::Value::Object(root)).unwrap_or_else(|_| "{}".into());
-    }
-    let mut text = String::from("=== Local NICs ===\n");
-    if nics.is_empty() {
-        text.push_str("  (no RDMA devices found)\n");
-    }
-    for n in &nics {
-        text.push_str(&format!(
-            "  {}  NUMA={}  GID={} (idx={})  Port={}  {}Gbps\n",
-            n.device, n.numa_node, n.gid, n.gid_index, n.port, n.speed_gbps
-        ));
-    }
-    if !nics.is_empty() {
-        let names = nics.iter().map(|n| n.device.as_str()).collect::<Vec<_>>().join(", ");
-        text.push_str("\n=== Topology (NIC Selection) ===\n");
-        for loc in e.memory_locations() {
-            text.push_str(&format!("  {loc} -> preferred: [{names}]  available: []\n"));
-        }
-    }
-    text
-}
-
 /// Writes the engine's RDMA links into `buf_out` (NUL-terminated): with `json` non-zero a JSON
 /// object with a `local_nics` array (one object per RDMA NIC: `device`, `numa`, `gid`,
 /// `gid_index`, `port`, `speed_gbps`, `source`) and, when RDMA is loaded, a `topology` object;
@@ -871,7 +648,7 @@ pub unsafe extern "C" fn showLinks(
     guard!("showLinks", classic, {
         let e = super::engine(engine)?;
         non_null(buf_out, "buf_out")?;
-        let text = links_report(&e, json != 0);
+        let text = classic::links_report(&e, json != 0);
         // SAFETY: non-NULL, `buf_len` bytes per the caller's contract.
         if unsafe { write_c_string(&text, buf_out, buf_len) } {
             Ok(0)
@@ -882,75 +659,4 @@ pub unsafe extern "C" fn showLinks(
             )))
         }
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn connection_strings_are_read_as_the_classic_engine_does() {
-        assert_eq!(parse_connection("P2PHANDSHAKE"), ("p2p".into(), String::new()));
-        assert_eq!(parse_connection("redis://10.0.0.1:6379"), ("redis".into(), "10.0.0.1:6379".into()));
-        assert_eq!(parse_connection("etcd://a:2379,b:2379"), ("etcd".into(), "a:2379,b:2379".into()));
-        // HTTP keeps its scheme: the whole URL is the server.
-        assert_eq!(parse_connection("http://h:8080/metadata"), ("http".into(), "http://h:8080/metadata".into()));
-        assert_eq!(parse_connection("https://h/m"), ("http".into(), "https://h/m".into()));
-        assert_eq!(parse_connection("10.0.0.1:2379"), ("etcd".into(), "10.0.0.1:2379".into()));
-        assert_eq!(parse_connection("zk://z:1"), ("zk".into(), "z:1".into()));
-    }
-
-    #[test]
-    fn server_names_split_as_upstream() {
-        assert_eq!(split_server_name("vm:12345"), ("vm".into(), Some(12345)));
-        assert_eq!(split_server_name("vm"), ("vm".into(), None));
-        assert_eq!(split_server_name("vm:x"), ("vm".into(), None));
-        assert_eq!(split_server_name("[::1]:7"), ("::1".into(), Some(7)));
-        assert_eq!(split_server_name("[::1]"), ("::1".into(), None));
-        assert_eq!(split_server_name("fe80::1"), ("fe80::1".into(), None));
-    }
-
-    #[test]
-    fn config_binds_and_names_as_the_classic_engine_does() {
-        let no_env = |_: &str| None;
-        // P2P: the host of the name, any free port, no segment name of its own.
-        let cfg = classic_config("P2PHANDSHAKE", "vm:12345", "10.0.0.9", &no_env);
-        assert_eq!(cfg.get_str(keys::METADATA_TYPE.0).as_deref(), Some("p2p"));
-        assert_eq!(cfg.get_str(keys::RPC_SERVER_HOSTNAME.0).as_deref(), Some("vm"));
-        assert_eq!(cfg.get_str(keys::P2P_SEGMENT_HOST.0).as_deref(), Some("vm"));
-        assert_eq!(cfg.get_i64("rpc_server_port", -1), 0);
-        assert!(cfg.get("local_segment_name").is_none());
-        // Without a host in the name, ip_or_host_name stands in.
-        let cfg = classic_config("P2PHANDSHAKE", "", "::1", &no_env);
-        assert_eq!(cfg.get_str(keys::P2P_SEGMENT_HOST.0).as_deref(), Some("::1"));
-        // A metadata server: named as given, a free port on this host's address.
-        let cfg = classic_config("etcd://e:2379", "node-a:17000", "10.0.0.9", &no_env);
-        assert_eq!(cfg.get_str(keys::LOCAL_SEGMENT_NAME.0).as_deref(), Some("node-a:17000"));
-        assert_eq!(cfg.get_i64("rpc_server_port", -1), 0);
-        assert!(cfg.get("rpc_server_hostname").is_none());
-        let bind = |k: &str| (k == "MC_TCP_BIND_ADDRESS").then(|| "10.1.1.1".to_string());
-        let cfg = classic_config("etcd://e:2379", "node-a", "", &bind);
-        assert_eq!(cfg.get_str(keys::RPC_SERVER_HOSTNAME.0).as_deref(), Some("10.1.1.1"));
-        // The legacy binding: the host and port of the name, 12001 or MC_HANDSHAKE_PORT without one.
-        let legacy = |k: &str| (k == "MC_LEGACY_RPC_PORT_BINDING").then(String::new);
-        let cfg = classic_config("redis://r:6379", "127.0.0.1:17000", "", &legacy);
-        assert_eq!(cfg.get_str(keys::RPC_SERVER_HOSTNAME.0).as_deref(), Some("127.0.0.1"));
-        assert_eq!(cfg.get_i64("rpc_server_port", -1), 17000);
-        let cfg = classic_config("redis://r:6379", "node", "", &legacy);
-        assert_eq!(cfg.get_i64("rpc_server_port", -1), 12001);
-        let legacy_port = |k: &str| match k {
-            "MC_LEGACY_RPC_PORT_BINDING" => Some("1".to_string()),
-            "MC_HANDSHAKE_PORT" => Some("13000".to_string()),
-            _ => None,
-        };
-        assert_eq!(classic_config("redis://r:6379", "node", "", &legacy_port).get_i64("rpc_server_port", -1), 13000);
-    }
-
-    #[test]
-    fn handles_out_of_range_are_errors_not_truncations() {
-        assert!(segment_handle(-1).is_err());
-        assert_eq!(segment_handle(7).ok(), Some(7));
-        assert!(classic_handle(u64::from(u32::MAX)).is_err());
-        assert_eq!(crate::error::ERR_INVALID_ARGUMENT, -1);
-    }
 }
