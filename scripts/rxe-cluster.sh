@@ -134,7 +134,7 @@ case "$mode" in
             # One scenario at a time, each timed (the figures of the closing note).
             names=$("$test_bin" --list 2>/dev/null | sed -n 's/: test$//p')
             for name in $names; do
-                case $name in bench_* | explore_*) continue ;; esac
+                case $name in bench_*) continue ;; esac
                 if [ -n "${TENT_CLUSTER_FILTER:-}" ]; then
                     wanted=0
                     for f in $TENT_CLUSTER_FILTER; do [[ $name == *"$f"* ]] && wanted=1; done

@@ -1006,44 +1006,6 @@ fn chaos() {
     }
 }
 
-#[test]
-#[ignore]
-fn explore_lossy_reads() {
-    let Some(c) = Cluster::connect() else { return };
-    heal(&c);
-    const LEN: usize = 16 << 20;
-    let (na, nb) = (&c.nodes[0], &c.nodes[1]);
-    let cf = conf_with_timeout(Duration::from_secs(300), &std::env::var("TENT_X_CONF").unwrap_or_default());
-    let mut b = Peer::start(nb, &c, LEN, LEN, &cf);
-    let mut a = Peer::start(na, &c, LEN, LEN, &cf);
-    let h = a.open(&b);
-    let mut shells: Vec<Faults> = [na, nb].into_iter().map(Faults::start).collect();
-    let loss = std::env::var("TENT_X_LOSS").unwrap_or("0.5".into());
-    for f in &mut shells {
-        for r in 0..c.rails {
-            f.apply(&format!("tc qdisc add dev eth{r} root netem loss {loss}% limit 100000"));
-        }
-    }
-    for round in 0..8u8 {
-        let seed = 2 * round + 10;
-        b.ok(&format!("FILL 0 {LEN} {seed}"));
-        let r = a.xfer("read", h, 0, LEN, 1, LEN, seed);
-        eprintln!("round {round} READ: {r:?} {:.1} MB/s", r.mb_per_s(LEN));
-        if r.wrong > 0 {
-            eprintln!("round {round}: B's memory after the bad READ: {}", b.cmd(&format!("CHECK 0 {LEN} {seed}")));
-        }
-        let w = a.xfer("write", h, 0, LEN, 1, LEN, seed + 1);
-        let ck = b.cmd(&format!("CHECK 0 {LEN} {}", seed + 1));
-        eprintln!("round {round} WRITE: {w:?} check {ck}");
-    }
-    eprintln!("{}", a.cmd("STATS"));
-    for f in &mut shells {
-        for r in 0..c.rails {
-            f.apply(&format!("tc qdisc del dev eth{r} root"));
-        }
-    }
-}
-
 /// perftest (`ib_<op>_bw`, `size`-byte messages, 4 s) from host 0 to host 1 on each rail of
 /// `rails` at once; returns the sum of their average bandwidths in MB/s.
 fn perftest(c: &Cluster, op: &str, size: usize, rails: &[usize]) -> f64 {

@@ -7,36 +7,21 @@ mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::engines::{buffer, engine, req, wait};
+use common::engines::{buffer, req, wait};
+use common::sim::{fabric, rdma_engine, until};
 use tent::engine::Engine;
-use tent::engine::types::{Opcode, Permission, Status, TransportKind};
-use tent::verbs::sim::{SimFabric, SimHost, SimNic};
+use tent::engine::types::{Opcode, Permission, Status};
+use tent::verbs::sim::{SimHost, SimNic};
 
 const BOUND: Duration = Duration::from_secs(60);
 
-/// A virtual-clock fabric registered under `name`.
-fn fabric(name: &str) -> Arc<SimFabric> {
-    let f = SimFabric::new_virtual();
-    f.register_as(name);
-    f
-}
-
 /// An engine with two simulated NICs whose only transport is RDMA on fabric `name`.
 fn rail_engine(name: &str, extra: &[(&str, &str)]) -> Arc<Engine> {
-    let mut cfg: Vec<(&str, &str)> = vec![
-        ("transports/rdma/provider", "sim"),
-        ("transports/rdma/sim/fabric", name),
-        ("transports/rdma/sim/devices", "2"),
-        ("transports/tcp/enable", "false"),
-        ("transports/rdma/num_lanes", "2"),
-        ("transports/rdma/workers/block_size", "16384"),
-    ];
+    let mut cfg = vec![("transports/rdma/sim/devices", "2")];
     cfg.extend_from_slice(extra);
-    let e = engine(&cfg);
-    assert!(e.loaded_transports().contains(&TransportKind::Rdma), "RDMA is loaded on the sim");
-    e
+    rdma_engine(name, &cfg)
 }
 
 fn nic(e: &Engine, i: usize) -> SimNic {
@@ -113,16 +98,6 @@ impl Stream {
             t.join().expect("the stream's thread ended without a wrong byte");
         }
         (self.good(), self.failed.load(Ordering::Relaxed))
-    }
-}
-
-/// Advances the virtual clock by `step` (and lets real time pass a little) until `cond` holds.
-fn until(f: &SimFabric, step: Duration, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < BOUND, "condition not reached in time");
-        f.advance(step);
-        std::thread::sleep(Duration::from_micros(300));
     }
 }
 

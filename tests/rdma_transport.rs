@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::engines::{buffer, engine, req, run, wait};
+use common::sim::{fabric, rdma_engine, until};
 use tent::engine::Engine;
 use tent::engine::types::{Opcode, Permission, Status, TransportKind};
 use tent::transport::rdma::EpState;
@@ -20,40 +21,8 @@ fn pattern(i: usize) -> u8 {
     (i.wrapping_mul(31) ^ (i >> 9)) as u8
 }
 
-/// A virtual-clock fabric registered under `name`.
-fn fabric(name: &str) -> Arc<SimFabric> {
-    let f = SimFabric::new_virtual();
-    f.register_as(name);
-    f
-}
-
-/// An engine whose only transport is RDMA on fabric `name`.
-fn rdma_engine(name: &str, extra: &[(&str, &str)]) -> Arc<Engine> {
-    let mut cfg: Vec<(&str, &str)> = vec![
-        ("transports/rdma/provider", "sim"),
-        ("transports/rdma/sim/fabric", name),
-        ("transports/tcp/enable", "false"),
-        ("transports/rdma/num_lanes", "2"),
-        ("transports/rdma/workers/block_size", "16384"),
-    ];
-    cfg.extend_from_slice(extra);
-    let e = engine(&cfg);
-    assert!(e.loaded_transports().contains(&TransportKind::Rdma), "RDMA is loaded on the sim");
-    e
-}
-
 fn host(e: &Engine) -> SimHost {
     SimHost::from_provider(e.rdma().expect("rdma").provider()).expect("sim host")
-}
-
-/// Runs until `cond` holds, advancing the virtual clock by `step` each round (bounded in real time).
-fn until(f: &SimFabric, step: Duration, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < BOUND, "condition not reached in time");
-        f.advance(step);
-        std::thread::sleep(Duration::from_micros(200));
-    }
 }
 
 /// One WRITE of all of `src` from `a` into a fresh buffer of each peer; returns the requests and

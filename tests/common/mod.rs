@@ -104,6 +104,7 @@ pub fn run_c(exe: &Path, envs: &[(&str, &str)]) -> String {
 pub mod cluster;
 pub mod engines;
 pub mod fake_peer;
+pub mod sim;
 pub mod stores;
 
 pub mod soak;

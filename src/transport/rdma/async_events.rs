@@ -29,6 +29,9 @@ pub fn drain_async_events(core: &Core) {
                         for ep in store.endpoints() {
                             if ep.qp_numbers().contains(&qpn) {
                                 tracing::warn!("{}: QP {qpn} fatal, retiring the endpoint", ep.key);
+                                // Its work is flushed: the path is suspect, so that work takes
+                                // another rail (as after an error completion on it).
+                                ep.mark_path_failed();
                                 store.remove(&ep, now);
                             }
                         }
