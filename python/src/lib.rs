@@ -59,7 +59,8 @@ impl<T: Send + Sync + 'static> Slot<T> {
     pub(crate) fn get(&self) -> PyResult<Arc<T>> {
         if !self.is_owner() {
             return Err(PyRuntimeError::new_err(
-                "this engine belongs to the parent process: a forked child must create an engine of its own",
+                "this engine belongs to the parent process: a forked child cannot use it; start workers with \
+                 multiprocessing's 'spawn' method and create their engines there",
             ));
         }
         self.inner
