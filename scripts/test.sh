@@ -22,7 +22,7 @@ if [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ]; then
     echo "test.sh: the soft-RoCE stage failed" >&2
     exit "$rc"
 fi
-# Several soft-RoCE hosts on two rail switches (scripts/rxe-cluster.sh, about 10 minutes): RDMA
+# Several soft-RoCE hosts on two rail switches (scripts/rxe-cluster.sh, about 5.5 minutes): RDMA
 # between kernels, with link blips, slow paths, rails down, hosts dying and a chaos run.
 rc=0
 flock /tmp/qemu.lock scripts/rxe-cluster.sh || rc=$?
