@@ -200,6 +200,21 @@ impl Peer {
         Stats { at_ns: self.node().to_local_ns(at), nic, values }
     }
 
+    /// SIGKILLs the engine and waits (bounded) for its end, keeping the events it reported
+    /// before it ended.
+    fn kill(&mut self) {
+        self.prog.signal(9);
+        let deadline = Instant::now() + BOUND;
+        loop {
+            match self.prog.next(deadline.saturating_duration_since(Instant::now())) {
+                Some(Line::Out(l)) if l.starts_with("EV ") => self.events.push(l),
+                Some(Line::Exit(_)) => return,
+                Some(_) => {}
+                None => panic!("host {}: the killed engine did not end within {BOUND:?}", self.node().index),
+            }
+        }
+    }
+
     /// Takes every line that has arrived, waiting at most `wait` for the first.
     fn drain(&mut self, wait: Duration) {
         let mut wait = wait;
@@ -943,8 +958,7 @@ fn chaos() {
             // The engine of host h is killed and started again a second later.
             log.push(format!("[{:.3}] restart h{h}", secs(now_ns())));
             if let Some(mut p) = peers[h].take() {
-                p.prog.signal(9);
-                p.drain(Duration::from_millis(100));
+                p.kill();
                 finished.push((h, p.rounds()));
             }
             drain_all(&mut peers, Duration::from_secs(1));
