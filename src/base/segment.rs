@@ -83,13 +83,64 @@ pub struct BufferIndex {
 /// The index of one buffer list of `len` entries.
 struct Built {
     len: usize,
-    /// The start of every non-empty buffer, sorted: searched alone, so that the search touches
-    /// 8 bytes per buffer (a list of 100,000 mostly stays in the CPU's cache).
+    /// The start of every non-empty buffer, sorted.
     starts: Vec<u64>,
-    /// `(end, position)` of the buffer at the same index of `starts`.
-    ends: Vec<(u64, u32)>,
+    /// Every `FANOUT`th key of the level below (the first level samples `starts`), up to a
+    /// level of at most `FANOUT` keys. A search goes down through one window of `FANOUT` keys
+    /// (two cache lines) per level: among 100,000 buffers it misses the cache about twice,
+    /// where a binary search over `starts` misses it at each of its last levels.
+    levels: Vec<Vec<u64>>,
+    /// End, list position and class of the buffer at the same index of `starts`: enough to
+    /// check a request against it without reading the buffer's entry (whose strings and lists
+    /// live elsewhere on the heap, a cache miss each for a large list).
+    hot: Vec<Hot>,
+    /// The class of every buffer, in list order.
+    class_of: Vec<u32>,
+    /// The permission of every class.
+    class_perm: Vec<Permission>,
     /// Present when some buffers overlap: range to position.
     overlapping: Option<IntervalMap<u64, u32>>,
+}
+
+/// What buffers of one class share: transports, location, shared-memory object, permission.
+type ClassKey<'a> = (&'a [i32], &'a str, &'a str, Option<i32>);
+
+/// Keys per window of [`Built::levels`].
+const FANOUT: usize = 16;
+
+#[derive(Clone, Copy)]
+struct Hot {
+    end: u64,
+    pos: u32,
+    class: u32,
+}
+
+/// A buffer of a descriptor as [`SegmentDesc::locate`] found it: its position in the buffer
+/// list and its class. Buffers of one class share their transports, location, shared-memory
+/// object and permission, so whatever a sender works out from those (a transport list, a
+/// mapping) holds for every buffer of the class; a descriptor of many buffers usually has a
+/// handful of classes. A `BufferRef` belongs to the descriptor that made it: another
+/// descriptor ignores it (see [`SegmentDesc::find_buffer_from`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BufferRef {
+    /// Position in [`SegmentDesc::buffers`].
+    pub pos: u32,
+    /// The buffer's class, or [`BufferRef::NO_CLASS`] when the descriptor has no index (then
+    /// nothing may be reused between buffers).
+    pub class: u32,
+    /// Identifies the index the reference came from (its address; 0 for none).
+    of: usize,
+}
+
+impl BufferRef {
+    /// The class of a buffer found without an index.
+    pub const NO_CLASS: u32 = u32::MAX;
+
+    /// Whether `other` has the same known class, so what was worked out for one holds for the
+    /// other (both must come from one descriptor).
+    pub fn same_class(&self, other: &BufferRef) -> bool {
+        self.class != Self::NO_CLASS && self.class == other.class && self.of == other.of
+    }
 }
 
 impl Clone for BufferIndex {
@@ -110,25 +161,29 @@ impl std::fmt::Debug for BufferIndex {
     }
 }
 
-/// The positions an index query yields: the one candidate of a disjoint list, or those of an
-/// interval-map query.
-enum Holders<'a> {
-    One(Option<usize>),
+/// What an index query found for a range.
+enum Lookup<'a> {
+    /// A disjoint list: the only buffer that can hold the range, if any, as (start, hot entry).
+    One(Option<(u64, Hot)>),
+    /// Overlapping buffers: the positions of those holding the range's first byte.
     Map(iset::iter::Values<'a, u64, u32, std::ops::RangeInclusive<u64>, u32>),
-}
-
-impl Iterator for Holders<'_> {
-    type Item = usize;
-    fn next(&mut self) -> Option<usize> {
-        match self {
-            Holders::One(o) => o.take(),
-            Holders::Map(m) => m.next().map(|&i| i as usize),
-        }
-    }
 }
 
 impl BufferIndex {
     fn build(buffers: &[BufferDesc]) -> Built {
+        // Classes: buffers alike in everything a sender reuses between them.
+        let mut classes: std::collections::HashMap<ClassKey, u32> = Default::default();
+        let mut class_perm = Vec::new();
+        let class_of: Vec<u32> = buffers
+            .iter()
+            .map(|b| {
+                let key = (b.transports.as_slice(), b.location.as_str(), b.shm_path.as_str(), b.perm);
+                *classes.entry(key).or_insert_with(|| {
+                    class_perm.push(b.permission());
+                    class_perm.len() as u32 - 1
+                })
+            })
+            .collect();
         // A 0-byte or wrapping buffer holds no range of at least one byte.
         let mut sorted: Vec<(u64, u64, u32)> = buffers
             .iter()
@@ -144,28 +199,58 @@ impl BufferIndex {
             }
             map
         });
-        let starts = sorted.iter().map(|e| e.0).collect();
-        let ends = sorted.iter().map(|e| (e.1, e.2)).collect();
-        Built { len: buffers.len(), starts, ends, overlapping }
+        let starts: Vec<u64> = sorted.iter().map(|e| e.0).collect();
+        let mut levels: Vec<Vec<u64>> = Vec::new();
+        loop {
+            let below = levels.last().unwrap_or(&starts);
+            if below.len() <= FANOUT {
+                break;
+            }
+            let level = below.iter().step_by(FANOUT).copied().collect();
+            levels.push(level);
+        }
+        let hot = sorted.iter().map(|&(_, end, pos)| Hot { end, pos, class: class_of[pos as usize] }).collect();
+        Built { len: buffers.len(), starts, levels, hot, class_of, class_perm, overlapping }
     }
 
-    /// Positions (in list order) of the buffers of `buffers` that may hold `[addr, addr+len)`:
-    /// those holding `addr`, or `None` when only a scan can tell (a 0-byte range, or a list
-    /// too long for the index).
-    fn candidates<'a>(&'a self, buffers: &[BufferDesc], addr: u64, len: u64) -> Option<Holders<'a>> {
-        if len == 0 || buffers.len() > u32::MAX as usize {
+    /// The index of `buffers`, or `None` when only a scan can tell (a list too long for the
+    /// index, or one whose length changed since the index was made).
+    fn get(&self, buffers: &[BufferDesc]) -> Option<&Built> {
+        if buffers.len() > u32::MAX as usize - 1 {
             return None;
         }
-        let built = self.built.get_or_init(|| Self::build(buffers));
-        if built.len != buffers.len() {
-            return None;
+        Some(self.built.get_or_init(|| Self::build(buffers))).filter(|b| b.len == buffers.len())
+    }
+}
+
+impl Built {
+    /// The buffers that may hold `[addr, addr+len)` (`len` > 0): those holding `addr`.
+    fn lookup(&self, addr: u64) -> Lookup<'_> {
+        if let Some(map) = &self.overlapping {
+            return Lookup::Map(map.values_overlap(addr));
         }
-        if let Some(map) = &built.overlapping {
-            return Some(Holders::Map(map.values_overlap(addr)));
+        let hit =
+            self.last_start_at_or_before(addr).map(|i| (self.starts[i], self.hot[i])).filter(|&(_, h)| addr < h.end);
+        Lookup::One(hit)
+    }
+
+    /// The index in `starts` of the last start at or before `addr`. Key `j` of a level is key
+    /// `j * FANOUT` of the level below, so when key `j` is the last one at or before `addr`,
+    /// the last one below lies among the `FANOUT` keys from `j * FANOUT` on.
+    fn last_start_at_or_before(&self, addr: u64) -> Option<usize> {
+        // The top level has at most FANOUT keys: its window is all of it.
+        let (mut from, mut found) = (0, None);
+        for level in self.levels.iter().rev().map(Vec::as_slice).chain([self.starts.as_slice()]) {
+            let window = &level[from.min(level.len())..(from + FANOUT).min(level.len())];
+            let at = from + window.partition_point(|&s| s <= addr).checked_sub(1)?;
+            found = Some(at);
+            from = at * FANOUT;
         }
-        let after = built.starts.partition_point(|&s| s <= addr);
-        let hit = after.checked_sub(1).map(|i| built.ends[i]).filter(|&(e, _)| addr < e);
-        Some(Holders::One(hit.map(|(_, i)| i as usize)))
+        found
+    }
+
+    fn reference(&self, pos: u32) -> BufferRef {
+        BufferRef { pos, class: self.class_of[pos as usize], of: self as *const Built as usize }
     }
 }
 
@@ -301,19 +386,38 @@ impl SegmentDesc {
     /// contains `[addr, addr+len)` and whose permission allows `op` (from a peer when `remote`).
     /// Only the buffers holding `addr` are looked at (see [`BufferIndex`]).
     pub fn find_buffer(&self, addr: u64, len: u64, op: Opcode, remote: bool) -> Result<&BufferDesc> {
+        self.locate(addr, len, op, remote).map(|r| &self.buffers[r.pos as usize])
+    }
+
+    /// As [`SegmentDesc::find_buffer`], but says where the buffer is instead: for a list with
+    /// no overlaps it reads only the index, never the buffer's own entry.
+    pub fn locate(&self, addr: u64, len: u64, op: Opcode, remote: bool) -> Result<BufferRef> {
         let mut contained = false;
         let mut check = |b: &BufferDesc| {
             let holds = range_within(addr, len, b.addr, b.length);
             contained |= holds;
             holds && b.permission().allows(op, remote)
         };
-        let found = match self.index.candidates(&self.buffers, addr, len) {
-            // The first in list order among the holders that allow the access.
-            Some(c) => c.filter(|&i| check(&self.buffers[i])).min().map(|i| &self.buffers[i]),
-            None => self.buffers.iter().find(|b| check(b)),
+        let index = if len == 0 { None } else { self.index.get(&self.buffers) };
+        let found = match index {
+            None => self.buffers.iter().position(&mut check).map(|i| BufferRef {
+                pos: i as u32,
+                class: BufferRef::NO_CLASS,
+                of: 0,
+            }),
+            Some(built) => match built.lookup(addr) {
+                Lookup::One(hit) => hit.and_then(|(start, h)| {
+                    contained = range_within(addr, len, start, h.end - start);
+                    (contained && built.class_perm[h.class as usize].allows(op, remote)).then(|| built.reference(h.pos))
+                }),
+                // The first in list order among the holders that allow the access.
+                Lookup::Map(m) => {
+                    m.map(|&i| i as usize).filter(|&i| check(&self.buffers[i])).min().map(|i| built.reference(i as u32))
+                }
+            },
         };
-        if let Some(b) = found {
-            return Ok(b);
+        if let Some(r) = found {
+            return Ok(r);
         }
         if contained {
             Err(Error::PermissionDenied(format!(
@@ -328,13 +432,168 @@ impl SegmentDesc {
         }
     }
 
+    /// As [`SegmentDesc::locate`] followed by reading the buffer's entry, but first tries
+    /// `known`, the reference an earlier lookup of the same range on this descriptor found (a
+    /// transport given work the engine already located): then no search is made. A reference
+    /// from another descriptor, or one that does not hold the range or allow `op`, is ignored.
+    pub fn find_buffer_from(
+        &self,
+        known: Option<BufferRef>,
+        addr: u64,
+        len: u64,
+        op: Opcode,
+        remote: bool,
+    ) -> Result<(BufferRef, &BufferDesc)> {
+        let ours =
+            |r: &BufferRef| r.of != 0 && self.index.built.get().is_some_and(|b| std::ptr::eq(b, r.of as *const Built));
+        if let Some(r) = known.filter(ours) {
+            if let Some(b) = self.buffers.get(r.pos as usize) {
+                if range_within(addr, len, b.addr, b.length) && b.permission().allows(op, remote) {
+                    return Ok((r, b));
+                }
+            }
+        }
+        let r = self.locate(addr, len, op, remote)?;
+        Ok((r, &self.buffers[r.pos as usize]))
+    }
+
     /// The first buffer (in list order) that fully contains `[addr, addr+len)`, whatever its
     /// permission.
     pub fn buffer_holding(&self, addr: u64, len: u64) -> Option<&BufferDesc> {
         let holds = |b: &&BufferDesc| range_within(addr, len, b.addr, b.length);
-        match self.index.candidates(&self.buffers, addr, len) {
-            Some(c) => c.filter(|&i| holds(&&self.buffers[i])).min().map(|i| &self.buffers[i]),
+        let index = if len == 0 { None } else { self.index.get(&self.buffers) };
+        match index.map(|built| built.lookup(addr)) {
             None => self.buffers.iter().find(holds),
+            Some(Lookup::One(hit)) => hit
+                .filter(|&(start, h)| range_within(addr, len, start, h.end - start))
+                .map(|(_, h)| &self.buffers[h.pos as usize]),
+            Some(Lookup::Map(m)) => {
+                m.map(|&i| i as usize).filter(|&i| holds(&&self.buffers[i])).min().map(|i| &self.buffers[i])
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn buffer(addr: u64, length: u64, perm: i32, shm_path: &str) -> BufferDesc {
+        BufferDesc {
+            addr,
+            internal: false,
+            length,
+            location: "cpu".into(),
+            mnnvl_handle: String::new(),
+            perm: Some(perm),
+            regions: Vec::new(),
+            rkey: Vec::new(),
+            shm_offset: 0,
+            shm_path: shm_path.into(),
+            transport_attrs: Vec::new(),
+            transports: vec![0],
+        }
+    }
+
+    fn desc(buffers: Vec<BufferDesc>) -> SegmentDesc {
+        SegmentDesc {
+            name: "s".into(),
+            kind: "memory".into(),
+            machine_id: "m".into(),
+            rpc_server_addr: String::new(),
+            buffers,
+            devices: Vec::new(),
+            detail_extra: Default::default(),
+            rdma_server_name: None,
+            file: None,
+            index: BufferIndex::default(),
+        }
+    }
+
+    /// What every lookup must agree with: a scan in list order.
+    fn scan(d: &SegmentDesc, addr: u64, len: u64, op: Opcode) -> std::result::Result<usize, bool> {
+        let holds = |b: &BufferDesc| range_within(addr, len, b.addr, b.length);
+        match d.buffers.iter().position(|b| holds(b) && b.permission().allows(op, true)) {
+            Some(i) => Ok(i),
+            None => Err(d.buffers.iter().any(holds)),
+        }
+    }
+
+    fn check(d: &SegmentDesc, addr: u64, len: u64, op: Opcode) {
+        let got = d.locate(addr, len, op, true);
+        match (scan(d, addr, len, op), got) {
+            (Ok(i), Ok(r)) => {
+                assert_eq!(r.pos as usize, i, "{len} bytes at {addr:#x}");
+                let (again, b) = d.find_buffer_from(Some(r), addr, len, op, true).expect("the found reference");
+                assert_eq!((again, b.addr), (r, d.buffers[i].addr));
+            }
+            (Err(true), Err(Error::PermissionDenied(_))) | (Err(false), Err(Error::AddressNotRegistered(_))) => {}
+            (want, got) => panic!("{len} bytes at {addr:#x}: scan {want:?}, index {got:?}"),
+        }
+        let holding = d.buffers.iter().position(|b| range_within(addr, len, b.addr, b.length));
+        assert_eq!(d.buffer_holding(addr, len).map(|b| b.addr), holding.map(|i| d.buffers[i].addr));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(16))]
+        /// Disjoint lists of every size around the index's levels (and with gaps, 0-byte
+        /// buffers and mixed permissions), then lists with overlaps: every lookup finds what a
+        /// scan in list order finds.
+        #[test]
+        fn index_lookups_agree_with_a_scan(
+            n in prop_oneof![0usize..40, 250usize..260, 4094usize..4098],
+            gaps in proptest::collection::vec(0u64..3, 1..64),
+            sizes in proptest::collection::vec(0u64..3, 1..64),
+            overlaps in proptest::collection::vec((0u64..20_000, 1u64..3_000), 0..4),
+            queries in proptest::collection::vec((0u64..1_100_000, 0u64..300, any::<bool>()), 64),
+        ) {
+            let mut at = 16u64;
+            let mut buffers = Vec::new();
+            for i in 0..n {
+                at += gaps[i % gaps.len()] * 64;
+                let len = sizes[(i / 3) % sizes.len()] * 128;
+                let perm = [0, 1, 2][i % 3];
+                buffers.push(buffer(at, len, perm, if i % 2 == 0 { "a" } else { "b" }));
+                at += len;
+            }
+            let ends: Vec<(u64, u64)> = buffers.iter().map(|b| (b.addr, b.addr + b.length)).collect();
+            for d in [desc(buffers.clone()), {
+                let mut b = buffers.clone();
+                b.extend(overlaps.iter().map(|&(a, l)| buffer(a, l, 2, "a")));
+                desc(b)
+            }] {
+                for &(a, l) in &ends {
+                    for addr in [a.saturating_sub(1), a, a + 1, l.saturating_sub(1), l] {
+                        check(&d, addr, 1, Opcode::Write);
+                        check(&d, addr, 64, Opcode::Read);
+                    }
+                }
+                for &(addr, len, write) in &queries {
+                    check(&d, addr, len, if write { Opcode::Write } else { Opcode::Read });
+                }
+                check(&d, u64::MAX - 1, 1, Opcode::Read);
+                check(&d, 0, u64::MAX, Opcode::Read);
+            }
+        }
+    }
+
+    #[test]
+    fn a_reference_from_another_descriptor_is_not_trusted() {
+        let a = desc(vec![buffer(0x1000, 0x1000, 2, "a"), buffer(0x2000, 0x1000, 1, "a")]);
+        let b = desc(vec![buffer(0x1000, 0x1000, 2, "a"), buffer(0x2000, 0x1000, 2, "b")]);
+        let from_b = b.locate(0x2000, 16, Opcode::Write, true).expect("b allows writes");
+        // In `a` the same position is read-only: the foreign reference must not let it write.
+        assert!(matches!(
+            a.find_buffer_from(Some(from_b), 0x2000, 16, Opcode::Write, true),
+            Err(Error::PermissionDenied(_))
+        ));
+        let (r, _) = a.find_buffer_from(Some(from_b), 0x2000, 16, Opcode::Read, true).expect("reads are allowed");
+        assert!(!r.same_class(&from_b), "classes of different descriptors never match");
+        // Same transports, location and object but a different permission: another class.
+        let first = a.locate(0x1000, 16, Opcode::Read, true).expect("first");
+        assert!(!first.same_class(&r));
+        let b_first = b.locate(0x1000, 16, Opcode::Read, true).expect("b first");
+        assert!(!b_first.same_class(&from_b), "another shm object is another class");
     }
 }

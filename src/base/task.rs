@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use super::request::Request;
+use super::segment::BufferRef;
 
 /// The engine's side of a task: where a transport reports how an attempt ended.
 pub trait TaskSink: Send + Sync {
@@ -18,6 +19,11 @@ pub trait TaskSink: Send + Sync {
     fn time_out(&self, attempt: u32, reason: String);
     /// Whether everyone waiting for this work cancelled it, so it can stop.
     fn cancel_requested(&self) -> bool;
+    /// Where in the target's descriptor the engine found the target buffer, when it did: the
+    /// transport checks and reuses it instead of searching the descriptor again.
+    fn target_buffer(&self) -> Option<BufferRef> {
+        None
+    }
 }
 
 /// What a transport is handed: the work and the attempt it belongs to. Reports of a stale
@@ -59,6 +65,12 @@ impl Task {
     /// True when every public task of the work was cancelled, so it can stop.
     pub fn cancel_requested(&self) -> bool {
         self.sink.cancel_requested()
+    }
+
+    /// Where the engine found the target buffer in the target's descriptor, if it looked (see
+    /// [`crate::base::segment::SegmentDesc::find_buffer_from`]).
+    pub fn target_buffer(&self) -> Option<BufferRef> {
+        self.sink.target_buffer()
     }
 
     /// The attempt this task belongs to.

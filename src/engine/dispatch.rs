@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::batch::{Entry, TaskState, kind_bit};
 use super::policy::{self, Policy, SelectCtx};
-use super::segment::{BufferDesc, LocalSegment, SegmentDesc};
+use super::segment::{BufferDesc, BufferRef, LocalSegment, SegmentDesc};
 use super::types::{Request, TransportKind, range_within};
 use super::unit::{FailoverConfig, Members, Task, Unit};
 use crate::error::{Error, Result};
@@ -15,20 +15,16 @@ use crate::transport::Transport;
 /// At most this many units, or about this many bytes, are handed to a transport per submit call
 /// while a batch is being dispatched.
 const DISPATCH_SLICE: usize = 64;
-/// What a memory request's transport list depends on besides its segment: the peer buffer's
-/// transports and memory kind (not its address: a batch to many buffers of one kind, such as
-/// random blocks of a KV pool, works the list out once), the size and priority (policies match
-/// on them) and the hint.
-type CandidateKey = (Vec<i32>, String, u64, i32, TransportKind);
+/// What a memory request's transport list depends on besides its segment: the class of the
+/// peer buffer (its transports and memory kind; not its address: a batch to many buffers of one
+/// kind, such as random blocks of a KV pool, works the list out once), the size and priority
+/// (policies match on them) and the hint. Compared without reading the buffer's entry, which
+/// for a peer of many buffers is a cache miss per request.
+type CandidateKey = (BufferRef, u64, i32, TransportKind);
 
-/// Whether `key` is the key of a request of `len`, `priority` and `hint` to `buf`, compared in
-/// place (nothing is allocated for a hit).
-fn same_key(key: &CandidateKey, buf: &BufferDesc, len: u64, priority: i32, hint: TransportKind) -> bool {
-    key.2 == len
-        && key.3 == priority
-        && key.4 == hint
-        && key.0 == buf.transports
-        && key.1 == policy::memory_kind(&buf.location)
+/// Whether `key` is the key of a request of `len`, `priority` and `hint` to `buf`.
+fn same_key(key: &CandidateKey, buf: &BufferRef, len: u64, priority: i32, hint: TransportKind) -> bool {
+    key.1 == len && key.2 == priority && key.3 == hint && key.0.same_class(buf)
 }
 const DISPATCH_SLICE_BYTES: u64 = 256 << 10;
 
@@ -198,23 +194,24 @@ impl Dispatcher {
                 [only] => Members::One(entries[only].state.clone()),
                 _ => Members::Many(group.iter().map(|&i| entries[i].state.clone()).collect()),
             };
+            let mut located = None;
             let candidates = if desc.is_file() {
                 self.file_candidates(desc, &request)
             } else {
-                desc.find_buffer(request.target_offset, request.length, request.opcode, true).and_then(
-                    |buf| match &last {
-                        Some((k, list)) if same_key(k, buf, request.length, request.priority, request.hint) => {
+                desc.locate(request.target_offset, request.length, request.opcode, true).and_then(|at| {
+                    located = Some(at);
+                    match &last {
+                        Some((k, list)) if same_key(k, &at, request.length, request.priority, request.hint) => {
                             Ok(list.clone())
                         }
                         _ => {
+                            let buf = &desc.buffers[at.pos as usize];
                             let list = self.candidates(desc, Some(buf), &request)?;
-                            let kind = policy::memory_kind(&buf.location).to_string();
-                            let key = (buf.transports.clone(), kind, request.length, request.priority, request.hint);
-                            last = Some((key, list.clone()));
+                            last = Some(((at, request.length, request.priority, request.hint), list.clone()));
                             Ok(list)
                         }
-                    },
-                )
+                    }
+                })
             };
             let candidates = match candidates {
                 Ok(c) => c,
@@ -227,7 +224,7 @@ impl Dispatcher {
                 }
             };
             let kind = candidates[0];
-            let unit = Unit::new(request, desc.clone(), members, candidates, self.failover.clone());
+            let unit = Unit::new(request, desc.clone(), located, members, candidates, self.failover.clone());
             let slot = match per_transport.iter().position(|(k, _)| *k == kind) {
                 Some(i) => i,
                 None => {

@@ -12,7 +12,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use serde_json::Value;
 
 use super::types::{Opcode, Permission, TransportKind, range_within};
-pub use crate::base::segment::{BufferDesc, FILE_SEGMENT_PREFIX, FileTarget, SegmentDesc};
+pub use crate::base::segment::{BufferDesc, BufferRef, FILE_SEGMENT_PREFIX, FileTarget, SegmentDesc};
 use crate::error::{Error, Result};
 
 /// A range to check before an access: address, length, and the operation with whether a peer
@@ -47,7 +47,9 @@ fn find_buffer(map: &Buffers, addr: u64, len: u64, access: Option<(Opcode, bool)
 #[derive(Default)]
 struct Buffers {
     /// Every buffer by (address, length descending): the order listings and the descriptor use.
-    by_start: BTreeMap<(u64, Reverse<u64>), LocalBuffer>,
+    /// Boxed, so the tree's nodes hold keys and pointers only: a lookup among 100,000 buffers
+    /// then walks a few hundred KiB of nodes instead of tens of MiB.
+    by_start: BTreeMap<(u64, Reverse<u64>), Box<LocalBuffer>>,
     /// Every range, for finding the ones that hold an address when some overlap.
     ranges: IntervalMap<u64, ()>,
     /// Pairs of registered buffers that overlap. While there are none (the usual case), the
@@ -59,10 +61,10 @@ struct Buffers {
 enum Holders<'a> {
     One(Option<&'a LocalBuffer>),
     Overlapping(
-        &'a BTreeMap<(u64, Reverse<u64>), LocalBuffer>,
+        &'a BTreeMap<(u64, Reverse<u64>), Box<LocalBuffer>>,
         iset::iter::Intervals<'a, u64, (), RangeInclusive<u64>, u32>,
     ),
-    All(std::collections::btree_map::Values<'a, (u64, Reverse<u64>), LocalBuffer>),
+    All(std::collections::btree_map::Values<'a, (u64, Reverse<u64>), Box<LocalBuffer>>),
 }
 
 impl<'a> Iterator for Holders<'a> {
@@ -72,9 +74,9 @@ impl<'a> Iterator for Holders<'a> {
             Holders::One(b) => b.take(),
             Holders::Overlapping(by_start, ranges) => {
                 let r = ranges.next()?;
-                by_start.get(&(r.start, Reverse(r.end - r.start)))
+                by_start.get(&(r.start, Reverse(r.end - r.start))).map(|b| &**b)
             }
-            Holders::All(all) => all.next(),
+            Holders::All(all) => all.next().map(|b| &**b),
         }
     }
 }
@@ -86,19 +88,20 @@ impl Buffers {
         if len == 0 {
             Holders::All(self.by_start.values())
         } else if self.overlapping_pairs == 0 {
-            let last = self.by_start.range(..=(addr, Reverse(0))).next_back().map(|(_, b)| b);
-            Holders::One(last.filter(|b| addr - b.addr < b.len))
+            // Decided on the key: the buffer's entry is read only when it holds `addr`.
+            let last = self.by_start.range(..=(addr, Reverse(0))).next_back();
+            Holders::One(last.filter(|((start, len), _)| addr - start < len.0).map(|(_, b)| &**b))
         } else {
             Holders::Overlapping(&self.by_start, self.ranges.intervals_overlap(addr))
         }
     }
 
     fn get(&self, addr: u64, len: u64) -> Option<&LocalBuffer> {
-        self.by_start.get(&(addr, Reverse(len)))
+        self.by_start.get(&(addr, Reverse(len))).map(|b| &**b)
     }
 
     fn get_mut(&mut self, addr: u64, len: u64) -> Option<&mut LocalBuffer> {
-        self.by_start.get_mut(&(addr, Reverse(len)))
+        self.by_start.get_mut(&(addr, Reverse(len))).map(|b| &mut **b)
     }
 
     /// The lengths of the buffers starting at `addr`.
@@ -110,11 +113,11 @@ impl Buffers {
         let range = b.addr..b.addr + b.len;
         self.overlapping_pairs += self.ranges.iter(range.clone()).count();
         self.ranges.insert(range, ());
-        self.by_start.insert((b.addr, Reverse(b.len)), b);
+        self.by_start.insert((b.addr, Reverse(b.len)), Box::new(b));
     }
 
     fn remove(&mut self, addr: u64, len: u64) -> Option<LocalBuffer> {
-        let b = self.by_start.remove(&(addr, Reverse(len)))?;
+        let b = *self.by_start.remove(&(addr, Reverse(len)))?;
         let range = addr..addr + len;
         self.ranges.remove(range.clone());
         self.overlapping_pairs = self.overlapping_pairs.saturating_sub(self.ranges.iter(range).count());
@@ -285,7 +288,7 @@ impl LocalSegment {
     /// A copy of every registered buffer, sorted by address, then length descending. O(N): for
     /// listings, not for the data paths (they use [`LocalSegment::with_ranges`] and friends).
     pub fn snapshot(&self) -> Vec<LocalBuffer> {
-        self.buffers.read().by_start.values().cloned().collect()
+        self.buffers.read().by_start.values().map(|b| (**b).clone()).collect()
     }
 
     /// Number of registered buffers (distinct ranges).

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use parking_lot::Mutex;
 
 use super::batch::TaskState;
-use super::segment::SegmentDesc;
+use super::segment::{BufferRef, SegmentDesc};
 use super::types::{Request, TransportKind};
 pub use crate::base::task::{Task, TaskSink};
 use crate::control::queue::Pool;
@@ -66,6 +66,8 @@ impl<'a> IntoIterator for &'a Members {
 pub struct Unit {
     pub request: Request,
     pub target: Arc<SegmentDesc>,
+    /// Where the target buffer is in `target`, when dispatch located it.
+    pub target_buffer: Option<BufferRef>,
     members: Members,
     attempt: AtomicU32,
     suspended: AtomicBool,
@@ -97,13 +99,19 @@ impl TaskSink for Unit {
     fn cancel_requested(&self) -> bool {
         self.members.as_slice().iter().all(|m| m.cancel_requested())
     }
+
+    fn target_buffer(&self) -> Option<BufferRef> {
+        self.target_buffer
+    }
 }
 
 impl Unit {
-    /// Creates a unit for `members` (already linked to it by the caller via `link`).
+    /// Creates a unit for `members` (already linked to it by the caller via `link`);
+    /// `target_buffer` is where dispatch found the target buffer in `target`, if it looked.
     pub fn new(
         request: Request,
         target: Arc<SegmentDesc>,
+        target_buffer: Option<BufferRef>,
         members: Members,
         candidates: Arc<[TransportKind]>,
         failover: Arc<FailoverConfig>,
@@ -111,6 +119,7 @@ impl Unit {
         let unit = Arc::new(Unit {
             request,
             target,
+            target_buffer,
             members,
             attempt: AtomicU32::new(0),
             suspended: AtomicBool::new(false),

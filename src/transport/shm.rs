@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use parking_lot::Mutex;
 
 use crate::base::request::{Opcode, TransportKind};
-use crate::base::segment::{BufferDesc, SegmentDesc};
+use crate::base::segment::{BufferDesc, BufferRef, SegmentDesc};
 use crate::base::task::Task;
 use crate::config::Config;
 use crate::config::keys;
@@ -359,10 +359,11 @@ impl ShmTransport {
         // A KV batch sends hundreds of requests into the same peer buffer: look its mapping up
         // (and check the object is still alive, a syscall) once per buffer per submit, not once
         // per request.
-        let mut last: Option<(String, Arc<Mapping>)> = None;
+        let mut last: Option<(BufferRef, Arc<Mapping>)> = None;
         for task in tasks {
             let r = *task.request();
-            let prepared = target.find_buffer(r.target_offset, r.length, r.opcode, true).and_then(|buf| {
+            let found = target.find_buffer_from(task.target_buffer(), r.target_offset, r.length, r.opcode, true);
+            let prepared = found.and_then(|(at, buf)| {
                 if buf.shm_path.is_empty() {
                     return Err(Error::NoTransport(format!(
                         "the target buffer of segment {} has no shared-memory object",
@@ -372,11 +373,12 @@ impl ShmTransport {
                 let end = buf.shm_offset.checked_add(buf.length).ok_or_else(|| {
                     Error::Remote(format!("buffer at {:#x} of segment {} overflows its object", buf.addr, target.name))
                 })?;
+                // Buffers of one class share their object (compared without reading its name).
                 let map = match &last {
-                    Some((path, m)) if *path == buf.shm_path && m.mapped as u64 >= end => m.clone(),
+                    Some((prev, m)) if prev.same_class(&at) && m.mapped as u64 >= end => m.clone(),
                     _ => {
                         let m = self.mapping(&target.name, buf)?;
-                        last = Some((buf.shm_path.clone(), m.clone()));
+                        last = Some((at, m.clone()));
                         m
                     }
                 };

@@ -429,8 +429,8 @@ impl Transport for RdmaTransport {
                 task.complete();
                 continue;
             }
-            let rkeys = match target.find_buffer(r.target_offset, r.length, r.opcode, true) {
-                Ok(b) if b.rkey.iter().any(|k| *k != 0) => b.rkey.clone(),
+            let rkeys = match target.find_buffer_from(task.target_buffer(), r.target_offset, r.length, r.opcode, true) {
+                Ok((_, b)) if b.rkey.iter().any(|k| *k != 0) => b.rkey.clone(),
                 Ok(_) => {
                     task.fail(format!("the target buffer of segment {} has no RDMA key", target.name));
                     continue;
