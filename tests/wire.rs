@@ -337,3 +337,58 @@ fn auth_token_gates_every_request() {
     let h = a.open_segment(plain.segment_name()).expect("open");
     assert!(a.segment_info(h).is_ok());
 }
+
+/// A descriptor of 100,000 buffers (about 20 MB of JSON, more than a loopback socket buffers)
+/// fetched by clients that never read the reply keeps every data worker writing; Notify and
+/// Probe, control messages, are still answered meanwhile, and the stalled fetches still get
+/// the whole descriptor once they read.
+#[test]
+fn stalled_fetches_of_a_large_descriptor_do_not_hold_up_control_messages() {
+    let e = engine(&[("rpc_server_data_threads", "2")]);
+    let n = 100_000usize;
+    let mem = vec![0u8; n * 64];
+    let ranges: Vec<(u64, u64)> = (0..n).map(|i| (mem.as_ptr() as u64 + i as u64 * 64, 64)).collect();
+    let opts = tent::engine::MemoryOptions::default();
+    // SAFETY: `mem` outlives the engine's use of it (the engine is dropped first).
+    unsafe { e.register_memory(&ranges, &opts) }.expect("register");
+    let port = e.rpc_port();
+    // One fetcher more than there are data workers.
+    let mut stalled: Vec<TcpStream> = (0..3u32)
+        .map(|i| {
+            let mut s = connect(port);
+            s.write_all(&frame::encode_request(i, msg::GET_SEGMENT_DESC, 0, 0)).expect("send");
+            s
+        })
+        .collect();
+    // Wait until both data workers are writing replies (their first bytes are here).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut b = [0u8; 1];
+    while stalled.iter().filter(|s| s.peek(&mut b).is_ok_and(|n| n > 0)).count() < 2 {
+        assert!(Instant::now() < deadline, "the server never started answering the fetches");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut c = connect(port);
+    assert_eq!(call(&mut c, 7, msg::PROBE, &[]).0, 0);
+    assert_eq!(call(&mut c, 8, msg::NOTIFY, br#"{"msg":"during","name":"n"}"#).0, 0);
+    assert!(e.recv_notifications().iter().any(|n| n.msg == "during"), "the notification arrived");
+    // The fetches were held, not dropped: each gets the whole descriptor now. The ones being
+    // answered are read first; the one still queued is answered once a worker is free.
+    let (answered, queued): (Vec<_>, Vec<_>) =
+        stalled.iter_mut().enumerate().partition(|(_, s)| s.peek(&mut b).is_ok_and(|n| n > 0));
+    let mut first: Option<Vec<u8>> = None;
+    for (i, s) in answered.into_iter().chain(queued) {
+        s.set_read_timeout(Some(Duration::from_secs(60))).expect("timeout");
+        let (err, _, att) = read_reply(s, i as u32);
+        assert_eq!(err, 0);
+        match &first {
+            Some(f) => assert!(att == *f, "every fetch gets the same descriptor"),
+            None => {
+                let desc: serde_json::Value = serde_json::from_slice(&att).expect("descriptor JSON");
+                assert_eq!(desc["detail"]["buffers"].as_array().map(Vec::len), Some(n));
+                first = Some(att);
+            }
+        }
+    }
+    drop(e);
+    drop(mem);
+}
