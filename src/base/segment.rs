@@ -333,41 +333,66 @@ impl SegmentDesc {
 
     /// Parses a descriptor from a peer or a store; malformed input is an error, never a panic.
     pub fn from_json(text: &str) -> Result<SegmentDesc> {
+        use serde_json::value::RawValue;
+        type Fields<'a> = std::collections::BTreeMap<String, &'a RawValue>;
         let bad = |what: &str| Error::Metadata(format!("malformed segment descriptor: {what}"));
-        let mut v: Value = serde_json::from_str(text).map_err(|e| bad(&e.to_string()))?;
-        let obj = v.as_object_mut().ok_or_else(|| bad("not a JSON object"))?;
+        // Keys first, values as unparsed text: the buffer list (20 MB of JSON for 100,000
+        // buffers) is parsed straight into buffer entries, never into a tree of JSON values
+        // that would be built and freed again (slow, and it leaves the heap in pieces that
+        // slow every later allocation of the process).
+        let obj: Fields = serde_json::from_str(text).map_err(|e| {
+            if serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok() {
+                bad("not a JSON object")
+            } else {
+                bad(&e.to_string())
+            }
+        })?;
         let s = |k: &str| -> Result<String> {
             obj.get(k)
-                .and_then(Value::as_str)
-                .map(str::to_string)
+                .and_then(|v| serde_json::from_str::<String>(v.get()).ok())
                 .ok_or_else(|| bad(&format!("missing string field {k:?}")))
         };
         let name = s("name")?;
         let kind = s("type")?;
         let machine_id = s("machine_id")?;
         let rpc_server_addr = s("rpc_server_addr")?;
-        // Taken out, not copied: a descriptor of 100,000 buffers is 20 MB of JSON.
-        let mut detail = match obj.remove("detail") {
-            Some(Value::Object(d)) => d,
-            _ => return Err(bad("missing object field \"detail\"")),
-        };
-        let (buffers, devices) = if kind == "memory" {
-            let buffers = match detail.remove("buffers") {
-                Some(b) => serde_json::from_value::<Vec<BufferDesc>>(b).map_err(|e| bad(&format!("buffers: {e}")))?,
-                None => return Err(bad("missing \"detail.buffers\"")),
-            };
-            let devices = match detail.remove("devices") {
-                Some(Value::Array(d)) => d,
-                Some(_) => return Err(bad("\"detail.devices\" is not an array")),
-                None => Vec::new(),
-            };
+        let detail: Fields = obj
+            .get("detail")
+            .and_then(|d| serde_json::from_str(d.get()).ok())
+            .ok_or_else(|| bad("missing object field \"detail\""))?;
+        let mut buffers = Vec::new();
+        let mut devices = Vec::new();
+        let mut extra = serde_json::Map::new();
+        let mut listed = false;
+        for (k, v) in detail {
+            match k.as_str() {
+                "buffers" if kind == "memory" => {
+                    listed = true;
+                    buffers = serde_json::from_str::<Vec<BufferDesc>>(v.get())
+                        .map_err(|e| bad(&format!("buffers: {e}")))?;
+                }
+                "devices" if kind == "memory" => match serde_json::from_str::<Value>(v.get()) {
+                    Ok(Value::Array(d)) => devices = d,
+                    _ => return Err(bad("\"detail.devices\" is not an array")),
+                },
+                _ => {
+                    let v = serde_json::from_str::<Value>(v.get()).map_err(|e| bad(&e.to_string()))?;
+                    extra.insert(k, v);
+                }
+            }
+        }
+        if kind == "memory" {
+            if !listed {
+                return Err(bad("missing \"detail.buffers\""));
+            }
             // Upstream requires device_attrs; we accept its absence and hold the normal form.
-            detail.entry("device_attrs").or_insert_with(|| Value::Object(Default::default()));
-            (buffers, devices)
-        } else {
-            // Other segment kinds (files) are not served here; their detail is kept verbatim.
-            (Vec::new(), Vec::new())
-        };
+            extra.entry("device_attrs").or_insert_with(|| Value::Object(Default::default()));
+        }
+        let rdma_server_name =
+            obj.get("rdma_server_name").and_then(|v| serde_json::from_str::<Value>(v.get()).ok()).and_then(|v| match v {
+                Value::String(r) => Some(r),
+                _ => None,
+            });
         Ok(SegmentDesc {
             name,
             kind,
@@ -375,8 +400,8 @@ impl SegmentDesc {
             rpc_server_addr,
             buffers,
             devices,
-            detail_extra: detail,
-            rdma_server_name: obj.get("rdma_server_name").and_then(Value::as_str).map(str::to_string),
+            detail_extra: extra,
+            rdma_server_name,
             file: None,
             index: BufferIndex::default(),
         })
