@@ -15,7 +15,9 @@
 //!
 //! - `memcpy us`: the same batch's 32 blocks copied with memcpy to the same places of a plain
 //!   buffer as large as the target's (warm as well): what the memory system alone costs when
-//!   the blocks land all over a large buffer.
+//!   the blocks land all over a large buffer;
+//! - `less memcpy`: the batch's ratio to the first N's once the memcpy's own growth since the
+//!   first N is taken off: what the engine adds as N grows, apart from the memory system.
 //!
 //! Options: `--n 100,1000` (the list of N), `--batches N` (300), `--transports tcp,shm,rdma`,
 //! `--all-single` (register all N buffers one call each and time them all: the measure).
@@ -201,8 +203,8 @@ fn main() {
     for kind in &kinds {
         println!("scale {kind}: 4 KiB buffers, {batches} batches of {BATCH} x 4 KiB WRITE to random buffers");
         println!(
-            "{:>8} {:>11} {:>9} {:>11} {:>9} {:>10} {:>11}",
-            "N", "reg us/buf", "open ms", "batch us", "p99 us", "vs first", "memcpy us"
+            "{:>8} {:>11} {:>9} {:>11} {:>9} {:>10} {:>11} {:>12}",
+            "N", "reg us/buf", "open ms", "batch us", "p99 us", "vs first", "memcpy us", "less memcpy"
         );
         let mut setups: Vec<Setup> = ns.iter().map(|&n| setup(kind, n.max(1), all_single)).collect();
         // The sizes take turns batch by batch, so a machine whose speed drifts (other work on
@@ -219,16 +221,17 @@ fn main() {
             let copy = s.copies[s.copies.len() / 2];
             let median = s.times[s.times.len() / 2];
             let p99 = s.times[(s.times.len() * 99 / 100).min(s.times.len() - 1)];
-            let base = *first.get_or_insert(median);
+            let (base, base_copy) = *first.get_or_insert((median, copy));
             println!(
-                "{:>8} {:>11.1} {:>9.1} {:>11.1} {:>9.1} {:>9.2}x {:>11.1}",
+                "{:>8} {:>11.1} {:>9.1} {:>11.1} {:>9.1} {:>9.2}x {:>11.1} {:>11.2}x",
                 s.n,
                 s.reg_us,
                 s.open_ms,
                 median,
                 p99,
                 median / base,
-                copy
+                copy,
+                (median - (copy - base_copy)) / base
             );
             let _ = &s.target;
         }

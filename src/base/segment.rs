@@ -249,8 +249,8 @@ impl Built {
         found
     }
 
-    fn reference(&self, pos: u32) -> BufferRef {
-        BufferRef { pos, class: self.class_of[pos as usize], of: self as *const Built as usize }
+    fn reference(&self, pos: u32, class: u32) -> BufferRef {
+        BufferRef { pos, class, of: self as *const Built as usize }
     }
 }
 
@@ -368,8 +368,8 @@ impl SegmentDesc {
             match k.as_str() {
                 "buffers" if kind == "memory" => {
                     listed = true;
-                    buffers = serde_json::from_str::<Vec<BufferDesc>>(v.get())
-                        .map_err(|e| bad(&format!("buffers: {e}")))?;
+                    buffers =
+                        serde_json::from_str::<Vec<BufferDesc>>(v.get()).map_err(|e| bad(&format!("buffers: {e}")))?;
                 }
                 "devices" if kind == "memory" => match serde_json::from_str::<Value>(v.get()) {
                     Ok(Value::Array(d)) => devices = d,
@@ -388,8 +388,10 @@ impl SegmentDesc {
             // Upstream requires device_attrs; we accept its absence and hold the normal form.
             extra.entry("device_attrs").or_insert_with(|| Value::Object(Default::default()));
         }
-        let rdma_server_name =
-            obj.get("rdma_server_name").and_then(|v| serde_json::from_str::<Value>(v.get()).ok()).and_then(|v| match v {
+        let rdma_server_name = obj
+            .get("rdma_server_name")
+            .and_then(|v| serde_json::from_str::<Value>(v.get()).ok())
+            .and_then(|v| match v {
                 Value::String(r) => Some(r),
                 _ => None,
             });
@@ -433,12 +435,15 @@ impl SegmentDesc {
             Some(built) => match built.lookup(addr) {
                 Lookup::One(hit) => hit.and_then(|(start, h)| {
                     contained = range_within(addr, len, start, h.end - start);
-                    (contained && built.class_perm[h.class as usize].allows(op, remote)).then(|| built.reference(h.pos))
+                    (contained && built.class_perm[h.class as usize].allows(op, remote))
+                        .then(|| built.reference(h.pos, h.class))
                 }),
                 // The first in list order among the holders that allow the access.
-                Lookup::Map(m) => {
-                    m.map(|&i| i as usize).filter(|&i| check(&self.buffers[i])).min().map(|i| built.reference(i as u32))
-                }
+                Lookup::Map(m) => m
+                    .map(|&i| i as usize)
+                    .filter(|&i| check(&self.buffers[i]))
+                    .min()
+                    .map(|i| built.reference(i as u32, built.class_of[i])),
             },
         };
         if let Some(r) = found {
