@@ -61,3 +61,21 @@ fn rdma_on_the_simulated_fabric() {
         assert!(ok && out.contains(", 0 failed"), "rdma_sim {scenario}:\n{out}");
     }
 }
+
+/// The scale program (benches/c/scale.c, which measures any library exporting the tent_* API
+/// through dlopen) still builds and runs against ours: a few batches at 100 buffers.
+#[test]
+fn scale_program_runs_against_the_library() {
+    let exe =
+        build_c("scale", &[root().join("benches").join("c").join("scale.c")], false, &["-Wl,--as-needed", "-ldl"]);
+    let lib = common::lib_dir().join("libtent.so");
+    let mut cmd = std::process::Command::new(&exe);
+    cmd.env("MC_LOG_LEVEL", "error").arg(&lib).args(["--n", "100", "--batches", "5"]);
+    let (ok, out) = common::run(&mut cmd);
+    println!("{out}");
+    assert!(ok, "scale failed:\n{out}");
+    let row: Vec<&str> =
+        out.lines().find(|l| l.split_whitespace().next() == Some("100")).unwrap_or("").split_whitespace().collect();
+    assert_eq!(row.len(), 5, "no row for N = 100:\n{out}");
+    assert!(row[1..].iter().all(|v| v.parse::<f64>().is_ok_and(|x| x >= 0.0)), "{out}");
+}
