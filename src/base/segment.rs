@@ -105,6 +105,21 @@ struct Built {
 /// What buffers of one class share: transports, location, shared-memory object, permission.
 type ClassKey<'a> = (&'a [i32], &'a str, &'a str, Option<i32>);
 
+/// Asks the CPU to start loading the cache lines of `items`; never faults, never waits.
+fn prefetch_lines<T>(items: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (start, bytes) = (items.as_ptr() as usize, std::mem::size_of_val(items));
+        for line in (start & !63..start + bytes).step_by(64) {
+            // SAFETY: a prefetch is a hint: it reads nothing architecturally and cannot fault,
+            // whatever the address; SSE, which it needs, is part of every x86_64 CPU.
+            unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line as *const i8) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = items;
+}
+
 /// Keys per window of [`Built::levels`].
 const FANOUT: usize = 16;
 
@@ -234,19 +249,38 @@ impl Built {
         Lookup::One(hit)
     }
 
-    /// The index in `starts` of the last start at or before `addr`. Key `j` of a level is key
-    /// `j * FANOUT` of the level below, so when key `j` is the last one at or before `addr`,
-    /// the last one below lies among the `FANOUT` keys from `j * FANOUT` on.
+    /// The index in `starts` of the last start at or before `addr`.
     fn last_start_at_or_before(&self, addr: u64) -> Option<usize> {
+        let from = self.bottom_window(addr)?;
+        let window = &self.starts[from..(from + FANOUT).min(self.starts.len())];
+        Some(from + window.partition_point(|&s| s <= addr).checked_sub(1)?)
+    }
+
+    /// Where in `starts` the window of `FANOUT` keys holding the last start at or before `addr`
+    /// begins, found through the sampled levels alone. Key `j` of a level is key `j * FANOUT`
+    /// of the level below, so when key `j` is the last one at or before `addr`, the last one
+    /// below lies among the `FANOUT` keys from `j * FANOUT` on. `None`: every start is after
+    /// `addr`.
+    fn bottom_window(&self, addr: u64) -> Option<usize> {
         // The top level has at most FANOUT keys: its window is all of it.
-        let (mut from, mut found) = (0, None);
-        for level in self.levels.iter().rev().map(Vec::as_slice).chain([self.starts.as_slice()]) {
+        let mut from = 0;
+        for level in self.levels.iter().rev() {
             let window = &level[from.min(level.len())..(from + FANOUT).min(level.len())];
-            let at = from + window.partition_point(|&s| s <= addr).checked_sub(1)?;
-            found = Some(at);
-            from = at * FANOUT;
+            from = (from + window.partition_point(|&s| s <= addr).checked_sub(1)?) * FANOUT;
         }
-        found
+        (from < self.starts.len() && self.starts[from] <= addr).then_some(from)
+    }
+
+    /// Starts loading into the cache the parts of `starts` and `hot` a lookup of `addr` reads.
+    fn prefetch(&self, addr: u64) {
+        if self.overlapping.is_some() {
+            return;
+        }
+        if let Some(from) = self.bottom_window(addr) {
+            let end = (from + FANOUT).min(self.starts.len());
+            prefetch_lines(&self.starts[from..end]);
+            prefetch_lines(&self.hot[from..end]);
+        }
     }
 
     fn reference(&self, pos: u32, class: u32) -> BufferRef {
@@ -416,6 +450,15 @@ impl SegmentDesc {
         self.locate(addr, len, op, remote).map(|r| &self.buffers[r.pos as usize])
     }
 
+    /// Starts loading into the CPU's cache what finding the buffer holding `addr` will read.
+    /// For many requests, prefetching them all before looking any of them up makes their cache
+    /// misses overlap (a descriptor of 100,000 buffers is larger than the cache).
+    pub fn prefetch(&self, addr: u64) {
+        if let Some(built) = self.index.get(&self.buffers) {
+            built.prefetch(addr);
+        }
+    }
+
     /// As [`SegmentDesc::find_buffer`], but says where the buffer is instead: for a list with
     /// no overlaps it reads only the index, never the buffer's own entry.
     pub fn locate(&self, addr: u64, len: u64, op: Opcode, remote: bool) -> Result<BufferRef> {
@@ -551,6 +594,7 @@ mod tests {
     }
 
     fn check(d: &SegmentDesc, addr: u64, len: u64, op: Opcode) {
+        d.prefetch(addr);
         let got = d.locate(addr, len, op, true);
         match (scan(d, addr, len, op), got) {
             (Ok(i), Ok(r)) => {

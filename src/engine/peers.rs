@@ -210,10 +210,14 @@ impl Fetcher {
 
 /// Whether some task's target range is missing from `d` (never for a file segment).
 fn lacks_range(d: &SegmentDesc, tasks: &[Entry]) -> bool {
-    !d.is_file()
-        && tasks
-            .iter()
-            .any(|t| d.find_buffer(t.request.target_offset, t.request.length, t.request.opcode, true).is_err())
+    if d.is_file() {
+        return false;
+    }
+    // All loads first, so the cache misses of a batch overlap instead of coming one by one.
+    for t in tasks {
+        d.prefetch(t.request.target_offset);
+    }
+    tasks.iter().any(|t| d.find_buffer(t.request.target_offset, t.request.length, t.request.opcode, true).is_err())
 }
 
 fn fail_all(tasks: Vec<Entry>, reason: String) {
