@@ -459,6 +459,20 @@ impl SegmentDesc {
         }
     }
 
+    /// Starts loading into the CPU's cache the entry of a buffer found before, for the same
+    /// reason as [`SegmentDesc::prefetch`]: a transport about to read the entries of a batch's
+    /// buffers asks for all of them first. A reference from another descriptor is ignored.
+    pub fn prefetch_entry(&self, r: Option<BufferRef>) {
+        if let Some(b) = r.filter(|r| self.owns(r)).and_then(|r| self.buffers.get(r.pos as usize)) {
+            prefetch_lines(std::slice::from_ref(b));
+        }
+    }
+
+    /// Whether `r` was made by this descriptor's index.
+    fn owns(&self, r: &BufferRef) -> bool {
+        r.of != 0 && self.index.built.get().is_some_and(|b| std::ptr::eq(b, r.of as *const Built))
+    }
+
     /// As [`SegmentDesc::find_buffer`], but says where the buffer is instead: for a list with
     /// no overlaps it reads only the index, never the buffer's own entry.
     pub fn locate(&self, addr: u64, len: u64, op: Opcode, remote: bool) -> Result<BufferRef> {
@@ -517,9 +531,7 @@ impl SegmentDesc {
         op: Opcode,
         remote: bool,
     ) -> Result<(BufferRef, &BufferDesc)> {
-        let ours =
-            |r: &BufferRef| r.of != 0 && self.index.built.get().is_some_and(|b| std::ptr::eq(b, r.of as *const Built));
-        if let Some(r) = known.filter(ours) {
+        if let Some(r) = known.filter(|r| self.owns(r)) {
             if let Some(b) = self.buffers.get(r.pos as usize) {
                 if range_within(addr, len, b.addr, b.length) && b.permission().allows(op, remote) {
                     return Ok((r, b));

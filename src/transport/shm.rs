@@ -382,6 +382,10 @@ impl ShmTransport {
         // (and check the object is still alive, a syscall) once per buffer per submit, not once
         // per request.
         let mut last: Option<(BufferRef, Arc<Mapping>)> = None;
+        // Every target buffer's entry is asked for before any is read: their misses overlap.
+        for task in &tasks {
+            target.prefetch_entry(task.target_buffer());
+        }
         for task in tasks {
             let r = *task.request();
             let found = target.find_buffer_from(task.target_buffer(), r.target_offset, r.length, r.opcode, true);

@@ -423,6 +423,10 @@ impl Transport for RdmaTransport {
         let block = self.core.wp.block_size;
         let mut per_lane: Vec<Vec<Slice>> = (0..lanes.len()).map(|_| Vec::new()).collect();
         let now = self.core.clock.now();
+        // Every target buffer's entry is asked for before any is read: their misses overlap.
+        for task in &tasks {
+            target.prefetch_entry(task.target_buffer());
+        }
         for task in tasks {
             let r = *task.request();
             if r.length == 0 {
