@@ -231,6 +231,7 @@ impl BufferIndex {
     /// The index of `buffers`, or `None` when only a scan can tell (a list too long for the
     /// index, or one whose length changed since the index was made).
     fn get(&self, buffers: &[BufferDesc]) -> Option<&Built> {
+        // Positions and classes are u32, and no class may reach `BufferRef::NO_CLASS`.
         if buffers.len() > u32::MAX as usize - 1 {
             return None;
         }
@@ -422,13 +423,8 @@ impl SegmentDesc {
             // Upstream requires device_attrs; we accept its absence and hold the normal form.
             extra.entry("device_attrs").or_insert_with(|| Value::Object(Default::default()));
         }
-        let rdma_server_name = obj
-            .get("rdma_server_name")
-            .and_then(|v| serde_json::from_str::<Value>(v.get()).ok())
-            .and_then(|v| match v {
-                Value::String(r) => Some(r),
-                _ => None,
-            });
+        // Anything but a string is ignored, as upstream does.
+        let rdma_server_name = obj.get("rdma_server_name").and_then(|v| serde_json::from_str::<String>(v.get()).ok());
         Ok(SegmentDesc {
             name,
             kind,
