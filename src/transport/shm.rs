@@ -280,6 +280,9 @@ fn run_chunk(c: &Chunk) {
 /// overlapping, and with blocks landing in cold memory (a pool of many buffers) those waits
 /// were a tenth of a small batch.
 fn run_chunks(chunks: &[Chunk]) {
+    if chunks.len() > 1 {
+        chunks.iter().for_each(prefetch_chunk);
+    }
     for c in chunks {
         if !c.owner.task().cancel_requested() {
             copy_chunk(c);
@@ -534,14 +537,28 @@ impl ShmTransport {
     }
 }
 
-fn copy_chunk(c: &Chunk) {
+/// Where [`copy_chunk`] copies from and to.
+fn chunk_ends(c: &Chunk) -> (*const u8, *mut u8) {
     let r = c.owner.task().request();
     let local = (r.source + c.offset) as *mut u8;
     let remote = c.map.at(c.remote_off + c.offset);
-    let (src, dst) = match r.opcode {
+    match r.opcode {
         Opcode::Write => (local as *const u8, remote),
         Opcode::Read => (remote as *const u8, local),
-    };
+    }
+}
+
+/// Starts loading the first lines of a chunk's ends (see [`crate::transport::copy::prefetch`]);
+/// streaming copies write around the cache and are left alone.
+fn prefetch_chunk(c: &Chunk) {
+    if !c.streaming {
+        let (src, dst) = chunk_ends(c);
+        crate::transport::copy::prefetch(src, dst);
+    }
+}
+
+fn copy_chunk(c: &Chunk) {
+    let (src, dst) = chunk_ends(c);
     // SAFETY: the remote range lies inside the peer's registered buffer, mapped here and kept
     // mapped by the Arc this chunk holds; the local range is the caller's transfer memory.
     unsafe { crate::transport::copy::copy(src, dst, c.len as usize, c.streaming) };
