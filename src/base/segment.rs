@@ -84,12 +84,7 @@ pub struct BufferIndex {
 struct Built {
     len: usize,
     /// The start of every non-empty buffer, sorted.
-    starts: Vec<u64>,
-    /// Every `FANOUT`th key of the level below (the first level samples `starts`), up to a
-    /// level of at most `FANOUT` keys. A search goes down through one window of `FANOUT` keys
-    /// (two cache lines) per level: among 100,000 buffers it misses the cache about twice,
-    /// where a binary search over `starts` misses it at each of its last levels.
-    levels: Vec<Vec<u64>>,
+    starts: SortedStarts,
     /// End, list position and class of the buffer at the same index of `starts`: enough to
     /// check a request against it without reading the buffer's entry (whose strings and lists
     /// live elsewhere on the heap, a cache miss each for a large list).
@@ -100,6 +95,65 @@ struct Built {
     class_perm: Vec<Permission>,
     /// Present when some buffers overlap: range to position.
     overlapping: Option<IntervalMap<u64, u32>>,
+}
+
+/// Sorted addresses searched with few cache misses: the addresses, and above them sampled
+/// levels, each holding every `FANOUT`th key of the level below, up to a level of at most
+/// `FANOUT` keys. A search goes down through one window of `FANOUT` keys (two cache lines) per
+/// level: among 100,000 addresses it misses the cache about twice, where a binary search over
+/// them misses it at each of its last levels.
+pub(crate) struct SortedStarts {
+    starts: Vec<u64>,
+    levels: Vec<Vec<u64>>,
+}
+
+impl SortedStarts {
+    /// The index over `starts`, which must be sorted.
+    pub(crate) fn new(starts: Vec<u64>) -> SortedStarts {
+        let mut levels: Vec<Vec<u64>> = Vec::new();
+        loop {
+            let below = levels.last().unwrap_or(&starts);
+            if below.len() <= FANOUT {
+                break;
+            }
+            let level = below.iter().step_by(FANOUT).copied().collect();
+            levels.push(level);
+        }
+        SortedStarts { starts, levels }
+    }
+
+    /// The address at index `i`.
+    pub(crate) fn at(&self, i: usize) -> u64 {
+        self.starts[i]
+    }
+
+    /// The index of the last address at or before `addr`.
+    pub(crate) fn last_at_or_before(&self, addr: u64) -> Option<usize> {
+        let from = self.bottom_window(addr)?;
+        let window = &self.starts[from..(from + FANOUT).min(self.starts.len())];
+        Some(from + window.partition_point(|&s| s <= addr).checked_sub(1)?)
+    }
+
+    /// Where the window of `FANOUT` addresses holding the last one at or before `addr` begins,
+    /// found through the sampled levels alone. Key `j` of a level is key `j * FANOUT` of the
+    /// level below, so when key `j` is the last one at or before `addr`, the last one below
+    /// lies among the `FANOUT` keys from `j * FANOUT` on. `None`: every address is after `addr`.
+    fn bottom_window(&self, addr: u64) -> Option<usize> {
+        // The top level has at most FANOUT keys: its window is all of it.
+        let mut from = 0;
+        for level in self.levels.iter().rev() {
+            let window = &level[from.min(level.len())..(from + FANOUT).min(level.len())];
+            from = (from + window.partition_point(|&s| s <= addr).checked_sub(1)?) * FANOUT;
+        }
+        (from < self.starts.len() && self.starts[from] <= addr).then_some(from)
+    }
+
+    /// The index range a search for `addr` ends in: what to prefetch, here and in arrays kept
+    /// in the same order.
+    fn window(&self, addr: u64) -> Option<std::ops::Range<usize>> {
+        let from = self.bottom_window(addr)?;
+        Some(from..(from + FANOUT).min(self.starts.len()))
+    }
 }
 
 /// What buffers of one class share: transports, location, shared-memory object, permission.
@@ -120,7 +174,7 @@ fn prefetch_lines<T>(items: &[T]) {
     let _ = items;
 }
 
-/// Keys per window of [`Built::levels`].
+/// Keys per window of [`SortedStarts`]' levels.
 const FANOUT: usize = 16;
 
 #[derive(Clone, Copy)]
@@ -214,18 +268,9 @@ impl BufferIndex {
             }
             map
         });
-        let starts: Vec<u64> = sorted.iter().map(|e| e.0).collect();
-        let mut levels: Vec<Vec<u64>> = Vec::new();
-        loop {
-            let below = levels.last().unwrap_or(&starts);
-            if below.len() <= FANOUT {
-                break;
-            }
-            let level = below.iter().step_by(FANOUT).copied().collect();
-            levels.push(level);
-        }
+        let starts = SortedStarts::new(sorted.iter().map(|e| e.0).collect());
         let hot = sorted.iter().map(|&(_, end, pos)| Hot { end, pos, class: class_of[pos as usize] }).collect();
-        Built { len: buffers.len(), starts, levels, hot, class_of, class_perm, overlapping }
+        Built { len: buffers.len(), starts, hot, class_of, class_perm, overlapping }
     }
 
     /// The index of `buffers`, or `None` when only a scan can tell (a list too long for the
@@ -245,31 +290,8 @@ impl Built {
         if let Some(map) = &self.overlapping {
             return Lookup::Map(map.values_overlap(addr));
         }
-        let hit =
-            self.last_start_at_or_before(addr).map(|i| (self.starts[i], self.hot[i])).filter(|&(_, h)| addr < h.end);
-        Lookup::One(hit)
-    }
-
-    /// The index in `starts` of the last start at or before `addr`.
-    fn last_start_at_or_before(&self, addr: u64) -> Option<usize> {
-        let from = self.bottom_window(addr)?;
-        let window = &self.starts[from..(from + FANOUT).min(self.starts.len())];
-        Some(from + window.partition_point(|&s| s <= addr).checked_sub(1)?)
-    }
-
-    /// Where in `starts` the window of `FANOUT` keys holding the last start at or before `addr`
-    /// begins, found through the sampled levels alone. Key `j` of a level is key `j * FANOUT`
-    /// of the level below, so when key `j` is the last one at or before `addr`, the last one
-    /// below lies among the `FANOUT` keys from `j * FANOUT` on. `None`: every start is after
-    /// `addr`.
-    fn bottom_window(&self, addr: u64) -> Option<usize> {
-        // The top level has at most FANOUT keys: its window is all of it.
-        let mut from = 0;
-        for level in self.levels.iter().rev() {
-            let window = &level[from.min(level.len())..(from + FANOUT).min(level.len())];
-            from = (from + window.partition_point(|&s| s <= addr).checked_sub(1)?) * FANOUT;
-        }
-        (from < self.starts.len() && self.starts[from] <= addr).then_some(from)
+        let hit = self.starts.last_at_or_before(addr).map(|i| (self.starts.at(i), self.hot[i]));
+        Lookup::One(hit.filter(|&(_, h)| addr < h.end))
     }
 
     /// Starts loading into the cache the parts of `starts` and `hot` a lookup of `addr` reads.
@@ -277,10 +299,9 @@ impl Built {
         if self.overlapping.is_some() {
             return;
         }
-        if let Some(from) = self.bottom_window(addr) {
-            let end = (from + FANOUT).min(self.starts.len());
-            prefetch_lines(&self.starts[from..end]);
-            prefetch_lines(&self.hot[from..end]);
+        if let Some(w) = self.starts.window(addr) {
+            prefetch_lines(&self.starts.starts[w.clone()]);
+            prefetch_lines(&self.hot[w]);
         }
     }
 
