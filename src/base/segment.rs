@@ -7,6 +7,7 @@ use iset::IntervalMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::prefetch;
 use super::request::{Opcode, Permission, range_within};
 use crate::error::{Error, Result};
 
@@ -148,31 +149,18 @@ impl SortedStarts {
         (from < self.starts.len() && self.starts[from] <= addr).then_some(from)
     }
 
-    /// The index range a search for `addr` ends in: what to prefetch, here and in arrays kept
-    /// in the same order.
-    fn window(&self, addr: u64) -> Option<std::ops::Range<usize>> {
+    /// Starts loading the window of addresses a search for `addr` ends in, and returns its
+    /// index range, for arrays kept in the same order to be prefetched alike.
+    fn prefetch(&self, addr: u64) -> Option<std::ops::Range<usize>> {
         let from = self.bottom_window(addr)?;
-        Some(from..(from + FANOUT).min(self.starts.len()))
+        let window = from..(from + FANOUT).min(self.starts.len());
+        prefetch::lines(&self.starts[window.clone()]);
+        Some(window)
     }
 }
 
 /// What buffers of one class share: transports, location, shared-memory object, permission.
 type ClassKey<'a> = (&'a [i32], &'a str, &'a str, Option<i32>);
-
-/// Asks the CPU to start loading the cache lines of `items`; never faults, never waits.
-fn prefetch_lines<T>(items: &[T]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let (start, bytes) = (items.as_ptr() as usize, std::mem::size_of_val(items));
-        for line in (start & !63..start + bytes).step_by(64) {
-            // SAFETY: a prefetch is a hint: it reads nothing architecturally and cannot fault,
-            // whatever the address; SSE, which it needs, is part of every x86_64 CPU.
-            unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line as *const i8) };
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = items;
-}
 
 /// Keys per window of [`SortedStarts`]' levels.
 const FANOUT: usize = 16;
@@ -299,9 +287,8 @@ impl Built {
         if self.overlapping.is_some() {
             return;
         }
-        if let Some(w) = self.starts.window(addr) {
-            prefetch_lines(&self.starts.starts[w.clone()]);
-            prefetch_lines(&self.hot[w]);
+        if let Some(w) = self.starts.prefetch(addr) {
+            prefetch::lines(&self.hot[w]);
         }
     }
 
@@ -481,7 +468,7 @@ impl SegmentDesc {
     /// buffers asks for all of them first. A reference from another descriptor is ignored.
     pub fn prefetch_entry(&self, r: Option<BufferRef>) {
         if let Some(b) = r.filter(|r| self.owns(r)).and_then(|r| self.buffers.get(r.pos as usize)) {
-            prefetch_lines(std::slice::from_ref(b));
+            prefetch::lines(std::slice::from_ref(b));
         }
     }
 

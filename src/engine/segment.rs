@@ -77,8 +77,9 @@ const COMPACT_AFTER: usize = 16;
 
 /// The disjoint buffers' ranges sorted by start, searched as the remote descriptor's are. Among
 /// 100,000 buffers a B-tree search walks five or six nodes spread over a heap of tens of MB, a
-/// cache and TLB miss each (about 1.2 us here, a tenth of a TCP batch at the target); these
-/// arrays are contiguous and the search misses about twice.
+/// cache and TLB miss each (`BTreeMap::range` was 7.9% of all samples of a TCP run at 100,000
+/// buffers, the target's check of each request); these arrays are contiguous and the search
+/// misses about twice.
 struct Compact {
     starts: SortedStarts,
     /// End and entry of the buffer at the same index of `starts`.

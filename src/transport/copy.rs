@@ -32,26 +32,6 @@ pub unsafe fn copy(src: *const u8, dst: *mut u8, len: usize, streaming: bool) {
     unsafe { std::ptr::copy(src, dst, len) };
 }
 
-/// Asks the CPU to start loading the first cache line of a copy's source, and that of its
-/// destination for writing, and with it the address translation of both pages. A copy of a
-/// few KiB into one page among hundreds of MB first waits for the page walk and the first line;
-/// a transport about to make several such copies asks for all of them first, so those waits
-/// overlap (32 x 4 KiB to random pages of a 400 MB shared mapping: 17.7 -> 12.3 us here).
-/// A hint only: it reads nothing architecturally and never faults, whatever the addresses.
-pub fn prefetch(src: *const u8, dst: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_MM_HINT_ET0, _MM_HINT_T0, _mm_prefetch};
-        // SAFETY: prefetches cannot fault and have no preconditions; SSE is part of x86-64.
-        unsafe {
-            _mm_prefetch::<_MM_HINT_T0>(src.cast());
-            _mm_prefetch::<_MM_HINT_ET0>(dst.cast());
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (src, dst);
-}
-
 /// Below this size a copy is too short for non-temporal stores to pay off.
 const STREAM_MIN: usize = 4096;
 

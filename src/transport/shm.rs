@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
+use crate::base::prefetch;
 use crate::base::request::{Opcode, TransportKind};
 use crate::base::segment::{BufferDesc, BufferRef, SegmentDesc};
 use crate::base::task::Task;
@@ -548,12 +549,16 @@ fn chunk_ends(c: &Chunk) -> (*const u8, *mut u8) {
     }
 }
 
-/// Starts loading the first lines of a chunk's ends (see [`crate::transport::copy::prefetch`]);
-/// streaming copies write around the cache and are left alone.
+/// Starts loading the first line of a chunk's source and, for writing, of its destination,
+/// and with them the address translation of both pages. A copy of a few KiB into one page
+/// among hundreds of MB first waits for the page walk and the first line; asked for before a
+/// trip's copies, those waits overlap (32 x 4 KiB to random pages of a 400 MB shared mapping:
+/// 17.7 -> 12.3 us here). Streaming copies write around the cache and are left alone.
 fn prefetch_chunk(c: &Chunk) {
     if !c.streaming {
         let (src, dst) = chunk_ends(c);
-        crate::transport::copy::prefetch(src, dst);
+        prefetch::read_line(src);
+        prefetch::write_line(dst);
     }
 }
 
