@@ -21,9 +21,6 @@ fn main() {
     generate(&crate_dir, &out_dir, "cbindgen.toml", "transfer_engine.h", "include/tent/transfer_engine.h", update);
     generate_classic(&crate_dir, &out_dir, update);
 
-    // The cdylib carries a soname so that programs linked against any of its names record one
-    // stable dependency.
-    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libtent.so");
     link_upstream_names(&out_dir);
 
     // The integration tests compile C programs through the `cc` crate, which needs the target
@@ -82,30 +79,14 @@ fn write_header(
     }
 }
 
-/// Creates `libtent_shared.so`, `libtransfer_engine.so` and `libtransfer_engine.a` (upstream's
-/// library names) as relative symlinks to `libtent.so` / `libtent.a` next to the build output, so
-/// `-ltent_shared`, `dlopen` of upstream's names and callers that link the classic library
-/// statically (upstream's Rust binding asks for `static=transfer_engine`) find this library;
-/// and empty `libbase.a` / `libasio.a` for the other two libraries that binding links.
+/// Creates empty `libbase.a` / `libasio.a` next to the build output. Upstream's library names
+/// themselves (libtransfer_engine, libtransfer_metadata_plugin, libtent_shared) are real libraries
+/// with their own sonames, built by the crates under libs/.
 fn link_upstream_names(out_dir: &Path) {
     // OUT_DIR is <target>/<profile>/build/<pkg>-<hash>/out.
     let Some(profile_dir) = out_dir.ancestors().nth(3) else {
         return;
     };
-    for (alias, file) in [
-        ("libtent_shared.so", "libtent.so"),
-        ("libtransfer_engine.so", "libtent.so"),
-        ("libtransfer_engine.a", "libtent.a"),
-    ] {
-        let link = profile_dir.join(alias);
-        if fs::symlink_metadata(&link).is_ok() {
-            continue;
-        }
-        #[cfg(unix)]
-        if let Err(e) = std::os::unix::fs::symlink(file, &link) {
-            println!("cargo:warning=could not create {}: {e}", link.display());
-        }
-    }
     // Upstream's Rust binding also links upstream's internal libraries `static=base` and `asio`
     // from the same directory. libtent.a holds everything the classic API needs, so empty
     // archives under those names let the binding's build script link unchanged.

@@ -102,7 +102,7 @@ fn dlopen_under_every_library_name_resolves_every_declared_function() {
     let exe = build_c("dlopen_all", &[root().join("c_tests/dlopen_all.c")], false, &["-Wl,--as-needed", "-ldl"]);
     let (_, ldd) = run(Command::new("ldd").arg(&exe));
     assert!(!ldd.contains("libtent"), "dlopen_all is linked to the library:\n{ldd}");
-    for lib in ["libtent.so", "libtent_shared.so", "libtransfer_engine.so"] {
+    for lib in ["libtent.so", "libtent_shared.so", "libtransfer_engine.so", "libtransfer_metadata_plugin.so"] {
         let path = lib_dir().join(lib);
         let (ok, out) =
             run(Command::new(&exe).env("MC_LOG_LEVEL", "error").arg(&path).arg(&list).arg(names.len().to_string()));
