@@ -86,6 +86,24 @@ pub enum Api {
     Tent,
     /// The classic Mooncake API: a negative `ERR_*` code.
     Classic,
+    /// The code of upstream TENT's C++ `Status` (`tent/common/status.h`) for this error, as
+    /// `tent_last_error_code` reports it so the header-only C++ class can return the `Status`
+    /// upstream's class would.
+    TentStatus,
+}
+
+/// Upstream TENT's `Status::Code` values (`tent/common/status.h`), the ones errors map to.
+/// cbindgen:ignore
+pub mod status_codes {
+    pub const OK: i32 = 0;
+    pub const INVALID_ARGUMENT: i32 = 1;
+    pub const TOO_MANY_REQUESTS: i32 = 2;
+    pub const ADDRESS_NOT_REGISTERED: i32 = 3;
+    pub const DEVICE_NOT_FOUND: i32 = 4;
+    pub const METADATA_ERROR: i32 = 131;
+    pub const RPC_SERVICE_ERROR: i32 = 132;
+    pub const INTERNAL_ERROR: i32 = 199;
+    pub const NOT_IMPLEMENTED: i32 = 200;
 }
 
 impl Error {
@@ -108,6 +126,31 @@ impl Error {
                 Error::Os { errno, .. } => classic_code_of_errno(*errno),
                 Error::Internal(_) => ERR_CONTEXT,
             },
+            // Upstream's C++ engine answers a dead batch, task or segment handle with
+            // InvalidArgument (it has no separate "not live" code in use), a refused remote
+            // access is reported as an unregistered address, and a missing transport as a
+            // missing device, as the classic codes above do.
+            Api::TentStatus => {
+                use status_codes::*;
+                match self {
+                    Error::InvalidArgument(_) | Error::InvalidEntry(_) => INVALID_ARGUMENT,
+                    Error::TooManyRequests(_) => TOO_MANY_REQUESTS,
+                    Error::AddressNotRegistered(_) | Error::PermissionDenied(_) | Error::Remote(_) => {
+                        ADDRESS_NOT_REGISTERED
+                    }
+                    Error::NoTransport(_) => DEVICE_NOT_FOUND,
+                    Error::Metadata(_) => METADATA_ERROR,
+                    Error::Rpc(_) | Error::PeerDown(_) => RPC_SERVICE_ERROR,
+                    Error::NotImplemented(_) => NOT_IMPLEMENTED,
+                    Error::Os { errno, .. } => match classic_code_of_errno(*errno) {
+                        ERR_SOCKET => RPC_SERVICE_ERROR,
+                        ERR_INVALID_ARGUMENT => INVALID_ARGUMENT,
+                        ERR_DEVICE_NOT_FOUND => DEVICE_NOT_FOUND,
+                        _ => INTERNAL_ERROR,
+                    },
+                    Error::Unavailable(_) | Error::Internal(_) => INTERNAL_ERROR,
+                }
+            }
         }
     }
 }
@@ -188,10 +231,36 @@ mod tests {
             (Error::os(libc::ENODEV, ""), ERR_DEVICE_NOT_FOUND),
             (Error::Internal(String::new()), ERR_CONTEXT),
         ];
-        for (e, classic) in all {
+        for (e, classic) in all.iter() {
             assert_eq!(e.c_code(Api::Tent), -1, "{e}");
-            assert_eq!(e.c_code(Api::Classic), classic, "{e}");
+            assert_eq!(e.c_code(Api::Classic), *classic, "{e}");
             assert!(e.c_code(Api::Classic) < 0);
+        }
+        use status_codes::*;
+        let tent_status = [
+            INVALID_ARGUMENT,
+            TOO_MANY_REQUESTS,
+            ADDRESS_NOT_REGISTERED,
+            ADDRESS_NOT_REGISTERED,
+            INVALID_ARGUMENT,
+            INTERNAL_ERROR,
+            METADATA_ERROR,
+            RPC_SERVICE_ERROR,
+            RPC_SERVICE_ERROR,
+            ADDRESS_NOT_REGISTERED,
+            NOT_IMPLEMENTED,
+            DEVICE_NOT_FOUND,
+            INTERNAL_ERROR,
+            INTERNAL_ERROR,
+            RPC_SERVICE_ERROR,
+            INVALID_ARGUMENT,
+            DEVICE_NOT_FOUND,
+            INTERNAL_ERROR,
+        ];
+        assert_eq!(all.len(), tent_status.len());
+        for ((e, _), code) in all.iter().zip(tent_status) {
+            assert_eq!(e.c_code(Api::TentStatus), code, "{e}");
+            assert_ne!(code, OK);
         }
     }
 

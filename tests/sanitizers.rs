@@ -35,6 +35,29 @@ fn c_tests_are_clean_under_asan_and_ubsan() {
     }
 }
 
+/// The C++ programs under c_tests/ (names without .cpp), built as C++20 and run the same way.
+const CXX_PROGRAMS: [&str; 1] = ["tent_class"];
+
+#[test]
+fn cxx_tests_are_clean_under_asan_and_ubsan() {
+    for name in CXX_PROGRAMS {
+        let exe = build_c(
+            &format!("{name}-asan"),
+            &[root().join("c_tests").join(format!("{name}.cpp"))],
+            true,
+            &["-std=c++20", "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"],
+        );
+        let (ok, out) = run(Command::new(&exe)
+            .env("MC_LOG_LEVEL", "error")
+            .env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0:exitcode=97")
+            .env("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1"));
+        println!("{out}");
+        assert!(ok, "{name} under ASan/UBSan:\n{out}");
+        assert!(out.contains(", 0 failed"), "{out}");
+        assert!(!out.contains("runtime error"), "UBSan report in {name}:\n{out}");
+    }
+}
+
 #[test]
 fn c_tests_are_clean_under_valgrind() {
     if Command::new("valgrind").arg("--version").output().is_err() {

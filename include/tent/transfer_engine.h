@@ -247,6 +247,11 @@ typedef struct tent_nic_load_stat {
 
 typedef struct tent_nic_load_stat tent_nic_load_stat_t;
 
+/**
+ * A configuration made by `tent_config_create`, for `tent_create_engine_with_config`.
+ */
+typedef void *tent_config_t;
+
 typedef struct tent_notifi_record tent_notifi_record_t;
 
 #ifdef __cplusplus
@@ -560,8 +565,118 @@ const char *tent_version(void);
  */
 int tent_last_error(char *buf, size_t len);
 
+/**
+ * The upstream C++ `Status::Code` of this thread's last call: 0 when it succeeded, else the
+ * code upstream's `mooncake::tent::TransferEngine` would have returned for that failure
+ * (1 InvalidArgument, 2 TooManyRequests, 3 AddressNotRegistered, 4 DeviceNotFound,
+ * 131 MetadataError, 132 RpcServiceError, 199 InternalError, 200 NotImplemented). Read it
+ * right after the failed call, like `tent_last_error`; this call itself does not clear it.
+ */
+int tent_last_error_code(void);
+
+/**
+ * Checks that the peer owning segment `handle` answers a probe over its RPC address (0 = this
+ * engine, always alive). Fails for an unknown handle, an unreachable descriptor or a peer
+ * that does not answer; `tent_last_error_code` tells which (1, 131 or 132).
+ */
+int tent_probe_peer(tent_engine_t engine, tent_segment_id_t handle);
+
+/**
+ * Copies the engine's local topology as JSON (`{"nics": [...], "mems": [...]}`, the layout of
+ * upstream's `Topology::toString`) into `buf` (NUL-terminated, truncated to `len - 1`) and
+ * returns its full length, like snprintf, so a caller can size its buffer; `buf` may be NULL
+ * when `len` is 0. Returns -1 for a bad engine.
+ *
+ * # Safety
+ * `buf` is NULL or valid for `len` bytes.
+ */
+int tent_local_topology(tent_engine_t engine, char *buf, size_t len);
+
+/**
+ * Makes an empty configuration (every key at its default), the state behind upstream's C++
+ * `mooncake::tent::Config`. Release it with `tent_config_destroy`. NULL only if even the
+ * handle cannot be made.
+ */
+tent_config_t tent_config_create(void);
+
+/**
+ * Destroys a configuration; engines made from it keep their copy. NULL and unknown handles
+ * are ignored.
+ */
+void tent_config_destroy(tent_config_t cfg);
+
+/**
+ * Replaces the configuration with the JSON object `content`. Text that is not JSON, or JSON
+ * that is not an object, fails and leaves the configuration as it was.
+ *
+ * # Safety
+ * `content` is NULL or a NUL-terminated string.
+ */
+int tent_config_load(tent_config_t cfg, const char *content);
+
+/**
+ * Replaces the configuration with the JSON object in the file at `path`; a file that cannot
+ * be read, or does not hold a JSON object, fails and leaves the configuration as it was.
+ *
+ * # Safety
+ * `path` is NULL or a NUL-terminated string.
+ */
+int tent_config_load_file(tent_config_t cfg, const char *path);
+
+/**
+ * Sets the `/` path `key` to the JSON value `json_value` (`"text"`, `5`, `true`, `["a"]`,
+ * an object...). Text that is not JSON fails and changes nothing.
+ *
+ * # Safety
+ * `key` and `json_value` are NULL or NUL-terminated strings.
+ */
+int tent_config_set(tent_config_t cfg, const char *key, const char *json_value);
+
+/**
+ * Sets `key` from a string typed as `tent_set_config` types it ("true"/"false" become
+ * booleans, integer strings integers, anything else stays a string).
+ *
+ * # Safety
+ * `key` and `value` are NULL or NUL-terminated strings.
+ */
+int tent_config_set_from_string(tent_config_t cfg, const char *key, const char *value);
+
+/**
+ * Copies the value at `key` into `buf` as compact JSON, or, when `as_json` is 0 and the value
+ * is a string, as the string's text (NUL-terminated, truncated to `len - 1`). Returns the
+ * full length, like snprintf (`buf` may be NULL when `len` is 0), or -1 when the key is unset
+ * or null (then `tent_last_error` is empty: a missing key is an answer, not an error) or the
+ * handle is bad.
+ *
+ * # Safety
+ * `key` is NULL or a NUL-terminated string; `buf` is NULL or valid for `len` bytes.
+ */
+int tent_config_get(tent_config_t cfg, const char *key, int as_json, char *buf, size_t len);
+
+/**
+ * Copies the whole configuration as JSON into `buf` (indented by `indent` spaces per level;
+ * compact when `indent` < 0) and returns its full length, like snprintf; -1 for a bad handle.
+ *
+ * # Safety
+ * `buf` is NULL or valid for `len` bytes.
+ */
+int tent_config_dump(tent_config_t cfg, int indent, char *buf, size_t len);
+
+/**
+ * Creates an engine from `cfg` (NULL = an empty configuration) and the environment, as
+ * upstream's C++ `TransferEngine(std::shared_ptr<Config>)` does: this thread's
+ * `tent_set_config` / `tent_load_config_from_file` settings do not apply, and later changes to
+ * `cfg` do not reach the engine. Like `tent_create_engine` it returns a handle even when the
+ * engine failed to start (check `tent_available`); NULL for a bad `cfg` handle.
+ */
+tent_engine_t tent_create_engine_with_config(tent_config_t cfg);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus
 
 #endif  /* TENT_API_H */
+
+#ifdef __cplusplus
+#include "tent/transfer_engine_cxx.h"
+#endif  /* __cplusplus */

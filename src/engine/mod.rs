@@ -11,6 +11,7 @@ pub mod remote;
 pub mod segment;
 mod serve;
 mod start;
+pub mod topology;
 pub mod types;
 pub mod unit;
 

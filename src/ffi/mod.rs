@@ -23,11 +23,26 @@ use crate::error::{Error, Result};
 
 thread_local! {
     static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
+    /// The upstream `Status::Code` of the last error (0 after a success), for
+    /// `tent_last_error_code`.
+    static LAST_ERROR_CODE: std::cell::Cell<i32> = const { std::cell::Cell::new(0) };
+}
+
+/// Records the upstream `Status::Code` of this thread's last error (after `set_last_error`,
+/// which records InternalError until told better).
+pub(crate) fn set_last_error_code(code: i32) {
+    LAST_ERROR_CODE.with(|c| c.set(code));
+}
+
+/// The upstream `Status::Code` of this thread's last error (0 when its last call succeeded).
+pub(crate) fn last_error_code() -> i32 {
+    LAST_ERROR_CODE.with(|c| c.get())
 }
 
 /// Records `msg` as this thread's last error (read by `tent_last_error`) and logs it.
 pub(crate) fn set_last_error(func: &str, msg: &str) {
     tracing::debug!("{func}: {msg}");
+    set_last_error_code(crate::error::status_codes::INTERNAL_ERROR);
     LAST_ERROR.with(|e| {
         let mut e = e.borrow_mut();
         e.clear();
@@ -40,6 +55,7 @@ pub(crate) fn set_last_error(func: &str, msg: &str) {
 /// Forgets this thread's last error (its last call succeeded).
 pub(crate) fn clear_last_error() {
     LAST_ERROR.with(|e| e.borrow_mut().clear());
+    set_last_error_code(0);
 }
 
 /// This thread's last error message ("" when none).
@@ -84,6 +100,7 @@ macro_rules! guard {
             Ok(Ok(v)) => v,
             Ok(Err(e)) => {
                 $crate::ffi::set_last_error($name, &e.to_string());
+                $crate::ffi::set_last_error_code(e.c_code($crate::error::Api::TentStatus));
                 ($on_error)(&e)
             }
             Err(panic) => {

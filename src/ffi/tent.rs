@@ -1,4 +1,5 @@
-//! The `tent_*` exports: upstream TENT's 33 functions plus `tent_version` and `tent_last_error`.
+//! The `tent_*` exports: upstream TENT's 33 functions, plus `tent_version`, `tent_last_error` and
+//! the additions the header-only C++ class needs (error codes, probes, topology, configurations).
 //!
 //! Every function checks its pointers, never unwinds into C, and returns upstream's values:
 //! 0 on success and -1 on failure (the reason is in `tent_last_error`).
@@ -167,6 +168,7 @@ pub extern "C" fn tent_create_engine() -> tent_engine_t {
             Err(e) => {
                 tracing::error!("transfer engine failed to start: {e}");
                 super::set_last_error("tent_create_engine", &e.to_string());
+                super::set_last_error_code(e.c_code(crate::error::Api::TentStatus));
                 Handle::Failed(e.to_string())
             }
         };
@@ -392,6 +394,7 @@ pub extern "C" fn tent_unregister_memory(engine: tent_engine_t, addr: *mut c_voi
 pub extern "C" fn tent_allocate_batch(engine: tent_engine_t, batch_size: usize) -> tent_batch_id_t {
     if engine.is_null() {
         super::set_last_error("tent_allocate_batch", "engine is NULL");
+        super::set_last_error_code(crate::error::status_codes::INVALID_ARGUMENT);
         return u64::MAX;
     }
     guard!("tent_allocate_batch", 0, { super::engine(engine)?.allocate_batch(batch_size) })
@@ -809,4 +812,267 @@ pub unsafe extern "C" fn tent_last_error(buf: *mut c_char, len: usize) -> c_int 
         unsafe { write_c_string(&msg, buf, len) };
     }
     msg.len().min(c_int::MAX as usize) as c_int
+}
+
+/// The upstream C++ `Status::Code` of this thread's last call: 0 when it succeeded, else the
+/// code upstream's `mooncake::tent::TransferEngine` would have returned for that failure
+/// (1 InvalidArgument, 2 TooManyRequests, 3 AddressNotRegistered, 4 DeviceNotFound,
+/// 131 MetadataError, 132 RpcServiceError, 199 InternalError, 200 NotImplemented). Read it
+/// right after the failed call, like `tent_last_error`; this call itself does not clear it.
+#[unsafe(no_mangle)]
+pub extern "C" fn tent_last_error_code() -> c_int {
+    super::last_error_code()
+}
+
+/// Checks that the peer owning segment `handle` answers a probe over its RPC address (0 = this
+/// engine, always alive). Fails for an unknown handle, an unreachable descriptor or a peer
+/// that does not answer; `tent_last_error_code` tells which (1, 131 or 132).
+#[unsafe(no_mangle)]
+pub extern "C" fn tent_probe_peer(engine: tent_engine_t, handle: tent_segment_id_t) -> c_int {
+    guard!("tent_probe_peer", -1, {
+        super::engine(engine)?.probe(handle)?;
+        Ok(0)
+    })
+}
+
+/// Copies the engine's local topology as JSON (`{"nics": [...], "mems": [...]}`, the layout of
+/// upstream's `Topology::toString`) into `buf` (NUL-terminated, truncated to `len - 1`) and
+/// returns its full length, like snprintf, so a caller can size its buffer; `buf` may be NULL
+/// when `len` is 0. Returns -1 for a bad engine.
+///
+/// # Safety
+/// `buf` is NULL or valid for `len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_local_topology(engine: tent_engine_t, buf: *mut c_char, len: usize) -> c_int {
+    guard!("tent_local_topology", -1, {
+        let text = crate::engine::topology::local_topology_json(&*super::engine(engine)?);
+        // SAFETY: forwarded contract (NULL or `len` bytes).
+        Ok(unsafe { copy_out(&text, buf, len) })
+    })
+}
+
+/// Copies `text` into `buf` when there is room for anything and returns its full length
+/// (saturated to `c_int::MAX`), the snprintf convention of `tent_last_error`.
+///
+/// # Safety
+/// `buf` is NULL or valid for `len` bytes.
+unsafe fn copy_out(text: &str, buf: *mut c_char, len: usize) -> c_int {
+    if !buf.is_null() && len > 0 {
+        // SAFETY: forwarded contract.
+        unsafe { write_c_string(text, buf, len) };
+    }
+    text.len().min(c_int::MAX as usize) as c_int
+}
+
+/// A configuration made by `tent_config_create`, for `tent_create_engine_with_config`.
+#[allow(non_camel_case_types)]
+pub type tent_config_t = *mut c_void;
+
+/// One configuration, shared by its handle and an engine being made from it.
+type SharedConfig = std::sync::Arc<parking_lot::Mutex<Config>>;
+
+/// Live configurations by token, so a destroyed or made-up handle is rejected, never
+/// dereferenced (as engine handles are).
+fn configs() -> &'static parking_lot::RwLock<std::collections::HashMap<usize, SharedConfig>> {
+    static CONFIGS: std::sync::OnceLock<parking_lot::RwLock<std::collections::HashMap<usize, SharedConfig>>> =
+        std::sync::OnceLock::new();
+    CONFIGS.get_or_init(Default::default)
+}
+
+/// The configuration behind `cfg`, or an error saying why there is none.
+fn config_of(cfg: tent_config_t) -> Result<SharedConfig> {
+    non_null(cfg, "config")?;
+    configs()
+        .read()
+        .get(&(cfg as usize))
+        .cloned()
+        .ok_or_else(|| Error::InvalidArgument(format!("{cfg:p} is not a live config handle")))
+}
+
+/// Makes an empty configuration (every key at its default), the state behind upstream's C++
+/// `mooncake::tent::Config`. Release it with `tent_config_destroy`. NULL only if even the
+/// handle cannot be made.
+#[unsafe(no_mangle)]
+pub extern "C" fn tent_config_create() -> tent_config_t {
+    guard!("tent_config_create", std::ptr::null_mut(), {
+        // A counter, not an address, names the entry, so a destroyed handle is never reused.
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let token = 0x7c0f_0000_0000usize.wrapping_add(n.wrapping_mul(16));
+        configs().write().insert(token, std::sync::Arc::new(parking_lot::Mutex::new(Config::new())));
+        Ok(token as tent_config_t)
+    })
+}
+
+/// Destroys a configuration; engines made from it keep their copy. NULL and unknown handles
+/// are ignored.
+#[unsafe(no_mangle)]
+pub extern "C" fn tent_config_destroy(cfg: tent_config_t) {
+    guard!("tent_config_destroy", (), {
+        configs().write().remove(&(cfg as usize));
+        Ok(())
+    })
+}
+
+/// Replaces the configuration with the JSON object `content`. Text that is not JSON, or JSON
+/// that is not an object, fails and leaves the configuration as it was.
+///
+/// # Safety
+/// `content` is NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_config_load(cfg: tent_config_t, content: *const c_char) -> c_int {
+    guard!("tent_config_load", -1, {
+        let c = config_of(cfg)?;
+        // SAFETY: forwarded contract.
+        let text = unsafe { c_str(content, "content") }?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| Error::InvalidArgument(format!("invalid JSON: {e}")))?;
+        if !v.is_object() {
+            return Err(Error::InvalidArgument("the config must be a JSON object".into()));
+        }
+        *c.lock() = Config::from_value(v);
+        Ok(0)
+    })
+}
+
+/// Replaces the configuration with the JSON object in the file at `path`; a file that cannot
+/// be read, or does not hold a JSON object, fails and leaves the configuration as it was.
+///
+/// # Safety
+/// `path` is NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_config_load_file(cfg: tent_config_t, path: *const c_char) -> c_int {
+    guard!("tent_config_load_file", -1, {
+        let c = config_of(cfg)?;
+        // SAFETY: forwarded contract.
+        let path = unsafe { c_str(path, "path") }?;
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| Error::InvalidArgument(format!("cannot read config file {path}: {e}")))?;
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| Error::InvalidArgument(format!("config file {path} is not valid JSON: {e}")))?;
+        if !v.is_object() {
+            return Err(Error::InvalidArgument(format!("config file {path} does not hold a JSON object")));
+        }
+        *c.lock() = Config::from_value(v);
+        Ok(0)
+    })
+}
+
+/// Sets the `/` path `key` to the JSON value `json_value` (`"text"`, `5`, `true`, `["a"]`,
+/// an object...). Text that is not JSON fails and changes nothing.
+///
+/// # Safety
+/// `key` and `json_value` are NULL or NUL-terminated strings.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_config_set(cfg: tent_config_t, key: *const c_char, json_value: *const c_char) -> c_int {
+    guard!("tent_config_set", -1, {
+        let c = config_of(cfg)?;
+        // SAFETY: forwarded contract.
+        let key = unsafe { c_str(key, "key") }?;
+        // SAFETY: forwarded contract.
+        let text = unsafe { c_str(json_value, "json_value") }?;
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| Error::InvalidArgument(format!("value of {key} is not valid JSON: {e}")))?;
+        c.lock().set(&key, v);
+        Ok(0)
+    })
+}
+
+/// Sets `key` from a string typed as `tent_set_config` types it ("true"/"false" become
+/// booleans, integer strings integers, anything else stays a string).
+///
+/// # Safety
+/// `key` and `value` are NULL or NUL-terminated strings.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_config_set_from_string(
+    cfg: tent_config_t,
+    key: *const c_char,
+    value: *const c_char,
+) -> c_int {
+    guard!("tent_config_set_from_string", -1, {
+        let c = config_of(cfg)?;
+        // SAFETY: forwarded contract.
+        let key = unsafe { c_str(key, "key") }?;
+        // SAFETY: forwarded contract.
+        let value = unsafe { c_str(value, "value") }?;
+        c.lock().set_from_string(&key, &value);
+        Ok(0)
+    })
+}
+
+/// Copies the value at `key` into `buf` as compact JSON, or, when `as_json` is 0 and the value
+/// is a string, as the string's text (NUL-terminated, truncated to `len - 1`). Returns the
+/// full length, like snprintf (`buf` may be NULL when `len` is 0), or -1 when the key is unset
+/// or null (then `tent_last_error` is empty: a missing key is an answer, not an error) or the
+/// handle is bad.
+///
+/// # Safety
+/// `key` is NULL or a NUL-terminated string; `buf` is NULL or valid for `len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_config_get(
+    cfg: tent_config_t,
+    key: *const c_char,
+    as_json: c_int,
+    buf: *mut c_char,
+    len: usize,
+) -> c_int {
+    guard!("tent_config_get", -1, {
+        let c = config_of(cfg)?;
+        // SAFETY: forwarded contract.
+        let key = unsafe { c_str(key, "key") }?;
+        let text = match c.lock().get(&key) {
+            None => return Ok(-1),
+            Some(serde_json::Value::String(s)) if as_json == 0 => s.clone(),
+            Some(v) => v.to_string(),
+        };
+        // SAFETY: forwarded contract.
+        Ok(unsafe { copy_out(&text, buf, len) })
+    })
+}
+
+/// Copies the whole configuration as JSON into `buf` (indented by `indent` spaces per level;
+/// compact when `indent` < 0) and returns its full length, like snprintf; -1 for a bad handle.
+///
+/// # Safety
+/// `buf` is NULL or valid for `len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_config_dump(cfg: tent_config_t, indent: c_int, buf: *mut c_char, len: usize) -> c_int {
+    guard!("tent_config_dump", -1, {
+        let c = config_of(cfg)?;
+        let tree = c.lock().tree().clone();
+        let text = if indent < 0 {
+            tree.to_string()
+        } else {
+            let pad = " ".repeat(indent.min(16) as usize);
+            let mut out = Vec::new();
+            let fmt = serde_json::ser::PrettyFormatter::with_indent(pad.as_bytes());
+            let mut ser = serde_json::Serializer::with_formatter(&mut out, fmt);
+            serde::Serialize::serialize(&tree, &mut ser).map_err(|e| Error::Internal(e.to_string()))?;
+            String::from_utf8_lossy(&out).into_owned()
+        };
+        // SAFETY: forwarded contract.
+        Ok(unsafe { copy_out(&text, buf, len) })
+    })
+}
+
+/// Creates an engine from `cfg` (NULL = an empty configuration) and the environment, as
+/// upstream's C++ `TransferEngine(std::shared_ptr<Config>)` does: this thread's
+/// `tent_set_config` / `tent_load_config_from_file` settings do not apply, and later changes to
+/// `cfg` do not reach the engine. Like `tent_create_engine` it returns a handle even when the
+/// engine failed to start (check `tent_available`); NULL for a bad `cfg` handle.
+#[unsafe(no_mangle)]
+pub extern "C" fn tent_create_engine_with_config(cfg: tent_config_t) -> tent_engine_t {
+    guard!("tent_create_engine_with_config", std::ptr::null_mut(), {
+        let explicit = if cfg.is_null() { Config::new() } else { config_of(cfg)?.lock().clone() };
+        let handle = match Engine::new(engine::effective_config(explicit)) {
+            Ok(e) => Handle::Ready(e),
+            Err(e) => {
+                tracing::error!("transfer engine failed to start: {e}");
+                super::set_last_error("tent_create_engine_with_config", &e.to_string());
+                super::set_last_error_code(e.c_code(crate::error::Api::TentStatus));
+                Handle::Failed(e.to_string())
+            }
+        };
+        Ok(super::publish(handle))
+    })
 }

@@ -1,0 +1,73 @@
+//! Upstream's C++ class `mooncake::tent::TransferEngine` (the C++ part of
+//! include/tent/transfer_engine.h, header-only over the C API): c_tests/tent_class.cpp, built as
+//! C++20 against the installed headers, run across two processes over TCP, once linked
+//! against libtent.so and once against libtent.a; and the headers compile as C++17 and C++20
+//! with -pedantic beside the other public headers.
+
+mod common;
+
+use std::process::Command;
+
+use common::{build_c, compiler, lib_dir, out_dir, root, run, run_c};
+
+#[test]
+fn tent_class_between_two_processes() {
+    let exe = build_c("tent_class", &[root().join("c_tests/tent_class.cpp")], true, &["-std=c++20", "-pedantic"]);
+    let out = run_c(&exe, &[]);
+    assert!(out.contains("tent_class: ") && out.contains(", 0 failed"), "{out}");
+}
+
+/// The class adds no symbols of its own, so a program using it links against the static
+/// library alone (no libtent.so at run time) and passes the same checks.
+#[test]
+fn tent_class_linked_statically() {
+    let lib = lib_dir();
+    assert!(lib.join("libtent.a").exists(), "no libtent.a in {}", lib.display());
+    let exe = out_dir("cpp_tent").join("tent_class_static");
+    let (ok, out) = run(compiler(true, &[root().join("include"), root().join("c_tests")])
+        .args(["-std=c++20", "-pedantic"])
+        .arg(root().join("c_tests/tent_class.cpp"))
+        .arg("-o")
+        .arg(&exe)
+        .arg(format!("-L{}", lib.display()))
+        .args(["-Wl,-Bstatic", "-ltent", "-Wl,-Bdynamic", "-lpthread", "-ldl", "-lm", "-lgcc_s"]));
+    assert!(ok, "linking tent_class against libtent.a failed:\n{out}");
+    let (_, ldd) = run(Command::new("ldd").arg(&exe));
+    assert!(!ldd.contains("libtent"), "{} is linked dynamically:\n{ldd}", exe.display());
+    let out = run_c(&exe, &[]);
+    assert!(out.contains(", 0 failed"), "{out}");
+}
+
+/// Every public header, in either order with the class's, compiles as C++17 and C++20 with
+/// -pedantic and warnings as errors (a C++ caller may include any of them first).
+#[test]
+fn class_headers_compile_in_any_order_as_cxx17_and_cxx20() {
+    let dir = out_dir("cpp_tent");
+    let firsts = [
+        "tent/transfer_engine.h",
+        "tent/transfer_engine_cxx.h",
+        "tent/common/config.h",
+        "tent/common/status.h",
+        "tent/common/types.h",
+        "tent/tent.hpp",
+        "transfer_engine_c.h",
+    ];
+    for (i, first) in firsts.iter().enumerate() {
+        let src = dir.join(format!("order{i}.cpp"));
+        std::fs::write(
+            &src,
+            format!(
+                "#include \"{first}\"\n#include \"tent/transfer_engine.h\"\n#include \"tent/tent.hpp\"\n\
+                 #include \"transfer_engine_c.h\"\n#include \"tent/common/config.h\"\n\
+                 int main() {{ mooncake::tent::Status s = mooncake::tent::Status::OK(); \
+                 mooncake::tent::Config c; c.set(\"k\", 1); return s.ok() && c.contains(\"k\") ? 0 : 1; }}\n"
+            ),
+        )
+        .expect("write probe");
+        for std in ["-std=c++17", "-std=c++20"] {
+            let (ok, out) =
+                run(compiler(true, &[root().join("include")]).args([std, "-pedantic", "-fsyntax-only"]).arg(&src));
+            assert!(ok, "{first} first does not compile ({std}):\n{out}");
+        }
+    }
+}
