@@ -71,3 +71,23 @@ fn class_headers_compile_in_any_order_as_cxx17_and_cxx20() {
         }
     }
 }
+
+/// The benchmark of the class against the C API (benches/c/tent_class_vs_c.cpp) builds and
+/// runs: a few batches per workload, each row with two times and a ratio.
+#[test]
+fn class_vs_c_benchmark_runs() {
+    let exe =
+        build_c("tent_class_vs_c", &[root().join("benches/c/tent_class_vs_c.cpp")], true, &["-std=c++20", "-pedantic"]);
+    let (ok, out) = run(Command::new(&exe).env("MC_LOG_LEVEL", "error").args(["--iters", "3", "--rounds", "1"]));
+    println!("{out}");
+    assert!(ok, "tent_class_vs_c failed:\n{out}");
+    for workload in ["write 1 MiB", "write 32 x 64 KiB"] {
+        let row = out.lines().find(|l| l.starts_with(workload)).unwrap_or_else(|| panic!("no {workload} row:\n{out}"));
+        let numbers: Vec<f64> = row[workload.len()..]
+            .split_whitespace()
+            .filter_map(|v| v.parse().ok())
+            .filter(|v: &f64| *v > 0.0)
+            .collect();
+        assert_eq!(numbers.len(), 5, "{row}");
+    }
+}
