@@ -7,6 +7,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
 use common::{compiler, lib_dir, out_dir, root, run};
 
@@ -46,19 +47,21 @@ fn each_library_name_is_a_library_with_its_own_soname_and_the_whole_abi() {
     }
 }
 
-/// Installs the debug build into a fresh prefix and returns it.
-fn install() -> PathBuf {
-    let prefix = out_dir("install").join("prefix");
-    let _ = std::fs::remove_dir_all(&prefix);
-    let profile = lib_dir();
-    let target = profile.parent().expect("target dir");
-    let (ok, out) = run(Command::new("bash")
-        .arg(root().join("scripts/install.sh"))
-        .args(["--debug", "--no-build"])
-        .arg(&prefix)
-        .env("CARGO_TARGET_DIR", target));
-    assert!(ok, "install.sh failed:\n{out}");
-    prefix
+/// Installs the debug build into a fresh prefix, once for this test binary, and returns it.
+fn install() -> &'static Path {
+    static PREFIX: OnceLock<PathBuf> = OnceLock::new();
+    PREFIX.get_or_init(|| {
+        let prefix = out_dir("install").join("prefix");
+        let _ = std::fs::remove_dir_all(&prefix);
+        let target = lib_dir().parent().expect("target dir").to_path_buf();
+        let (ok, out) = run(Command::new("bash")
+            .arg(root().join("scripts/install.sh"))
+            .args(["--debug", "--no-build"])
+            .arg(&prefix)
+            .env("CARGO_TARGET_DIR", target));
+        assert!(ok, "install.sh failed:\n{out}");
+        prefix
+    })
 }
 
 fn pkg_config(prefix: &Path, args: &[&str]) -> Vec<String> {
@@ -108,4 +111,25 @@ fn installed_prefix_builds_callers_through_pkg_config_and_each_runs_with_one_lib
         let (ok, out) = run(Command::new(&exe).env("LD_LIBRARY_PATH", &deployed).env("MC_LOG_LEVEL", "error"));
         assert!(ok && out.contains("one library: 127.0.0.1:"), "{module}: running with only {lib} failed:\n{out}");
     }
+}
+
+/// A C++ caller of upstream's `mooncake::tent::TransferEngine` builds from the installed prefix
+/// alone (`pkg-config tent`; the class is header-only) and passes its checks across two
+/// processes.
+#[test]
+fn tent_class_builds_from_the_installed_prefix() {
+    let prefix = install();
+    let exe = out_dir("install").join("tent_class_installed");
+    let mut cmd = compiler(true, &[root().join("c_tests")]);
+    cmd.args(["-std=c++20", "-pedantic"])
+        .args(pkg_config(&prefix, &["--cflags", "tent"]))
+        .arg(root().join("c_tests/tent_class.cpp"))
+        .arg("-o")
+        .arg(&exe)
+        .args(pkg_config(&prefix, &["--libs", "tent"]))
+        .arg(format!("-Wl,-rpath,{}", prefix.join("lib").display()));
+    let (ok, out) = run(&mut cmd);
+    assert!(ok, "building c_tests/tent_class.cpp against the prefix failed:\n{out}");
+    let (ok, out) = run(Command::new(&exe).env("MC_LOG_LEVEL", "error"));
+    assert!(ok && out.contains("tent_class: ") && out.contains(", 0 failed"), "{out}");
 }
