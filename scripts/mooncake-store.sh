@@ -208,9 +208,18 @@ fi
 [ "$mode" = configure ] && exit 0
 
 # --- build -----------------------------------------------------------------------------------
+# One target at a time, so that a test that does not compile leaves the others buildable and
+# runnable (the Store libraries they share are built by the first one).
+build_failed=()
 if [ "$mode" != test ]; then
-    log "building ${tests[*]} with -j$jobs"
-    cmake --build "$build_dir" -j"$jobs" --target "${tests[@]}"
+    for t in "${tests[@]}"; do
+        log "building $t with -j$jobs"
+        cmake --build "$build_dir" -j"$jobs" --target "$t" || build_failed+=("$t")
+    done
+    if [ ${#build_failed[@]} -gt 0 ]; then
+        log "did not build: ${build_failed[*]}"
+        [ "$mode" = build ] && exit 1
+    fi
 fi
 [ "$mode" = build ] && exit 0
 
@@ -223,6 +232,12 @@ failed_names=()
 shown_link=0
 for t in "${tests[@]}"; do
     bin=$build_dir/mooncake-store/tests/$t
+    if [[ " ${build_failed[*]} " == *" $t "* ]]; then
+        # An older binary may still be there; it would not test this build.
+        echo "FAIL $t (did not build)"
+        failed=$((failed + 1)); failed_names+=("$t")
+        continue
+    fi
     if [ ! -x "$bin" ]; then
         echo "FAIL $t (not built)"
         failed=$((failed + 1)); failed_names+=("$t")
@@ -230,7 +245,8 @@ for t in "${tests[@]}"; do
     fi
     if [ "$shown_link" -eq 0 ]; then
         # Say once which engine library the binaries load, so a run proves it used tent-rs.
-        log "engine library: $(ldd "$bin" | awk '/libtransfer_engine/ {print $3; exit}')"
+        engine_lib=$(ldd "$bin" | awk '/libtransfer_engine/ {print $3; exit}')
+        [ -z "$engine_lib" ] || log "engine library: $engine_lib"
         shown_link=1
     fi
     start=$(date +%s)
