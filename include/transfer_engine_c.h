@@ -460,6 +460,107 @@ void enableGracefulShutdown(transfer_engine_t engine);
  */
 int showLinks(transfer_engine_t engine, char *buf_out, size_t buf_len, int json);
 
+/**
+ * Like `createTransferEngine` (same arguments, same naming and binding), but RDMA uses only
+ * the NICs named in `filters[0..count]` (upstream's `setWhitelistFilters`); `count` 0 (then
+ * `filters` may be NULL) uses every NIC. Returns NULL on failure, with the reason readable with
+ * `tent_last_error`.
+ *
+ * # Safety
+ * The string arguments are NULL or NUL-terminated strings; `filters` is NULL or points to
+ * `count` NUL-terminated strings.
+ */
+transfer_engine_t tent_classic_create_filtered(const char *metadata_conn_string,
+                                               const char *local_server_name,
+                                               const char *ip_or_host_name,
+                                               const char *const *filters,
+                                               size_t count);
+
+/**
+ * Returns 1 when TCP is the only transport the engine moves memory with between processes (no
+ * RDMA, no device transport; host shared memory does not count), 0 otherwise, or a negative
+ * code for a handle that is not a live engine.
+ */
+int tent_classic_is_tcp_only(transfer_engine_t engine);
+
+/**
+ * Writes the status of batch `batch_id` as a whole into `*status`: COMPLETED once every task
+ * completed (an empty batch too), FAILED (or the first terminal failure state) once a task
+ * failed, else PENDING; `transferred_bytes` is the sum over its tasks. A freed or unknown batch
+ * fails with `ERR_INVALID_ARGUMENT`.
+ *
+ * # Safety
+ * `status` is NULL or writable.
+ */
+int tent_classic_batch_status(transfer_engine_t engine,
+                              batch_id_t batch_id,
+                              struct transfer_status *status);
+
+/**
+ * Writes the engine's segment descriptor to its metadata store now (for a caller that knows
+ * the store lost it, such as a restarted HTTP metadata server); in p2p mode it does nothing.
+ * Returns 0, or a negative code when the store cannot be written.
+ */
+int tent_classic_republish(transfer_engine_t engine);
+
+/**
+ * Checks that the owner of segment `segment_id` (from `openSegment`; 0 is this engine) answers
+ * a probe. Returns 0 when it does, a negative code for an unknown segment or a peer that does
+ * not answer.
+ */
+int tent_classic_probe(transfer_engine_t engine, segment_id_t segment_id);
+
+/**
+ * Opens the metadata store that `conn` names (`http://host:port/path`, `redis://servers`,
+ * `etcd://servers` or bare etcd servers; upstream's `MetadataStoragePlugin::Create`) and checks
+ * that it answers. Returns a handle for `tent_metadata_store_get` / `_set` / `_remove`, released
+ * with `tent_metadata_store_close`; NULL for `P2PHANDSHAKE` (which has no store), an unknown
+ * type or an unreachable store, with the reason readable with `tent_last_error`.
+ *
+ * # Safety
+ * `conn` is NULL or a NUL-terminated string.
+ */
+void *tent_metadata_store_open(const char *conn);
+
+/**
+ * Reads `key`. Returns 0 when it exists (its value, NUL-terminated and truncated to `len - 1`
+ * bytes, is copied into `buf`, and its full length is written to `*value_len`, so a caller can
+ * size its buffer; `buf` may be NULL when `len` is 0), 1 when it does not exist, or a negative
+ * code when the store cannot answer.
+ *
+ * # Safety
+ * `key` is NULL or a NUL-terminated string; `buf` is NULL or valid for `len` bytes;
+ * `value_len` is NULL or writable.
+ */
+int tent_metadata_store_get(void *store_handle,
+                            const char *key,
+                            char *buf,
+                            size_t len,
+                            size_t *value_len);
+
+/**
+ * Writes `value` under `key` (on Redis and etcd bound to the store's TTL, as the engine's own
+ * keys are). Returns 0 or a negative code.
+ *
+ * # Safety
+ * `key` and `value` are NULL or NUL-terminated strings.
+ */
+int tent_metadata_store_set(void *store_handle, const char *key, const char *value);
+
+/**
+ * Removes `key`; a key that does not exist is removed already (0). Returns 0 or a negative
+ * code when the store cannot answer.
+ *
+ * # Safety
+ * `key` is NULL or a NUL-terminated string.
+ */
+int tent_metadata_store_remove(void *store_handle, const char *key);
+
+/**
+ * Closes a store from `tent_metadata_store_open`. NULL and unknown handles are ignored.
+ */
+void tent_metadata_store_close(void *store_handle);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

@@ -798,6 +798,59 @@ impl Drop for ClassicEngine {
     }
 }
 
+// What upstream's C++ class `mooncake::TransferEngine` (the header-only class of
+// include/mooncake/) asks of the engine beyond the classic C API.
+
+/// Whether TCP is the only transport this engine moves memory with between processes: no RDMA
+/// and no device transport is loaded. Host shared memory (same machine only) and the file
+/// transports do not count, so an engine of a machine without RDMA NICs is TCP-only, as
+/// upstream's classic engine with only TCP installed (callers then copy same-host data with
+/// memcpy instead of a loopback transfer).
+pub fn is_tcp_only(e: &Engine) -> bool {
+    !e.loaded_transports().iter().any(|k| {
+        matches!(
+            k,
+            TransportKind::Rdma
+                | TransportKind::Mnnvl
+                | TransportKind::Nvlink
+                | TransportKind::Gds
+                | TransportKind::AscendDirect
+                | TransportKind::SunriseLink
+                | TransportKind::Tpu
+                | TransportKind::Ub
+                | TransportKind::Mpcomm
+        )
+    })
+}
+
+/// Writes this engine's segment descriptor to its metadata store now (upstream's
+/// `TransferMetadata::updateLocalSegmentDesc`), for a caller that knows the store lost it (a
+/// restarted HTTP metadata server). The keep-alive would write it again within a TTL anyway; in
+/// p2p mode there is no store and this succeeds doing nothing.
+pub fn republish(e: &Engine) -> Result<()> {
+    e.publication.publish()
+}
+
+/// Opens the metadata store a classic connection string names (`http://...`, `redis://...`,
+/// `etcd://...` or bare etcd servers), for reading and writing keys directly as upstream's
+/// `MetadataStoragePlugin::Create` does: the default TTL and timeouts, Redis credentials from
+/// `MC_REDIS_*`. The connection string alone names the store (no config file applies, so a file
+/// meant for engines cannot redirect it). `P2PHANDSHAKE` names no store and is an invalid argument, as is an unknown
+/// type; an unreachable store fails with the reason.
+pub fn open_metadata_store(conn: &str) -> Result<Arc<dyn crate::control::metadata::MetadataStore>> {
+    let (kind, servers) = parse_connection(conn.trim());
+    if kind == "p2p" {
+        return Err(Error::InvalidArgument(format!("{conn:?} names no metadata store (p2p handshake)")));
+    }
+    let mut cfg = Config::new();
+    cfg.set(keys::METADATA_TYPE.0, kind.clone().into());
+    cfg.set(keys::METADATA_SERVERS.0, servers.into());
+    let settings = super::start::metadata_settings(&cfg, &kind)?;
+    // The client would serve only p2p lookups, which were refused above.
+    let client = Arc::new(crate::control::client::RpcClient::new(Default::default()));
+    crate::control::metadata::open(&settings, client)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

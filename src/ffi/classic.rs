@@ -7,11 +7,14 @@
 //! callers testing `ret < 0` never see). The reason of the last failure on a thread is readable
 //! with `tent_last_error`. No call crashes on NULL, made-up or destroyed handles.
 
+use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::AtomicU8;
+use std::sync::{Arc, OnceLock};
 
 use super::classic_types::*;
 use super::{Handle, c_str, calloc_array, fill_fixed, guard, non_null, write_c_string};
+use crate::control::metadata::MetadataStore;
 use crate::engine::Engine;
 use crate::engine::classic;
 use crate::engine::types::{Request, TransportKind};
@@ -658,5 +661,234 @@ pub unsafe extern "C" fn showLinks(
                 text.len() + 1
             )))
         }
+    })
+}
+
+// Additions for upstream's C++ class `mooncake::TransferEngine` (header-only, in
+// include/mooncake/), for what the classic C API above does not offer. New symbols only.
+
+/// Like `createTransferEngine` (same arguments, same naming and binding), but RDMA uses only
+/// the NICs named in `filters[0..count]` (upstream's `setWhitelistFilters`); `count` 0 (then
+/// `filters` may be NULL) uses every NIC. Returns NULL on failure, with the reason readable with
+/// `tent_last_error`.
+///
+/// # Safety
+/// The string arguments are NULL or NUL-terminated strings; `filters` is NULL or points to
+/// `count` NUL-terminated strings.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_classic_create_filtered(
+    metadata_conn_string: *const c_char,
+    local_server_name: *const c_char,
+    ip_or_host_name: *const c_char,
+    filters: *const *const c_char,
+    count: usize,
+) -> transfer_engine_t {
+    guard!("tent_classic_create_filtered", classic_or(std::ptr::null_mut()), {
+        // SAFETY: forwarded contract.
+        let conn = unsafe { c_str(metadata_conn_string, "metadata_conn_string") }?;
+        // SAFETY: forwarded contract.
+        let name = unsafe { opt_str(local_server_name, "local_server_name") }?;
+        // SAFETY: forwarded contract.
+        let host = unsafe { opt_str(ip_or_host_name, "ip_or_host_name") }?;
+        let mut devices = Vec::new();
+        if count > 0 {
+            non_null(filters, "filters")?;
+            if count > (isize::MAX as usize) / std::mem::size_of::<*const c_char>() {
+                return Err(Error::InvalidArgument(format!("count {count} is too large")));
+            }
+            // SAFETY: non-NULL, `count` pointers per the caller's contract.
+            for &f in unsafe { std::slice::from_raw_parts(filters, count) } {
+                // SAFETY: each is a NUL-terminated string per the contract (NULL is refused).
+                devices.push(unsafe { c_str(f, "filters[i]") }?);
+            }
+        }
+        Ok(super::publish(Handle::Ready(classic::start(&conn, &name, &host, &devices)?)))
+    })
+}
+
+/// Returns 1 when TCP is the only transport the engine moves memory with between processes (no
+/// RDMA, no device transport; host shared memory does not count), 0 otherwise, or a negative
+/// code for a handle that is not a live engine.
+#[unsafe(no_mangle)]
+pub extern "C" fn tent_classic_is_tcp_only(engine: transfer_engine_t) -> c_int {
+    guard!("tent_classic_is_tcp_only", classic, {
+        let e = super::engine(engine)?;
+        Ok(c_int::from(classic::is_tcp_only(&e)))
+    })
+}
+
+/// Writes the status of batch `batch_id` as a whole into `*status`: COMPLETED once every task
+/// completed (an empty batch too), FAILED (or the first terminal failure state) once a task
+/// failed, else PENDING; `transferred_bytes` is the sum over its tasks. A freed or unknown batch
+/// fails with `ERR_INVALID_ARGUMENT`.
+///
+/// # Safety
+/// `status` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_classic_batch_status(
+    engine: transfer_engine_t,
+    batch_id: batch_id_t,
+    status: *mut transfer_status,
+) -> c_int {
+    guard!("tent_classic_batch_status", classic, {
+        let e = super::engine(engine)?;
+        non_null(status, "status")?;
+        let (st, bytes) = e.overall_status(batch_id)?;
+        // SAFETY: non-NULL and writable per the caller's contract.
+        unsafe { *status = transfer_status { status: st as c_int, transferred_bytes: bytes } };
+        Ok(0)
+    })
+}
+
+/// Writes the engine's segment descriptor to its metadata store now (for a caller that knows
+/// the store lost it, such as a restarted HTTP metadata server); in p2p mode it does nothing.
+/// Returns 0, or a negative code when the store cannot be written.
+#[unsafe(no_mangle)]
+pub extern "C" fn tent_classic_republish(engine: transfer_engine_t) -> c_int {
+    guard!("tent_classic_republish", classic, {
+        let e = super::engine(engine)?;
+        classic::republish(&e)?;
+        Ok(0)
+    })
+}
+
+/// Checks that the owner of segment `segment_id` (from `openSegment`; 0 is this engine) answers
+/// a probe. Returns 0 when it does, a negative code for an unknown segment or a peer that does
+/// not answer.
+#[unsafe(no_mangle)]
+pub extern "C" fn tent_classic_probe(engine: transfer_engine_t, segment_id: segment_id_t) -> c_int {
+    guard!("tent_classic_probe", classic, {
+        let e = super::engine(engine)?;
+        e.probe(classic::segment_handle(i64::from(segment_id))?)?;
+        Ok(0)
+    })
+}
+
+/// Open metadata stores by handle value, so that a closed or made-up handle is refused instead
+/// of dereferenced.
+fn stores() -> &'static parking_lot::RwLock<HashMap<usize, Arc<dyn MetadataStore>>> {
+    static STORES: OnceLock<parking_lot::RwLock<HashMap<usize, Arc<dyn MetadataStore>>>> = OnceLock::new();
+    STORES.get_or_init(Default::default)
+}
+
+/// The store behind handle `store`, or an invalid argument.
+fn store(store: *mut c_void) -> Result<Arc<dyn MetadataStore>> {
+    stores()
+        .read()
+        .get(&(store as usize))
+        .cloned()
+        .ok_or_else(|| Error::InvalidArgument(format!("{store:p} is not an open metadata store")))
+}
+
+/// Opens the metadata store that `conn` names (`http://host:port/path`, `redis://servers`,
+/// `etcd://servers` or bare etcd servers; upstream's `MetadataStoragePlugin::Create`) and checks
+/// that it answers. Returns a handle for `tent_metadata_store_get` / `_set` / `_remove`, released
+/// with `tent_metadata_store_close`; NULL for `P2PHANDSHAKE` (which has no store), an unknown
+/// type or an unreachable store, with the reason readable with `tent_last_error`.
+///
+/// # Safety
+/// `conn` is NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_metadata_store_open(conn: *const c_char) -> *mut c_void {
+    guard!("tent_metadata_store_open", classic_or(std::ptr::null_mut()), {
+        // SAFETY: forwarded contract.
+        let conn = unsafe { c_str(conn, "conn") }?;
+        let s = classic::open_metadata_store(&conn)?;
+        // Handle values come from a counter, so a closed handle's value is never reused.
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let token = 0x5e70_0000_0000usize.wrapping_add(n.wrapping_mul(16));
+        stores().write().insert(token, s);
+        Ok(token as *mut c_void)
+    })
+}
+
+/// Reads `key`. Returns 0 when it exists (its value, NUL-terminated and truncated to `len - 1`
+/// bytes, is copied into `buf`, and its full length is written to `*value_len`, so a caller can
+/// size its buffer; `buf` may be NULL when `len` is 0), 1 when it does not exist, or a negative
+/// code when the store cannot answer.
+///
+/// # Safety
+/// `key` is NULL or a NUL-terminated string; `buf` is NULL or valid for `len` bytes;
+/// `value_len` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_metadata_store_get(
+    store_handle: *mut c_void,
+    key: *const c_char,
+    buf: *mut c_char,
+    len: usize,
+    value_len: *mut usize,
+) -> c_int {
+    guard!("tent_metadata_store_get", classic, {
+        let s = store(store_handle)?;
+        // SAFETY: forwarded contract.
+        let key = unsafe { c_str(key, "key") }?;
+        non_null(value_len, "value_len")?;
+        if len > 0 {
+            non_null(buf, "buf")?;
+        }
+        let Some(value) = s.get(&key)? else {
+            return Ok(1);
+        };
+        if len > 0 {
+            let n = value.len().min(len - 1);
+            // SAFETY: `buf` holds `len` bytes per the contract and n + 1 <= len.
+            unsafe {
+                std::ptr::copy_nonoverlapping(value.as_ptr(), buf.cast::<u8>(), n);
+                *buf.add(n) = 0;
+            }
+        }
+        // SAFETY: non-NULL and writable per the contract.
+        unsafe { *value_len = value.len() };
+        Ok(0)
+    })
+}
+
+/// Writes `value` under `key` (on Redis and etcd bound to the store's TTL, as the engine's own
+/// keys are). Returns 0 or a negative code.
+///
+/// # Safety
+/// `key` and `value` are NULL or NUL-terminated strings.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_metadata_store_set(
+    store_handle: *mut c_void,
+    key: *const c_char,
+    value: *const c_char,
+) -> c_int {
+    guard!("tent_metadata_store_set", classic, {
+        let s = store(store_handle)?;
+        // SAFETY: forwarded contract.
+        let key = unsafe { c_str(key, "key") }?;
+        // SAFETY: forwarded contract.
+        let value = unsafe { c_str(value, "value") }?;
+        s.put(&key, &value)?;
+        Ok(0)
+    })
+}
+
+/// Removes `key`; a key that does not exist is removed already (0). Returns 0 or a negative
+/// code when the store cannot answer.
+///
+/// # Safety
+/// `key` is NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_metadata_store_remove(store_handle: *mut c_void, key: *const c_char) -> c_int {
+    guard!("tent_metadata_store_remove", classic, {
+        let s = store(store_handle)?;
+        // SAFETY: forwarded contract.
+        let key = unsafe { c_str(key, "key") }?;
+        s.delete(&key)?;
+        Ok(0)
+    })
+}
+
+/// Closes a store from `tent_metadata_store_open`. NULL and unknown handles are ignored.
+#[unsafe(no_mangle)]
+pub extern "C" fn tent_metadata_store_close(store_handle: *mut c_void) {
+    guard!("tent_metadata_store_close", (), {
+        // Dropped outside the lock: closing may wait for the store's connection.
+        let closed = stores().write().remove(&(store_handle as usize));
+        drop(closed);
+        Ok(())
     })
 }
