@@ -87,11 +87,11 @@ fn installed_prefix_builds_callers_through_pkg_config_and_each_runs_with_one_lib
     for (module, lib) in [("transfer_engine", "libtransfer_engine.so"), ("tent", "libtent.so")] {
         let exe = dir.join(format!("one_library_{module}"));
         let mut cmd = compiler(false, &[]);
-        cmd.args(pkg_config(&prefix, &["--cflags", module]))
+        cmd.args(pkg_config(prefix, &["--cflags", module]))
             .arg(root().join("c_tests/one_library.c"))
             .arg("-o")
             .arg(&exe)
-            .args(pkg_config(&prefix, &["--libs", module]));
+            .args(pkg_config(prefix, &["--libs", module]));
         let (ok, out) = run(&mut cmd);
         assert!(ok, "building against `pkg-config {module}` failed:\n{out}");
         let dynamic = readelf_dynamic(&exe);
@@ -122,11 +122,11 @@ fn tent_class_builds_from_the_installed_prefix() {
     let exe = out_dir("install").join("tent_class_installed");
     let mut cmd = compiler(true, &[root().join("c_tests")]);
     cmd.args(["-std=c++20", "-pedantic"])
-        .args(pkg_config(&prefix, &["--cflags", "tent"]))
+        .args(pkg_config(prefix, &["--cflags", "tent"]))
         .arg(root().join("c_tests/tent_class.cpp"))
         .arg("-o")
         .arg(&exe)
-        .args(pkg_config(&prefix, &["--libs", "tent"]))
+        .args(pkg_config(prefix, &["--libs", "tent"]))
         .arg(format!("-Wl,-rpath,{}", prefix.join("lib").display()));
     let (ok, out) = run(&mut cmd);
     assert!(ok, "building c_tests/tent_class.cpp against the prefix failed:\n{out}");
