@@ -22,6 +22,7 @@
 #   --tests A,B,...    which tests to build and run (default: all listed below)
 #   --jobs N           parallel compile jobs (default 2)
 #   --build-type T     CMake build type (default Debug: fastest to compile, asserts on)
+#   --keep-going       compile past errors, to see every one of them in a single build
 #   --configure-only   stop after configuring
 #   --build-only       configure and build, run nothing
 #   --tests-only       run the tests already built
@@ -63,6 +64,7 @@ pybind_src=${PYBIND11_DIR:-}
 tests_arg=
 jobs=2
 build_type=Debug
+keep_going=0
 mode=all
 install=1
 deps=1
@@ -77,6 +79,7 @@ while [ $# -gt 0 ]; do
         --tests) tests_arg=$2; shift ;;
         --jobs) jobs=$2; shift ;;
         --build-type) build_type=$2; shift ;;
+        --keep-going) keep_going=1 ;;
         --configure-only) mode=configure ;;
         --build-only) mode=build ;;
         --tests-only) mode=test ;;
@@ -212,9 +215,13 @@ fi
 # runnable (the Store libraries they share are built by the first one).
 build_failed=()
 if [ "$mode" != test ]; then
+    native=()
+    if [ "$keep_going" -eq 1 ]; then
+        if [ -f "$build_dir/build.ninja" ]; then native=(-- -k 0); else native=(-- -k); fi
+    fi
     for t in "${tests[@]}"; do
         log "building $t with -j$jobs"
-        cmake --build "$build_dir" -j"$jobs" --target "$t" || build_failed+=("$t")
+        cmake --build "$build_dir" -j"$jobs" --target "$t" "${native[@]}" || build_failed+=("$t")
     done
     if [ ${#build_failed[@]} -gt 0 ]; then
         log "did not build: ${build_failed[*]}"
