@@ -36,7 +36,7 @@ fn c_tests_are_clean_under_asan_and_ubsan() {
 }
 
 /// The C++ programs under c_tests/ (names without .cpp), built as C++20 and run the same way.
-const CXX_PROGRAMS: [&str; 1] = ["tent_class"];
+const CXX_PROGRAMS: [&str; 2] = ["tent_class", "classic_class"];
 
 #[test]
 fn cxx_tests_are_clean_under_asan_and_ubsan() {

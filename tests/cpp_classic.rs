@@ -1,0 +1,61 @@
+//! Upstream's classic C++ class `mooncake::TransferEngine` (include/mooncake/, header-only over
+//! the classic C API): c_tests/classic_class.cpp, built as C++20 and run against the library,
+//! and every classic header compiling on its own.
+
+mod common;
+
+use common::{compiler, lib_dir, out_dir, root, run, run_c};
+
+/// The library the class's callers link (`-l<LIBRARY>`): the one constant to change when the
+/// C++ callers' library of their own lands.
+const LIBRARY: &str = "tent";
+
+/// The classic headers a C++ caller may include (paths under include/mooncake/).
+const HEADERS: [&str; 13] = [
+    "transfer_engine.h",
+    "transport/transport.h",
+    "transfer_metadata.h",
+    "common.h",
+    "config.h",
+    "error.h",
+    "memory_location.h",
+    "common/base/status.h",
+    "topology.h",
+    "transfer_metadata_plugin.h",
+    "multi_transport.h",
+    "ub_allocator.h",
+    "cuda_alike.h",
+];
+
+#[test]
+fn classic_class_two_engines_over_tcp() {
+    let lib = lib_dir();
+    let exe = out_dir("cpp_classic").join("classic_class");
+    let (ok, out) = run(compiler(true, &[root().join("include"), root().join("c_tests")])
+        .arg("-std=c++20")
+        .arg(root().join("c_tests/classic_class.cpp"))
+        .arg("-o")
+        .arg(&exe)
+        .arg(format!("-L{}", lib.display()))
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg(format!("-l{LIBRARY}"))
+        .arg("-lpthread"));
+    assert!(ok, "compiling classic_class failed:\n{out}");
+    let out = run_c(&exe, &[]);
+    assert!(out.contains("classic_class: ") && out.contains(", 0 failed"), "{out}");
+}
+
+/// Each header compiles alone (it includes what it uses), as C++20 with warnings as errors,
+/// with the classic tree on the include path as a caller such as Mooncake Store puts it.
+#[test]
+fn each_classic_header_compiles_alone() {
+    let dir = out_dir("cpp_classic");
+    for (i, h) in HEADERS.iter().enumerate() {
+        let src = dir.join(format!("alone{i}.cpp"));
+        std::fs::write(&src, format!("#include \"{h}\"\nint main() {{ return 0; }}\n")).expect("write probe");
+        let (ok, out) = run(compiler(true, &[root().join("include/mooncake")])
+            .args(["-std=c++20", "-fsyntax-only"])
+            .arg(&src));
+        assert!(ok, "{h} does not compile alone:\n{out}");
+    }
+}
