@@ -53,9 +53,8 @@ fn each_classic_header_compiles_alone() {
     for (i, h) in HEADERS.iter().enumerate() {
         let src = dir.join(format!("alone{i}.cpp"));
         std::fs::write(&src, format!("#include \"{h}\"\nint main() {{ return 0; }}\n")).expect("write probe");
-        let (ok, out) = run(compiler(true, &[root().join("include/mooncake")])
-            .args(["-std=c++20", "-fsyntax-only"])
-            .arg(&src));
+        let (ok, out) =
+            run(compiler(true, &[root().join("include/mooncake")]).args(["-std=c++20", "-fsyntax-only"]).arg(&src));
         assert!(ok, "{h} does not compile alone:\n{out}");
     }
 }
