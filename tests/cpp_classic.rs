@@ -58,3 +58,24 @@ fn each_classic_header_compiles_alone() {
         assert!(ok, "{h} does not compile alone:\n{out}");
     }
 }
+
+/// The benchmark (benches/c/classic_class_vs_c.cpp) builds and runs, briefly: a smoke test of
+/// the program, not a timing (its figures are read by hand from a full run).
+#[test]
+fn classic_class_benchmark_runs() {
+    let lib = lib_dir();
+    let exe = out_dir("cpp_classic").join("classic_class_vs_c");
+    let (ok, out) = run(compiler(true, &[root().join("include")])
+        .args(["-std=c++20", "-O2"])
+        .arg(root().join("benches/c/classic_class_vs_c.cpp"))
+        .arg("-o")
+        .arg(&exe)
+        .arg(format!("-L{}", lib.display()))
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg(format!("-l{LIBRARY}"))
+        .arg("-lpthread"));
+    assert!(ok, "compiling classic_class_vs_c failed:\n{out}");
+    let (ok, out) =
+        run(std::process::Command::new(&exe).args(["--iters", "50", "--rounds", "1"]).env("MC_LOG_LEVEL", "error"));
+    assert!(ok && out.contains("C++ class"), "{out}");
+}
