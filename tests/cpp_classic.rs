@@ -25,6 +25,7 @@ const HEADERS: [&str; 13] = [
     "multi_transport.h",
     "ub_allocator.h",
     "cuda_alike.h",
+    "sunrise_allocator.h",
 ];
 
 #[test]
