@@ -6,12 +6,11 @@ mod common;
 
 use common::{compiler, lib_dir, out_dir, root, run, run_c};
 
-/// The library the class's callers link (`-l<LIBRARY>`): the one constant to change when the
-/// C++ callers' library of their own lands.
-const LIBRARY: &str = "tent";
+/// The library the class's callers link (`-l<LIBRARY>`), as Mooncake Store links it.
+const LIBRARY: &str = "transfer_engine";
 
 /// The classic headers a C++ caller may include (paths under include/mooncake/).
-const HEADERS: [&str; 13] = [
+const HEADERS: [&str; 14] = [
     "transfer_engine.h",
     "transport/transport.h",
     "transfer_metadata.h",
