@@ -1,9 +1,14 @@
 //! Upstream's classic C++ class `mooncake::TransferEngine` (include/mooncake/, header-only over
 //! the classic C API): c_tests/classic_class.cpp, built as C++20 and run against the library,
-//! and every classic header compiling on its own.
+//! c_tests/classic_class_stores.cpp on real HTTP, Redis and etcd metadata servers, and every
+//! classic header compiling on its own.
 
 mod common;
 
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use common::stores::{Etcd, HttpMeta, Redis, StoreServer};
 use common::{compiler, lib_dir, out_dir, root, run, run_c};
 
 /// The library the class's callers link (`-l<LIBRARY>`), as Mooncake Store links it.
@@ -78,4 +83,65 @@ fn classic_class_benchmark_runs() {
     let (ok, out) =
         run(std::process::Command::new(&exe).args(["--iters", "50", "--rounds", "1"]).env("MC_LOG_LEVEL", "error"));
     assert!(ok && out.contains("C++ class"), "{out}");
+}
+
+/// jsoncpp's header directory when it is installed: the store program then uses the Json::Value
+/// forms of MetadataStoragePlugin too (as Store's master does).
+fn jsoncpp() -> Option<&'static Path> {
+    let dir = Path::new("/usr/include/jsoncpp");
+    dir.join("json/json.h").is_file().then_some(dir)
+}
+
+/// c_tests/classic_class_stores.cpp, built once for every store test of this binary.
+fn classic_class_stores() -> &'static PathBuf {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    EXE.get_or_init(|| {
+        let lib = lib_dir();
+        let exe = out_dir("cpp_classic").join("classic_class_stores");
+        let mut cmd = compiler(true, &[root().join("include"), root().join("c_tests")]);
+        cmd.arg("-std=c++20").arg(root().join("c_tests/classic_class_stores.cpp"));
+        if let Some(dir) = jsoncpp() {
+            cmd.arg(format!("-I{}", dir.display())).arg("-DTENT_TEST_JSONCPP");
+        }
+        cmd.arg("-o")
+            .arg(&exe)
+            .arg(format!("-L{}", lib.display()))
+            .arg(format!("-Wl,-rpath,{}", lib.display()))
+            .arg(format!("-l{LIBRARY}"));
+        if jsoncpp().is_some() {
+            cmd.arg("-ljsoncpp");
+        }
+        let (ok, out) = run(cmd.arg("-lpthread"));
+        assert!(ok, "compiling classic_class_stores failed:\n{out}");
+        exe
+    })
+}
+
+/// Runs the store program on `conn` and asserts every check passed.
+fn class_on_store(conn: &str) {
+    let (ok, out) = run(std::process::Command::new(classic_class_stores()).arg(conn).env("MC_LOG_LEVEL", "error"));
+    println!("{conn}: {out}");
+    assert!(ok && out.contains("classic_class_stores: ") && out.contains(", 0 failed"), "{conn}:\n{out}");
+}
+
+#[test]
+fn classic_class_on_an_http_metadata_server() {
+    let srv = HttpMeta::start();
+    class_on_store(&srv.servers());
+}
+
+#[test]
+fn classic_class_on_redis() {
+    let Some(srv) = Redis::start(None) else {
+        return;
+    };
+    class_on_store(&format!("redis://{}", srv.servers()));
+}
+
+#[test]
+fn classic_class_on_etcd() {
+    let Some(srv) = Etcd::start() else {
+        return;
+    };
+    class_on_store(&format!("etcd://{}", srv.servers()));
 }

@@ -5,6 +5,7 @@ mod common;
 
 use std::process::Command;
 
+use common::stores::{HttpMeta, StoreServer};
 use common::{build_c, root, run};
 
 const PROGRAMS: [&str; 5] = ["bad_input", "local_transfer", "config_loading", "tcp_two_process", "shm_two_process"];
@@ -74,4 +75,26 @@ fn c_tests_are_clean_under_valgrind() {
         assert!(ok, "{name} under valgrind:\n{out}");
         assert!(out.contains(", 0 failed"), "{out}");
     }
+}
+
+/// c_tests/classic_class_stores.cpp (the classic C++ class on a metadata server) the same way,
+/// on an HTTP metadata server served by this test.
+#[test]
+fn classic_class_on_a_metadata_server_is_clean_under_asan_and_ubsan() {
+    let srv = HttpMeta::start();
+    let exe = build_c(
+        "classic_class_stores-asan",
+        &[root().join("c_tests/classic_class_stores.cpp")],
+        true,
+        &["-std=c++20", "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"],
+    );
+    let (ok, out) = run(Command::new(&exe)
+        .arg(srv.servers())
+        .env("MC_LOG_LEVEL", "error")
+        .env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0:exitcode=97")
+        .env("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1"));
+    println!("{out}");
+    assert!(ok, "classic_class_stores under ASan/UBSan:\n{out}");
+    assert!(out.contains(", 0 failed"), "{out}");
+    assert!(!out.contains("runtime error"), "UBSan report in classic_class_stores:\n{out}");
 }

@@ -4,11 +4,11 @@
 // library's C ABI (libtransfer_engine). Engine logic lives in the library, below that ABI.
 //
 // Differences from upstream, by design: the engine loads its transports itself at init()
-// (installTransport only checks and names one); update_metadata=false is not honoured (the
-// engine publishes every registration); freeBatchID of a batch whose tasks still run succeeds
-// (the batch is reclaimed when they end) instead of BatchBusy; getBaseAddr() is nullptr (no CXL
-// transport); checkOverlap() is false; GPU transports do not exist (cuda_alike.h refuses GPU
-// builds).
+// (installTransport only checks and names one); update_metadata=false still publishes (in
+// the background, soon after, instead of never); freeBatchID of a batch whose tasks still run
+// succeeds (the batch is reclaimed when they end) instead of BatchBusy; getBaseAddr() is
+// nullptr (no CXL transport); checkOverlap() is false; GPU transports do not exist
+// (cuda_alike.h refuses GPU builds).
 #ifndef TENT_RS_MOONCAKE_TRANSFER_ENGINE_H
 #define TENT_RS_MOONCAKE_TRANSFER_ENGINE_H
 
@@ -301,10 +301,11 @@ class TransferEngine {
     }
 
     // Registers [addr, addr+length) at `location` ("cpu:N", "*" to probe; a "segments:..."
-    // location is probed too). update_metadata is not honoured: the engine always publishes.
+    // location is probed too). With update_metadata the descriptor is in the metadata store
+    // when this returns, as upstream's (a peer told of the buffer right after can reach it);
+    // without, the engine publishes it in the background soon after.
     int registerLocalMemory(void* addr, size_t length, const std::string& location = kWildcardLocation,
                             bool remote_accessible = true, bool update_metadata = true) {
-        (void)update_metadata;
         if (!engine_) return ERR_INVALID_ARGUMENT;
         if (length == 0) {
             tent_rs_detail::logError("registerLocalMemory: zero length");
@@ -315,27 +316,33 @@ class TransferEngine {
                               : location.c_str();
         int rc = ::registerLocalMemory(engine_->engine, addr, length, loc, remote_accessible ? 1 : 0);
         if (rc != 0) tent_rs_detail::logError("registerLocalMemory: " + tent_rs_detail::lastError());
-        return rc;
+        return rc == 0 && update_metadata ? publishNow("registerLocalMemory") : rc;
     }
 
-    // ERR_ADDRESS_NOT_REGISTERED when no registration starts at `addr`.
+    // ERR_ADDRESS_NOT_REGISTERED when no registration starts at `addr`. With update_metadata
+    // the store no longer lists the buffer when this returns.
     int unregisterLocalMemory(void* addr, bool update_metadata = true) {
-        (void)update_metadata;
-        return engine_ ? ::unregisterLocalMemory(engine_->engine, addr) : ERR_INVALID_ARGUMENT;
+        if (!engine_) return ERR_INVALID_ARGUMENT;
+        int rc = ::unregisterLocalMemory(engine_->engine, addr);
+        return rc == 0 && update_metadata ? publishNow("unregisterLocalMemory") : rc;
     }
 
+    // The store lists every buffer when this returns (as upstream's, which always updates).
     int registerLocalMemoryBatch(const std::vector<BufferEntry>& buffer_list, const std::string& location) {
         if (!engine_) return ERR_INVALID_ARGUMENT;
         std::vector<buffer_entry_t> list;
         list.reserve(buffer_list.size());
         for (const auto& b : buffer_list) list.push_back({b.addr, b.length});
-        return ::registerLocalMemoryBatch(engine_->engine, list.data(), list.size(), location.c_str());
+        int rc = ::registerLocalMemoryBatch(engine_->engine, list.data(), list.size(), location.c_str());
+        return rc == 0 ? publishNow("registerLocalMemoryBatch") : rc;
     }
 
     int unregisterLocalMemoryBatch(const std::vector<void*>& addr_list) {
         if (!engine_) return ERR_INVALID_ARGUMENT;
         std::vector<void*> list(addr_list);
-        return ::unregisterLocalMemoryBatch(engine_->engine, list.data(), list.size());
+        int rc = ::unregisterLocalMemoryBatch(engine_->engine, list.data(), list.size());
+        int published = publishNow("unregisterLocalMemoryBatch");
+        return rc != 0 ? rc : published;
     }
 
     BatchID allocateBatchID(size_t batch_size) {
@@ -497,6 +504,15 @@ class TransferEngine {
     }
 
    private:
+    // Writes the descriptor to the metadata store now (P2P mode: nothing to write), as
+    // upstream's registration does before it returns: the engine's own publication runs in the
+    // background, and a peer told of a buffer at once must find it. 0 or a negative code.
+    int publishNow(const char* what) {
+        int rc = tent_classic_republish(engine_->engine);
+        if (rc != 0) tent_rs_detail::logError(std::string(what) + ": publishing: " + tent_rs_detail::lastError());
+        return rc;
+    }
+
     std::shared_ptr<tent_rs_detail::EngineHandle> engine_;
     std::shared_ptr<TransferMetadata> metadata_;
     std::shared_ptr<Topology> topology_;
