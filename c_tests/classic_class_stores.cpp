@@ -6,7 +6,9 @@
 // right after registering their buffers (as a Store peer does once the master tells it the
 // segment); bytes move both ways and every byte is checked. MetadataStoragePlugin (Store's
 // master) sets, reads and removes keys on the same server; a removed descriptor key can no
-// longer be opened by a fresh engine. With -DTENT_TEST_JSONCPP the Json::Value forms are used too.
+// longer be opened by a fresh engine, until its owner republishes it (updateLocalSegmentDesc).
+// With -DTENT_TEST_JSONCPP the Json::Value forms are used too. Run with a long metadata TTL
+// (MC_TENT_CONF='{"metadata_ttl_secs": 3600}'), so no keep-alive rewrites a removed key here.
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -184,6 +186,30 @@ int main(int argc, char** argv) {
     // tent-rs keeps no such keys; removing a missing key succeeds here.
     CHECK(store->remove("mooncake/ram/" + nb));
     CHECK(store->remove("mooncake/rpc_meta/" + nb));
+    // b's own key removed: a fresh engine cannot open b until b republishes, as Store's client
+    // does after a remount (updateLocalSegmentDesc, rePublishRpcMetaEntry). (b's keep-alive
+    // would write it again too; the harness sets a long TTL so that it does not run here.)
+    CHECK(store->remove(kSegmentKeyPrefix + nb));
+    CHECK(!store->get(kSegmentKeyPrefix + nb, value));
+    {
+        TransferEngine d(false);
+        CHECK_EQ(initAsStore(d, conn, "127.0.0.1:17956"), 0);
+        CHECK(d.openSegment(nb) == kBad);
+    }
+    CHECK_EQ(b.getMetadata()->updateLocalSegmentDesc(), 0);
+    CHECK_EQ(b.getMetadata()->rePublishRpcMetaEntry(nb), 0);
+    CHECK(store->get(kSegmentKeyPrefix + nb, value) && value == desc);
+    {
+        TransferEngine d(false);
+        CHECK_EQ(initAsStore(d, conn, "127.0.0.1:17957"), 0);
+        std::vector<char> d_src(4096);
+        fill(d_src, 11);
+        CHECK_EQ(d.registerLocalMemory(d_src.data(), d_src.size()), 0);
+        SegmentHandle h = d.openSegment(nb);
+        CHECK(h != kBad);
+        CHECK(transfer(d, TransferRequest::WRITE, d_src.data(), h, b_late.data(), d_src.size()));
+        CHECK(std::memcmp(d_src.data(), b_late.data(), d_src.size()) == 0);
+    }
 
     // A server that does not answer, and strings naming no server, fail cleanly.
     CHECK(MetadataStoragePlugin::Create("http://127.0.0.1:1/metadata") == nullptr);

@@ -828,7 +828,8 @@ pub fn is_tcp_only(e: &Engine) -> bool {
 /// restarted HTTP metadata server). The keep-alive would write it again within a TTL anyway; in
 /// p2p mode there is no store and this succeeds doing nothing.
 pub fn republish(e: &Engine) -> Result<()> {
-    e.publication.publish()
+    // Written even when unchanged: the caller knows (or fears) the store lost it.
+    e.publication.rewrite()
 }
 
 /// Opens the metadata store a classic connection string names (`http://...`, `redis://...`,

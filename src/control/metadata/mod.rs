@@ -149,6 +149,19 @@ impl Publication {
         self.write_current(&mut w)
     }
 
+    /// Writes the current descriptor even when it is unchanged since the last write: the caller
+    /// knows the store lost it (a restarted HTTP server, or Mooncake Store's master deleting a
+    /// client's keys), which [`Publication::publish`] cannot see. On failure the next
+    /// keep-alive tries again.
+    pub fn rewrite(&self) -> Result<()> {
+        let mut w = self.written.lock();
+        if w.removed || self.store.kind() == "p2p" {
+            return Ok(());
+        }
+        w.dirty = true;
+        self.write_current(&mut w)
+    }
+
     fn write_current(&self, w: &mut Written) -> Result<()> {
         // A p2p "store" keeps nothing (peers ask the owner itself, which answers from the
         // descriptor it keeps): making the whole descriptor text for it would cost O(buffers)
@@ -307,6 +320,22 @@ mod tests {
         p.publish().unwrap();
         p.keep_alive().unwrap();
         assert_eq!(*store.log.lock(), vec!["put v1", "keepalive", "put v2", "delete"]);
+        assert!(store.map.lock().is_empty());
+    }
+
+    #[test]
+    fn rewrite_writes_an_unchanged_descriptor_the_store_lost() {
+        let store = Arc::new(Memory::default());
+        let p = Publication::new(store.clone(), "seg", Box::new(|| Arc::new("v1".to_string())));
+        p.publish().unwrap();
+        // Someone else deleted the key: publish() sees nothing changed, rewrite() writes it.
+        store.map.lock().clear();
+        p.publish().unwrap();
+        assert!(store.map.lock().is_empty());
+        p.rewrite().unwrap();
+        assert_eq!(store.map.lock().get("mooncake/tent/seg").map(String::as_str), Some("v1"));
+        p.remove().unwrap();
+        p.rewrite().unwrap();
         assert!(store.map.lock().is_empty());
     }
 
