@@ -202,6 +202,14 @@ int main(void) {
     CHECK_EQ(run_one(a, OPCODE_READ, back, seg, (uint64_t)(uintptr_t)target, len), STATUS_COMPLETED);
     CHECK(memcmp(src, back, len) == 0);
 
+    /* Local memory that is not registered but is memory moves as with upstream's TCP transport
+     * (Mooncake Store reads into plain buffers): into it, then out of it. */
+    CHECK_EQ(run_one(a, OPCODE_READ, unreg, seg, (uint64_t)(uintptr_t)target, len), STATUS_COMPLETED);
+    CHECK(memcmp(src, unreg, len) == 0);
+    for (size_t i = 0; i < len; ++i) unreg[i] = (unsigned char)(i * 11 + 5);
+    CHECK_EQ(run_one(a, OPCODE_WRITE, unreg, seg, (uint64_t)(uintptr_t)target, len), STATUS_COMPLETED);
+    CHECK(memcmp(unreg, target, len) == 0);
+
     /* remote_accessible = 0: peers are refused, the memory itself stays untouched. */
     CHECK_EQ(run_one(a, OPCODE_WRITE, src, seg, (uint64_t)(uintptr_t)private_mem, 4096), STATUS_FAILED);
     CHECK_EQ(private_mem[0], 0x5a);
@@ -230,7 +238,7 @@ int main(void) {
     bad.opcode = 9;
     CHECK_EQ(submitTransfer(a, bid, &bad, 1), ERR_INVALID_ARGUMENT);
     bad = r;
-    bad.source = unreg; /* not registered locally */
+    bad.source = (void *)(uintptr_t)0x1000; /* neither registered nor mapped */
     CHECK_EQ(submitTransfer(a, bid, &bad, 1), ERR_ADDRESS_NOT_REGISTERED);
     notify_msg_t null_note = {NULL, NULL};
     CHECK_EQ(submitTransferWithNotify(a, bid, &r, 1, null_note), ERR_INVALID_ARGUMENT);

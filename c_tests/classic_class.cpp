@@ -116,13 +116,14 @@ int main() {
     CHECK(!a.submitTransfer(batch, {reqs[0]}).ok());
     CHECK(a.freeBatchID(batch).ok());
 
-    // Failures: a freed batch, unregistered local memory, an unknown segment.
+    // Failures: a freed batch, local memory that is neither registered nor mapped, an unknown
+    // segment. (Mapped memory that is not registered moves, as with upstream's TCP transport.)
     CHECK(!a.submitTransfer(batch, reqs).ok());
     CHECK(!a.getTransferStatus(batch, 0, st).ok());
-    std::vector<char> stray(64);
+    void* unmapped = reinterpret_cast<void*>(uintptr_t{0x1000});
     batch = a.allocateBatchID(2);
     CHECK(!a.submitTransfer(batch, {TransferRequest{.opcode = TransferRequest::WRITE,
-                                                    .source = stray.data(),
+                                                    .source = unmapped,
                                                     .target_id = peer,
                                                     .target_offset = reinterpret_cast<uint64_t>(dst.data()),
                                                     .length = 64}})

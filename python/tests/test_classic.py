@@ -216,12 +216,14 @@ def test_bad_input_gives_codes_or_exceptions(target, initiator):
     e = initiator
     local = e.allocate_managed_buffer(MiB)
     seg = target.segment
-    # Local memory that is not registered, a remote range past the target's buffer, an unknown
-    # segment: upstream's -1 (0 for batch ids).
-    stray = bytearray(4096)
+    # Local memory that is neither registered nor mapped, a remote range past the target's
+    # buffer, an unknown segment: upstream's -1 (0 for batch ids). Memory that is mapped but not
+    # registered moves, as with upstream's TCP transport.
+    stray = bytearray(b"\x5a" * 4096)
     stray_addr = np.frombuffer(stray, dtype=np.uint8).ctypes.data
-    assert e.transfer_sync_write(seg, stray_addr, target.addr, 4096) == -1
+    assert e.transfer_sync_write(seg, 0x1000, target.addr, 4096) == -1
     assert "not" in last_error()
+    assert e.transfer_sync_write(seg, stray_addr, target.addr, 4096) == 0
     assert e.transfer_sync_write(seg, local, target.addr + (1 << 40), 4096) == -1
     assert e.transfer_sync_read(seg, local, 0x1000, 16) == -1
     assert e.transfer_sync_write("127.0.0.1:1", local, target.addr, 16) == -1

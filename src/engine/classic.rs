@@ -286,8 +286,14 @@ pub struct ClassicRequest {
 
 /// Turns classic requests into engine requests with transport hint `hint`, checking what the
 /// classic engine refuses up front: a bad opcode, a negative or unknown target (the descriptor is
-/// fetched or reused, so an unreachable peer fails here) and local memory that is not
-/// registered.
+/// fetched or reused, so an unreachable peer fails here) and local memory that is neither
+/// registered nor mapped with the access the opcode needs.
+///
+/// Local memory need not be registered: upstream's classic TCP transport reads and writes the
+/// caller's memory directly, and Mooncake Store relies on it (it reads into plain vectors). An
+/// unregistered range is checked against the process's mappings instead (a slower look-up, on
+/// that path only), so an address that is not memory is still refused here and never reaches a
+/// copy.
 pub fn checked_requests(e: &Engine, reqs: &[ClassicRequest], hint: TransportKind) -> Result<Vec<Request>> {
     let mut checked: Vec<u64> = Vec::new();
     reqs.iter()
@@ -297,9 +303,17 @@ pub fn checked_requests(e: &Engine, reqs: &[ClassicRequest], hint: TransportKind
                 e.segment_info(target)?;
                 checked.push(target);
             }
-            e.local_segment().check_range(r.source, r.length, None)?;
+            let opcode = Opcode::from_c(r.opcode)?;
+            if let Err(unregistered) = e.local_segment().check_range(r.source, r.length, None) {
+                let engine_writes = opcode == Opcode::Read;
+                if !matches!(unregistered, Error::AddressNotRegistered(_))
+                    || !super::memory::process_memory_accessible(r.source, r.length, engine_writes)
+                {
+                    return Err(unregistered);
+                }
+            }
             Ok(Request {
-                opcode: Opcode::from_c(r.opcode)?,
+                opcode,
                 source: r.source,
                 target_id: target,
                 target_offset: r.target_offset,

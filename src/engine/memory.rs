@@ -278,3 +278,77 @@ mod tests {
         assert_eq!(t["mems"][0]["device_list"]["rank2"], serde_json::json!([0, 1, 2]), "the wildcard");
     }
 }
+
+/// Whether every byte of `[addr, addr + len)` lies in this process's mappings with read
+/// permission, and write permission too when `write`, as `/proc/self/maps` lists them at this
+/// moment. False for an empty or overflowing range and when the list cannot be read.
+pub fn process_memory_accessible(addr: u64, len: u64, write: bool) -> bool {
+    let Some(end) = addr.checked_add(len).filter(|_| len > 0) else {
+        return false;
+    };
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return false;
+    };
+    mappings_cover(&maps, addr, end, write)
+}
+
+/// Whether the mappings in `maps` (the text of `/proc/<pid>/maps`, sorted by address) cover
+/// `[addr, end)` without a gap, each with `r` (and `w` when `write`) in its permissions.
+fn mappings_cover(maps: &str, addr: u64, end: u64, write: bool) -> bool {
+    let mut covered = addr;
+    for line in maps.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        let Some((lo, hi)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16)) else {
+            continue;
+        };
+        if hi <= covered {
+            continue;
+        }
+        let allowed = perms.starts_with('r') && (!write || perms.as_bytes().get(1) == Some(&b'w'));
+        if lo > covered || !allowed {
+            return false;
+        }
+        covered = hi;
+        if covered >= end {
+            return true;
+        }
+    }
+    false
+}
+
+#[cfg(test)]
+mod accessible_tests {
+    use super::*;
+
+    const MAPS: &str = "\
+1000-3000 rw-p 00000000 00:00 0
+3000-4000 r--p 00000000 00:00 0
+5000-6000 rw-p 00000000 00:00 0 [heap]
+";
+
+    #[test]
+    fn ranges_are_checked_against_the_mappings_and_their_permissions() {
+        assert!(mappings_cover(MAPS, 0x1000, 0x3000, true), "inside one writable mapping");
+        assert!(mappings_cover(MAPS, 0x2000, 0x4000, false), "across two adjacent readable ones");
+        assert!(!mappings_cover(MAPS, 0x2000, 0x4000, true), "the second is read-only");
+        assert!(!mappings_cover(MAPS, 0x3800, 0x5800, false), "a hole between mappings");
+        assert!(!mappings_cover(MAPS, 0x500, 0x1500, false), "starts before the first");
+        assert!(!mappings_cover(MAPS, 0x5800, 0x6800, false), "ends past the last");
+    }
+
+    #[test]
+    fn this_process_memory_is_found_and_unmapped_addresses_are_not() {
+        let mut buf = vec![7u8; 64 << 10];
+        let addr = buf.as_mut_ptr() as u64;
+        assert!(process_memory_accessible(addr, buf.len() as u64, true));
+        assert!(!process_memory_accessible(0x1000, 16, false), "page 1 is never mapped");
+        assert!(!process_memory_accessible(addr, 0, false), "an empty range");
+        assert!(!process_memory_accessible(u64::MAX - 8, 16, false), "an overflowing range");
+    }
+}
