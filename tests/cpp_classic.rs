@@ -50,6 +50,26 @@ fn classic_class_two_engines_over_tcp() {
     assert!(out.contains("classic_class: ") && out.contains(", 0 failed"), "{out}");
 }
 
+/// Every public C++ header of both classes in one translation unit (c_tests/cpp_headers.cpp),
+/// with the classic tree on the include path as Store puts it, compiles as C++20 with -pedantic
+/// and warnings as errors, links and runs.
+#[test]
+fn headers_of_both_classes_together() {
+    let lib = lib_dir();
+    let exe = out_dir("cpp_classic").join("cpp_headers");
+    let (ok, out) = run(compiler(true, &[root().join("include/mooncake"), root().join("include")])
+        .args(["-std=c++20", "-pedantic"])
+        .arg(root().join("c_tests/cpp_headers.cpp"))
+        .arg("-o")
+        .arg(&exe)
+        .arg(format!("-L{}", lib.display()))
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg(format!("-l{LIBRARY}")));
+    assert!(ok, "compiling cpp_headers failed:\n{out}");
+    let out = run_c(&exe, &[]);
+    assert!(out.contains("cpp_headers: 1 passed, 0 failed"), "{out}");
+}
+
 /// Each header compiles alone (it includes what it uses), as C++20 with warnings as errors,
 /// with the classic tree on the include path as a caller such as Mooncake Store puts it.
 #[test]
