@@ -47,12 +47,14 @@ done
 
 mkdir -p "$prefix/include" "$prefix/lib/pkgconfig"
 prefix=$(cd "$prefix" && pwd)
-cp -R include/tent "$prefix/include/"
-cp include/transfer_engine_c.h "$prefix/include/"
-[ -d include/mooncake ] && cp -R include/mooncake "$prefix/include/"
+# Times are kept (-p), so reinstalling unchanged headers does not make a caller's build
+# recompile everything that includes them.
+cp -Rp include/tent "$prefix/include/"
+cp -p include/transfer_engine_c.h "$prefix/include/"
+[ -d include/mooncake ] && cp -Rp include/mooncake "$prefix/include/"
 for f in "${libs[@]}"; do
     # Copy through any link: each installed name is a file of its own.
-    install -m 0644 "$out/$f" "$prefix/lib/$f"
+    install -p -m 0644 "$out/$f" "$prefix/lib/$f"
 done
 chmod 0755 "$prefix"/lib/*.so
 
