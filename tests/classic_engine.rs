@@ -109,3 +109,14 @@ fn managed_buffers_are_reused_and_checked() {
     assert_eq!(a.allocate_managed_buffer(12_000).ok(), Some(x), "the freed block of the class comes back");
     assert!(a.allocate_managed_buffer(0).is_err());
 }
+
+/// A p2p name whose host does not resolve starts an engine (upstream does not resolve it, and
+/// Mooncake Store's tests name engines after hosts that do not exist): the segment keeps the
+/// name as given, and the RPC server advertises this machine's address.
+#[test]
+fn p2p_engine_named_after_a_host_that_does_not_resolve_starts() {
+    let e = classic::start(classic::P2P_HANDSHAKE, "no-such-host.invalid:9999", "", &[])
+        .expect("an unresolvable p2p host starts an engine");
+    let name = classic::local_ip_and_port(&e);
+    assert!(name.starts_with("no-such-host.invalid:"), "segment name {name:?}");
+}

@@ -135,8 +135,22 @@ pub fn classic_config(
 /// Starts a classic engine (see [`classic_config`]); the environment and the config file the
 /// engine's usual sources name are applied on top. A non-empty `devices` keeps RDMA to those
 /// NICs (`topology/rdma_whitelist`), as the device filter of upstream's Python `initialize`.
+///
+/// A p2p host that does not resolve names the segment only, and the RPC server advertises this
+/// machine's address: upstream names a p2p segment by the host as given without resolving it,
+/// and Mooncake Store's tests start engines named after hosts that do not exist.
 pub fn start(conn: &str, local_server_name: &str, ip_or_host_name: &str, devices: &[String]) -> Result<Arc<Engine>> {
     let mut cfg = classic_config(conn, local_server_name, ip_or_host_name, &|k| std::env::var(k).ok());
+    if let Some(host) = cfg.get_str(keys::P2P_SEGMENT_HOST.0) {
+        if cfg.get_str(keys::RPC_SERVER_HOSTNAME.0).as_deref() == Some(host.as_str())
+            && crate::control::addr::advertised_ip(&host).is_err()
+        {
+            tracing::warn!(
+                "p2p host {host:?} does not resolve: it names the segment, the RPC server advertises this machine's address"
+            );
+            cfg.set(keys::RPC_SERVER_HOSTNAME.0, String::new().into());
+        }
+    }
     if !devices.is_empty() {
         cfg.set("topology/rdma_whitelist", serde_json::json!(devices));
     }
