@@ -130,20 +130,10 @@ if [ "$deps" -eq 1 ] && [ "$mode" != test ]; then
 fi
 
 # --- tent-rs: build and install into the prefix ----------------------------------------------
-if [ -x "$repo/scripts/install.sh" ]; then
-    inc_dir=$prefix/include
-    lib_dir=$prefix/lib
-    if [ "$install" -eq 1 ] && [ "$mode" != test ]; then
-        (cd "$repo" && scripts/install.sh "$prefix")
-    fi
-else
-    # Before the install script existed: the repository's include/ and the release target
-    # folder serve as the prefix.
-    inc_dir=$repo/include
-    lib_dir=${CARGO_TARGET_DIR:-$repo/target}/release
-    if [ "$install" -eq 1 ] && [ "$mode" != test ]; then
-        (cd "$repo" && cargo build --release --lib)
-    fi
+inc_dir=$prefix/include
+lib_dir=$prefix/lib
+if [ "$install" -eq 1 ] && [ "$mode" != test ]; then
+    (cd "$repo" && scripts/install.sh "$prefix")
 fi
 [ -d "$inc_dir/mooncake" ] || log "warning: $inc_dir/mooncake is missing; Store's engine includes will not resolve"
 
