@@ -10,29 +10,46 @@ use common::{build_c, root, run};
 
 const PROGRAMS: [&str; 5] = ["bad_input", "local_transfer", "config_loading", "tcp_two_process", "shm_two_process"];
 
-fn sanitized(name: &str) -> std::path::PathBuf {
-    build_c(
-        &format!("{name}-asan"),
-        &[root().join("c_tests").join(format!("{name}.c"))],
-        false,
-        &["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"],
-    )
+/// The sanitizer flags of every program here.
+const SANITIZE: [&str; 3] = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"];
+
+/// Builds c_tests/`file` (C11, or C++20 when it ends in .cpp) under ASan and UBSan.
+fn sanitized(file: &str) -> std::path::PathBuf {
+    let (name, cxx) = match file.strip_suffix(".cpp") {
+        Some(stem) => (stem, true),
+        None => (file.trim_end_matches(".c"), false),
+    };
+    let mut flags = SANITIZE.to_vec();
+    if cxx {
+        flags.insert(0, "-std=c++20");
+    }
+    build_c(&format!("{name}-asan"), &[root().join("c_tests").join(file)], cxx, &flags)
+}
+
+/// Runs a sanitized program (with `args`, and `envs` on top of the sanitizer options) and
+/// asserts it passed every check with no sanitizer report. Leak checking covers the C side's
+/// allocations (records, segment info) that callers must free; the library's own
+/// process-lifetime registries are not C allocations.
+fn assert_clean(name: &str, exe: &std::path::Path, args: &[&str], envs: &[(&str, &str)]) {
+    let mut cmd = Command::new(exe);
+    cmd.args(args)
+        .env("MC_LOG_LEVEL", "error")
+        .env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0:exitcode=97")
+        .env("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1");
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let (ok, out) = run(&mut cmd);
+    println!("{out}");
+    assert!(ok, "{name} under ASan/UBSan:\n{out}");
+    assert!(out.contains(", 0 failed"), "{out}");
+    assert!(!out.contains("runtime error"), "UBSan report in {name}:\n{out}");
 }
 
 #[test]
 fn c_tests_are_clean_under_asan_and_ubsan() {
     for name in PROGRAMS {
-        let exe = sanitized(name);
-        // Leak checking covers the C side's allocations (records, segment info) that callers
-        // must free; the library's own process-lifetime registries are not C allocations.
-        let (ok, out) = run(Command::new(&exe)
-            .env("MC_LOG_LEVEL", "error")
-            .env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0:exitcode=97")
-            .env("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1"));
-        println!("{out}");
-        assert!(ok, "{name} under ASan/UBSan:\n{out}");
-        assert!(out.contains(", 0 failed"), "{out}");
-        assert!(!out.contains("runtime error"), "UBSan report in {name}:\n{out}");
+        assert_clean(name, &sanitized(&format!("{name}.c")), &[], &[]);
     }
 }
 
@@ -42,20 +59,7 @@ const CXX_PROGRAMS: [&str; 2] = ["tent_class", "classic_class"];
 #[test]
 fn cxx_tests_are_clean_under_asan_and_ubsan() {
     for name in CXX_PROGRAMS {
-        let exe = build_c(
-            &format!("{name}-asan"),
-            &[root().join("c_tests").join(format!("{name}.cpp"))],
-            true,
-            &["-std=c++20", "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"],
-        );
-        let (ok, out) = run(Command::new(&exe)
-            .env("MC_LOG_LEVEL", "error")
-            .env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0:exitcode=97")
-            .env("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1"));
-        println!("{out}");
-        assert!(ok, "{name} under ASan/UBSan:\n{out}");
-        assert!(out.contains(", 0 failed"), "{out}");
-        assert!(!out.contains("runtime error"), "UBSan report in {name}:\n{out}");
+        assert_clean(name, &sanitized(&format!("{name}.cpp")), &[], &[]);
     }
 }
 
@@ -82,21 +86,12 @@ fn c_tests_are_clean_under_valgrind() {
 #[test]
 fn classic_class_on_a_metadata_server_is_clean_under_asan_and_ubsan() {
     let srv = HttpMeta::start();
-    let exe = build_c(
-        "classic_class_stores-asan",
-        &[root().join("c_tests/classic_class_stores.cpp")],
-        true,
-        &["-std=c++20", "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"],
+    let exe = sanitized("classic_class_stores.cpp");
+    // No keep-alive (every TTL / 3) may rewrite a key the program removed.
+    assert_clean(
+        "classic_class_stores",
+        &exe,
+        &[&srv.servers()],
+        &[("MC_TENT_CONF", r#"{"metadata_ttl_secs": 3600}"#)],
     );
-    let (ok, out) = run(Command::new(&exe)
-        .arg(srv.servers())
-        .env("MC_LOG_LEVEL", "error")
-        // No keep-alive (every TTL / 3) may rewrite a key the program removed.
-        .env("MC_TENT_CONF", r#"{"metadata_ttl_secs": 3600}"#)
-        .env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0:exitcode=97")
-        .env("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1"));
-    println!("{out}");
-    assert!(ok, "classic_class_stores under ASan/UBSan:\n{out}");
-    assert!(out.contains(", 0 failed"), "{out}");
-    assert!(!out.contains("runtime error"), "UBSan report in classic_class_stores:\n{out}");
 }
