@@ -32,20 +32,31 @@ const HEADERS: [&str; 14] = [
     "sunrise_allocator.h",
 ];
 
-#[test]
-fn classic_class_two_engines_over_tcp() {
+/// Compiles `source` (relative to the crate root) as C++20 with `flags`, `-I` for each of
+/// `includes`, and warnings as errors, linked with `-l<LIBRARY>` and then `libs`; panics with
+/// the compiler's output when that fails.
+fn build_cxx(name: &str, source: &str, includes: &[PathBuf], flags: &[String], libs: &[&str]) -> PathBuf {
     let lib = lib_dir();
-    let exe = out_dir("cpp_classic").join("classic_class");
-    let (ok, out) = run(compiler(true, &[root().join("include"), root().join("c_tests")])
+    let exe = out_dir("cpp_classic").join(name);
+    let (ok, out) = run(compiler(true, includes)
         .arg("-std=c++20")
-        .arg(root().join("c_tests/classic_class.cpp"))
+        .args(flags)
+        .arg(root().join(source))
         .arg("-o")
         .arg(&exe)
         .arg(format!("-L{}", lib.display()))
         .arg(format!("-Wl,-rpath,{}", lib.display()))
         .arg(format!("-l{LIBRARY}"))
+        .args(libs)
         .arg("-lpthread"));
-    assert!(ok, "compiling classic_class failed:\n{out}");
+    assert!(ok, "compiling {source} failed:\n{out}");
+    exe
+}
+
+#[test]
+fn classic_class_two_engines_over_tcp() {
+    let includes = [root().join("include"), root().join("c_tests")];
+    let exe = build_cxx("classic_class", "c_tests/classic_class.cpp", &includes, &[], &[]);
     let out = run_c(&exe, &[]);
     assert!(out.contains("classic_class: ") && out.contains(", 0 failed"), "{out}");
 }
@@ -55,17 +66,8 @@ fn classic_class_two_engines_over_tcp() {
 /// and warnings as errors, links and runs.
 #[test]
 fn headers_of_both_classes_together() {
-    let lib = lib_dir();
-    let exe = out_dir("cpp_classic").join("cpp_headers");
-    let (ok, out) = run(compiler(true, &[root().join("include/mooncake"), root().join("include")])
-        .args(["-std=c++20", "-pedantic"])
-        .arg(root().join("c_tests/cpp_headers.cpp"))
-        .arg("-o")
-        .arg(&exe)
-        .arg(format!("-L{}", lib.display()))
-        .arg(format!("-Wl,-rpath,{}", lib.display()))
-        .arg(format!("-l{LIBRARY}")));
-    assert!(ok, "compiling cpp_headers failed:\n{out}");
+    let includes = [root().join("include/mooncake"), root().join("include")];
+    let exe = build_cxx("cpp_headers", "c_tests/cpp_headers.cpp", &includes, &["-pedantic".into()], &[]);
     let out = run_c(&exe, &[]);
     assert!(out.contains("cpp_headers: 1 passed, 0 failed"), "{out}");
 }
@@ -88,18 +90,8 @@ fn each_classic_header_compiles_alone() {
 /// the program, not a timing (its figures are read by hand from a full run).
 #[test]
 fn classic_class_benchmark_runs() {
-    let lib = lib_dir();
-    let exe = out_dir("cpp_classic").join("classic_class_vs_c");
-    let (ok, out) = run(compiler(true, &[root().join("include")])
-        .args(["-std=c++20", "-O2"])
-        .arg(root().join("benches/c/classic_class_vs_c.cpp"))
-        .arg("-o")
-        .arg(&exe)
-        .arg(format!("-L{}", lib.display()))
-        .arg(format!("-Wl,-rpath,{}", lib.display()))
-        .arg(format!("-l{LIBRARY}"))
-        .arg("-lpthread"));
-    assert!(ok, "compiling classic_class_vs_c failed:\n{out}");
+    let includes = [root().join("include")];
+    let exe = build_cxx("classic_class_vs_c", "benches/c/classic_class_vs_c.cpp", &includes, &["-O2".into()], &[]);
     let (ok, out) =
         run(std::process::Command::new(&exe).args(["--iters", "50", "--rounds", "1"]).env("MC_LOG_LEVEL", "error"));
     assert!(ok && out.contains("C++ class"), "{out}");
@@ -119,24 +111,12 @@ fn jsoncpp() -> Option<&'static Path> {
 fn classic_class_stores() -> &'static PathBuf {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
     EXE.get_or_init(|| {
-        let lib = lib_dir();
-        let exe = out_dir("cpp_classic").join("classic_class_stores");
-        let mut cmd = compiler(true, &[root().join("include"), root().join("c_tests")]);
-        cmd.arg("-std=c++20").arg(root().join("c_tests/classic_class_stores.cpp"));
-        if let Some(dir) = jsoncpp() {
-            cmd.arg(format!("-I{}", dir.display())).arg("-DTENT_TEST_JSONCPP");
-        }
-        cmd.arg("-o")
-            .arg(&exe)
-            .arg(format!("-L{}", lib.display()))
-            .arg(format!("-Wl,-rpath,{}", lib.display()))
-            .arg(format!("-l{LIBRARY}"));
-        if jsoncpp().is_some() {
-            cmd.arg("-ljsoncpp");
-        }
-        let (ok, out) = run(cmd.arg("-lpthread"));
-        assert!(ok, "compiling classic_class_stores failed:\n{out}");
-        exe
+        let includes = [root().join("include"), root().join("c_tests")];
+        let (flags, libs) = match jsoncpp() {
+            Some(dir) => (vec![format!("-I{}", dir.display()), "-DTENT_TEST_JSONCPP".into()], vec!["-ljsoncpp"]),
+            None => (Vec::new(), Vec::new()),
+        };
+        build_cxx("classic_class_stores", "c_tests/classic_class_stores.cpp", &includes, &flags, &libs)
     })
 }
 
