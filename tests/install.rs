@@ -113,23 +113,26 @@ fn installed_prefix_builds_callers_through_pkg_config_and_each_runs_with_one_lib
     }
 }
 
-/// A C++ caller of upstream's `mooncake::tent::TransferEngine` builds from the installed prefix
-/// alone (`pkg-config tent`; the class is header-only) and passes its checks across two
-/// processes.
+/// C++ callers of upstream's two classes build from the installed prefix alone (the classes are
+/// header-only): `mooncake::tent::TransferEngine` through `pkg-config tent`, across two
+/// processes, and the classic `mooncake::TransferEngine` through `pkg-config transfer_engine`,
+/// as Mooncake Store links it; each passes its checks.
 #[test]
-fn tent_class_builds_from_the_installed_prefix() {
+fn cxx_classes_build_from_the_installed_prefix() {
     let prefix = install();
-    let exe = out_dir("install").join("tent_class_installed");
-    let mut cmd = compiler(true, &[root().join("c_tests")]);
-    cmd.args(["-std=c++20", "-pedantic"])
-        .args(pkg_config(prefix, &["--cflags", "tent"]))
-        .arg(root().join("c_tests/tent_class.cpp"))
-        .arg("-o")
-        .arg(&exe)
-        .args(pkg_config(prefix, &["--libs", "tent"]))
-        .arg(format!("-Wl,-rpath,{}", prefix.join("lib").display()));
-    let (ok, out) = run(&mut cmd);
-    assert!(ok, "building c_tests/tent_class.cpp against the prefix failed:\n{out}");
-    let (ok, out) = run(Command::new(&exe).env("MC_LOG_LEVEL", "error"));
-    assert!(ok && out.contains("tent_class: ") && out.contains(", 0 failed"), "{out}");
+    for (program, module) in [("tent_class", "tent"), ("classic_class", "transfer_engine")] {
+        let exe = out_dir("install").join(format!("{program}_installed"));
+        let mut cmd = compiler(true, &[root().join("c_tests")]);
+        cmd.args(["-std=c++20", "-pedantic"])
+            .args(pkg_config(prefix, &["--cflags", module]))
+            .arg(root().join(format!("c_tests/{program}.cpp")))
+            .arg("-o")
+            .arg(&exe)
+            .args(pkg_config(prefix, &["--libs", module]))
+            .arg(format!("-Wl,-rpath,{}", prefix.join("lib").display()));
+        let (ok, out) = run(&mut cmd);
+        assert!(ok, "building c_tests/{program}.cpp against `pkg-config {module}` failed:\n{out}");
+        let (ok, out) = run(Command::new(&exe).env("MC_LOG_LEVEL", "error"));
+        assert!(ok && out.contains(&format!("{program}: ")) && out.contains(", 0 failed"), "{out}");
+    }
 }
