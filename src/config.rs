@@ -8,164 +8,37 @@
 use serde_json::{Map, Value};
 use std::path::Path;
 
-/// Runtime key paths and their in-code defaults, as `(path, default)` pairs.
-///
-/// Callers write `cfg.get_i64(keys::RPC_SERVER_PORT.0, keys::RPC_SERVER_PORT.1)`, so a key's
-/// path and default live in exactly one place. Integer keys use `i64` throughout.
+mod reader;
+mod settings;
+
+pub use reader::{Effect, KeySpec};
+pub use settings::{
+    EndpointSection, EngineSection, FileSection, MetadataSection, MetricsSection, Notes, RdmaSection, RpcSection,
+    Settings, ShmSection, SimSection, TcpSection, TopologySection,
+};
+
+/// The paths of the keys that code outside this module writes (the classic API builds its
+/// engine's tree from a connection string). Reading goes through [`Settings`], which holds each
+/// key's path, default and range.
 pub mod keys {
     /// Metadata backend: `p2p`, `etcd`, `redis` or `http`.
-    pub const METADATA_TYPE: (&str, &str) = ("metadata_type", "p2p");
-    /// Metadata store endpoint(s); ignored in p2p mode.
-    pub const METADATA_SERVERS: (&str, &str) = ("metadata_servers", "");
-    /// Segment name in non-p2p modes; empty means a random name.
-    pub const LOCAL_SEGMENT_NAME: (&str, &str) = ("local_segment_name", "");
-    /// The host part of the segment name in p2p mode; empty means the advertised IP. The
-    /// classic API sets it to the host its caller gave, which upstream's classic engine keeps
-    /// in the name unresolved.
-    pub const P2P_SEGMENT_HOST: (&str, &str) = ("p2p_segment_host", "");
-    /// Advertised IP or hostname; empty means auto-discovery.
-    pub const RPC_SERVER_HOSTNAME: (&str, &str) = ("rpc_server_hostname", "");
-    /// RPC listen port, 0..=65535; 0 picks a random port.
-    pub const RPC_SERVER_PORT: (&str, i64) = ("rpc_server_port", 0);
-    /// RPC server threads, 1..=1024.
-    pub const RPC_SERVER_THREADS: (&str, i64) = ("rpc_server_threads", 1);
-    /// Process-wide log level: info, warning or error.
-    pub const LOG_LEVEL: (&str, &str) = ("log_level", "info");
-    /// Log a parameter dump at start.
-    pub const VERBOSE: (&str, bool) = ("verbose", false);
-    /// Merge contiguous requests in a batch.
-    pub const MERGE_REQUESTS: (&str, bool) = ("merge_requests", true);
-    /// How many times a failed task may be resubmitted on another transport.
-    pub const MAX_FAILOVER_ATTEMPTS: (&str, i64) = ("max_failover_attempts", 3);
-    /// Resubmit failed tasks while polling their status.
-    pub const ENABLE_AUTO_FAILOVER_ON_POLL: (&str, bool) = ("enable_auto_failover_on_poll", true);
-    /// Run a background progress worker.
-    pub const ENABLE_PROGRESS_WORKER: (&str, bool) = ("enable_progress_worker", false);
-
-    /// Load the TCP transport.
-    pub const TCP_ENABLE: (&str, bool) = ("transports/tcp/enable", true);
-    /// Retries of one TCP request before it fails.
-    pub const TCP_MAX_RETRY_COUNT: (&str, i64) = ("transports/tcp/max_retry_count", 3);
-    /// First retry back-off of the TCP transport, in milliseconds.
-    pub const TCP_RETRY_BASE_DELAY_MS: (&str, i64) = ("transports/tcp/retry_base_delay_ms", 100);
-    /// Largest retry back-off of the TCP transport, in milliseconds.
-    pub const TCP_RETRY_MAX_DELAY_MS: (&str, i64) = ("transports/tcp/retry_max_delay_ms", 2000);
-    /// TCP requests in flight at once.
-    pub const TCP_MAX_CONCURRENT_TASKS: (&str, i64) = ("transports/tcp/max_concurrent_tasks", 16);
-
-    /// Load the shared-memory transport.
-    pub const SHM_ENABLE: (&str, bool) = ("transports/shm/enable", false);
-    /// Mount point of CXL memory used by the SHM transport; empty means none.
-    pub const SHM_CXL_MOUNT_PATH: (&str, &str) = ("transports/shm/cxl_mount_path", "");
-
-    /// Load the RDMA transport (when built with it).
-    pub const RDMA_ENABLE: (&str, bool) = ("transports/rdma/enable", true);
-    /// RDMA verbs provider.
-    pub const RDMA_PROVIDER: (&str, &str) = ("transports/rdma/provider", "ibverbs");
-
-    /// Serve metrics (when built with them).
-    pub const METRICS_ENABLED: (&str, bool) = ("metrics/enabled", false);
-
+    pub const METADATA_TYPE: &str = "metadata_type";
+    /// Metadata store endpoint(s).
+    pub const METADATA_SERVERS: &str = "metadata_servers";
+    /// Segment name in non-p2p modes.
+    pub const LOCAL_SEGMENT_NAME: &str = "local_segment_name";
+    /// The host part of the segment name in p2p mode.
+    pub const P2P_SEGMENT_HOST: &str = "p2p_segment_host";
+    /// Advertised IP or hostname.
+    pub const RPC_SERVER_HOSTNAME: &str = "rpc_server_hostname";
+    /// RPC listen port.
+    pub const RPC_SERVER_PORT: &str = "rpc_server_port";
+    /// Load the RDMA transport.
+    pub const RDMA_ENABLE: &str = "transports/rdma/enable";
     /// The identity keys that an explicit caller config keeps over the environment
     /// when the engine starts: it writes them back after applying the environment.
     pub const IDENTITY_KEYS: [&str; 5] =
-        ["metadata_type", "metadata_servers", "local_segment_name", "rpc_server_hostname", "rpc_server_port"];
-    // Every other key the code reads, named once: (key, default) where the default is fixed.
-    // What each one does is in config/README.md.
-
-    /// `metadata_ttl_secs`.
-    pub const METADATA_TTL_SECS: (&str, u64) = ("metadata_ttl_secs", 30);
-    /// `metadata_timeout_ms`.
-    pub const METADATA_TIMEOUT_MS: (&str, u64) = ("metadata_timeout_ms", 3000);
-    /// `rpc_connect_timeout_ms`.
-    pub const RPC_CONNECT_TIMEOUT_MS: (&str, u64) = ("rpc_connect_timeout_ms", 5000);
-    /// `rpc_request_timeout_ms`.
-    pub const RPC_REQUEST_TIMEOUT_MS: (&str, u64) = ("rpc_request_timeout_ms", 30000);
-    /// `metrics/http_host`.
-    pub const METRICS_HTTP_HOST: (&str, &str) = ("metrics/http_host", "0.0.0.0");
-    /// `metrics/http_port`.
-    pub const METRICS_HTTP_PORT: (&str, u64) = ("metrics/http_port", 9100);
-    /// `rpc_auth_token` (none by default).
-    pub const RPC_AUTH_TOKEN: &str = "rpc_auth_token";
-    /// `transports/tcp/chunk_size`.
-    pub const TCP_CHUNK_SIZE: (&str, u64) = ("transports/tcp/chunk_size", 4 << 20);
-    /// `transports/tcp/fault/fail_every_nth_chunk`.
-    pub const TCP_FAULT_FAIL_EVERY_NTH_CHUNK: (&str, u64) = ("transports/tcp/fault/fail_every_nth_chunk", 0);
-    /// `transports/tcp/fault/refuse_submit`.
-    pub const TCP_FAULT_REFUSE_SUBMIT: (&str, bool) = ("transports/tcp/fault/refuse_submit", false);
-    /// `transports/shm/copy_threads` (its default depends on the machine: the CPU count, at most 8).
-    pub const SHM_COPY_THREADS: &str = "transports/shm/copy_threads";
-    /// `transports/shm/chunk_size`.
-    pub const SHM_CHUNK_SIZE: (&str, u64) = ("transports/shm/chunk_size", 8 << 20);
-    /// `transports/file/direct_io`.
-    pub const FILE_DIRECT_IO: (&str, bool) = ("transports/file/direct_io", true);
-    /// `transports/file/sync_writes`.
-    pub const FILE_SYNC_WRITES: (&str, bool) = ("transports/file/sync_writes", false);
-    /// `transports/file/chunk_size`.
-    pub const FILE_CHUNK_SIZE: (&str, u64) = ("transports/file/chunk_size", 1 << 20);
-    /// `transports/io_uring/queue_depth`.
-    pub const IO_URING_QUEUE_DEPTH: (&str, u64) = ("transports/io_uring/queue_depth", 32);
-    /// `transports/io_uring/rings`.
-    pub const IO_URING_RINGS: (&str, u64) = ("transports/io_uring/rings", 1);
-    /// `transports/bufio/threads`.
-    pub const BUFIO_THREADS: (&str, u64) = ("transports/bufio/threads", 4);
-    /// `transports/io_uring/enable`.
-    pub const IO_URING_ENABLE: (&str, bool) = ("transports/io_uring/enable", true);
-    /// `transports/bufio/enable`.
-    pub const BUFIO_ENABLE: (&str, bool) = ("transports/bufio/enable", true);
-    /// `transports/rdma/endpoint/drain_timeout_ms`.
-    pub const RDMA_ENDPOINT_DRAIN_TIMEOUT_MS: (&str, u64) = ("transports/rdma/endpoint/drain_timeout_ms", 30_000);
-    /// `transports/rdma/notify/enable`.
-    pub const RDMA_NOTIFY_ENABLE: (&str, bool) = ("transports/rdma/notify/enable", true);
-    /// `transports/rdma/monitor_tick_ms`.
-    pub const RDMA_MONITOR_TICK_MS: (&str, u64) = ("transports/rdma/monitor_tick_ms", 2);
-    /// `transports/rdma/workers/block_size`.
-    pub const RDMA_WORKERS_BLOCK_SIZE: (&str, i64) = ("transports/rdma/workers/block_size", 65536);
-    /// `transports/rdma/workers/max_retry_count`.
-    pub const RDMA_WORKERS_MAX_RETRY_COUNT: (&str, u64) = ("transports/rdma/workers/max_retry_count", 8);
-    /// `transports/rdma/max_timeout_ns`.
-    pub const RDMA_MAX_TIMEOUT_NS: (&str, u64) = ("transports/rdma/max_timeout_ns", 10_000_000_000);
-    /// `transports/rdma/workers/flush_budget`.
-    pub const RDMA_WORKERS_FLUSH_BUDGET: (&str, u64) = ("transports/rdma/workers/flush_budget", 1024);
-    /// `transports/rdma/endpoint/bootstrap_timeout_ms` (tent-rs).
-    pub const RDMA_BOOTSTRAP_TIMEOUT_MS: (&str, u64) = ("transports/rdma/endpoint/bootstrap_timeout_ms", 2000);
-    /// `transports/rdma/workers/connect_patience_ms` (tent-rs).
-    pub const RDMA_WORKERS_CONNECT_PATIENCE_MS: (&str, u64) = ("transports/rdma/workers/connect_patience_ms", 500);
-    /// `transports/rdma/rail_error_threshold`.
-    pub const RDMA_RAIL_ERROR_THRESHOLD: (&str, u64) = ("transports/rdma/rail_error_threshold", 3);
-    /// `transports/rdma/rail_error_window_secs`.
-    pub const RDMA_RAIL_ERROR_WINDOW_SECS: (&str, u64) = ("transports/rdma/rail_error_window_secs", 10);
-    /// `transports/rdma/rail_cooldown_secs`.
-    pub const RDMA_RAIL_COOLDOWN_SECS: (&str, u64) = ("transports/rdma/rail_cooldown_secs", 30);
-    /// `transports/rdma/rail_probe_interval_ms` (tent-rs).
-    pub const RDMA_RAIL_PROBE_INTERVAL_MS: (&str, u64) = ("transports/rdma/rail_probe_interval_ms", 250);
-    /// `transports/rdma/endpoint/store_type`.
-    pub const RDMA_ENDPOINT_STORE_TYPE: (&str, &str) = ("transports/rdma/endpoint/store_type", "sieve");
-    /// `transports/rdma/endpoint/endpoint_store_cap`.
-    pub const RDMA_ENDPOINT_ENDPOINT_STORE_CAP: (&str, i64) = ("transports/rdma/endpoint/endpoint_store_cap", 65536);
-    /// `transports/rdma/device/port`.
-    pub const RDMA_DEVICE_PORT: (&str, i64) = ("transports/rdma/device/port", 1);
-    /// `transports/rdma/device/gid_index`.
-    pub const RDMA_DEVICE_GID_INDEX: (&str, i64) = ("transports/rdma/device/gid_index", -1);
-    /// `transports/rdma/device/max_cqe`.
-    pub const RDMA_DEVICE_MAX_CQE: (&str, i64) = ("transports/rdma/device/max_cqe", 4096);
-    /// `transports/rdma/endpoint/max_sge`.
-    pub const RDMA_ENDPOINT_MAX_SGE: (&str, i64) = ("transports/rdma/endpoint/max_sge", 4);
-    /// `transports/rdma/endpoint/max_qp_wr`.
-    pub const RDMA_ENDPOINT_MAX_QP_WR: (&str, i64) = ("transports/rdma/endpoint/max_qp_wr", 256);
-    /// `transports/rdma/endpoint/path_mtu`.
-    pub const RDMA_ENDPOINT_PATH_MTU: (&str, i64) = ("transports/rdma/endpoint/path_mtu", 4096);
-    /// `rpc_server_data_threads`.
-    pub const RPC_SERVER_DATA_THREADS: (&str, i64) = ("rpc_server_data_threads", 4);
-    /// `idle_thread_exit_ms`.
-    pub const IDLE_THREAD_EXIT_MS: (&str, u64) = ("idle_thread_exit_ms", 2000);
-    /// `policy`: transport selection rules (a JSON list).
-    pub const POLICY: &str = "policy";
-    /// The lane count and its legacy spellings (see `transport::rdma::context::lanes_from_config`).
-    pub const RDMA_NUM_LANES: &str = "transports/rdma/num_lanes";
-    pub const RDMA_DEVICE_NUM_CQ_LIST: &str = "transports/rdma/device/num_cq_list";
-    pub const RDMA_ENDPOINT_QP_MUL_FACTOR: &str = "transports/rdma/endpoint/qp_mul_factor";
-    pub const RDMA_WORKERS_NUM_WORKERS: &str = "transports/rdma/workers/num_workers";
+        [METADATA_TYPE, METADATA_SERVERS, LOCAL_SEGMENT_NAME, RPC_SERVER_HOSTNAME, RPC_SERVER_PORT];
 }
 
 /// Legacy environment variables that map one-to-one onto a config key, applied in
@@ -198,6 +71,16 @@ const LEGACY_ENV: &[(&str, &str)] = &[
     ("MC_TENT_RPC_THREADS", "rpc_server_threads"),
     ("MC_LOG_LEVEL", "log_level"),
     ("MC_TENT_AUTH_TOKEN", "rpc_auth_token"),
+];
+
+/// The metrics variables upstream's metrics loader reads. Unlike [`LEGACY_ENV`] they fill a key
+/// only when the tree leaves it unset: upstream ranks its config file above them.
+const METRICS_ENV: &[(&str, &str)] = &[
+    ("TENT_METRICS_ENABLED", "metrics/enabled"),
+    ("TENT_METRICS_HTTP_PORT", "metrics/http_port"),
+    ("TENT_METRICS_HTTP_HOST", "metrics/http_host"),
+    ("TENT_METRICS_HTTP_SERVER_THREADS", "metrics/http_server_threads"),
+    ("TENT_METRICS_REPORT_INTERVAL", "metrics/report_interval_seconds"),
 ];
 
 /// Environment variables holding a comma list that becomes a string array.
@@ -567,6 +450,13 @@ impl Config {
                 self.set_from_string(key, &val);
             }
         }
+        for (var, key) in METRICS_ENV {
+            if let Some(val) = getenv(var).filter(|s| !s.trim().is_empty())
+                && self.get(key).is_none()
+            {
+                self.set_from_string(key, &val);
+            }
+        }
         for (var, key) in LIST_ENV {
             if let Some(val) = getenv(var) {
                 let items = split_list(&val);
@@ -730,8 +620,8 @@ mod tests {
     fn merge_requests_zero_via_set_from_string_is_false() {
         // Upstream ignores tent_set_config("merge_requests", "0"); we honour it.
         let mut c = Config::new();
-        c.set_from_string(keys::MERGE_REQUESTS.0, "0");
-        assert!(!c.get_bool(keys::MERGE_REQUESTS.0, keys::MERGE_REQUESTS.1));
+        c.set_from_string("merge_requests", "0");
+        assert!(!Settings::parse(&c).expect("valid").0.engine.merge_requests);
     }
 
     #[test]
@@ -907,7 +797,7 @@ mod tests {
         assert_eq!(c.tree()["rpc_server_threads"], json!(8));
         assert_eq!(c.tree()["transports"]["rdma"]["pci_relaxed_ordering"], json!(1));
         assert_eq!(c.tree()["transports"]["rdma"]["log_slice_affinity"], json!(true));
-        assert_eq!(c.get_string(keys::LOG_LEVEL.0, keys::LOG_LEVEL.1), "error");
+        assert_eq!(c.get_string("log_level", "info"), "error");
         // Redis credentials are not config keys, and empty variables count as unset.
         assert!(!c.tree().to_string().contains("secret"));
         assert_eq!(c.get("transports/rdma/endpoint/path_mtu"), None);
@@ -921,12 +811,12 @@ mod tests {
     }
 
     #[test]
-    fn keys_defaults() {
-        let c = Config::new();
-        assert_eq!(c.get_i64(keys::RPC_SERVER_PORT.0, keys::RPC_SERVER_PORT.1), 0);
-        assert_eq!(c.get_string(keys::METADATA_TYPE.0, keys::METADATA_TYPE.1), "p2p");
-        assert!(c.get_bool(keys::TCP_ENABLE.0, keys::TCP_ENABLE.1));
-        assert!(!c.get_bool(keys::SHM_ENABLE.0, keys::SHM_ENABLE.1));
+    fn settings_defaults() {
+        let s = Settings::default();
+        assert_eq!(s.rpc.port, 0);
+        assert_eq!(s.metadata.kind, "p2p");
+        assert!(s.tcp.enable);
+        assert!(!s.shm.enable);
         assert_eq!(keys::IDENTITY_KEYS.len(), 5);
     }
 }

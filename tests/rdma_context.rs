@@ -5,11 +5,24 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 
 use serde_json::json;
-use tent::config::Config;
+use tent::config::{Config, RdmaSection, Settings};
 use tent::engine::types::Permission;
 use tent::transport::rdma::context::*;
 use tent::verbs::sim::{DeviceSpec, GidSpec, HostSpec, SimFabric, SimHost};
 use tent::verbs::*;
+
+/// The parsed settings of a config tree (the error names the bad key).
+fn settings(cfg: &Config) -> Result<Settings, String> {
+    Settings::parse(cfg).map(|(s, _)| s)
+}
+
+fn topo(cfg: &Config) -> tent::config::TopologySection {
+    settings(cfg).expect("valid config").topology
+}
+
+fn lanes_from_config(cfg: &Config) -> Result<usize, String> {
+    settings(cfg).map(|s| s.rdma.num_lanes)
+}
 
 fn params(lanes: usize) -> ContextParams {
     ContextParams { num_lanes: lanes, ..ContextParams::default() }
@@ -48,16 +61,16 @@ fn select_devices_reads_mc_te_filters_and_skips_inactive_ports() {
         "MC_TE_FILTERS_EXCLUDE" => Some("sim_mlx5_1, sim_mlx5_3".into()),
         _ => None,
     });
-    assert_eq!(select_devices(&p, &cfg, 1).unwrap(), names(&["sim_mlx5_0", "sim_mlx5_2"]));
+    assert_eq!(select_devices(&p, &topo(&cfg), 1).unwrap(), names(&["sim_mlx5_0", "sim_mlx5_2"]));
     cfg.apply_env_with(&|k| match k {
         "MC_TE_FILTERS" => Some("sim_mlx5_3,sim_mlx5_1".into()),
         _ => None,
     });
-    assert_eq!(select_devices(&p, &cfg, 1).unwrap(), names(&["sim_mlx5_1", "sim_mlx5_3"]));
+    assert_eq!(select_devices(&p, &topo(&cfg), 1).unwrap(), names(&["sim_mlx5_1", "sim_mlx5_3"]));
     h.set_port_active("sim_mlx5_1", false).unwrap();
-    assert_eq!(select_devices(&p, &cfg, 1).unwrap(), names(&["sim_mlx5_3"]));
+    assert_eq!(select_devices(&p, &topo(&cfg), 1).unwrap(), names(&["sim_mlx5_3"]));
     let (_f2, empty) = host(0);
-    assert!(select_devices(&empty.provider(), &Config::new(), 1).unwrap().is_empty());
+    assert!(select_devices(&empty.provider(), &topo(&Config::new()), 1).unwrap().is_empty());
 }
 
 // ----- parameters ------------------------------------------------------------------------------
@@ -74,25 +87,25 @@ fn lane_knobs_follow_precedence_and_must_agree() {
     );
     let e = lanes_from_config(&cfg(json!({"transports":{"rdma":{"num_lanes":1,"endpoint":{"qp_mul_factor":2}}}})))
         .unwrap_err();
-    assert!(e.to_string().contains("Inconsistent RDMA lane configuration"), "{e}");
+    assert!(e.contains("Inconsistent RDMA lane configuration"), "{e}");
     assert!(lanes_from_config(&cfg(json!({"transports":{"rdma":{"num_lanes":0}}}))).is_err());
 }
 
 #[test]
 fn context_params_read_config_and_reject_bad_values() {
-    let p = ContextParams::from_config(&Config::new()).unwrap();
+    let p = ContextParams::from_section(&Settings::default().rdma, false);
     assert_eq!(p, ContextParams::default());
     let c = Config::from_value(json!({"transports":{"rdma":{
         "num_lanes": 2,
         "device": {"port": 1, "gid_index": 3, "max_cqe": 128},
         "endpoint": {"path_mtu": 1000, "max_sge": 2, "max_qp_wr": 64}}}}));
-    let p = ContextParams::from_config(&c).unwrap();
+    let p = ContextParams::from_section(&settings(&c).unwrap().rdma, false);
     assert_eq!(
         (p.num_lanes, p.gid_index, p.max_cqe, p.path_mtu, p.max_sge, p.max_qp_wr),
         (2, 3, 128, Mtu::Mtu512, 2, 64)
     );
     let bad = Config::from_value(json!({"transports":{"rdma":{"device":{"port": 0}}}}));
-    assert!(ContextParams::from_config(&bad).is_err());
+    assert!(settings(&bad).unwrap_err().contains("transports/rdma/device/port"));
 }
 
 // ----- open, clamps, GIDs ------------------------------------------------------------------------
@@ -405,11 +418,11 @@ fn contexts_from_the_config_provider_reach_each_other() {
     cfg.set("transports/rdma/provider", json!("sim"));
     cfg.set("transports/rdma/sim/devices", json!(2));
     cfg.set("transports/rdma/num_lanes", json!(2));
-    let prm = ContextParams::from_config(&cfg).unwrap();
+    let prm = ContextParams::from_section(&settings(&cfg).unwrap().rdma, false);
     let pa = provider_from_config(&cfg).unwrap();
     let pb = provider_from_config(&cfg).unwrap();
-    let sa = ContextSet::open(&pa, &select_devices(&pa, &cfg, 1).unwrap(), &prm).unwrap();
-    let sb = ContextSet::open(&pb, &select_devices(&pb, &cfg, 1).unwrap(), &prm).unwrap();
+    let sa = ContextSet::open(&pa, &select_devices(&pa, &topo(&cfg), 1).unwrap(), &prm).unwrap();
+    let sb = ContextSet::open(&pb, &select_devices(&pb, &topo(&cfg), 1).unwrap(), &prm).unwrap();
     assert_eq!((sa.enabled().count(), sb.enabled().count()), (2, 2));
     assert_ne!(sa.get(0).unwrap().gid().unwrap().gid, sb.get(0).unwrap().gid().unwrap().gid);
 }
@@ -460,7 +473,7 @@ fn endpoints_on_small_nics_clamp_and_exchange_psns() {
     };
     let (_ha, sa) = side("small_a", [10, 9, 0, 1]);
     let (_hb, sb) = side("small_b", [10, 9, 0, 2]);
-    let prm = Arc::new(EndpointParams::from_config(&Config::new(), 2).expect("params"));
+    let prm = Arc::new(EndpointParams::from_section(&RdmaSection { num_lanes: 2, ..Settings::default().rdma }));
     assert_eq!(prm.max_rd_atomic, 16, "the configured value is above the NICs' 4");
     let now = Duration::ZERO;
     let a = Endpoint::create(sa.get(0).unwrap(), 0, "b:1@small_b", "a:1", "", &prm, false).expect("a");

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
-use tent::config::Config;
+use tent::config::{RdmaSection, Settings};
 use tent::transport::rdma::bootstrap::{BootstrapDesc, BootstrapResult};
 use tent::transport::rdma::context::{ContextParams, ContextSet};
 use tent::transport::rdma::{Endpoint, EndpointParams, EndpointStore, EpState, StoreKind};
@@ -70,7 +70,7 @@ impl Side {
             _host: host,
             ctxs,
             store: EndpointStore::new(kind, cap).expect("store"),
-            params: Arc::new(EndpointParams::from_config(&Config::new(), 2).expect("params")),
+            params: Arc::new(EndpointParams::from_section(&RdmaSection { num_lanes: 2, ..Settings::default().rdma })),
             seen: Vec::new(),
         }
     }

@@ -12,13 +12,6 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use parking_lot::{Mutex, RwLock};
 
-/// How long a pool thread above its pool's minimum stays without work before it ends
-/// (`idle_thread_exit_ms`, 1 ms to 1 h).
-pub fn idle_exit(cfg: &crate::config::Config) -> Duration {
-    let key = crate::config::keys::IDLE_THREAD_EXIT_MS;
-    Duration::from_millis(cfg.get_u64(key.0, key.1).clamp(1, 3_600_000))
-}
-
 /// The FIFO of a pool. Workers take items with [`WorkQueue::pop`].
 pub struct WorkQueue<T> {
     /// `None` once closed: pushes are refused and workers end when the FIFO is empty.

@@ -103,18 +103,18 @@ pub fn classic_config(
         host = ip_or_host_name.trim().to_string();
     }
     let mut cfg = Config::new();
-    cfg.set(keys::METADATA_TYPE.0, kind.clone().into());
+    cfg.set(keys::METADATA_TYPE, kind.clone().into());
     if !servers.is_empty() {
-        cfg.set(keys::METADATA_SERVERS.0, servers.into());
+        cfg.set(keys::METADATA_SERVERS, servers.into());
     }
     let (rpc_host, port) = if kind == "p2p" {
         if !host.is_empty() {
-            cfg.set(keys::P2P_SEGMENT_HOST.0, host.clone().into());
+            cfg.set(keys::P2P_SEGMENT_HOST, host.clone().into());
         }
         (host, 0)
     } else {
         if !local_server_name.is_empty() {
-            cfg.set(keys::LOCAL_SEGMENT_NAME.0, local_server_name.into());
+            cfg.set(keys::LOCAL_SEGMENT_NAME, local_server_name.into());
         }
         if env("MC_LEGACY_RPC_PORT_BINDING").is_some() {
             (host, given_port.unwrap_or_else(|| default_handshake_port(env)))
@@ -123,11 +123,11 @@ pub fn classic_config(
         }
     };
     if !rpc_host.is_empty() {
-        cfg.set(keys::RPC_SERVER_HOSTNAME.0, rpc_host.into());
+        cfg.set(keys::RPC_SERVER_HOSTNAME, rpc_host.into());
     }
-    cfg.set(keys::RPC_SERVER_PORT.0, i64::from(port).into());
+    cfg.set(keys::RPC_SERVER_PORT, i64::from(port).into());
     if env("MC_FORCE_TCP").is_some() {
-        cfg.set(keys::RDMA_ENABLE.0, false.into());
+        cfg.set(keys::RDMA_ENABLE, false.into());
     }
     cfg
 }
@@ -141,16 +141,6 @@ pub fn classic_config(
 /// and Mooncake Store's tests start engines named after hosts that do not exist.
 pub fn start(conn: &str, local_server_name: &str, ip_or_host_name: &str, devices: &[String]) -> Result<Arc<Engine>> {
     let mut cfg = classic_config(conn, local_server_name, ip_or_host_name, &|k| std::env::var(k).ok());
-    if let Some(host) = cfg.get_str(keys::P2P_SEGMENT_HOST.0) {
-        if cfg.get_str(keys::RPC_SERVER_HOSTNAME.0).as_deref() == Some(host.as_str())
-            && crate::control::addr::advertised_ip(&host).is_err()
-        {
-            tracing::warn!(
-                "p2p host {host:?} does not resolve: it names the segment, the RPC server advertises this machine's address"
-            );
-            cfg.set(keys::RPC_SERVER_HOSTNAME.0, String::new().into());
-        }
-    }
     if !devices.is_empty() {
         cfg.set("topology/rdma_whitelist", serde_json::json!(devices));
     }
@@ -160,7 +150,7 @@ pub fn start(conn: &str, local_server_name: &str, ip_or_host_name: &str, devices
 /// What `getLocalIpAndPort` reports: with p2p metadata the segment name peers open (the host as
 /// the caller gave it, IPv6 in brackets), otherwise the address the RPC server advertises.
 pub fn local_ip_and_port(e: &Engine) -> String {
-    if e.config().get_string(keys::METADATA_TYPE.0, keys::METADATA_TYPE.1) == "p2p" {
+    if e.settings().metadata.kind == "p2p" {
         e.segment_name().to_string()
     } else {
         e.local_segment().rpc_server_addr.clone()
@@ -871,10 +861,11 @@ pub fn open_metadata_store(conn: &str) -> Result<Arc<dyn crate::control::metadat
     if kind == "p2p" {
         return Err(Error::InvalidArgument(format!("{conn:?} names no metadata store (p2p handshake)")));
     }
-    let mut cfg = Config::new();
-    cfg.set(keys::METADATA_TYPE.0, kind.clone().into());
-    cfg.set(keys::METADATA_SERVERS.0, servers.into());
-    let settings = super::start::metadata_settings(&cfg, &kind)?;
+    if !matches!(kind.as_str(), "redis" | "etcd" | "http") {
+        return Err(Error::InvalidArgument(format!("metadata_type {kind:?} is not one of p2p, redis, etcd, http")));
+    }
+    let section = crate::config::MetadataSection { kind, servers, ..crate::config::Settings::default().metadata };
+    let settings = super::start::metadata_settings(&section)?;
     // The client would serve only p2p lookups, which were refused above.
     let client = Arc::new(crate::control::client::RpcClient::new(Default::default()));
     crate::control::metadata::open(&settings, client)
@@ -919,27 +910,27 @@ mod tests {
         let no_env = |_: &str| None;
         // P2P: the host of the name, any free port, no segment name of its own.
         let cfg = classic_config("P2PHANDSHAKE", "vm:12345", "10.0.0.9", &no_env);
-        assert_eq!(cfg.get_str(keys::METADATA_TYPE.0).as_deref(), Some("p2p"));
-        assert_eq!(cfg.get_str(keys::RPC_SERVER_HOSTNAME.0).as_deref(), Some("vm"));
-        assert_eq!(cfg.get_str(keys::P2P_SEGMENT_HOST.0).as_deref(), Some("vm"));
+        assert_eq!(cfg.get_str(keys::METADATA_TYPE).as_deref(), Some("p2p"));
+        assert_eq!(cfg.get_str(keys::RPC_SERVER_HOSTNAME).as_deref(), Some("vm"));
+        assert_eq!(cfg.get_str(keys::P2P_SEGMENT_HOST).as_deref(), Some("vm"));
         assert_eq!(cfg.get_i64("rpc_server_port", -1), 0);
         assert!(cfg.get("local_segment_name").is_none());
-        assert!(cfg.get(keys::RDMA_ENABLE.0).is_none());
+        assert!(cfg.get(keys::RDMA_ENABLE).is_none());
         // Without a host in the name, ip_or_host_name stands in.
         let cfg = classic_config("P2PHANDSHAKE", "", "::1", &no_env);
-        assert_eq!(cfg.get_str(keys::P2P_SEGMENT_HOST.0).as_deref(), Some("::1"));
+        assert_eq!(cfg.get_str(keys::P2P_SEGMENT_HOST).as_deref(), Some("::1"));
         // A metadata server: named as given, a free port on this host's address.
         let cfg = classic_config("etcd://e:2379", "node-a:17000", "10.0.0.9", &no_env);
-        assert_eq!(cfg.get_str(keys::LOCAL_SEGMENT_NAME.0).as_deref(), Some("node-a:17000"));
+        assert_eq!(cfg.get_str(keys::LOCAL_SEGMENT_NAME).as_deref(), Some("node-a:17000"));
         assert_eq!(cfg.get_i64("rpc_server_port", -1), 0);
         assert!(cfg.get("rpc_server_hostname").is_none());
         let bind = |k: &str| (k == "MC_TCP_BIND_ADDRESS").then(|| "10.1.1.1".to_string());
         let cfg = classic_config("etcd://e:2379", "node-a", "", &bind);
-        assert_eq!(cfg.get_str(keys::RPC_SERVER_HOSTNAME.0).as_deref(), Some("10.1.1.1"));
+        assert_eq!(cfg.get_str(keys::RPC_SERVER_HOSTNAME).as_deref(), Some("10.1.1.1"));
         // The legacy binding: the host and port of the name, 12001 or MC_HANDSHAKE_PORT without one.
         let legacy = |k: &str| (k == "MC_LEGACY_RPC_PORT_BINDING").then(String::new);
         let cfg = classic_config("redis://r:6379", "127.0.0.1:17000", "", &legacy);
-        assert_eq!(cfg.get_str(keys::RPC_SERVER_HOSTNAME.0).as_deref(), Some("127.0.0.1"));
+        assert_eq!(cfg.get_str(keys::RPC_SERVER_HOSTNAME).as_deref(), Some("127.0.0.1"));
         assert_eq!(cfg.get_i64("rpc_server_port", -1), 17000);
         let cfg = classic_config("redis://r:6379", "node", "", &legacy);
         assert_eq!(cfg.get_i64("rpc_server_port", -1), 12001);
@@ -951,7 +942,7 @@ mod tests {
         assert_eq!(classic_config("redis://r:6379", "node", "", &legacy_port).get_i64("rpc_server_port", -1), 13000);
         // MC_FORCE_TCP leaves RDMA out.
         let force = |k: &str| (k == "MC_FORCE_TCP").then(|| "true".to_string());
-        assert!(!classic_config("P2PHANDSHAKE", "h", "", &force).get_bool(keys::RDMA_ENABLE.0, true));
+        assert!(!classic_config("P2PHANDSHAKE", "h", "", &force).get_bool(keys::RDMA_ENABLE, true));
     }
 
     #[test]

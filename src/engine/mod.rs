@@ -22,17 +22,16 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::config::{Config, keys};
+use crate::config::{Config, Settings};
 use crate::control::addr;
 use crate::control::client::RpcClient;
 use crate::control::metadata::{self, KeepAlive, Publication};
-use crate::control::queue::idle_exit;
 use crate::control::server::RpcServer;
 use crate::error::{Error, Result};
 use crate::metrics::{Metrics, MetricsServer};
 use crate::transport::Transport;
 use crate::transport::rdma::RdmaTransport;
-use crate::transport::shm::{self, ShmParams};
+use crate::transport::shm;
 use background::{ProgressPool, Published, Publisher};
 use batch::{Batch, BatchTable, Entry, HookSink, NotifyHook};
 use dispatch::Dispatcher;
@@ -41,7 +40,10 @@ use remote::Remote;
 use segment::{LocalSegment, Registration, SegmentDesc};
 use serve::ServerView;
 pub use start::effective_config;
-use start::{RpcSettings, attach_rdma, load_transports, metadata_settings, segment_name_for, start_metrics_server};
+use start::{
+    attach_rdma, client_timeouts, load_transports, metadata_settings, segment_name_for, server_params,
+    start_metrics_server,
+};
 use types::{Notification, Opcode, Permission, Request, Status, TransportKind};
 
 /// Pending polls of one batch answered with a yield; later ones wait for the batch's end.
@@ -134,6 +136,8 @@ struct Allocation {
 /// A running transfer engine. Create it with [`Engine::new`]; share it as `Arc<Engine>`.
 pub struct Engine {
     config: Config,
+    /// The config parsed at start; the layers read their sections from it.
+    settings: Arc<Settings>,
     ip: IpAddr,
     port: u16,
     local: Arc<LocalSegment>,
@@ -165,22 +169,41 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Starts an engine from an effective config (see [`effective_config`]). Any failure is
-    /// returned with its reason; nothing is left running: every step's threads and sockets are
-    /// owned by values that stop them when a later step fails.
+    /// Starts an engine from an effective config (see [`effective_config`]). The config is
+    /// parsed first: a bad value fails the start with the key, the value and the reason, and
+    /// unknown keys or keys without effect are logged as warnings. Any other failure is
+    /// returned with its reason too; nothing is left running: every step's threads and sockets
+    /// are owned by values that stop them when a later step fails.
     pub fn new(config: Config) -> Result<Arc<Engine>> {
-        crate::log::init(&config.get_string(keys::LOG_LEVEL.0, keys::LOG_LEVEL.1));
-        let metadata_type = config.get_string(keys::METADATA_TYPE.0, keys::METADATA_TYPE.1);
-        let store_settings = metadata_settings(&config, &metadata_type)?;
-        let rpc = RpcSettings::from_config(&config)?;
-        let ip = addr::advertised_ip(&rpc.hostname)?;
+        let (settings, notes) = Settings::parse(&config).map_err(Error::InvalidArgument)?;
+        crate::log::init(&settings.engine.log_level);
+        for w in &notes.warnings {
+            tracing::warn!("{w}");
+        }
+        let settings = Arc::new(settings);
+        let metadata_type = settings.metadata.kind.clone();
+        let store_settings = metadata_settings(&settings.metadata)?;
+        let rpc = &settings.rpc;
+        let ip = match addr::advertised_ip(&rpc.hostname) {
+            // The classic API names a p2p segment by the host its caller gave, unresolved (as
+            // upstream does; Mooncake Store's tests use hosts that do not exist): such a host
+            // names the segment only, and the RPC server advertises this machine's address.
+            Err(_) if settings.metadata.kind == "p2p" && rpc.hostname == settings.metadata.p2p_segment_host => {
+                tracing::warn!(
+                    "p2p host {:?} does not resolve: it names the segment, the RPC server advertises this machine's address",
+                    rpc.hostname
+                );
+                addr::advertised_ip("")?
+            }
+            other => other?,
+        };
         let listener = addr::bind_rpc_listener(rpc.port, ip.is_ipv6())?;
         let port = listener.local_addr().map_err(Error::from)?.port();
         let rpc_addr = addr::host_port(&ip, port);
-        let name = segment_name_for(&config, &metadata_type, &rpc_addr, port);
-        let client = Arc::new(RpcClient::new(rpc.timeouts).with_token(rpc.token.clone()));
+        let name = segment_name_for(&settings.metadata, &rpc_addr, port);
+        let client = Arc::new(RpcClient::new(client_timeouts(rpc)).with_token(rpc.auth_token.clone()));
         // RDMA starts first: the descriptor's topology lists its NICs.
-        let rdma = start::start_rdma(&config, &name, &client);
+        let rdma = start::start_rdma(&settings, &name, &client);
         let nics: Vec<memory::TopologyNic> =
             rdma.iter().flat_map(|t| t.links()).map(memory::TopologyNic::from).collect();
         let topology = memory::topology_json(&nics);
@@ -193,18 +216,18 @@ impl Engine {
         let remote =
             Arc::new(Remote::new(client.clone(), store.clone(), name.clone(), rpc_addr, local.machine_id.clone()));
         let metrics = Arc::new(Metrics::default());
-        let shm_dir = ShmParams::from_config(&config).cxl_mount_path;
-        let mut transports = load_transports(&config, &client, &metrics)?;
+        let shm_dir = settings.shm.cxl_mount_path.clone();
+        let mut transports = load_transports(&settings, &client, &metrics)?;
         if let Some(t) = &rdma {
             attach_rdma(t, &local, &remote, &metrics);
             transports.push(t.clone());
         }
-        let progress = match config.get_bool(keys::ENABLE_PROGRESS_WORKER.0, keys::ENABLE_PROGRESS_WORKER.1) {
-            true => Some(background::progress_worker(idle_exit(&config))?),
+        let progress = match settings.engine.enable_progress_worker {
+            true => Some(background::progress_worker(settings.engine.idle_thread_exit)?),
             false => None,
         };
         let dispatcher =
-            start::dispatcher(&config, transports, &local, &remote, &metrics, progress.as_ref().map(|p| p.0.clone()));
+            start::dispatcher(&settings, transports, &local, &remote, &metrics, progress.as_ref().map(|p| p.0.clone()));
         if let Some((_, target)) = &progress {
             let _ = target.set(Arc::downgrade(&dispatcher));
         }
@@ -212,7 +235,7 @@ impl Engine {
         let fetcher = Fetcher::new(lanes.clone(), remote.clone(), dispatcher.clone());
         let hooks = Arc::new(HookLanes { lanes: lanes.clone(), remote: remote.clone() });
         let view = Arc::new(ServerView { local: local.clone(), remote: remote.clone(), rdma: rdma.clone() });
-        let server = RpcServer::start(listener, view, rpc.server_params(&config))?;
+        let server = RpcServer::start(listener, view, server_params(rpc, settings.engine.idle_thread_exit))?;
         // Central stores: the descriptor is written before the engine counts as started, and
         // removed again (with everything above stopped) when a later step fails.
         let published = Published::publish(&publication)
@@ -222,10 +245,11 @@ impl Engine {
             false => None,
         };
         let publisher = Publisher::start(publication.clone(), remote.clone(), lanes.clone())?;
-        let metrics_server = start_metrics_server(&config, &metrics);
+        let metrics_server = start_metrics_server(&settings.metrics, &metrics);
         published.keep();
         let engine = Arc::new(Engine {
             config,
+            settings,
             ip,
             port,
             local,
@@ -255,9 +279,14 @@ impl Engine {
         self.rdma.as_ref()
     }
 
-    /// The effective configuration.
+    /// The effective configuration, as a tree.
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// The configuration as parsed at start.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
     }
 
     /// This engine's segment name (`ip:port` in p2p mode).

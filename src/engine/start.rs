@@ -12,12 +12,11 @@ use super::policy;
 use super::remote::Remote;
 use super::segment::LocalSegment;
 use super::unit::FailoverConfig;
-use crate::config::{Config, keys};
+use crate::config::{Config, MetadataSection, MetricsSection, RpcSection, Settings, keys};
 use crate::control::client::{ClientTimeouts, RpcClient};
 use crate::control::metadata::{self, StoreSettings};
-use crate::control::queue::idle_exit;
 use crate::control::server::ServerParams;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::metrics::{Metrics, MetricsServer};
 use crate::transport::Transport;
 use crate::transport::rdma::RdmaTransport;
@@ -37,102 +36,69 @@ pub fn effective_config(explicit: Config) -> Config {
     cfg
 }
 
-/// The metadata store settings of `config`: `metadata_type` (p2p, redis, etcd, http),
-/// `metadata_servers`, `metadata_ttl_secs` (default 30), `metadata_timeout_ms` (default 3000)
-/// and, for Redis, `MC_REDIS_*` from the environment.
-pub(super) fn metadata_settings(config: &Config, kind: &str) -> Result<StoreSettings> {
-    if !matches!(kind, "p2p" | "redis" | "etcd" | "http") {
-        return Err(Error::InvalidArgument(format!("metadata_type {kind:?} is not one of p2p, redis, etcd, http")));
-    }
-    let redis_auth = if kind == "redis" { metadata::redis::RedisAuth::from_env()? } else { Default::default() };
-    Ok(StoreSettings {
-        kind: kind.to_string(),
-        servers: config.get_string(keys::METADATA_SERVERS.0, keys::METADATA_SERVERS.1),
-        ttl: Duration::from_secs(config.get_u64(keys::METADATA_TTL_SECS.0, keys::METADATA_TTL_SECS.1).max(1)),
-        timeout: Duration::from_millis(config.get_u64(keys::METADATA_TIMEOUT_MS.0, keys::METADATA_TIMEOUT_MS.1).max(1)),
-        redis_auth,
-    })
+/// The metadata store settings: the section's store kind, servers, TTL and timeout and, for
+/// Redis, `MC_REDIS_*` from the environment.
+pub(super) fn metadata_settings(m: &MetadataSection) -> Result<StoreSettings> {
+    let redis_auth = if m.kind == "redis" { metadata::redis::RedisAuth::from_env()? } else { Default::default() };
+    Ok(StoreSettings { kind: m.kind.clone(), servers: m.servers.clone(), ttl: m.ttl, timeout: m.timeout, redis_auth })
 }
 
 /// The segment name: in p2p mode `ip:port`, or `host:port` with `p2p_segment_host` (IPv6 in
 /// brackets), since peers reach the engine by its name there (a configured name is ignored, as
 /// upstream); else `local_segment_name`, or `segment_noname_` and 8 random letters when that is
 /// empty.
-pub(super) fn segment_name_for(config: &Config, kind: &str, rpc_addr: &str, port: u16) -> String {
-    if kind == "p2p" {
-        let host = config.get_string(keys::P2P_SEGMENT_HOST.0, keys::P2P_SEGMENT_HOST.1);
-        let host = host.trim();
+pub(super) fn segment_name_for(m: &MetadataSection, rpc_addr: &str, port: u16) -> String {
+    if m.kind == "p2p" {
+        let host = m.p2p_segment_host.trim();
         return match host {
             "" => rpc_addr.to_string(),
             h if h.contains(':') && !h.starts_with('[') => format!("[{h}]:{port}"),
             h => format!("{h}:{port}"),
         };
     }
-    let configured = config.get_string(keys::LOCAL_SEGMENT_NAME.0, keys::LOCAL_SEGMENT_NAME.1);
-    if configured.trim().is_empty() { format!("segment_noname_{}", crate::base::random_letters(8)) } else { configured }
+    let configured = &m.local_segment_name;
+    if configured.trim().is_empty() {
+        format!("segment_noname_{}", crate::base::random_letters(8))
+    } else {
+        configured.clone()
+    }
 }
 
-/// The RPC server's and client's settings.
-pub(super) struct RpcSettings {
-    pub(super) port: u16,
-    pub(super) hostname: String,
-    pub(super) threads: usize,
-    pub(super) data_threads: usize,
-    pub(super) timeouts: ClientTimeouts,
-    /// With `rpc_auth_token` (or MC_TENT_AUTH_TOKEN) set, every connection must authenticate.
-    pub(super) token: Option<Vec<u8>>,
+/// The RPC server's parameters from the RPC section; idle pool threads end after `idle_exit`.
+pub(super) fn server_params(rpc: &RpcSection, idle_exit: Duration) -> ServerParams {
+    ServerParams {
+        control_threads: rpc.threads,
+        data_threads: rpc.data_threads,
+        request_timeout: rpc.request_timeout,
+        idle_exit,
+        token: rpc.auth_token.clone(),
+    }
 }
 
-impl RpcSettings {
-    pub(super) fn server_params(&self, config: &Config) -> ServerParams {
-        ServerParams {
-            control_threads: self.threads,
-            data_threads: self.data_threads,
-            request_timeout: self.timeouts.request,
-            idle_exit: idle_exit(config),
-            token: self.token.clone(),
-        }
-    }
-
-    pub(super) fn from_config(config: &Config) -> Result<RpcSettings> {
-        let int =
-            |key: (&str, i64), lo, hi| config.get_i64_checked(key.0, key.1, lo, hi).map_err(Error::InvalidArgument);
-        Ok(RpcSettings {
-            port: int(keys::RPC_SERVER_PORT, 0, 65535)? as u16,
-            hostname: config.get_string(keys::RPC_SERVER_HOSTNAME.0, keys::RPC_SERVER_HOSTNAME.1),
-            threads: int(keys::RPC_SERVER_THREADS, 1, 1024)? as usize,
-            data_threads: int(keys::RPC_SERVER_DATA_THREADS, 1, 1024)? as usize,
-            timeouts: ClientTimeouts {
-                connect: Duration::from_millis(
-                    config.get_u64(keys::RPC_CONNECT_TIMEOUT_MS.0, keys::RPC_CONNECT_TIMEOUT_MS.1).max(1),
-                ),
-                request: Duration::from_millis(
-                    config.get_u64(keys::RPC_REQUEST_TIMEOUT_MS.0, keys::RPC_REQUEST_TIMEOUT_MS.1).max(1),
-                ),
-            },
-            token: config.get_str(keys::RPC_AUTH_TOKEN).filter(|t| !t.is_empty()).map(String::into_bytes),
-        })
-    }
+/// The RPC client's timeouts from the RPC section.
+pub(super) fn client_timeouts(rpc: &RpcSection) -> ClientTimeouts {
+    ClientTimeouts { connect: rpc.connect_timeout, request: rpc.request_timeout }
 }
 
 /// The SHM, TCP and file transports the config enables. Each stops its threads when dropped,
 /// so a failure here or later leaves none running.
 pub(super) fn load_transports(
-    config: &Config,
+    settings: &Settings,
     client: &Arc<RpcClient>,
     metrics: &Arc<Metrics>,
 ) -> Result<Vec<Arc<dyn Transport>>> {
     let mut transports: Vec<Arc<dyn Transport>> = Vec::new();
-    if config.get_bool(keys::SHM_ENABLE.0, keys::SHM_ENABLE.1) {
-        transports.push(Arc::new(ShmTransport::new(ShmParams::from_config(config))?));
+    let idle_exit = settings.engine.idle_thread_exit;
+    if settings.shm.enable {
+        transports.push(Arc::new(ShmTransport::new(ShmParams::from_section(&settings.shm, idle_exit))?));
     }
-    if config.get_bool(keys::TCP_ENABLE.0, keys::TCP_ENABLE.1) {
-        let params = TcpParams::from_config(config);
+    if settings.tcp.enable {
+        let params = TcpParams::from_section(&settings.tcp, idle_exit);
         transports.push(Arc::new(TcpTransport::new(client.clone(), params, metrics.clone())?));
     }
     // File segments: io_uring, or the plain pread/pwrite path when io_uring is unavailable or
     // disabled.
-    transports.extend(crate::transport::file::load(config)?);
+    transports.extend(crate::transport::file::load(&settings.file, idle_exit)?);
     Ok(transports)
 }
 
@@ -146,19 +112,17 @@ pub(super) fn attach_rdma(t: &Arc<RdmaTransport>, local: &LocalSegment, remote: 
 }
 
 /// The metrics HTTP endpoint when `metrics/enabled` is set and its port can be bound.
-pub(super) fn start_metrics_server(config: &Config, metrics: &Arc<Metrics>) -> Option<MetricsServer> {
-    if !config.get_bool(keys::METRICS_ENABLED.0, keys::METRICS_ENABLED.1) {
+pub(super) fn start_metrics_server(m: &MetricsSection, metrics: &Arc<Metrics>) -> Option<MetricsServer> {
+    if !m.enabled {
         return None;
     }
-    let host = config.get_string(keys::METRICS_HTTP_HOST.0, keys::METRICS_HTTP_HOST.1);
-    let port = config.get_u64(keys::METRICS_HTTP_PORT.0, keys::METRICS_HTTP_PORT.1).min(65535) as u16;
-    MetricsServer::start(&host, port, metrics.clone())
+    MetricsServer::start(&m.http_host, m.http_port, metrics.clone())
 }
 
 /// The dispatcher over `transports`, wired so that transports drop per-segment state (e.g.
 /// shm mappings) when a peer's descriptor changes.
 pub(super) fn dispatcher(
-    config: &Config,
+    settings: &Settings,
     transports: Vec<Arc<dyn Transport>>,
     local: &Arc<LocalSegment>,
     remote: &Arc<Remote>,
@@ -167,17 +131,17 @@ pub(super) fn dispatcher(
 ) -> Arc<Dispatcher> {
     let failover = Arc::new(FailoverConfig {
         metrics: metrics.clone(),
-        budget: config.get_u64(keys::MAX_FAILOVER_ATTEMPTS.0, keys::MAX_FAILOVER_ATTEMPTS.1 as u64).min(64) as u32,
-        on_poll: config.get_bool(keys::ENABLE_AUTO_FAILOVER_ON_POLL.0, keys::ENABLE_AUTO_FAILOVER_ON_POLL.1),
+        budget: settings.engine.max_failover_attempts,
+        on_poll: settings.engine.enable_auto_failover_on_poll,
         progress,
     });
     let dispatcher = Arc::new(Dispatcher {
         transports,
         local: local.clone(),
         machine_id: local.machine_id.clone(),
-        policies: policy::parse(config.get(keys::POLICY)),
+        policies: policy::parse(settings.engine.policy.as_ref()),
         failover,
-        merge: config.get_bool(keys::MERGE_REQUESTS.0, keys::MERGE_REQUESTS.1),
+        merge: settings.engine.merge_requests,
         submitted: Default::default(),
         remote: remote.clone(),
     });
@@ -195,12 +159,12 @@ pub(super) fn dispatcher(
 /// Starts the RDMA transport when `transports/rdma/enable` (default true) and the provider
 /// (`transports/rdma/provider`) has devices. Without devices, or on any error, it says why
 /// once and the engine runs without RDMA.
-pub(super) fn start_rdma(config: &Config, name: &str, client: &Arc<RpcClient>) -> Option<Arc<RdmaTransport>> {
-    if !config.get_bool(keys::RDMA_ENABLE.0, keys::RDMA_ENABLE.1) {
+pub(super) fn start_rdma(settings: &Settings, name: &str, client: &Arc<RpcClient>) -> Option<Arc<RdmaTransport>> {
+    if !settings.rdma.enable {
         return None;
     }
-    let started =
-        crate::verbs::provider_from_config(config).and_then(|p| RdmaTransport::new(config, p, name, client.clone()));
+    let started = crate::verbs::provider_from_settings(&settings.rdma)
+        .and_then(|p| RdmaTransport::new(settings, p, name, client.clone()));
     match started {
         Ok(t) => Some(Arc::new(t)),
         Err(e) => {

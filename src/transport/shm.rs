@@ -17,9 +17,8 @@ use crate::base::prefetch;
 use crate::base::request::{Opcode, TransportKind};
 use crate::base::segment::{BufferDesc, BufferRef, SegmentDesc};
 use crate::base::task::Task;
-use crate::config::Config;
-use crate::config::keys;
-use crate::control::queue::{Pool, WorkQueue, idle_exit};
+use crate::config::ShmSection;
+use crate::control::queue::{Pool, WorkQueue};
 use crate::error::{Error, Result};
 use crate::transport::Transport;
 
@@ -37,14 +36,13 @@ pub struct ShmParams {
 }
 
 impl ShmParams {
-    /// Reads the parameters (copy threads default to the CPU count, at most 8).
-    pub fn from_config(cfg: &Config) -> ShmParams {
-        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+    /// The parameters of an SHM section; idle copy threads end after `idle_exit`.
+    pub fn from_section(s: &ShmSection, idle_exit: std::time::Duration) -> ShmParams {
         ShmParams {
-            cxl_mount_path: cfg.get_string(keys::SHM_CXL_MOUNT_PATH.0, keys::SHM_CXL_MOUNT_PATH.1),
-            copy_threads: cfg.get_u64(keys::SHM_COPY_THREADS, cpus.min(8) as u64).clamp(1, 64) as usize,
-            chunk_size: cfg.get_u64(keys::SHM_CHUNK_SIZE.0, keys::SHM_CHUNK_SIZE.1).clamp(64 << 10, 1 << 30),
-            idle_exit: idle_exit(cfg),
+            cxl_mount_path: s.cxl_mount_path.clone(),
+            copy_threads: s.copy_threads,
+            chunk_size: s.chunk_size,
+            idle_exit,
         }
     }
 }
@@ -705,7 +703,11 @@ mod tests {
             priority: 0,
             hint: TransportKind::Unspec,
         });
-        let t = ShmTransport::new(ShmParams::from_config(&Config::new())).expect("transport");
+        let t = ShmTransport::new({
+            let s = crate::config::Settings::default();
+            ShmParams::from_section(&s.shm, s.engine.idle_thread_exit)
+        })
+        .expect("transport");
         t.shutdown();
         // A submitter that raced shutdown: its slice must not wait in the staged list forever.
         t.submit_partial(&target, vec![Task::new(sink.clone(), 0)]).expect("partial submit");

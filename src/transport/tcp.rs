@@ -16,9 +16,9 @@ use parking_lot::Mutex;
 use crate::base::request::{Opcode, TransportKind};
 use crate::base::segment::SegmentDesc;
 use crate::base::task::Task;
-use crate::config::{Config, keys};
+use crate::config::{Settings, TcpSection};
 use crate::control::client::{DataOp, RpcClient};
-use crate::control::queue::{Pool, WorkQueue, idle_exit};
+use crate::control::queue::{Pool, WorkQueue};
 use crate::control::rawio::RawRange;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -43,23 +43,25 @@ pub struct TcpParams {
 }
 
 impl TcpParams {
-    /// Reads the parameters, falling back to upstream's defaults (3, 100, 2000, 16) and 4 MiB
-    /// chunks.
-    pub fn from_config(cfg: &Config) -> TcpParams {
+    /// The parameters of a TCP section (upstream's defaults: 3, 100, 2000, 16; 4 MiB chunks);
+    /// idle workers end after `idle_exit`.
+    pub fn from_section(t: &TcpSection, idle_exit: Duration) -> TcpParams {
         TcpParams {
-            max_retry_count: cfg.get_u64(keys::TCP_MAX_RETRY_COUNT.0, keys::TCP_MAX_RETRY_COUNT.1 as u64).min(100)
-                as u32,
-            retry_base_delay_ms: cfg.get_u64(keys::TCP_RETRY_BASE_DELAY_MS.0, keys::TCP_RETRY_BASE_DELAY_MS.1 as u64),
-            retry_max_delay_ms: cfg.get_u64(keys::TCP_RETRY_MAX_DELAY_MS.0, keys::TCP_RETRY_MAX_DELAY_MS.1 as u64),
-            max_concurrent_tasks: cfg
-                .get_u64(keys::TCP_MAX_CONCURRENT_TASKS.0, keys::TCP_MAX_CONCURRENT_TASKS.1 as u64)
-                .clamp(1, 256) as usize,
-            chunk_size: cfg.get_u64(keys::TCP_CHUNK_SIZE.0, keys::TCP_CHUNK_SIZE.1).clamp(4096, 1 << 30),
-            fail_every_nth_chunk: cfg
-                .get_u64(keys::TCP_FAULT_FAIL_EVERY_NTH_CHUNK.0, keys::TCP_FAULT_FAIL_EVERY_NTH_CHUNK.1),
-            refuse_submit: cfg.get_bool(keys::TCP_FAULT_REFUSE_SUBMIT.0, keys::TCP_FAULT_REFUSE_SUBMIT.1),
-            idle_exit: idle_exit(cfg),
+            max_retry_count: t.max_retry_count,
+            retry_base_delay_ms: t.retry_base_delay_ms,
+            retry_max_delay_ms: t.retry_max_delay_ms,
+            max_concurrent_tasks: t.max_concurrent_tasks,
+            chunk_size: t.chunk_size,
+            fail_every_nth_chunk: t.fail_every_nth_chunk,
+            refuse_submit: t.refuse_submit,
+            idle_exit,
         }
+    }
+
+    /// The parameters of an empty configuration.
+    pub fn defaults() -> TcpParams {
+        let s = Settings::default();
+        TcpParams::from_section(&s.tcp, s.engine.idle_thread_exit)
     }
 
     /// The delay before retry number `attempt` (0-based): base doubling up to the cap.
@@ -411,17 +413,18 @@ mod tests {
 
     #[test]
     fn defaults_and_overrides() {
-        let p = TcpParams::from_config(&Config::new());
+        let p = TcpParams::defaults();
         assert_eq!(
             (p.max_retry_count, p.retry_base_delay_ms, p.retry_max_delay_ms, p.max_concurrent_tasks),
             (3, 100, 2000, 16)
         );
-        let mut c = Config::new();
+        let mut c = crate::config::Config::new();
         c.set_from_string("transports/tcp/max_retry_count", "5");
         c.set_from_string("transports/tcp/retry_base_delay_ms", "200");
         c.set_from_string("transports/tcp/retry_max_delay_ms", "4000");
         c.set_from_string("transports/tcp/max_concurrent_tasks", "32");
-        let p = TcpParams::from_config(&c);
+        let (s, _) = Settings::parse(&c).expect("valid config");
+        let p = TcpParams::from_section(&s.tcp, s.engine.idle_thread_exit);
         assert_eq!(
             (p.max_retry_count, p.retry_base_delay_ms, p.retry_max_delay_ms, p.max_concurrent_tasks),
             (5, 200, 4000, 32)
@@ -453,7 +456,7 @@ mod tests {
 
     #[test]
     fn a_submit_is_cut_into_pipelined_groups() {
-        let p = TcpParams::from_config(&Config::new());
+        let p = TcpParams::defaults();
         let sizes = |groups: &[Group]| groups.iter().map(|g| g.iter().map(|c| c.len >> 10).collect()).collect();
         let kib = |n: u64| n << 10;
         // 96 blocks of 16 KiB: groups of at most 64 requests and 1 MiB.
@@ -479,7 +482,7 @@ mod tests {
 
     #[test]
     fn chunks_to_different_peers_never_share_a_group() {
-        let p = TcpParams::from_config(&Config::new());
+        let p = TcpParams::defaults();
         let chunks = vec![
             chunk_to("10.0.0.1:1", Opcode::Write, 4096),
             chunk_to("10.0.0.1:1", Opcode::Write, 4096),
@@ -494,7 +497,7 @@ mod tests {
     fn slices_of_a_batch_wait_for_its_last_submit() {
         let t = TcpTransport::new(
             Arc::new(RpcClient::new(Default::default())),
-            TcpParams::from_config(&Config::new()),
+            TcpParams::defaults(),
             Arc::new(Metrics::default()),
         )
         .expect("transport");
@@ -525,7 +528,7 @@ mod tests {
 
     #[test]
     fn backoff_doubles_up_to_the_cap() {
-        let p = TcpParams::from_config(&Config::new());
+        let p = TcpParams::defaults();
         let seq: Vec<u64> = (0..6).map(|i| p.backoff(i).as_millis() as u64).collect();
         assert_eq!(seq, vec![100, 200, 400, 800, 1600, 2000]);
     }

@@ -25,7 +25,7 @@ use std::sync::Arc;
 pub use provider::{Clock, Cq, CqOps, Device, DeviceOps, MonotonicClock, Mr, MrOps, Pd, PdOps, Provider, Qp, QpOps};
 pub use types::*;
 
-use crate::config::Config;
+use crate::config::{Config, RdmaSection};
 use crate::error::{Error, Result};
 
 /// Config key choosing the provider: `ibverbs` (default) or `sim`.
@@ -51,35 +51,32 @@ pub const KEY_SIM_FAIL_EVERY_NTH_WR: &str = "transports/rdma/sim/fail_every_nth_
 pub const KEY_SIM_FAIL_STATUS: &str = "transports/rdma/sim/fail_status";
 
 /// Builds the provider `transports/rdma/provider` names. `sim` gives a new host on the
-/// process-wide simulated fabric with `transports/rdma/sim/devices` NICs; `ibverbs` opens
-/// libibverbs, failing with [`Error::Unavailable`] when it or any device is missing.
-pub fn provider_from_config(cfg: &Config) -> Result<Arc<dyn Provider>> {
-    let name = cfg.get_string(KEY_PROVIDER, "ibverbs");
-    match name.trim().to_ascii_lowercase().as_str() {
-        "ibverbs" => Ok(Arc::new(ibverbs::IbvProvider::load()?)),
-        "sim" => {
-            let devices = cfg.get_i64_checked(KEY_SIM_DEVICES, 1, 0, 15).map_err(Error::InvalidArgument)?;
-            let nth = cfg.get_u64(KEY_SIM_FAIL_EVERY_NTH_WR, 0);
-            let status_name = cfg.get_string(KEY_SIM_FAIL_STATUS, "RETRY_EXC_ERR");
-            let status = WcStatus::from_name(&status_name).ok_or_else(|| {
-                Error::InvalidArgument(format!("config key {KEY_SIM_FAIL_STATUS}: unknown status {status_name:?}"))
-            })?;
-            let fabric_name = cfg.get_string(KEY_SIM_FABRIC, "");
-            let fabric = if fabric_name.is_empty() {
-                sim::SimFabric::global()
-            } else {
-                sim::SimFabric::lookup(&fabric_name).ok_or_else(|| {
-                    Error::InvalidArgument(format!(
-                        "config key {KEY_SIM_FABRIC}: no simulated fabric named {fabric_name:?}"
-                    ))
-                })?
-            };
-            let host = fabric.add_host(sim::HostSpec::with_devices(devices as usize));
-            host.set_fail_every_nth_wr(nth, status);
-            Ok(host.provider())
-        }
-        other => Err(Error::InvalidArgument(format!(
-            "config key {KEY_PROVIDER}: {other:?} is neither \"ibverbs\" nor \"sim\""
-        ))),
+/// process-wide simulated fabric (or the named test fabric) with `transports/rdma/sim/devices`
+/// NICs; `ibverbs` opens libibverbs, failing with [`Error::Unavailable`] when it or any device
+/// is missing.
+pub fn provider_from_settings(r: &RdmaSection) -> Result<Arc<dyn Provider>> {
+    if r.provider != "sim" {
+        return Ok(Arc::new(ibverbs::IbvProvider::load()?));
     }
+    let sim = &r.sim;
+    let status = WcStatus::from_name(&sim.fail_status).ok_or_else(|| {
+        Error::InvalidArgument(format!("config key {KEY_SIM_FAIL_STATUS}: unknown status {:?}", sim.fail_status))
+    })?;
+    let fabric = if sim.fabric.is_empty() {
+        sim::SimFabric::global()
+    } else {
+        sim::SimFabric::lookup(&sim.fabric).ok_or_else(|| {
+            Error::InvalidArgument(format!("config key {KEY_SIM_FABRIC}: no simulated fabric named {:?}", sim.fabric))
+        })?
+    };
+    let host = fabric.add_host(sim::HostSpec::with_devices(sim.devices));
+    host.set_fail_every_nth_wr(sim.fail_every_nth_wr, status);
+    Ok(host.provider())
+}
+
+/// Parses `cfg` and builds its provider (see [`provider_from_settings`]); a bad value in the
+/// config is an [`Error::InvalidArgument`] naming it.
+pub fn provider_from_config(cfg: &Config) -> Result<Arc<dyn Provider>> {
+    let (settings, _) = crate::config::Settings::parse(cfg).map_err(Error::InvalidArgument)?;
+    provider_from_settings(&settings.rdma)
 }

@@ -46,8 +46,7 @@ use parking_lot::Mutex;
 use crate::base::request::{Opcode, Request};
 use crate::base::segment::SegmentDesc;
 use crate::base::task::Task;
-use crate::config::Config;
-use crate::config::keys;
+use crate::config::FileSection;
 use crate::error::{Error, Result};
 use crate::transport::Transport;
 
@@ -72,34 +71,38 @@ pub struct FileParams {
 }
 
 impl FileParams {
-    /// Reads the parameters from the config, clamped to sane ranges.
-    pub fn from_config(cfg: &Config) -> FileParams {
+    /// The parameters of the file section; idle plain-path threads end after `idle_exit`.
+    pub fn from_section(f: &FileSection, idle_exit: std::time::Duration) -> FileParams {
         FileParams {
-            direct_io: cfg.get_bool(keys::FILE_DIRECT_IO.0, keys::FILE_DIRECT_IO.1),
-            sync_writes: cfg.get_bool(keys::FILE_SYNC_WRITES.0, keys::FILE_SYNC_WRITES.1),
-            // Whole 64 KiB multiples keep every split of an aligned request aligned.
-            chunk_size: cfg.get_u64(keys::FILE_CHUNK_SIZE.0, keys::FILE_CHUNK_SIZE.1).clamp(64 << 10, 1 << 30)
-                & !((64 << 10) - 1),
-            queue_depth: cfg.get_u64(keys::IO_URING_QUEUE_DEPTH.0, keys::IO_URING_QUEUE_DEPTH.1).clamp(1, 4096) as u32,
-            rings: cfg.get_u64(keys::IO_URING_RINGS.0, keys::IO_URING_RINGS.1).clamp(1, 64) as usize,
-            plain_threads: cfg.get_u64(keys::BUFIO_THREADS.0, keys::BUFIO_THREADS.1).clamp(1, 256) as usize,
-            idle_exit: crate::control::queue::idle_exit(cfg),
+            direct_io: f.direct_io,
+            sync_writes: f.sync_writes,
+            chunk_size: f.chunk_size,
+            queue_depth: f.queue_depth,
+            rings: f.rings,
+            plain_threads: f.bufio_threads,
+            idle_exit,
         }
+    }
+
+    /// The parameters of an empty configuration.
+    pub fn defaults() -> FileParams {
+        let s = crate::config::Settings::default();
+        FileParams::from_section(&s.file, s.engine.idle_thread_exit)
     }
 }
 
 /// Loads the file transports: io_uring when `transports/io_uring/enable` (default true) and the
 /// kernel lets this process set up a ring; otherwise the plain path, when
 /// `transports/bufio/enable` (default true). Never both, so a file segment has exactly one way.
-pub fn load(cfg: &Config) -> Result<Vec<Arc<dyn Transport>>> {
-    let params = FileParams::from_config(cfg);
-    if cfg.get_bool(keys::IO_URING_ENABLE.0, keys::IO_URING_ENABLE.1) {
+pub fn load(f: &FileSection, idle_exit: std::time::Duration) -> Result<Vec<Arc<dyn Transport>>> {
+    let params = FileParams::from_section(f, idle_exit);
+    if f.io_uring_enable {
         match uring::IoUringTransport::new(params) {
             Ok(t) => return Ok(vec![Arc::new(t)]),
             Err(e) => tracing::info!("io_uring transport not loaded ({e}); file segments use pread/pwrite"),
         }
     }
-    if cfg.get_bool(keys::BUFIO_ENABLE.0, keys::BUFIO_ENABLE.1) {
+    if f.bufio_enable {
         return Ok(vec![Arc::new(plain::PlainFileTransport::new(params)?)]);
     }
     Ok(Vec::new())

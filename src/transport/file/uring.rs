@@ -672,7 +672,6 @@ mod tests {
     use super::*;
     use crate::base::request::Request;
     use crate::base::task::CountingSink;
-    use crate::config::Config;
 
     #[test]
     fn a_waiting_caller_reaps_its_own_completion() {
@@ -681,7 +680,7 @@ mod tests {
         let path = dir.join("f");
         let content: Vec<u8> = (0..64 << 10).map(|i| (i % 251) as u8).collect();
         std::fs::write(&path, &content).expect("write");
-        let params = FileParams::from_config(&Config::new());
+        let params = FileParams::defaults();
         // A ring without its reaper thread: only the caller's own wait can end the task.
         let ring = Ring::new(params).expect("io_uring ring");
         assert!(!ring.wait(Duration::from_secs(5)), "nothing in flight: no wait");

@@ -14,16 +14,9 @@ use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 use parking_lot::RwLock;
 
 use crate::base::request::Permission;
-use crate::config::Config;
-use crate::config::keys;
+use crate::config::{RdmaSection, TopologySection};
 use crate::error::{Error, Result};
 use crate::verbs::{Access, AsyncEvent, Cq, Device, GidEntry, GidType, Mr, Mtu, Pd, PortAttr, PortState, Provider};
-
-/// Config key: the device whitelist (`MC_TE_FILTERS`). When non-empty, only these devices are
-/// used and the blacklist is ignored.
-pub const KEY_WHITELIST: &str = "topology/rdma_whitelist";
-/// Config key: devices never to use (`MC_TE_FILTERS_EXCLUDE`).
-pub const KEY_BLACKLIST: &str = "topology/rdma_blacklist";
 
 /// The context parameters read from `transports/rdma/...`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,60 +54,20 @@ impl Default for ContextParams {
     }
 }
 
-fn ranged(cfg: &Config, key: &str, default: i64, min: i64, max: i64) -> Result<i64> {
-    cfg.get_i64_checked(key, default, min, max).map_err(Error::InvalidArgument)
-}
-
-/// The lane count with upstream's precedence and consistency rule: `num_lanes`, else the
-/// legacy `device/num_cq_list`, `endpoint/qp_mul_factor`, `workers/num_workers`; every legacy
-/// knob that is set must equal the result, and every knob must be positive.
-pub fn lanes_from_config(cfg: &Config) -> Result<usize> {
-    const KNOBS: [&str; 4] = [
-        keys::RDMA_NUM_LANES,
-        keys::RDMA_DEVICE_NUM_CQ_LIST,
-        keys::RDMA_ENDPOINT_QP_MUL_FACTOR,
-        keys::RDMA_WORKERS_NUM_WORKERS,
-    ];
-    let mut set = Vec::new();
-    for k in KNOBS {
-        if cfg.get(k).is_some() {
-            let v = ranged(cfg, k, 1, 1, 1024)?;
-            set.push((k, v));
-        }
-    }
-    let Some(&(_, lanes)) = set.first() else {
-        return Ok(6);
-    };
-    for (k, v) in &set[1..] {
-        if *v != lanes {
-            return Err(Error::InvalidArgument(format!(
-                "Inconsistent RDMA lane configuration: {k} = {v} but the lane count is {lanes}"
-            )));
-        }
-    }
-    if set.iter().any(|(k, _)| *k != KNOBS[0]) {
-        tracing::warn!("legacy RDMA lane knobs are deprecated; use transports/rdma/num_lanes");
-    }
-    Ok(lanes as usize)
-}
-
 impl ContextParams {
-    /// Reads the parameters; out-of-range values are errors, not silent defaults.
-    pub fn from_config(cfg: &Config) -> Result<ContextParams> {
-        let d = ContextParams::default();
-        Ok(ContextParams {
-            num_lanes: lanes_from_config(cfg)?,
-            port: ranged(cfg, keys::RDMA_DEVICE_PORT.0, keys::RDMA_DEVICE_PORT.1, 1, 255)? as u8,
-            gid_index: ranged(cfg, keys::RDMA_DEVICE_GID_INDEX.0, keys::RDMA_DEVICE_GID_INDEX.1, -1, 65535)? as i32,
-            max_cqe: ranged(cfg, keys::RDMA_DEVICE_MAX_CQE.0, keys::RDMA_DEVICE_MAX_CQE.1, 1, i32::MAX as i64)? as u32,
-            path_mtu: Mtu::from_config_bytes(
-                cfg.get_i64(keys::RDMA_ENDPOINT_PATH_MTU.0, keys::RDMA_ENDPOINT_PATH_MTU.1),
-            ),
-            max_sge: ranged(cfg, keys::RDMA_ENDPOINT_MAX_SGE.0, keys::RDMA_ENDPOINT_MAX_SGE.1, 1, 1024)? as u32,
-            max_qp_wr: ranged(cfg, keys::RDMA_ENDPOINT_MAX_QP_WR.0, keys::RDMA_ENDPOINT_MAX_QP_WR.1, 1, 1 << 20)?
-                as u32,
-            verbose: cfg.get_bool(keys::VERBOSE.0, d.verbose),
-        })
+    /// The parameters of an RDMA section (ranges are checked when the config is parsed);
+    /// `verbose` logs the GID table on open.
+    pub fn from_section(r: &RdmaSection, verbose: bool) -> ContextParams {
+        ContextParams {
+            num_lanes: r.num_lanes,
+            port: r.port,
+            gid_index: r.gid_index,
+            max_cqe: r.max_cqe,
+            path_mtu: Mtu::from_config_bytes(r.endpoint.path_mtu),
+            max_sge: r.endpoint.max_sge,
+            max_qp_wr: r.endpoint.max_qp_wr,
+            verbose,
+        }
     }
 }
 
@@ -179,7 +132,7 @@ pub fn filter_devices(names: &[String], whitelist: &[String], blacklist: &[Strin
 
 /// The devices the transport should open: the provider's devices that have an ACTIVE port with
 /// a non-empty GID table, filtered by `topology/rdma_whitelist` / `topology/rdma_blacklist`.
-pub fn select_devices(provider: &Arc<dyn Provider>, cfg: &Config, port: u8) -> Result<Vec<String>> {
+pub fn select_devices(provider: &Arc<dyn Provider>, topology: &TopologySection, port: u8) -> Result<Vec<String>> {
     let names = provider.device_names().map_err(Error::from)?;
     let usable: Vec<String> = names
         .into_iter()
@@ -197,7 +150,7 @@ pub fn select_devices(provider: &Arc<dyn Provider>, cfg: &Config, port: u8) -> R
             }
         })
         .collect();
-    let mut chosen = filter_devices(&usable, &cfg.get_str_list(KEY_WHITELIST), &cfg.get_str_list(KEY_BLACKLIST));
+    let mut chosen = filter_devices(&usable, &topology.rdma_whitelist, &topology.rdma_blacklist);
     // libibverbs lists devices in the order sysfs gives them, which differs between hosts;
     // NicIDs in name order (rxe0 before rxe1, mlx5_2 before mlx5_10) are the same everywhere.
     chosen.sort_by_key(|n| natural_key(n));

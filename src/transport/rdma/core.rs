@@ -18,10 +18,8 @@ use super::fence::Fence;
 use super::notify_index::{NotifyEntry, NotifySink};
 use super::rail::RailMonitor;
 use super::store::EndpointStore;
-use crate::config::Config;
-use crate::config::keys;
+use crate::config::RdmaSection;
 use crate::control::client::RpcClient;
-use crate::error::{Error, Result};
 use crate::verbs::Clock;
 
 /// Lane tunables (`transports/rdma/workers/*`, `transports/rdma/max_timeout_ns`).
@@ -44,29 +42,16 @@ pub struct WorkerParams {
 }
 
 impl WorkerParams {
-    /// Reads the lane tunables; a block size of 0 is an error.
-    pub fn from_config(cfg: &Config) -> Result<WorkerParams> {
-        let block = cfg
-            .get_i64_checked(keys::RDMA_WORKERS_BLOCK_SIZE.0, keys::RDMA_WORKERS_BLOCK_SIZE.1, 1, 1 << 30)
-            .map_err(Error::InvalidArgument)?;
-        Ok(WorkerParams {
-            max_retry_count: cfg
-                .get_u64(keys::RDMA_WORKERS_MAX_RETRY_COUNT.0, keys::RDMA_WORKERS_MAX_RETRY_COUNT.1)
-                .clamp(1, 1000) as u32,
-            block_size: block as u64,
-            max_timeout: Duration::from_nanos(
-                cfg.get_u64(keys::RDMA_MAX_TIMEOUT_NS.0, keys::RDMA_MAX_TIMEOUT_NS.1).max(1),
-            ),
-            flush_budget: cfg
-                .get_u64(keys::RDMA_WORKERS_FLUSH_BUDGET.0, keys::RDMA_WORKERS_FLUSH_BUDGET.1)
-                .clamp(1, 1 << 20) as u32,
-            connect_patience: Duration::from_millis(
-                cfg.get_u64(keys::RDMA_WORKERS_CONNECT_PATIENCE_MS.0, keys::RDMA_WORKERS_CONNECT_PATIENCE_MS.1),
-            ),
-            bootstrap_timeout: Duration::from_millis(
-                cfg.get_u64(keys::RDMA_BOOTSTRAP_TIMEOUT_MS.0, keys::RDMA_BOOTSTRAP_TIMEOUT_MS.1).max(1),
-            ),
-        })
+    /// The lane tunables of an RDMA section.
+    pub fn from_section(r: &RdmaSection) -> WorkerParams {
+        WorkerParams {
+            max_retry_count: r.max_retry_count,
+            block_size: r.block_size,
+            max_timeout: r.max_timeout,
+            flush_budget: r.flush_budget,
+            connect_patience: r.connect_patience,
+            bootstrap_timeout: r.endpoint.bootstrap_timeout,
+        }
     }
 }
 

@@ -21,8 +21,7 @@ use parking_lot::{Mutex, RwLock};
 use super::bootstrap::{BootstrapDesc, BootstrapResult, nic_path};
 use super::context::RdmaContext;
 use super::notify::NotifyChannel;
-use crate::config::Config;
-use crate::config::keys;
+use crate::config::RdmaSection;
 use crate::error::{Error, Result};
 use crate::verbs::{Access, AddressVector, Gid, GlobalRoute, Mtu, Qp, QpCaps, QpInit, QpState, QpTransition};
 
@@ -89,39 +88,34 @@ pub struct EndpointParams {
 }
 
 impl EndpointParams {
-    /// Reads the endpoint keys with upstream's defaults; out-of-range values are errors.
-    pub fn from_config(cfg: &Config, num_lanes: usize) -> Result<EndpointParams> {
-        let r = |k: &str, d: i64, max: i64| -> Result<i64> {
-            cfg.get_i64_checked(&format!("transports/rdma/endpoint/{k}"), d, 0, max).map_err(Error::InvalidArgument)
-        };
-        Ok(EndpointParams {
-            num_lanes,
-            max_qp_wr: r("max_qp_wr", 256, 1 << 20)?.max(1) as u32,
-            max_sge: r("max_sge", 4, 1024)?.max(1) as u32,
-            max_inline_bytes: r("max_inline_bytes", 64, 1 << 16)? as u32,
-            path_mtu: Mtu::from_config_bytes(
-                cfg.get_i64(keys::RDMA_ENDPOINT_PATH_MTU.0, keys::RDMA_ENDPOINT_PATH_MTU.1),
-            ),
-            pkey_index: r("pkey_index", 0, 65535)? as u16,
-            hop_limit: r("hop_limit", 16, 255)? as u8,
-            flow_label: r("flow_label", 0, 0xfffff)? as u32,
-            traffic_class: r("traffic_class", 0, 255)? as u8,
-            service_level: r("service_level", 0, 15)? as u8,
-            src_path_bits: r("src_path_bits", 0, 255)? as u8,
-            static_rate: r("static_rate", 0, 255)? as u8,
-            rq_psn: r("rq_psn", 0, 0xffffff)? as u32,
-            max_dest_rd_atomic: r("max_dest_rd_atomic", 16, 255)? as u8,
-            min_rnr_timer: r("min_rnr_timer", 12, 31)? as u8,
-            sq_psn: r("sq_psn", 0, 0xffffff)? as u32,
-            send_timeout: r("send_timeout", 14, 31)? as u8,
-            send_retry_count: r("send_retry_count", 7, 7)? as u8,
-            send_rnr_count: r("send_rnr_count", 7, 7)? as u8,
-            max_rd_atomic: r("max_rd_atomic", 16, 255)? as u8,
-            drain_timeout: Duration::from_millis(
-                cfg.get_u64(keys::RDMA_ENDPOINT_DRAIN_TIMEOUT_MS.0, keys::RDMA_ENDPOINT_DRAIN_TIMEOUT_MS.1),
-            ),
-            notify: cfg.get_bool(keys::RDMA_NOTIFY_ENABLE.0, keys::RDMA_NOTIFY_ENABLE.1),
-        })
+    /// The endpoint parameters of an RDMA section (upstream's defaults; ranges are checked
+    /// when the config is parsed).
+    pub fn from_section(r: &RdmaSection) -> EndpointParams {
+        let e = &r.endpoint;
+        EndpointParams {
+            num_lanes: r.num_lanes,
+            max_qp_wr: e.max_qp_wr,
+            max_sge: e.max_sge,
+            max_inline_bytes: e.max_inline_bytes,
+            path_mtu: Mtu::from_config_bytes(e.path_mtu),
+            pkey_index: e.pkey_index,
+            hop_limit: e.hop_limit,
+            flow_label: e.flow_label,
+            traffic_class: e.traffic_class,
+            service_level: e.service_level,
+            src_path_bits: e.src_path_bits,
+            static_rate: e.static_rate,
+            rq_psn: e.rq_psn,
+            max_dest_rd_atomic: e.max_dest_rd_atomic,
+            min_rnr_timer: e.min_rnr_timer,
+            sq_psn: e.sq_psn,
+            send_timeout: e.send_timeout,
+            send_retry_count: e.send_retry_count,
+            send_rnr_count: e.send_rnr_count,
+            max_rd_atomic: e.max_rd_atomic,
+            drain_timeout: e.drain_timeout,
+            notify: r.notify,
+        }
     }
 }
 

@@ -57,8 +57,7 @@ use serde_json::{Value, json};
 use crate::base::request::{Permission, TransportKind};
 use crate::base::segment::SegmentDesc;
 use crate::base::task::Task;
-use crate::config::Config;
-use crate::config::keys;
+use crate::config::Settings;
 use crate::control::client::RpcClient;
 use crate::error::{Error, Result};
 use crate::transport::Transport;
@@ -136,12 +135,18 @@ impl RdmaTransport {
     /// Opens the provider's devices (after the whitelist/blacklist) and starts the lanes, the
     /// connector and the monitor. Fails with `Unavailable`/`NoTransport` when there is no usable
     /// device, and with `InvalidArgument` for bad config.
-    pub fn new(cfg: &Config, provider: Arc<dyn Provider>, local_server: &str, client: Arc<RpcClient>) -> Result<Self> {
-        let params = ContextParams::from_config(cfg)?;
-        let ep_params = Arc::new(EndpointParams::from_config(cfg, params.num_lanes)?);
-        let wp = WorkerParams::from_config(cfg)?;
-        let (kind, cap) = store::store_config(cfg)?;
-        let names = context::select_devices(&provider, cfg, params.port)?;
+    pub fn new(
+        settings: &Settings,
+        provider: Arc<dyn Provider>,
+        local_server: &str,
+        client: Arc<RpcClient>,
+    ) -> Result<Self> {
+        let cfg = &settings.rdma;
+        let params = ContextParams::from_section(cfg, settings.engine.verbose);
+        let ep_params = Arc::new(EndpointParams::from_section(cfg));
+        let wp = WorkerParams::from_section(cfg);
+        let (kind, cap) = store::store_config(&cfg.endpoint);
+        let names = context::select_devices(&provider, &settings.topology, params.port)?;
         if names.is_empty() {
             return Err(Error::Unavailable("no RDMA devices".into()));
         }
@@ -162,7 +167,7 @@ impl RdmaTransport {
             local_server: local_server.to_string(),
             client,
             connector: Mutex::new(Some(ctx_tx)),
-            rails: RailMonitor::new(RailParams::from_config(cfg)),
+            rails: RailMonitor::new(RailParams::from_section(cfg)),
             stopping: AtomicBool::new(false),
             nics: names.iter().map(|_| NicStats::default()).collect(),
             counters: Default::default(),
@@ -185,9 +190,7 @@ impl RdmaTransport {
             let back = ctx_tx_for_attempts.clone();
             threads.push(spawn("tent-rdma-connect".into(), Box::new(move || workers::run_connector(c, ctx_rx, back)))?);
             let c = core.clone();
-            let tick = Duration::from_millis(
-                cfg.get_u64(keys::RDMA_MONITOR_TICK_MS.0, keys::RDMA_MONITOR_TICK_MS.1).clamp(1, 1000),
-            );
+            let tick = cfg.monitor_tick;
             threads.push(spawn("tent-rdma-monitor".into(), Box::new(move || workers::run_monitor(c, tick)))?);
             Ok(())
         })();

@@ -16,8 +16,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::config::Config;
-use crate::config::keys;
+use crate::config::RdmaSection;
 
 /// Thresholds of the rail monitor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,22 +29,14 @@ pub struct RailParams {
 }
 
 impl RailParams {
-    /// Reads `transports/rdma/rail_error_threshold`, `rail_error_window_secs`,
-    /// `rail_cooldown_secs` and `rail_probe_interval_ms` (3, 10, 30, 250).
-    pub fn from_config(cfg: &Config) -> RailParams {
+    /// The thresholds of an RDMA section (`rail_error_threshold`, `rail_error_window_secs`,
+    /// `rail_cooldown_secs`, `rail_probe_interval_ms`).
+    pub fn from_section(r: &RdmaSection) -> RailParams {
         RailParams {
-            threshold: cfg
-                .get_u64(keys::RDMA_RAIL_ERROR_THRESHOLD.0, keys::RDMA_RAIL_ERROR_THRESHOLD.1)
-                .clamp(1, 1 << 20) as u32,
-            window: Duration::from_secs(
-                cfg.get_u64(keys::RDMA_RAIL_ERROR_WINDOW_SECS.0, keys::RDMA_RAIL_ERROR_WINDOW_SECS.1),
-            ),
-            cooldown: Duration::from_secs(
-                cfg.get_u64(keys::RDMA_RAIL_COOLDOWN_SECS.0, keys::RDMA_RAIL_COOLDOWN_SECS.1).max(1),
-            ),
-            probe_interval: Duration::from_millis(
-                cfg.get_u64(keys::RDMA_RAIL_PROBE_INTERVAL_MS.0, keys::RDMA_RAIL_PROBE_INTERVAL_MS.1).max(1),
-            ),
+            threshold: r.rail_error_threshold,
+            window: r.rail_error_window,
+            cooldown: r.rail_cooldown,
+            probe_interval: r.rail_probe_interval,
         }
     }
 }

@@ -24,8 +24,7 @@ use std::time::Duration;
 use parking_lot::{Mutex, RwLock};
 
 use super::endpoint::{Endpoint, EpState};
-use crate::config::Config;
-use crate::config::keys;
+use crate::config::EndpointSection;
 use crate::error::{Error, Result};
 
 /// Eviction policy.
@@ -37,27 +36,11 @@ pub enum StoreKind {
     Fifo,
 }
 
-/// Reads `transports/rdma/endpoint/store_type` (`sieve` default, `fifo`) and
-/// `transports/rdma/endpoint/endpoint_store_cap` (`MC_MAX_EP_PER_CTX`, default 65536; 0 is an
-/// error).
-pub fn store_config(cfg: &Config) -> Result<(StoreKind, usize)> {
-    let kind = match cfg
-        .get_string(keys::RDMA_ENDPOINT_STORE_TYPE.0, keys::RDMA_ENDPOINT_STORE_TYPE.1)
-        .to_ascii_lowercase()
-        .as_str()
-    {
-        "sieve" => StoreKind::Sieve,
-        "fifo" => StoreKind::Fifo,
-        other => {
-            return Err(Error::InvalidArgument(format!(
-                "transports/rdma/endpoint/store_type: {other:?} is neither \"sieve\" nor \"fifo\""
-            )));
-        }
-    };
-    let cap = cfg
-        .get_i64_checked(keys::RDMA_ENDPOINT_ENDPOINT_STORE_CAP.0, keys::RDMA_ENDPOINT_ENDPOINT_STORE_CAP.1, 1, 1 << 24)
-        .map_err(|e| Error::InvalidArgument(format!("{e} (the endpoint store needs room for one endpoint)")))?;
-    Ok((kind, cap as usize))
+/// The store's eviction kind and capacity from the endpoint section
+/// (`transports/rdma/endpoint/store_type`, `endpoint_store_cap` / `MC_MAX_EP_PER_CTX`).
+pub fn store_config(e: &EndpointSection) -> (StoreKind, usize) {
+    let kind = if e.store_type == "fifo" { StoreKind::Fifo } else { StoreKind::Sieve };
+    (kind, e.store_cap)
 }
 
 struct Node {

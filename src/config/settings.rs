@@ -1,0 +1,694 @@
+//! The configuration in typed sections, parsed once when an engine starts. Each field is read
+//! here, once, with its path, default and valid range; the layers read fields, never paths.
+//! Keys that upstream documents and tent-rs does not act on are listed here too (with the
+//! reason), so that setting one says so at start instead of silently doing nothing.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::Config;
+use super::reader::{KeySpec, Reader, unknown_keys};
+
+/// Engine-wide behaviour.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineSection {
+    /// `log_level`: info, warning, error (also trace, debug, off); process-wide.
+    pub log_level: String,
+    /// `verbose`: log parameter dumps at start (the RDMA GID table).
+    pub verbose: bool,
+    /// `merge_requests`: merge contiguous requests of a batch.
+    pub merge_requests: bool,
+    /// `max_failover_attempts`: resubmissions of a failed task on another transport.
+    pub max_failover_attempts: u32,
+    /// `enable_auto_failover_on_poll`: resubmit failed tasks while polling their status.
+    pub enable_auto_failover_on_poll: bool,
+    /// `enable_progress_worker`: a background thread decides failovers of parked tasks.
+    pub enable_progress_worker: bool,
+    /// `idle_thread_exit_ms`: a pool thread ends after this long without work.
+    pub idle_thread_exit: Duration,
+    /// `policy`: the transport-selection rules, as given (parsed by the engine's policy module).
+    pub policy: Option<Value>,
+}
+
+/// Where segment descriptors live and what this engine is called.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetadataSection {
+    /// `metadata_type`: p2p, etcd, redis or http.
+    pub kind: String,
+    /// `metadata_servers`: the store endpoint(s); ignored in p2p mode.
+    pub servers: String,
+    /// `metadata_ttl_secs`: expiry of the descriptor key in central stores.
+    pub ttl: Duration,
+    /// `metadata_timeout_ms`: bound on one store request.
+    pub timeout: Duration,
+    /// `local_segment_name`: the segment name in central modes (empty: a random one).
+    pub local_segment_name: String,
+    /// `p2p_segment_host`: the host part of the p2p segment name (empty: the advertised IP).
+    pub p2p_segment_host: String,
+}
+
+/// The RPC server and client.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RpcSection {
+    /// `rpc_server_hostname`: the advertised IP or hostname (empty: discovered).
+    pub hostname: String,
+    /// `rpc_server_port`: 0 picks a free port.
+    pub port: u16,
+    /// `rpc_server_threads`: control-message threads.
+    pub threads: usize,
+    /// `rpc_server_data_threads`: SendData/RecvData workers.
+    pub data_threads: usize,
+    /// `rpc_connect_timeout_ms`.
+    pub connect_timeout: Duration,
+    /// `rpc_request_timeout_ms`.
+    pub request_timeout: Duration,
+    /// `rpc_auth_token`: when set, every connection must authenticate.
+    pub auth_token: Option<Vec<u8>>,
+}
+
+/// `transports/tcp/*`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TcpSection {
+    pub enable: bool,
+    pub max_retry_count: u32,
+    pub retry_base_delay_ms: u64,
+    pub retry_max_delay_ms: u64,
+    pub max_concurrent_tasks: usize,
+    pub chunk_size: u64,
+    pub fail_every_nth_chunk: u64,
+    pub refuse_submit: bool,
+}
+
+/// `transports/shm/*`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShmSection {
+    pub enable: bool,
+    pub cxl_mount_path: String,
+    pub copy_threads: usize,
+    pub chunk_size: u64,
+}
+
+/// File segments: `transports/io_uring/*`, `transports/bufio/*`, `transports/file/*`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FileSection {
+    pub io_uring_enable: bool,
+    pub queue_depth: u32,
+    pub rings: usize,
+    pub bufio_enable: bool,
+    pub bufio_threads: usize,
+    pub direct_io: bool,
+    pub sync_writes: bool,
+    /// A whole multiple of 64 KiB (a configured value is rounded down to one).
+    pub chunk_size: u64,
+}
+
+/// `transports/rdma/sim/*`: the simulated provider.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimSection {
+    pub devices: usize,
+    pub fabric: String,
+    pub fail_every_nth_wr: u64,
+    pub fail_status: String,
+}
+
+/// `transports/rdma/endpoint/*` QP attributes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EndpointSection {
+    pub max_qp_wr: u32,
+    pub max_sge: u32,
+    pub max_inline_bytes: u32,
+    /// In bytes, as configured; the verbs layer maps it to an MTU value.
+    pub path_mtu: i64,
+    pub pkey_index: u16,
+    pub hop_limit: u8,
+    pub flow_label: u32,
+    pub traffic_class: u8,
+    pub service_level: u8,
+    pub src_path_bits: u8,
+    pub static_rate: u8,
+    pub rq_psn: u32,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    pub sq_psn: u32,
+    pub send_timeout: u8,
+    pub send_retry_count: u8,
+    pub send_rnr_count: u8,
+    pub max_rd_atomic: u8,
+    pub drain_timeout: Duration,
+    pub bootstrap_timeout: Duration,
+    pub store_type: String,
+    pub store_cap: usize,
+}
+
+/// `transports/rdma/*`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RdmaSection {
+    pub enable: bool,
+    pub provider: String,
+    pub sim: SimSection,
+    /// `num_lanes`, or the legacy knob that set it (all set ones must agree).
+    pub num_lanes: usize,
+    pub port: u8,
+    pub gid_index: i32,
+    pub max_cqe: u32,
+    pub endpoint: EndpointSection,
+    pub notify: bool,
+    pub monitor_tick: Duration,
+    pub block_size: u64,
+    pub max_retry_count: u32,
+    pub max_timeout: Duration,
+    pub flush_budget: u32,
+    pub connect_patience: Duration,
+    pub rail_error_threshold: u32,
+    pub rail_error_window: Duration,
+    pub rail_cooldown: Duration,
+    pub rail_probe_interval: Duration,
+}
+
+/// `topology/*`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TopologySection {
+    /// RDMA NICs to use (all when empty).
+    pub rdma_whitelist: Vec<String>,
+    /// RDMA NICs to skip (ignored when a whitelist is set).
+    pub rdma_blacklist: Vec<String>,
+}
+
+/// `metrics/*`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetricsSection {
+    pub enabled: bool,
+    pub http_host: String,
+    pub http_port: u16,
+    pub http_server_threads: usize,
+    /// Period of the summary log line; zero turns it off.
+    pub report_interval: Duration,
+}
+
+/// Every section of the configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    pub engine: EngineSection,
+    pub metadata: MetadataSection,
+    pub rpc: RpcSection,
+    pub tcp: TcpSection,
+    pub shm: ShmSection,
+    pub file: FileSection,
+    pub rdma: RdmaSection,
+    pub topology: TopologySection,
+    pub metrics: MetricsSection,
+}
+
+/// What parsing found besides the settings: warnings to log once the logger is set up.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Notes {
+    /// Unknown keys (with the nearest known one) and set keys that have no effect.
+    pub warnings: Vec<String>,
+}
+
+const MS_MAX: u64 = 3_600_000;
+
+fn ms(v: u64) -> Duration {
+    Duration::from_millis(v)
+}
+
+impl Settings {
+    /// Parses the whole tree. Every ill-typed or out-of-range value is reported, one sentence
+    /// each naming the key, the value and the reason, joined with "; ". Unknown keys and keys
+    /// without effect come back as warnings, not errors: upstream configs must still load.
+    pub fn parse(cfg: &Config) -> Result<(Settings, Notes), String> {
+        let mut r = Reader::new(cfg);
+        let settings = Settings::read(&mut r);
+        if !r.errors.is_empty() {
+            return Err(r.errors.join("; "));
+        }
+        let mut warnings = r.warnings;
+        for (key, nearest) in unknown_keys(cfg.tree(), &r.specs) {
+            warnings.push(match nearest {
+                Some(n) => format!("config key {key} is not a tent-rs key and is ignored (did you mean {n}?)"),
+                None => format!("config key {key} is not a tent-rs key and is ignored"),
+            });
+        }
+        Ok((settings, Notes { warnings }))
+    }
+
+    /// Every key tent-rs knows, in reading order, with its default, range and effect.
+    pub fn schema() -> Vec<KeySpec> {
+        let empty = Config::new();
+        let mut r = Reader::new(&empty);
+        let _ = Settings::read(&mut r);
+        r.specs
+    }
+
+    fn read(r: &mut Reader) -> Settings {
+        Settings {
+            engine: engine(r),
+            metadata: metadata(r),
+            rpc: rpc(r),
+            tcp: tcp(r),
+            shm: shm(r),
+            file: file(r),
+            rdma: rdma(r),
+            topology: topology(r),
+            metrics: metrics(r),
+        }
+    }
+}
+
+impl Default for Settings {
+    /// The settings of an empty configuration: every default.
+    fn default() -> Self {
+        let empty = Config::new();
+        Settings::read(&mut Reader::new(&empty))
+    }
+}
+
+fn engine(r: &mut Reader) -> EngineSection {
+    let section = EngineSection {
+        log_level: r.choice(
+            "log_level",
+            "info",
+            &["info", "warning", "warn", "error", "fatal", "debug", "verbose", "trace", "off", "none"],
+        ),
+        verbose: r.bool("verbose", false),
+        merge_requests: r.bool("merge_requests", true),
+        max_failover_attempts: r.uint("max_failover_attempts", 3, 0, 64) as u32,
+        enable_auto_failover_on_poll: r.bool("enable_auto_failover_on_poll", true),
+        enable_progress_worker: r.bool("enable_progress_worker", false),
+        idle_thread_exit: ms(r.uint("idle_thread_exit_ms", 2000, 1, MS_MAX)),
+        policy: r.raw("policy", json!([])),
+    };
+    const QUEUE: &str =
+        "the runtime admission queue is not built in tent-rs yet: requests go to their transport at submit";
+    r.no_effect("enable_runtime_queue", json!(false), QUEUE);
+    for (key, default) in [
+        ("runtime_queue/max_outstanding_owners", json!(1024)),
+        ("runtime_queue/max_outstanding_bytes", json!(1_073_741_824u64)),
+        ("runtime_queue/staging_owner_reserve", json!(0)),
+        ("runtime_queue/staging_byte_reserve", json!(0)),
+        ("runtime_queue/deadline_aware", json!(false)),
+        ("runtime_queue/mlu_local_threshold", json!(0.0)),
+        ("runtime_queue/promotion_slack_ns", json!(0)),
+        ("runtime_queue/max_dispatch_owners", json!(64)),
+        ("runtime_queue/max_dispatch_bytes", json!(67_108_864u64)),
+        ("runtime_queue/progress_fallback_interval_us", json!(50_000)),
+    ] {
+        r.no_effect(key, default, QUEUE);
+    }
+    r.no_effect(
+        "use_legacy_transport_selection",
+        json!(false),
+        "tent-rs has one selection order: policy, then the request's hint, then the buffer's transports",
+    );
+    r.no_effect("qos", Value::Null, "upstream parses the QoS contract but does not wire it into the engine either");
+    section
+}
+
+fn metadata(r: &mut Reader) -> MetadataSection {
+    MetadataSection {
+        kind: r.choice("metadata_type", "p2p", &["p2p", "etcd", "redis", "http"]),
+        servers: r.string("metadata_servers", ""),
+        ttl: Duration::from_secs(r.uint("metadata_ttl_secs", 30, 1, 86_400)),
+        timeout: ms(r.uint("metadata_timeout_ms", 3000, 1, MS_MAX)),
+        local_segment_name: r.string("local_segment_name", ""),
+        p2p_segment_host: r.string("p2p_segment_host", ""),
+    }
+}
+
+fn rpc(r: &mut Reader) -> RpcSection {
+    RpcSection {
+        hostname: r.string("rpc_server_hostname", ""),
+        port: r.int("rpc_server_port", 0, 0, 65535) as u16,
+        threads: r.int("rpc_server_threads", 1, 1, 1024) as usize,
+        data_threads: r.int("rpc_server_data_threads", 4, 1, 1024) as usize,
+        connect_timeout: ms(r.uint("rpc_connect_timeout_ms", 5000, 1, MS_MAX)),
+        request_timeout: ms(r.uint("rpc_request_timeout_ms", 30_000, 1, MS_MAX)),
+        auth_token: Some(r.string("rpc_auth_token", "")).filter(|t| !t.is_empty()).map(String::into_bytes),
+    }
+}
+
+fn tcp(r: &mut Reader) -> TcpSection {
+    TcpSection {
+        enable: r.bool("transports/tcp/enable", true),
+        max_retry_count: r.uint("transports/tcp/max_retry_count", 3, 0, 100) as u32,
+        retry_base_delay_ms: r.uint("transports/tcp/retry_base_delay_ms", 100, 0, MS_MAX),
+        retry_max_delay_ms: r.uint("transports/tcp/retry_max_delay_ms", 2000, 0, MS_MAX),
+        max_concurrent_tasks: r.uint("transports/tcp/max_concurrent_tasks", 16, 1, 256) as usize,
+        chunk_size: r.uint("transports/tcp/chunk_size", 4 << 20, 4096, 1 << 30),
+        fail_every_nth_chunk: r.uint("transports/tcp/fault/fail_every_nth_chunk", 0, 0, u64::MAX),
+        refuse_submit: r.bool("transports/tcp/fault/refuse_submit", false),
+    }
+}
+
+fn shm(r: &mut Reader) -> ShmSection {
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+    ShmSection {
+        enable: r.bool("transports/shm/enable", false),
+        cxl_mount_path: r.string("transports/shm/cxl_mount_path", ""),
+        copy_threads: r.uint_computed("transports/shm/copy_threads", cpus.min(8) as u64, "CPU count, at most 8", 1, 64)
+            as usize,
+        chunk_size: r.uint("transports/shm/chunk_size", 8 << 20, 64 << 10, 1 << 30),
+    }
+}
+
+fn file(r: &mut Reader) -> FileSection {
+    FileSection {
+        io_uring_enable: r.bool("transports/io_uring/enable", true),
+        queue_depth: r.uint("transports/io_uring/queue_depth", 32, 1, 4096) as u32,
+        rings: r.uint("transports/io_uring/rings", 1, 1, 64) as usize,
+        bufio_enable: r.bool("transports/bufio/enable", true),
+        bufio_threads: r.uint("transports/bufio/threads", 4, 1, 256) as usize,
+        direct_io: r.bool("transports/file/direct_io", true),
+        sync_writes: r.bool("transports/file/sync_writes", false),
+        // Whole 64 KiB multiples keep every split of an aligned request aligned.
+        chunk_size: r.uint("transports/file/chunk_size", 1 << 20, 64 << 10, 1 << 30) & !((64 << 10) - 1),
+    }
+}
+
+/// The lane count with upstream's precedence: `num_lanes`, else the legacy
+/// `device/num_cq_list`, `endpoint/qp_mul_factor`, `workers/num_workers`; every legacy knob
+/// that is set must equal the result.
+fn lanes(r: &mut Reader) -> usize {
+    const KNOBS: [&str; 4] = [
+        "transports/rdma/num_lanes",
+        "transports/rdma/device/num_cq_list",
+        "transports/rdma/endpoint/qp_mul_factor",
+        "transports/rdma/workers/num_workers",
+    ];
+    let num_lanes = r.int(KNOBS[0], 6, 1, 1024);
+    let lanes_set = r.is_set(KNOBS[0]);
+    let mut set: Vec<(&str, i64)> = if lanes_set { vec![(KNOBS[0], num_lanes)] } else { Vec::new() };
+    for k in &KNOBS[1..] {
+        if let Some(v) = r.opt_int(k, 1, 1024) {
+            set.push((k, v));
+        }
+    }
+    let Some(&(_, lanes)) = set.first() else {
+        return 6;
+    };
+    for (k, v) in &set[1..] {
+        if *v != lanes {
+            r.errors.push(format!("Inconsistent RDMA lane configuration: {k} = {v} but the lane count is {lanes}"));
+        }
+    }
+    if set.iter().any(|(k, _)| *k != KNOBS[0]) {
+        r.warnings.push("legacy RDMA lane knobs are deprecated; use transports/rdma/num_lanes".to_string());
+    }
+    lanes as usize
+}
+
+fn endpoint(r: &mut Reader) -> EndpointSection {
+    EndpointSection {
+        max_qp_wr: r.int("transports/rdma/endpoint/max_qp_wr", 256, 0, 1 << 20).max(1) as u32,
+        max_sge: r.int("transports/rdma/endpoint/max_sge", 4, 0, 1024).max(1) as u32,
+        max_inline_bytes: r.int("transports/rdma/endpoint/max_inline_bytes", 64, 0, 1 << 16) as u32,
+        path_mtu: r.int("transports/rdma/endpoint/path_mtu", 4096, 0, 65536),
+        pkey_index: r.int("transports/rdma/endpoint/pkey_index", 0, 0, 65535) as u16,
+        hop_limit: r.int("transports/rdma/endpoint/hop_limit", 16, 0, 255) as u8,
+        flow_label: r.int("transports/rdma/endpoint/flow_label", 0, 0, 0xfffff) as u32,
+        traffic_class: r.int("transports/rdma/endpoint/traffic_class", 0, 0, 255) as u8,
+        service_level: r.int("transports/rdma/endpoint/service_level", 0, 0, 15) as u8,
+        src_path_bits: r.int("transports/rdma/endpoint/src_path_bits", 0, 0, 255) as u8,
+        static_rate: r.int("transports/rdma/endpoint/static_rate", 0, 0, 255) as u8,
+        rq_psn: r.int("transports/rdma/endpoint/rq_psn", 0, 0, 0xffffff) as u32,
+        max_dest_rd_atomic: r.int("transports/rdma/endpoint/max_dest_rd_atomic", 16, 0, 255) as u8,
+        min_rnr_timer: r.int("transports/rdma/endpoint/min_rnr_timer", 12, 0, 31) as u8,
+        sq_psn: r.int("transports/rdma/endpoint/sq_psn", 0, 0, 0xffffff) as u32,
+        send_timeout: r.int("transports/rdma/endpoint/send_timeout", 14, 0, 31) as u8,
+        send_retry_count: r.int("transports/rdma/endpoint/send_retry_count", 7, 0, 7) as u8,
+        send_rnr_count: r.int("transports/rdma/endpoint/send_rnr_count", 7, 0, 7) as u8,
+        max_rd_atomic: r.int("transports/rdma/endpoint/max_rd_atomic", 16, 0, 255) as u8,
+        drain_timeout: ms(r.uint("transports/rdma/endpoint/drain_timeout_ms", 30_000, 0, MS_MAX)),
+        bootstrap_timeout: ms(r.uint("transports/rdma/endpoint/bootstrap_timeout_ms", 2000, 1, MS_MAX)),
+        store_type: r.choice("transports/rdma/endpoint/store_type", "sieve", &["sieve", "fifo"]),
+        store_cap: r.int("transports/rdma/endpoint/endpoint_store_cap", 65536, 1, 1 << 24) as usize,
+    }
+}
+
+fn rdma(r: &mut Reader) -> RdmaSection {
+    let section = RdmaSection {
+        enable: r.bool("transports/rdma/enable", true),
+        provider: r.choice("transports/rdma/provider", "ibverbs", &["ibverbs", "sim"]),
+        sim: SimSection {
+            devices: r.int("transports/rdma/sim/devices", 1, 0, 15) as usize,
+            fabric: r.string("transports/rdma/sim/fabric", ""),
+            fail_every_nth_wr: r.uint("transports/rdma/sim/fail_every_nth_wr", 0, 0, u64::MAX),
+            fail_status: r.string("transports/rdma/sim/fail_status", "RETRY_EXC_ERR"),
+        },
+        num_lanes: lanes(r),
+        port: r.int("transports/rdma/device/port", 1, 1, 255) as u8,
+        gid_index: r.int("transports/rdma/device/gid_index", -1, -1, 65535) as i32,
+        max_cqe: r.int("transports/rdma/device/max_cqe", 4096, 1, i32::MAX as i64) as u32,
+        endpoint: endpoint(r),
+        notify: r.bool("transports/rdma/notify/enable", true),
+        monitor_tick: ms(r.uint("transports/rdma/monitor_tick_ms", 2, 1, 1000)),
+        block_size: r.int("transports/rdma/workers/block_size", 65536, 1, 1 << 30) as u64,
+        max_retry_count: r.uint("transports/rdma/workers/max_retry_count", 8, 1, 1000) as u32,
+        max_timeout: Duration::from_nanos(r.uint("transports/rdma/max_timeout_ns", 10_000_000_000, 1, u64::MAX)),
+        flush_budget: r.uint("transports/rdma/workers/flush_budget", 1024, 1, 1 << 20) as u32,
+        connect_patience: ms(r.uint("transports/rdma/workers/connect_patience_ms", 500, 0, MS_MAX)),
+        rail_error_threshold: r.uint("transports/rdma/rail_error_threshold", 3, 1, 1 << 20) as u32,
+        rail_error_window: Duration::from_secs(r.uint("transports/rdma/rail_error_window_secs", 10, 0, 86_400)),
+        rail_cooldown: Duration::from_secs(r.uint("transports/rdma/rail_cooldown_secs", 30, 1, 86_400)),
+        rail_probe_interval: ms(r.uint("transports/rdma/rail_probe_interval_ms", 250, 1, MS_MAX)),
+    };
+    rdma_no_effect(r);
+    section
+}
+
+/// Upstream's RDMA keys that tent-rs does not act on, with the reason.
+fn rdma_no_effect(r: &mut Reader) {
+    const SCHED: &str = "tent-rs sprays slices round-robin over rail-aligned NIC pairs; NIC choice by load, NUMA \
+                         and priority is not built yet";
+    const GPU: &str = "tent-rs registers host memory only; there is no GPUDirect path yet";
+    let keys: [(&'static str, Value, &'static str); 29] = [
+        (
+            "transports/rdma/device/num_comp_channels",
+            json!(1),
+            "lanes poll their completion queues; tent-rs creates no completion channels",
+        ),
+        ("transports/rdma/endpoint/qp_pools", json!([]), "each endpoint owns num_lanes QPs; there are no QP pools"),
+        (
+            "transports/rdma/workers/grace_period_ns",
+            json!(5_000_000),
+            "a lane waits on its queue when it has nothing in flight instead of spinning for a grace period",
+        ),
+        ("transports/rdma/workers/rail_topo_path", json!(""), "rails are paired from the NICs' NUMA nodes and names"),
+        ("transports/rdma/gdr_error_threshold", json!(2), GPU),
+        ("transports/rdma/gdr_error_window_secs", json!(10), GPU),
+        ("transports/rdma/gdr_cooldown_secs", json!(30), GPU),
+        ("transports/rdma/disable_gpu_direct_rdma", json!(false), GPU),
+        (
+            "transports/rdma/bind_address",
+            json!(""),
+            "RDMA bootstraps use the segment name's RPC address; no separate rdma_server_name is advertised",
+        ),
+        (
+            "transports/rdma/shared_quota_shm_path",
+            json!(""),
+            "there is no NIC quota shared between processes yet (priorities are not built)",
+        ),
+        (
+            "transports/rdma/pci_relaxed_ordering",
+            json!(0),
+            "memory regions are registered without IBV_ACCESS_RELAXED_ORDERING",
+        ),
+        ("transports/rdma/log_slice_affinity", json!(false), "slices are not logged one by one"),
+        ("transports/rdma/enable_smart_scheduling", json!(true), SCHED),
+        ("transports/rdma/enable_priority_filtering", json!(true), SCHED),
+        ("transports/rdma/numa_penalties", json!([]), SCHED),
+        ("transports/rdma/bandwidth_learning_rate", json!(0.01), SCHED),
+        ("transports/rdma/ewma_min_bandwidth_multiplier", json!(0.1), SCHED),
+        ("transports/rdma/ewma_max_bandwidth_multiplier", json!(10.0), SCHED),
+        ("transports/rdma/score_jitter_range", json!(1e-9), SCHED),
+        ("transports/rdma/score_epsilon", json!(1e-12), SCHED),
+        ("transports/rdma/local_rotation_interval_us", json!(200), SCHED),
+        ("transports/rdma/priority_promotion_timeout_us", json!(10_000), SCHED),
+        ("transports/rdma/slot_rotation_interval_ms", json!(2), SCHED),
+        ("transports/rdma/default_bandwidth_gbps", json!(400.0), SCHED),
+        ("transports/rdma/min_bandwidth_gbps", json!(10.0), SCHED),
+        ("transports/rdma/max_bandwidth_gbps", json!(800.0), SCHED),
+        ("transports/rdma/priority_promotion_per_entry", json!(false), SCHED),
+        (
+            "topology/priority_matrix",
+            Value::Null,
+            "tent-rs discovers the NIC topology itself (sysfs NUMA nodes); a given matrix is not read",
+        ),
+        (
+            "topology/custom_json_path",
+            json!(""),
+            "tent-rs discovers the NIC topology itself (sysfs NUMA nodes); a topology file is not read",
+        ),
+    ];
+    for (key, default, reason) in keys {
+        r.no_effect(key, default, reason);
+    }
+    for key in [
+        "transports/nvlink/enable",
+        "transports/mnnvl/enable",
+        "transports/gds/enable",
+        "transports/ascend_direct/enable",
+        "transports/sunrise_link/enable",
+        "transports/tpu/enable",
+        "transports/mpcomm/enable",
+        "transports/ub/enable",
+    ] {
+        r.no_effect(key, json!(false), "this transport is not part of tent-rs");
+    }
+}
+
+fn topology(r: &mut Reader) -> TopologySection {
+    TopologySection {
+        rdma_whitelist: r.str_list("topology/rdma_whitelist"),
+        rdma_blacklist: r.str_list("topology/rdma_blacklist"),
+    }
+}
+
+fn metrics(r: &mut Reader) -> MetricsSection {
+    MetricsSection {
+        enabled: r.bool("metrics/enabled", false),
+        http_host: r.string("metrics/http_host", "0.0.0.0"),
+        http_port: r.int("metrics/http_port", 9100, 0, 65535) as u16,
+        http_server_threads: r.uint("metrics/http_server_threads", 2, 1, 64) as usize,
+        report_interval: Duration::from_secs(r.uint("metrics/report_interval_seconds", 30, 0, 86_400)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Effect;
+
+    fn parse(v: Value) -> Result<(Settings, Notes), String> {
+        Settings::parse(&Config::from_value(v))
+    }
+
+    #[test]
+    fn an_empty_config_gives_every_default() {
+        let (s, notes) = parse(json!({})).expect("defaults parse");
+        assert_eq!(s, Settings::default());
+        assert!(notes.warnings.is_empty(), "{:?}", notes.warnings);
+        assert_eq!(s.tcp.chunk_size, 4 << 20);
+        assert_eq!(s.rdma.num_lanes, 6);
+        assert_eq!(s.rdma.max_timeout, Duration::from_secs(10));
+        assert_eq!(s.metrics.report_interval, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn values_are_typed_as_upstream_reads_them() {
+        let (s, _) = parse(json!({
+            "rpc_server_port": "8080", "merge_requests": "0", "transports": {"tcp": {"chunk_size": "65536"}},
+            "metadata_type": "REDIS", "transports/shm/enable": 1, "local_segment_name": 1234
+        }))
+        .expect("valid");
+        assert_eq!(s.rpc.port, 8080);
+        assert!(!s.engine.merge_requests);
+        assert_eq!(s.tcp.chunk_size, 65536);
+        assert_eq!(s.metadata.kind, "redis");
+        assert!(s.shm.enable, "a flat slash key is read too");
+        assert_eq!(s.metadata.local_segment_name, "1234");
+    }
+
+    #[test]
+    fn every_bad_value_is_reported_with_its_key_value_and_reason() {
+        let err = parse(json!({
+            "transports": {"tcp": {"chunk_size": "abc"}, "rdma": {"max_timeout_ns": -5}},
+            "max_failover_attempts": "xyz", "rpc_server_threads": 0, "verbose": "maybe",
+            "topology": {"rdma_whitelist": "mlx5_0"}, "metrics": {"http_port": 70000}
+        }))
+        .unwrap_err();
+        for part in [
+            "config key transports/tcp/chunk_size: \"abc\" is not a non-negative integer",
+            "config key transports/rdma/max_timeout_ns: -5 is not a non-negative integer",
+            "config key max_failover_attempts: \"xyz\" is not a non-negative integer",
+            "config key rpc_server_threads: 0 is outside the allowed range 1..=1024",
+            "config key verbose: \"maybe\" is not a boolean",
+            "config key topology/rdma_whitelist: \"mlx5_0\" is not an array of strings",
+            "config key metrics/http_port: 70000 is outside the allowed range 0..=65535",
+        ] {
+            assert!(err.contains(part), "missing {part:?} in {err}");
+        }
+        assert!(parse(json!({"metadata_type": "zookeeper"})).unwrap_err().contains("is not one of p2p, etcd"));
+        assert!(parse(json!({"transports": {"tcp": {"chunk_size": 1.5}}})).is_err(), "floats are refused");
+    }
+
+    #[test]
+    fn lane_knobs_must_agree() {
+        let (s, notes) = parse(json!({"transports": {"rdma": {"workers": {"num_workers": 3}}}})).expect("valid");
+        assert_eq!(s.rdma.num_lanes, 3);
+        assert!(notes.warnings.iter().any(|w| w.contains("deprecated")));
+        let e = parse(json!({"transports": {"rdma": {"num_lanes": 1, "endpoint": {"qp_mul_factor": 2}}}}));
+        assert!(e.unwrap_err().contains("Inconsistent RDMA lane configuration"));
+    }
+
+    #[test]
+    fn unknown_keys_warn_with_the_nearest_known_key() {
+        let (_, notes) = parse(json!({
+            "transports": {"tcp": {"chunk_sise": 4096}}, "completely_unrelated_thing": 1,
+            "policy": [{"name": "p", "transports": ["tcp"]}], "topology": {"priority_matrix": {"cpu:0": [["a"]]}}
+        }))
+        .expect("unknown keys are not errors");
+        assert!(
+            notes
+                .warnings
+                .iter()
+                .any(|w| w.contains("transports/tcp/chunk_sise")
+                    && w.contains("did you mean transports/tcp/chunk_size?")),
+            "{:?}",
+            notes.warnings
+        );
+        assert!(notes.warnings.iter().any(|w| w.contains("completely_unrelated_thing") && !w.contains("did you mean")));
+        // The insides of a policy list or a matrix are not keys.
+        let unknown: Vec<_> = notes.warnings.iter().filter(|w| w.contains("is not a tent-rs key")).collect();
+        assert_eq!(unknown.len(), 2, "{unknown:?}");
+        assert!(!unknown.iter().any(|w| w.contains("policy") || w.contains("cpu:0")), "{unknown:?}");
+    }
+
+    #[test]
+    fn keys_without_effect_warn_only_when_set_to_something_else() {
+        let (_, notes) =
+            parse(json!({"transports": {"rdma": {"shared_quota_shm_path": "", "numa_penalties": []}}})).expect("ok");
+        assert!(notes.warnings.is_empty(), "defaults are quiet: {:?}", notes.warnings);
+        let (_, notes) = parse(json!({
+            "transports": {"rdma": {"shared_quota_shm_path": "/dev/shm/q"}, "nvlink": {"enable": true}},
+            "enable_runtime_queue": "1"
+        }))
+        .expect("ok");
+        assert_eq!(notes.warnings.len(), 3, "{:?}", notes.warnings);
+        assert!(notes.warnings.iter().all(|w| w.contains("has no effect in tent-rs")));
+        assert!(notes.warnings.iter().any(|w| w.contains("shared_quota_shm_path") && w.contains("/dev/shm/q")));
+    }
+
+    #[test]
+    fn the_schema_names_each_key_once() {
+        let schema = Settings::schema();
+        let mut paths: Vec<_> = schema.iter().map(|s| s.path).collect();
+        let n = paths.len();
+        paths.sort();
+        paths.dedup();
+        assert_eq!(paths.len(), n, "a key is read twice");
+        assert!(
+            schema
+                .iter()
+                .any(|s| s.path == "transports/rdma/pci_relaxed_ordering" && matches!(s.effect, Effect::NoEffect(_)))
+        );
+        assert!(schema.iter().any(|s| s.path == "transports/tcp/chunk_size" && s.effect == Effect::Used));
+    }
+
+    #[test]
+    fn metrics_variables_fill_only_unset_keys() {
+        let getenv = |k: &str| match k {
+            "TENT_METRICS_ENABLED" => Some("true".to_string()),
+            "TENT_METRICS_HTTP_PORT" => Some("9200".to_string()),
+            "TENT_METRICS_REPORT_INTERVAL" => Some("0".to_string()),
+            _ => None,
+        };
+        let mut c = Config::from_value(json!({"metrics": {"http_port": 9300}}));
+        c.apply_env_with(&getenv);
+        let (s, _) = Settings::parse(&c).expect("valid");
+        assert!(s.metrics.enabled);
+        assert_eq!(s.metrics.http_port, 9300, "the config wins over TENT_METRICS_HTTP_PORT");
+        assert_eq!(s.metrics.report_interval, Duration::ZERO);
+    }
+}
