@@ -79,15 +79,32 @@ int main(void) {
     CHECK(tent_last_error(err, sizeof err) > 0);
     all_calls_fail((tent_engine_t)(uintptr_t)0xdeadbeef, "a garbage");
 
-    /* An engine that failed to start: an explicit port out of range. */
+    /* A bad config value: no engine at all, and the error names the key. */
     tent_set_config("rpc_server_hostname", "127.0.0.1");
     tent_set_config("log_level", "error");
     tent_set_config("rpc_server_port", "70000");
     tent_engine_t bad = tent_create_engine();
-    CHECK(bad != NULL);
+    CHECK(bad == NULL);
     CHECK(tent_last_error(err, sizeof err) > 0);
     CHECK(strstr(err, "rpc_server_port") != NULL);
+    all_calls_fail(bad, "a NULL (bad config)");
+    tent_set_config("rpc_server_port", "0");
+
+    /* An engine that failed to start: its RPC port is taken by another engine. */
+    tent_engine_t holder = tent_create_engine();
+    CHECK_EQ(tent_available(holder), 1);
+    char held[64];
+    uint16_t held_port = 0;
+    CHECK_EQ(tent_rpc_server_addr_port(holder, held, sizeof held, &held_port), 0);
+    char port_text[16];
+    snprintf(port_text, sizeof port_text, "%u", (unsigned)held_port);
+    tent_set_config("rpc_server_port", port_text);
+    bad = tent_create_engine();
+    CHECK(bad != NULL);
+    CHECK(tent_last_error(err, sizeof err) > 0);
     all_calls_fail(bad, "a failed");
+    tent_destroy_engine(bad);
+    tent_destroy_engine(holder);
     tent_set_config("rpc_server_port", "0");
 
     tent_engine_t e = tent_create_engine();

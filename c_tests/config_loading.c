@@ -84,6 +84,34 @@ static void *set_config_values(void *arg) {
     e = tent_create_engine();
     CHECK_EQ(tent_available(e), 0);
     tent_destroy_engine(e);
+    tent_set_config("rpc_server_port", "0");
+    /* Every key is typed: an ill-typed or out-of-range value fails the start, and the error
+     * names the key, the value and the reason. */
+    static const char *bad[][4] = {
+        /* key, bad value, reason, a good value to put back */
+        {"transports/tcp/chunk_size", "abc", "not a non-negative integer", "65536"},
+        {"max_failover_attempts", "xyz", "not a non-negative integer", "3"},
+        {"transports/rdma/max_timeout_ns", "-5", "not a non-negative integer", "1000000000"},
+        {"transports/tcp/max_concurrent_tasks", "0", "outside the allowed range", "16"},
+        {"metadata_type", "zookeeper", "not one of", "p2p"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        tent_set_config(bad[i][0], bad[i][1]);
+        e = tent_create_engine();
+        CHECK_EQ(e == NULL, 1);
+        char msg[512] = {0};
+        CHECK_EQ(tent_last_error(msg, sizeof msg) >= 0, 1);
+        CHECK_EQ(strstr(msg, bad[i][0]) != NULL, 1);
+        CHECK_EQ(strstr(msg, bad[i][1]) != NULL, 1);
+        CHECK_EQ(strstr(msg, bad[i][2]) != NULL, 1);
+        tent_destroy_engine(e);
+        tent_set_config(bad[i][0], bad[i][3]);
+    }
+    /* Back to good values: a misspelt key is only a warning, the engine starts. */
+    tent_set_config("transports/tcp/chunk_sise", "65536");
+    e = tent_create_engine();
+    CHECK_EQ(tent_available(e), 1);
+    tent_destroy_engine(e);
     return NULL;
 }
 

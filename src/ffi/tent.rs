@@ -156,13 +156,15 @@ pub unsafe extern "C" fn tent_set_config(key: *const c_char, value: *const c_cha
     })
 }
 
-/// Creates an engine from this thread's settings and the environment. Always returns a handle
-/// (NULL only if even that fails); check `tent_available`, since every call on an engine that
-/// failed to start returns -1.
+/// Creates an engine from this thread's settings and the environment. A config value of the
+/// wrong type or out of range gives NULL, and `tent_last_error` names the key, the value and
+/// the reason. Any other failure to start still gives a handle (as upstream); check
+/// `tent_available`, since every call on an engine that failed to start returns -1.
 #[unsafe(no_mangle)]
 pub extern "C" fn tent_create_engine() -> tent_engine_t {
     guard!("tent_create_engine", std::ptr::null_mut(), {
         let cfg = engine::effective_config(thread_config());
+        crate::config::Settings::parse(&cfg).map_err(Error::InvalidArgument)?;
         let handle = match Engine::new(cfg) {
             Ok(e) => Handle::Ready(e),
             Err(e) => {
