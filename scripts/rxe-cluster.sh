@@ -8,7 +8,7 @@
 #
 #   scripts/rxe-cluster.sh                 boot the cluster, run every scenario, power off
 #   scripts/rxe-cluster.sh --bench         the same, then the benchmarks (tent-bench against
-#                                          perftest on both rails; figures for the README)
+#                                          perftest on both rails; figures in docs/rdma-cluster.md)
 #   scripts/rxe-cluster.sh --bench-only    only the benchmarks
 #   scripts/rxe-cluster.sh --shell         boot the cluster and wait (agents up) until Ctrl-C
 #
@@ -98,7 +98,7 @@ fail() { echo "cluster host $host: $*"; exit 1; }
 modprobe -d "$modules" -a virtio_net virtio_console || fail "modprobe virtio_net virtio_console"
 for r in $(seq 0 $((rails - 1))); do
     # A long transmit queue: rxe 6.1 sends corrupt data when the kernel refuses one of its
-    # packets locally (see the README), and a full queue is where it would.
+    # packets locally (see docs/rdma-cluster.md), and a full queue is where it would.
     ip link set "eth$r" up txqueuelen 10000 || fail "no eth$r"
     ip addr add "198.18.$r.$((host + 1))/24" dev "eth$r" || fail "address of eth$r"
     rdma link add "rxe$r" type rxe netdev "eth$r" || fail "rdma link add rxe$r"
