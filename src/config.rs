@@ -11,7 +11,7 @@ use std::path::Path;
 mod reader;
 mod settings;
 
-pub use reader::{Effect, KeySpec};
+pub use reader::{Effect, KeySpec, Range};
 pub use settings::{
     EndpointSection, EngineSection, FileSection, MetadataSection, MetricsSection, Notes, RdmaSection, RpcSection,
     Settings, ShmSection, SimSection, TcpSection, TopologySection,
@@ -224,15 +224,15 @@ impl Config {
 
     /// Follows the non-empty segments of `path` through nested objects.
     fn nested(&self, path: &str) -> Option<&Value> {
-        let segs = segments(path);
-        if segs.is_empty() {
-            return None;
-        }
         let mut node = &self.root;
-        for seg in segs {
+        let mut any = false;
+        // Walks the segments without collecting them: every typed setting is looked up once
+        // per engine start.
+        for seg in path.split('/').filter(|s| !s.is_empty()) {
             node = node.as_object()?.get(seg)?;
+            any = true;
         }
-        Some(node)
+        any.then_some(node)
     }
 
     /// Looks up a `/` path: first through nested objects (empty segments skipped), then, when

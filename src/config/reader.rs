@@ -3,6 +3,8 @@
 //! is the schema: the documentation test, the unknown-key check and `Settings::schema` all use
 //! it, so a key's path, type, default and range are written once, where the section reads it.
 
+use std::collections::HashMap;
+
 use serde_json::Value;
 
 use super::Config;
@@ -16,6 +18,28 @@ pub enum Effect {
     NoEffect(&'static str),
 }
 
+/// The values a key accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Range {
+    /// An integer in `min..=max`.
+    Int(i64, i64),
+    /// A non-negative integer in `min..=max`.
+    Uint(u64, u64),
+    /// One of these words (any case).
+    OneOf(&'static [&'static str]),
+}
+
+impl std::fmt::Display for Range {
+    /// `1..=1024`, or the words separated by commas.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Range::Int(a, b) => write!(f, "{a}..={b}"),
+            Range::Uint(a, b) => write!(f, "{a}..={b}"),
+            Range::OneOf(words) => f.write_str(&words.join(", ")),
+        }
+    }
+}
+
 /// One key of the schema.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KeySpec {
@@ -25,8 +49,8 @@ pub struct KeySpec {
     pub default: Value,
     /// The default in words, for defaults that depend on the machine (`None` otherwise).
     pub default_text: Option<&'static str>,
-    /// The accepted values in words (`"1..=1024"`, `"p2p, etcd, redis, http"`), if limited.
-    pub range: Option<String>,
+    /// The accepted values, if limited.
+    pub range: Option<Range>,
     /// Whether tent-rs acts on it.
     pub effect: Effect,
     /// Its value is a structure read as a whole (a policy list, a matrix): the keys inside it
@@ -39,6 +63,8 @@ pub struct KeySpec {
 /// so one pass reports every mistake.
 pub(crate) struct Reader<'a> {
     cfg: &'a Config,
+    /// Record every key's spec (for the schema); parsing an engine's config needs none.
+    recording: bool,
     pub(crate) specs: Vec<KeySpec>,
     pub(crate) errors: Vec<String>,
     pub(crate) warnings: Vec<String>,
@@ -50,12 +76,31 @@ fn show(v: &Value) -> String {
 }
 
 impl<'a> Reader<'a> {
-    pub(crate) fn new(cfg: &'a Config) -> Reader<'a> {
-        Reader { cfg, specs: Vec::new(), errors: Vec::new(), warnings: Vec::new() }
+    /// A reader that records the schema while it reads.
+    pub(crate) fn recording(cfg: &'a Config) -> Reader<'a> {
+        Reader { cfg, recording: true, specs: Vec::new(), errors: Vec::new(), warnings: Vec::new() }
     }
 
-    fn record(&mut self, path: &'static str, default: Value, range: Option<String>) {
-        self.specs.push(KeySpec { path, default, default_text: None, range, effect: Effect::Used, opaque: false });
+    /// A reader that only reads (and reports errors and warnings).
+    pub(crate) fn new(cfg: &'a Config) -> Reader<'a> {
+        Reader { cfg, recording: false, specs: Vec::new(), errors: Vec::new(), warnings: Vec::new() }
+    }
+
+    /// The value at `path`, borrowed from the config (not from the reader, which is mutated
+    /// while the value is looked at).
+    fn lookup(&self, path: &str) -> Option<&'a Value> {
+        let cfg: &'a Config = self.cfg;
+        cfg.get(path)
+    }
+
+    fn push(&mut self, spec: KeySpec) {
+        if self.recording {
+            self.specs.push(spec);
+        }
+    }
+
+    fn record(&mut self, path: &'static str, default: Value, range: Option<Range>) {
+        self.push(KeySpec { path, default, default_text: None, range, effect: Effect::Used, opaque: false });
     }
 
     fn fail(&mut self, path: &str, v: &Value, reason: &str) {
@@ -64,41 +109,41 @@ impl<'a> Reader<'a> {
 
     /// Whether the key is set (present and not null).
     pub(crate) fn is_set(&self, path: &str) -> bool {
-        self.cfg.get(path).is_some()
+        self.lookup(path).is_some()
     }
 
     /// A boolean: JSON booleans, 0/1, and true/false/yes/no/on/off in any case.
     pub(crate) fn bool(&mut self, path: &'static str, default: bool) -> bool {
         self.record(path, Value::Bool(default), None);
-        let Some(v) = self.cfg.get(path).cloned() else {
+        let Some(v) = self.lookup(path) else {
             return default;
         };
-        super::bool_of(&v).unwrap_or_else(|| {
-            self.fail(path, &v, "is not a boolean (true, false, 1, 0, yes, no, on, off)");
+        super::bool_of(v).unwrap_or_else(|| {
+            self.fail(path, v, "is not a boolean (true, false, 1, 0, yes, no, on, off)");
             default
         })
     }
 
     /// A signed integer (a JSON integer or a string holding one) in `min..=max`.
     pub(crate) fn int(&mut self, path: &'static str, default: i64, min: i64, max: i64) -> i64 {
-        self.record(path, Value::from(default), Some(format!("{min}..={max}")));
+        self.record(path, Value::from(default), Some(Range::Int(min, max)));
         self.int_value(path, min, max).unwrap_or(default)
     }
 
     /// An integer that may stay unset (the legacy lane knobs): `None` when unset or bad.
     pub(crate) fn opt_int(&mut self, path: &'static str, min: i64, max: i64) -> Option<i64> {
-        self.record(path, Value::Null, Some(format!("{min}..={max}")));
+        self.record(path, Value::Null, Some(Range::Int(min, max)));
         self.int_value(path, min, max)
     }
 
     fn int_value(&mut self, path: &'static str, min: i64, max: i64) -> Option<i64> {
-        let v = self.cfg.get(path)?.clone();
-        let Some(n) = super::int_of(&v) else {
-            self.fail(path, &v, "is not an integer");
+        let v = self.lookup(path)?;
+        let Some(n) = super::int_of(v) else {
+            self.fail(path, v, "is not an integer");
             return None;
         };
         if n < min || n > max {
-            self.fail(path, &v, &format!("is outside the allowed range {min}..={max}"));
+            self.fail(path, v, &format!("is outside the allowed range {min}..={max}"));
             return None;
         }
         Some(n)
@@ -106,7 +151,7 @@ impl<'a> Reader<'a> {
 
     /// A non-negative integer in `min..=max` (`u64` so that nanosecond timeouts fit).
     pub(crate) fn uint(&mut self, path: &'static str, default: u64, min: u64, max: u64) -> u64 {
-        self.record(path, Value::from(default), Some(format!("{min}..={max}")));
+        self.record(path, Value::from(default), Some(Range::Uint(min, max)));
         self.uint_value(path, min, max).unwrap_or(default)
     }
 
@@ -119,11 +164,11 @@ impl<'a> Reader<'a> {
         min: u64,
         max: u64,
     ) -> u64 {
-        self.specs.push(KeySpec {
+        self.push(KeySpec {
             path,
             default: Value::Null,
             default_text: Some(text),
-            range: Some(format!("{min}..={max}")),
+            range: Some(Range::Uint(min, max)),
             effect: Effect::Used,
             opaque: false,
         });
@@ -131,18 +176,18 @@ impl<'a> Reader<'a> {
     }
 
     fn uint_value(&mut self, path: &'static str, min: u64, max: u64) -> Option<u64> {
-        let v = self.cfg.get(path)?.clone();
+        let v = self.lookup(path)?;
         let parsed = match &v {
             Value::Number(n) => n.as_u64(),
             Value::String(s) => s.trim().parse::<u64>().ok(),
             _ => None,
         };
         let Some(n) = parsed else {
-            self.fail(path, &v, "is not a non-negative integer");
+            self.fail(path, v, "is not a non-negative integer");
             return None;
         };
         if n < min || n > max {
-            self.fail(path, &v, &format!("is outside the allowed range {min}..={max}"));
+            self.fail(path, v, &format!("is outside the allowed range {min}..={max}"));
             return None;
         }
         Some(n)
@@ -156,20 +201,25 @@ impl<'a> Reader<'a> {
     }
 
     fn string_value(&mut self, path: &'static str) -> Option<String> {
-        let v = self.cfg.get(path)?.clone();
+        let v = self.lookup(path)?;
         match v {
-            Value::String(s) => Some(s),
+            Value::String(s) => Some(s.clone()),
             Value::Number(_) | Value::Bool(_) => Some(v.to_string()),
             other => {
-                self.fail(path, &other, "is not a string");
+                self.fail(path, other, "is not a string");
                 None
             }
         }
     }
 
     /// One of `allowed` (compared without case), given back in lower case.
-    pub(crate) fn choice(&mut self, path: &'static str, default: &'static str, allowed: &[&str]) -> String {
-        self.record(path, Value::from(default), Some(allowed.join(", ")));
+    pub(crate) fn choice(
+        &mut self,
+        path: &'static str,
+        default: &'static str,
+        allowed: &'static [&'static str],
+    ) -> String {
+        self.record(path, Value::from(default), Some(Range::OneOf(allowed)));
         let Some(s) = self.string_value(path) else {
             return default.to_string();
         };
@@ -185,7 +235,7 @@ impl<'a> Reader<'a> {
     /// An array of strings; unset is empty.
     pub(crate) fn str_list(&mut self, path: &'static str) -> Vec<String> {
         self.record(path, Value::Array(Vec::new()), None);
-        let Some(v) = self.cfg.get(path).cloned() else {
+        let Some(v) = self.lookup(path) else {
             return Vec::new();
         };
         let items = match &v {
@@ -193,22 +243,22 @@ impl<'a> Reader<'a> {
             _ => None,
         };
         items.unwrap_or_else(|| {
-            self.fail(path, &v, "is not an array of strings");
+            self.fail(path, v, "is not an array of strings");
             Vec::new()
         })
     }
 
     /// A structure read as a whole by the layer that owns it (`policy`); `None` when unset.
     pub(crate) fn raw(&mut self, path: &'static str, default: Value) -> Option<Value> {
-        self.specs.push(KeySpec { path, default, default_text: None, range: None, effect: Effect::Used, opaque: true });
-        self.cfg.get(path).cloned()
+        self.push(KeySpec { path, default, default_text: None, range: None, effect: Effect::Used, opaque: true });
+        self.lookup(path).cloned()
     }
 
     /// A key accepted for compatibility that tent-rs does not act on. Setting it to something
     /// other than its default is reported as a warning saying why it has no effect.
     pub(crate) fn no_effect(&mut self, path: &'static str, default: Value, reason: &'static str) {
         let opaque = default.is_array() || default.is_object() || default.is_null();
-        self.specs.push(KeySpec {
+        self.push(KeySpec {
             path,
             default: default.clone(),
             default_text: None,
@@ -216,7 +266,7 @@ impl<'a> Reader<'a> {
             effect: Effect::NoEffect(reason),
             opaque,
         });
-        if let Some(v) = self.cfg.get(path)
+        if let Some(v) = self.lookup(path)
             && !same_value(v, &default)
         {
             self.warnings
@@ -248,10 +298,11 @@ fn same_value(v: &Value, default: &Value) -> bool {
 /// distance) when one is close. Objects are walked down to their leaves, except below an
 /// opaque key; a flat top-level key holding a `/` path counts as that path.
 pub(crate) fn unknown_keys(tree: &Value, specs: &[KeySpec]) -> Vec<(String, Option<&'static str>)> {
+    let index: HashMap<&str, bool> = specs.iter().map(|s| (s.path, s.opaque)).collect();
     let mut found = Vec::new();
     if let Value::Object(map) = tree {
         for (k, v) in map {
-            walk(k.trim_matches('/'), v, specs, &mut found);
+            walk(&mut k.trim_matches('/').to_string(), v, &index, &mut found);
         }
     }
     found
@@ -268,24 +319,27 @@ pub(crate) fn unknown_keys(tree: &Value, specs: &[KeySpec]) -> Vec<(String, Opti
         .collect()
 }
 
-fn walk(path: &str, v: &Value, specs: &[KeySpec], found: &mut Vec<String>) {
+/// Walks `v` at `path` (a buffer the walk extends and restores, so no path is allocated for
+/// a known key).
+fn walk(path: &mut String, v: &Value, index: &HashMap<&str, bool>, found: &mut Vec<String>) {
     if v.is_null() {
         return;
     }
-    if let Some(spec) = specs.iter().find(|s| s.path == path) {
-        if spec.opaque || !v.is_object() {
-            return;
-        }
+    let known = index.get(path.as_str());
+    if known.is_some_and(|opaque| *opaque || !v.is_object()) {
+        return;
     }
     match v {
-        Value::Object(map) if !map.is_empty() => {
+        Value::Object(map) => {
             for (k, child) in map {
-                walk(&format!("{path}/{}", k.trim_matches('/')), child, specs, found);
+                let len = path.len();
+                path.push('/');
+                path.push_str(k.trim_matches('/'));
+                walk(path, child, index, found);
+                path.truncate(len);
             }
         }
-        // An empty object names no key; a leaf that no spec names is unknown.
-        Value::Object(_) => {}
-        _ if specs.iter().any(|s| s.path == path) => {}
-        _ => found.push(path.to_string()),
+        // A leaf that no spec names is unknown.
+        _ => found.push(path.clone()),
     }
 }

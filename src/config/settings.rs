@@ -224,7 +224,9 @@ impl Settings {
             return Err(r.errors.join("; "));
         }
         let mut warnings = r.warnings;
-        for (key, nearest) in unknown_keys(cfg.tree(), &r.specs) {
+        static SCHEMA: std::sync::OnceLock<Vec<KeySpec>> = std::sync::OnceLock::new();
+        let schema = SCHEMA.get_or_init(Settings::schema);
+        for (key, nearest) in unknown_keys(cfg.tree(), schema) {
             warnings.push(match nearest {
                 Some(n) => format!("config key {key} is not a tent-rs key and is ignored (did you mean {n}?)"),
                 None => format!("config key {key} is not a tent-rs key and is ignored"),
@@ -236,7 +238,7 @@ impl Settings {
     /// Every key tent-rs knows, in reading order, with its default, range and effect.
     pub fn schema() -> Vec<KeySpec> {
         let empty = Config::new();
-        let mut r = Reader::new(&empty);
+        let mut r = Reader::recording(&empty);
         let _ = Settings::read(&mut r);
         r.specs
     }
@@ -342,7 +344,9 @@ fn tcp(r: &mut Reader) -> TcpSection {
 }
 
 fn shm(r: &mut Reader) -> ShmSection {
-    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+    // Asking the OS reads cgroup files; the answer does not change while the process runs.
+    static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cpus = *CPUS.get_or_init(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2));
     ShmSection {
         enable: r.bool("transports/shm/enable", false),
         cxl_mount_path: r.string("transports/shm/cxl_mount_path", ""),
