@@ -287,6 +287,12 @@ impl Dispatcher {
         }
         let keep = tasks.clone();
         self.submitted[kind as usize].fetch_add(tasks.len() as u64, Ordering::Relaxed);
+        // Each unit handed over is one physical attempt on `kind` (one clock read per slice);
+        // counted before the submit, since a fast transport may end it before submit returns.
+        let now = std::time::Instant::now();
+        for u in &units {
+            u.start_attempt(kind, now);
+        }
         let submitted = if more { t.submit_partial(desc, tasks) } else { t.submit(desc, tasks) };
         if let Err(e) = submitted {
             tracing::debug!("{} refused a submit: {e}", kind.name());

@@ -18,7 +18,7 @@ use crate::control::metadata::{self, StoreSettings};
 use crate::control::queue::idle_exit;
 use crate::control::server::ServerParams;
 use crate::error::{Error, Result};
-use crate::metrics::{Metrics, MetricsServer};
+use crate::metrics::{Metrics, MetricsServer, ServerOptions};
 use crate::transport::Transport;
 use crate::transport::rdma::RdmaTransport;
 use crate::transport::shm::{ShmParams, ShmTransport};
@@ -145,14 +145,20 @@ pub(super) fn attach_rdma(t: &Arc<RdmaTransport>, local: &LocalSegment, remote: 
     metrics.set_rdma_source(t.metrics_source());
 }
 
-/// The metrics HTTP endpoint when `metrics/enabled` is set and its port can be bound.
+/// The metrics server (HTTP endpoint and periodic summary) when `metrics/enabled` is set.
 pub(super) fn start_metrics_server(config: &Config, metrics: &Arc<Metrics>) -> Option<MetricsServer> {
     if !config.get_bool(keys::METRICS_ENABLED.0, keys::METRICS_ENABLED.1) {
         return None;
     }
-    let host = config.get_string(keys::METRICS_HTTP_HOST.0, keys::METRICS_HTTP_HOST.1);
-    let port = config.get_u64(keys::METRICS_HTTP_PORT.0, keys::METRICS_HTTP_PORT.1).min(65535) as u16;
-    MetricsServer::start(&host, port, metrics.clone())
+    let opts = ServerOptions {
+        host: config.get_string(keys::METRICS_HTTP_HOST.0, keys::METRICS_HTTP_HOST.1),
+        port: config.get_u64(keys::METRICS_HTTP_PORT.0, keys::METRICS_HTTP_PORT.1).min(65535) as u16,
+        // Upstream's `metrics/http_server_threads` (default 2) and `metrics/report_interval_seconds`
+        // (default 30, 0 = off); read by path until the config's typed metrics section exists.
+        http_server_threads: config.get_u64("metrics/http_server_threads", 2).min(1024) as usize,
+        report_interval: Duration::from_secs(config.get_u64("metrics/report_interval_seconds", 30)),
+    };
+    MetricsServer::start(&opts, metrics.clone())
 }
 
 /// The dispatcher over `transports`, wired so that transports drop per-segment state (e.g.
