@@ -253,8 +253,8 @@ impl TaskState {
                 if !u.reports(self) {
                     return;
                 }
-                u.close_attempt(matches!(status, Status::Failed | Status::Timeout));
                 let end = Instant::now();
+                u.close_attempt(matches!(status, Status::Failed | Status::Timeout), end);
                 let completed = status == Status::Completed;
                 let bytes = if completed { u.request.length } else { 0 };
                 let stages = if completed { u.stages(self.submitted, end) } else { None };

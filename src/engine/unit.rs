@@ -113,7 +113,7 @@ impl TaskSink for Unit {
 
     fn time_out(&self, attempt: u32, reason: String) {
         if attempt == self.attempt.load(Ordering::Acquire) {
-            self.close_attempt(true);
+            self.close_attempt(true, Instant::now());
             for m in &self.members {
                 m.finish(super::types::Status::Timeout, 0, Some(reason.clone()));
             }
@@ -189,14 +189,15 @@ impl Unit {
         self.failover.metrics.attempt_started(kind, self.request.opcode);
     }
 
-    /// Ends the open attempt, if any (once), recording whether it failed and how long it took.
-    pub fn close_attempt(&self, failed: bool) {
+    /// Ends the open attempt, if any (once), at `now`, recording whether it failed and how long
+    /// it took.
+    pub fn close_attempt(&self, failed: bool, now: Instant) {
         if !self.attempt_open.swap(false, Ordering::AcqRel) {
             return;
         }
         let kind = kind_from_u8(self.attempt_kind.load(Ordering::Relaxed));
         let posted = self.attempt_post.load(Ordering::Relaxed).saturating_sub(1);
-        let took = self.created.elapsed().saturating_sub(Duration::from_nanos(posted));
+        let took = now.saturating_duration_since(self.created).saturating_sub(Duration::from_nanos(posted));
         self.failover.metrics.attempt_finished(kind, self.request.opcode, failed, took);
     }
 
@@ -246,7 +247,7 @@ impl Unit {
             return;
         }
         // The attempt is over whatever comes next (a failover runs a new one).
-        self.close_attempt(true);
+        self.close_attempt(true, Instant::now());
         let deferred = self.failover.on_poll || self.failover.progress.is_some();
         let freed = self.members.as_slice().iter().all(|m| m.batch_freed());
         if deferred && !freed && self.can_fail_over() {
