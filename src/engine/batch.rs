@@ -253,12 +253,15 @@ impl TaskState {
                 if !u.reports(self) {
                     return;
                 }
-                let end = Instant::now();
+                // Two clock subtractions for every figure: the rest is integer arithmetic on
+                // the unit's times (nanoseconds after its creation).
+                let end = u.nanos_since_created(Instant::now());
+                let queue_wait = u.created.saturating_duration_since(self.submitted);
                 u.close_attempt(matches!(status, Status::Failed | Status::Timeout), end);
                 let completed = status == Status::Completed;
                 let bytes = if completed { u.request.length } else { 0 };
-                let stages = if completed { u.stages(self.submitted, end) } else { None };
-                let latency = end.saturating_duration_since(self.submitted);
+                let stages = if completed { u.stages(queue_wait, end) } else { None };
+                let latency = queue_wait + std::time::Duration::from_nanos(end);
                 metrics.request_ended(u.transport(), op, status, bytes, latency, stages);
             }
             None => {

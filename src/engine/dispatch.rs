@@ -186,6 +186,9 @@ impl Dispatcher {
         // per request), not per block.
         let mut last: Option<(CandidateKey, Arc<[TransportKind]>)> = None;
         let groups = self.merge_groups(desc, &entries);
+        // When these requests left the queue (the end of their queue-wait stage): one clock
+        // read per dispatch, not per unit.
+        let dispatched = std::time::Instant::now();
         for group in groups.iter() {
             let first = entries[group[0]].request;
             let length = group.iter().map(|&i| entries[i].request.length).sum();
@@ -224,7 +227,8 @@ impl Dispatcher {
                 }
             };
             let kind = candidates[0];
-            let unit = Unit::new(request, desc.clone(), located, members, candidates, self.failover.clone());
+            let unit =
+                Unit::new(dispatched, request, desc.clone(), located, members, candidates, self.failover.clone());
             let slot = match per_transport.iter().position(|(k, _)| *k == kind) {
                 Some(i) => i,
                 None => {

@@ -78,7 +78,7 @@ pub struct Unit {
     /// the metrics label a request with it when the request ends.
     current: AtomicU8,
     /// When the dispatcher made the unit: the end of the queue-wait stage.
-    created: Instant,
+    pub created: Instant,
     /// When it was first handed to a transport, as nanoseconds after `created` plus one (0:
     /// not yet): the end of the dispatch stage.
     first_post: AtomicU64,
@@ -113,7 +113,7 @@ impl TaskSink for Unit {
 
     fn time_out(&self, attempt: u32, reason: String) {
         if attempt == self.attempt.load(Ordering::Acquire) {
-            self.close_attempt(true, Instant::now());
+            self.close_attempt(true, self.nanos_since_created(Instant::now()));
             for m in &self.members {
                 m.finish(super::types::Status::Timeout, 0, Some(reason.clone()));
             }
@@ -130,9 +130,11 @@ impl TaskSink for Unit {
 }
 
 impl Unit {
-    /// Creates a unit for `members` (already linked to it by the caller via `link`);
-    /// `target_buffer` is where dispatch found the target buffer in `target`, if it looked.
+    /// Creates a unit for `members` (already linked to it by the caller via `link`), made by the
+    /// dispatch that started at `created`; `target_buffer` is where dispatch found the target
+    /// buffer in `target`, if it looked.
     pub fn new(
+        created: Instant,
         request: Request,
         target: Arc<SegmentDesc>,
         target_buffer: Option<BufferRef>,
@@ -151,7 +153,7 @@ impl Unit {
             route: Mutex::new(Route { candidates, index: 0, failovers: 0 }),
             failover,
             current: AtomicU8::new(first as u8),
-            created: Instant::now(),
+            created,
             first_post: AtomicU64::new(0),
             attempt_kind: AtomicU8::new(first as u8),
             attempt_post: AtomicU64::new(0),
@@ -174,14 +176,16 @@ impl Unit {
         self.members.as_slice().first().is_some_and(|m| std::ptr::eq(Arc::as_ptr(m), task))
     }
 
-    fn since_created(&self, at: Instant) -> u64 {
-        (at.saturating_duration_since(self.created).as_nanos().min(u64::MAX as u128 - 1) as u64) + 1
+    /// Nanoseconds from the unit's creation to `at` (0 for an earlier `at`).
+    pub fn nanos_since_created(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.created).as_nanos().min(u64::MAX as u128 - 1) as u64
     }
 
     /// Counts an attempt on `kind` handed over at `now` (the dispatcher calls it right before
     /// the transport's submit).
     pub fn start_attempt(&self, kind: TransportKind, now: Instant) {
-        let at = self.since_created(now);
+        // Stored plus one, so that 0 means "not yet".
+        let at = self.nanos_since_created(now) + 1;
         let _ = self.first_post.compare_exchange(0, at, Ordering::AcqRel, Ordering::Acquire);
         self.attempt_kind.store(kind as u8, Ordering::Relaxed);
         self.attempt_post.store(at, Ordering::Relaxed);
@@ -189,27 +193,26 @@ impl Unit {
         self.failover.metrics.attempt_started(kind, self.request.opcode);
     }
 
-    /// Ends the open attempt, if any (once), at `now`, recording whether it failed and how long
-    /// it took.
-    pub fn close_attempt(&self, failed: bool, now: Instant) {
+    /// Ends the open attempt, if any (once), `end` nanoseconds after the unit's creation,
+    /// recording whether it failed and how long it took.
+    pub fn close_attempt(&self, failed: bool, end: u64) {
         if !self.attempt_open.swap(false, Ordering::AcqRel) {
             return;
         }
         let kind = kind_from_u8(self.attempt_kind.load(Ordering::Relaxed));
         let posted = self.attempt_post.load(Ordering::Relaxed).saturating_sub(1);
-        let took = now.saturating_duration_since(self.created).saturating_sub(Duration::from_nanos(posted));
+        let took = Duration::from_nanos(end.saturating_sub(posted));
         self.failover.metrics.attempt_finished(kind, self.request.opcode, failed, took);
     }
 
-    /// The stages of a unit that ended at `end`, for a task submitted at `submitted`; `None`
-    /// when it never reached a transport.
-    pub fn stages(&self, submitted: Instant, end: Instant) -> Option<crate::metrics::Stages> {
+    /// The stages of a unit that ended `end` nanoseconds after its creation, for a task that
+    /// waited `queue_wait` before it; `None` when it never reached a transport.
+    pub fn stages(&self, queue_wait: Duration, end: u64) -> Option<crate::metrics::Stages> {
         let posted = self.first_post.load(Ordering::Acquire).checked_sub(1)?;
-        let posted_at = self.created + Duration::from_nanos(posted);
         Some(crate::metrics::Stages {
-            queue_wait: self.created.saturating_duration_since(submitted),
-            dispatch: posted_at.saturating_duration_since(self.created),
-            transport: end.saturating_duration_since(posted_at),
+            queue_wait,
+            dispatch: Duration::from_nanos(posted),
+            transport: Duration::from_nanos(end.saturating_sub(posted)),
         })
     }
 
@@ -247,7 +250,7 @@ impl Unit {
             return;
         }
         // The attempt is over whatever comes next (a failover runs a new one).
-        self.close_attempt(true, Instant::now());
+        self.close_attempt(true, self.nanos_since_created(Instant::now()));
         let deferred = self.failover.on_poll || self.failover.progress.is_some();
         let freed = self.members.as_slice().iter().all(|m| m.batch_freed());
         if deferred && !freed && self.can_fail_over() {
