@@ -1,30 +1,30 @@
-//! Engine metrics: counters and a latency histogram updated lock-free on the data path, served
-//! over HTTP as Prometheus text (`/metrics`) and JSON (`/metrics/json`) when `metrics/enabled`.
+//! Engine metrics under upstream TENT's names, labels and bucket boundaries, recorded with
+//! lock-free atomics on the data path and served over HTTP when `metrics/enabled` is set:
+//! Prometheus text at `/metrics`, JSON at `/metrics/json`, one summary line at
+//! `/metrics/summary` and `OK` at `/health` (see `docs/metrics.md`).
 //!
-//! A busy port only loses the endpoint (a warning is logged); the engine runs on and the numbers
-//! stay readable through [`Metrics::snapshot`].
+//! A busy port only loses the endpoint (a warning is logged, the periodic summary still runs);
+//! the numbers stay readable through [`Metrics::prometheus`] and [`Metrics::snapshot`].
 
+use std::fmt::Write as _;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use parking_lot::Mutex;
-use serde_json::json;
+use parking_lot::{Condvar, Mutex};
+use serde_json::{Map, Value, json};
 
-/// Number of transport slots: the 13 `TRANSPORT_*` values, the internal plain file path
-/// (`bufio`), and the local-segment copy path.
-pub const TRANSPORT_SLOTS: usize = 15;
-/// The slot of transfers to the engine's own segment (memcpy, no transport).
-pub const LOCAL_SLOT: usize = 14;
-/// Upper bounds (microseconds) of the task latency histogram buckets; the last is +Inf.
-pub const LATENCY_BUCKETS_US: [u64; 12] =
-    [10, 50, 100, 500, 1_000, 5_000, 10_000, 50_000, 100_000, 500_000, 1_000_000, 5_000_000];
+use crate::base::request::{Opcode, Status, TransportKind};
 
-const STATUS_NAMES: [&str; 7] = ["waiting", "pending", "invalid", "canceled", "completed", "timeout", "failed"];
-const TRANSPORT_NAMES: [&str; TRANSPORT_SLOTS] = [
+/// Number of `transport` label values: upstream's closed set, one per `TRANSPORT_*` value.
+pub const TRANSPORT_LABEL_COUNT: usize = 13;
+
+/// The `transport` label values, indexed by `TRANSPORT_*` value, spelled as upstream's
+/// `transportTypeName` spells them (note `ascend`, not `ascend_direct`).
+pub const TRANSPORT_LABELS: [&str; TRANSPORT_LABEL_COUNT] = [
     "unspec",
     "rdma",
     "mnnvl",
@@ -33,16 +33,209 @@ const TRANSPORT_NAMES: [&str; TRANSPORT_SLOTS] = [
     "gds",
     "io_uring",
     "tcp",
-    "ascend_direct",
+    "ascend",
     "sunrise_link",
     "tpu",
     "ub",
     "mpcomm",
-    "bufio",
-    "local",
 ];
 
-/// RDMA endpoint events counted by the RDMA transport.
+/// The label that transfers to the engine's own segment count under. tent-rs copies them with
+/// a memcpy; upstream hands them to a transport, and for a same-process target that is its
+/// SHM transport, a CPU copy between mappings of the same memory: the nearest honest label.
+pub const LOCAL_COPY_TRANSPORT: TransportKind = TransportKind::Shm;
+
+/// The `operation` label values, by [`Opcode`].
+const OPERATIONS: [&str; 2] = ["read", "write"];
+
+/// Upper bounds (microseconds) of the request and attempt latency histograms; +Inf follows.
+pub const LATENCY_BUCKETS_US: [u64; 9] = [100, 500, 1_000, 5_000, 10_000, 50_000, 100_000, 500_000, 1_000_000];
+/// Upper bounds (bytes) of the request size histograms: 1 KiB to 1 GiB by fours.
+pub const SIZE_BUCKETS_BYTES: [u64; 11] =
+    [1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26, 1 << 28, 1 << 30];
+/// Upper bounds of the deadline MLU histogram, in per-mille (1000 = the deadline was just met).
+pub const MLU_PERMILLE_BUCKETS: [u64; 10] = [100, 250, 500, 750, 900, 1_000, 1_250, 1_500, 2_000, 5_000];
+/// Upper bounds (microseconds) of the stage latency histograms.
+pub const STAGE_BUCKETS_US: [u64; 10] = [10, 50, 100, 500, 1_000, 5_000, 10_000, 50_000, 100_000, 500_000];
+
+/// The label index of a transport: its `TRANSPORT_*` value. tent-rs's internal plain file path
+/// (`bufio`, never on the wire) counts as `io_uring`, upstream's CPU file transport, so the
+/// label set stays upstream's.
+fn transport_index(kind: TransportKind) -> usize {
+    match kind {
+        TransportKind::BufIo => TransportKind::IoUring as usize,
+        k => (k as usize).min(TRANSPORT_LABEL_COUNT - 1),
+    }
+}
+
+/// The `transport` label value a transport is reported under.
+pub fn transport_label(kind: TransportKind) -> &'static str {
+    TRANSPORT_LABELS[transport_index(kind)]
+}
+
+fn op_index(op: Opcode) -> usize {
+    match op {
+        Opcode::Read => 0,
+        Opcode::Write => 1,
+    }
+}
+
+/// Which labels a family's series carry; the series index encodes the label values.
+#[derive(Clone, Copy)]
+enum Labels {
+    /// `transport`: index = transport.
+    Transport,
+    /// `transport`, `operation`: index = transport * 2 + operation.
+    TransportOperation,
+    /// `from`, `to`: index = from * 13 + to.
+    FromTo,
+}
+
+impl Labels {
+    fn series(self) -> usize {
+        match self {
+            Labels::Transport => TRANSPORT_LABEL_COUNT,
+            Labels::TransportOperation => TRANSPORT_LABEL_COUNT * 2,
+            Labels::FromTo => TRANSPORT_LABEL_COUNT * TRANSPORT_LABEL_COUNT,
+        }
+    }
+
+    /// `name="value",...` for series `i` (no braces).
+    fn render(self, i: usize) -> String {
+        match self {
+            Labels::Transport => format!("transport=\"{}\"", TRANSPORT_LABELS[i]),
+            Labels::TransportOperation => {
+                format!("transport=\"{}\",operation=\"{}\"", TRANSPORT_LABELS[i / 2], OPERATIONS[i % 2])
+            }
+            Labels::FromTo => format!(
+                "from=\"{}\",to=\"{}\"",
+                TRANSPORT_LABELS[i / TRANSPORT_LABEL_COUNT],
+                TRANSPORT_LABELS[i % TRANSPORT_LABEL_COUNT]
+            ),
+        }
+    }
+}
+
+fn zeros(n: usize) -> Box<[AtomicU64]> {
+    (0..n).map(|_| AtomicU64::new(0)).collect()
+}
+
+/// A counter family: one atomic per label combination.
+struct Counter {
+    name: &'static str,
+    help: &'static str,
+    labels: Labels,
+    values: Box<[AtomicU64]>,
+}
+
+impl Counter {
+    fn new(name: &'static str, help: &'static str, labels: Labels) -> Counter {
+        Counter { name, help, labels, values: zeros(labels.series()) }
+    }
+
+    fn add(&self, i: usize, v: u64) {
+        if let Some(c) = self.values.get(i) {
+            c.fetch_add(v, Ordering::Relaxed);
+        }
+    }
+
+    fn get(&self, i: usize) -> u64 {
+        self.values.get(i).map(|c| c.load(Ordering::Relaxed)).unwrap_or(0)
+    }
+
+    fn total(&self) -> u64 {
+        self.values.iter().map(|c| c.load(Ordering::Relaxed)).fold(0, u64::wrapping_add)
+    }
+
+    /// Writes the family; like upstream, only the label combinations that moved appear.
+    fn prometheus(&self, o: &mut String) {
+        let _ = writeln!(o, "# HELP {} {}\n# TYPE {} counter", self.name, self.help, self.name);
+        for (i, c) in self.values.iter().enumerate() {
+            let v = c.load(Ordering::Relaxed);
+            if v > 0 {
+                let _ = writeln!(o, "{}{{{}}} {v}", self.name, self.labels.render(i));
+            }
+        }
+    }
+}
+
+/// A histogram family: per label combination, one atomic per bucket (+Inf last) and the sum.
+struct Histogram {
+    name: &'static str,
+    help: &'static str,
+    labels: Labels,
+    bounds: &'static [u64],
+    /// `series * (bounds + 1)` bucket counts, not cumulative.
+    buckets: Box<[AtomicU64]>,
+    sums: Box<[AtomicU64]>,
+}
+
+impl Histogram {
+    fn new(name: &'static str, help: &'static str, labels: Labels, bounds: &'static [u64]) -> Histogram {
+        let n = labels.series();
+        Histogram { name, help, labels, bounds, buckets: zeros(n * (bounds.len() + 1)), sums: zeros(n) }
+    }
+
+    /// Counts `v` in series `i`: in the first bucket whose bound is at least `v` (Prometheus'
+    /// `le`), or +Inf.
+    fn observe(&self, i: usize, v: u64) {
+        let b = self.bounds.partition_point(|&ub| ub < v);
+        if let (Some(c), Some(s)) = (self.buckets.get(i * (self.bounds.len() + 1) + b), self.sums.get(i)) {
+            c.fetch_add(1, Ordering::Relaxed);
+            s.fetch_add(v, Ordering::Relaxed);
+        }
+    }
+
+    fn series_buckets(&self, i: usize) -> Vec<u64> {
+        let w = self.bounds.len() + 1;
+        self.buckets[i * w..(i + 1) * w].iter().map(|c| c.load(Ordering::Relaxed)).collect()
+    }
+
+    fn sum(&self, i: usize) -> u64 {
+        self.sums.get(i).map(|s| s.load(Ordering::Relaxed)).unwrap_or(0)
+    }
+
+    /// Writes the family: cumulative buckets with upstream's `le` spelling (`"100.000000"`, how
+    /// its C++ prints a double), then `_sum` and `_count`, for every series that observed.
+    fn prometheus(&self, o: &mut String) {
+        let _ = writeln!(o, "# HELP {} {}\n# TYPE {} histogram", self.name, self.help, self.name);
+        for i in 0..self.labels.series() {
+            let counts = self.series_buckets(i);
+            let total: u64 = counts.iter().sum();
+            if total == 0 {
+                continue;
+            }
+            let labels = self.labels.render(i);
+            let mut cumulative = 0;
+            for (b, c) in counts.iter().enumerate() {
+                cumulative += c;
+                let le = self.bounds.get(b).map(|ub| format!("{ub}.000000")).unwrap_or_else(|| "+Inf".into());
+                let _ = writeln!(o, "{}_bucket{{{labels},le=\"{le}\"}} {cumulative}", self.name);
+            }
+            let _ = writeln!(o, "{}_sum{{{labels}}} {}", self.name, self.sum(i));
+            let _ = writeln!(o, "{}_count{{{labels}}} {total}", self.name);
+        }
+    }
+
+    /// Upstream's JSON view: totals over every label combination, buckets not cumulative and
+    /// keyed by their bound (the +Inf bucket only counts in `count`).
+    fn json(&self) -> Value {
+        let w = self.bounds.len() + 1;
+        let mut per_bucket = vec![0u64; w];
+        let mut sum = 0u64;
+        for i in 0..self.labels.series() {
+            for (b, c) in self.series_buckets(i).into_iter().enumerate() {
+                per_bucket[b] += c;
+            }
+            sum = sum.wrapping_add(self.sum(i));
+        }
+        let buckets: Map<String, Value> =
+            self.bounds.iter().zip(&per_bucket).map(|(ub, c)| (ub.to_string(), json!(c))).collect();
+        json!({"count": per_bucket.iter().sum::<u64>(), "sum": sum, "buckets": buckets})
+    }
+}
+
+/// RDMA endpoint events counted by the RDMA transport (`tent_rdma_endpoint_events_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EndpointEvent {
     Created = 0,
@@ -58,24 +251,6 @@ pub enum EndpointEvent {
 const ENDPOINT_EVENT_NAMES: [&str; 6] =
     ["created", "retired_on_rebootstrap", "evicted", "reclaimed", "forced_destroy", "evicted_busy"];
 
-/// The counters of one engine.
-pub struct Metrics {
-    /// Bytes of completed tasks by transport slot and op (0 read, 1 write).
-    bytes: [[AtomicU64; 2]; TRANSPORT_SLOTS],
-    /// Ended tasks by transport slot and status value.
-    tasks: [[AtomicU64; 7]; TRANSPORT_SLOTS],
-    latency_buckets: [AtomicU64; LATENCY_BUCKETS_US.len() + 1],
-    latency_sum_us: AtomicU64,
-    latency_count: AtomicU64,
-    failovers: AtomicU64,
-    retries: [AtomicU64; TRANSPORT_SLOTS],
-    endpoint_events: [AtomicU64; 6],
-    /// Endpoints held per NIC, set by the RDMA transport.
-    store_occupancy: Mutex<Vec<(String, u64)>>,
-    /// Reads the RDMA transport's own counters when metrics are rendered.
-    rdma_source: Mutex<Option<RdmaSource>>,
-}
-
 /// What the RDMA transport reports: lifetime endpoint event counts (indexed like
 /// [`EndpointEvent`]) and the endpoints held per NIC.
 #[derive(Debug, Clone, Default)]
@@ -87,16 +262,132 @@ pub struct RdmaSnapshot {
 /// A callback producing an [`RdmaSnapshot`] (it holds the transport weakly).
 pub type RdmaSource = Box<dyn Fn() -> Option<RdmaSnapshot> + Send + Sync>;
 
+/// Where the time of a completed request went (upstream's causal-chain stages).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stages {
+    /// From submit until the dispatcher took the request up.
+    pub queue_wait: Duration,
+    /// From then until it was first handed to a transport.
+    pub dispatch: Duration,
+    /// From then until it ended (all attempts, failovers included).
+    pub transport: Duration,
+}
+
+fn micros(d: Duration) -> u64 {
+    d.as_micros().min(u64::MAX as u128) as u64
+}
+
+/// The counters of one engine.
+pub struct Metrics {
+    /// By [`op_index`]: `tent_read_*` then `tent_write_*`.
+    bytes: [Counter; 2],
+    requests: [Counter; 2],
+    failures: [Counter; 2],
+    failover: Counter,
+    attempts: Counter,
+    attempt_failures: Counter,
+    deadline_infeasible: Counter,
+    latency: [Histogram; 2],
+    size: [Histogram; 2],
+    deadline_mlu: Histogram,
+    stage_queue_wait: Histogram,
+    stage_dispatch: Histogram,
+    stage_transport: Histogram,
+    attempt_latency: Histogram,
+    /// tent-rs only: retries inside a transport (a TCP chunk sent again).
+    retries: Counter,
+    endpoint_events: [AtomicU64; 6],
+    /// Endpoints held per NIC, set by the RDMA transport.
+    store_occupancy: Mutex<Vec<(String, u64)>>,
+    /// Reads the RDMA transport's own counters when metrics are rendered.
+    rdma_source: Mutex<Option<RdmaSource>>,
+}
+
 impl Default for Metrics {
     fn default() -> Self {
+        use Labels::*;
+        let lat = &LATENCY_BUCKETS_US[..];
+        let stage = &STAGE_BUCKETS_US[..];
         Metrics {
-            bytes: Default::default(),
-            tasks: Default::default(),
-            latency_buckets: Default::default(),
-            latency_sum_us: AtomicU64::new(0),
-            latency_count: AtomicU64::new(0),
-            failovers: AtomicU64::new(0),
-            retries: Default::default(),
+            bytes: [
+                Counter::new("tent_read_bytes_total", "Bytes read by completed requests.", Transport),
+                Counter::new("tent_write_bytes_total", "Bytes written by completed requests.", Transport),
+            ],
+            requests: [
+                Counter::new(
+                    "tent_read_requests_total",
+                    "Read requests that ended (completed or failed), under their final transport.",
+                    Transport,
+                ),
+                Counter::new(
+                    "tent_write_requests_total",
+                    "Write requests that ended (completed or failed), under their final transport.",
+                    Transport,
+                ),
+            ],
+            failures: [
+                Counter::new("tent_read_failures_total", "Read requests that ended failed.", Transport),
+                Counter::new("tent_write_failures_total", "Write requests that ended failed.", Transport),
+            ],
+            failover: Counter::new(
+                "tent_transport_failover_total",
+                "Requests moved from one transport to another after a failed attempt.",
+                FromTo,
+            ),
+            attempts: Counter::new(
+                "tent_transport_attempts_total",
+                "Physical submissions of a request to a transport.",
+                TransportOperation,
+            ),
+            attempt_failures: Counter::new(
+                "tent_transport_attempt_failures_total",
+                "Physical transport submissions that ended failed.",
+                TransportOperation,
+            ),
+            deadline_infeasible: Counter::new(
+                "tent_deadline_infeasible_total",
+                "Requests whose deadline had already passed when they were submitted.",
+                Transport,
+            ),
+            latency: [
+                Histogram::new("tent_read_latency_us", "Read request latency, microseconds.", Transport, lat),
+                Histogram::new("tent_write_latency_us", "Write request latency, microseconds.", Transport, lat),
+            ],
+            size: [
+                Histogram::new("tent_read_size_bytes", "Read request sizes, bytes.", Transport, &SIZE_BUCKETS_BYTES),
+                Histogram::new("tent_write_size_bytes", "Write request sizes, bytes.", Transport, &SIZE_BUCKETS_BYTES),
+            ],
+            deadline_mlu: Histogram::new(
+                "tent_deadline_mlu_permille",
+                "Time taken over time allowed by the deadline, per mille (1000 = just met).",
+                Transport,
+                &MLU_PERMILLE_BUCKETS,
+            ),
+            stage_queue_wait: Histogram::new(
+                "tent_stage_queue_wait_us",
+                "Submit until dispatch, microseconds.",
+                Transport,
+                stage,
+            ),
+            stage_dispatch: Histogram::new(
+                "tent_stage_dispatch_us",
+                "Dispatch until first handed to a transport, microseconds.",
+                Transport,
+                stage,
+            ),
+            stage_transport: Histogram::new(
+                "tent_stage_transport_us",
+                "First handed to a transport until the end, microseconds.",
+                Transport,
+                stage,
+            ),
+            attempt_latency: Histogram::new(
+                "tent_transport_attempt_latency_us",
+                "Latency of each physical transport submission, microseconds.",
+                TransportOperation,
+                lat,
+            ),
+            retries: Counter::new("tent_retries_total", "Retries inside a transport.", Transport),
             endpoint_events: Default::default(),
             store_occupancy: Mutex::new(Vec::new()),
             rdma_source: Mutex::new(None),
@@ -105,31 +396,75 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// Records a task that ended: its transport slot, op (`write`), status value, bytes moved and
-    /// latency from submit.
-    pub fn task_ended(&self, slot: usize, write: bool, status: i32, bytes: u64, latency: Duration) {
-        let slot = slot.min(TRANSPORT_SLOTS - 1);
-        if let Some(c) = self.tasks[slot].get(status.clamp(0, 6) as usize) {
-            c.fetch_add(1, Ordering::Relaxed);
+    /// Records a request that ended, under `transport`, the one it ended on (after failovers).
+    /// COMPLETED counts bytes, size, latency and, when given, the stages; FAILED and TIMEOUT
+    /// count a failure and no bytes; other statuses (CANCELED) are no outcome and count nothing.
+    pub fn request_ended(
+        &self,
+        transport: TransportKind,
+        op: Opcode,
+        status: Status,
+        bytes: u64,
+        latency: Duration,
+        stages: Option<Stages>,
+    ) {
+        let (t, o) = (transport_index(transport), op_index(op));
+        match status {
+            Status::Completed => {
+                self.requests[o].add(t, 1);
+                self.bytes[o].add(t, bytes);
+                self.size[o].observe(t, bytes);
+                self.latency[o].observe(t, micros(latency));
+                if let Some(s) = stages {
+                    self.stage_queue_wait.observe(t, micros(s.queue_wait));
+                    self.stage_dispatch.observe(t, micros(s.dispatch));
+                    self.stage_transport.observe(t, micros(s.transport));
+                }
+            }
+            Status::Failed | Status::Timeout => {
+                self.requests[o].add(t, 1);
+                self.failures[o].add(t, 1);
+            }
+            _ => {}
         }
-        if bytes > 0 {
-            self.bytes[slot][write as usize].fetch_add(bytes, Ordering::Relaxed);
-        }
-        let us = latency.as_micros().min(u64::MAX as u128) as u64;
-        let b = LATENCY_BUCKETS_US.iter().position(|&ub| us <= ub).unwrap_or(LATENCY_BUCKETS_US.len());
-        self.latency_buckets[b].fetch_add(1, Ordering::Relaxed);
-        self.latency_sum_us.fetch_add(us, Ordering::Relaxed);
-        self.latency_count.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Counts one failover to another transport.
-    pub fn failover(&self) {
-        self.failovers.fetch_add(1, Ordering::Relaxed);
+    /// Counts one physical submission of a request to `transport`.
+    pub fn attempt_started(&self, transport: TransportKind, op: Opcode) {
+        self.attempts.add(transport_index(transport) * 2 + op_index(op), 1);
     }
 
-    /// Counts one retry by the transport in `slot`.
-    pub fn retry(&self, slot: usize) {
-        self.retries[slot.min(TRANSPORT_SLOTS - 1)].fetch_add(1, Ordering::Relaxed);
+    /// Records how a submission counted by [`Metrics::attempt_started`] ended and how long it
+    /// took.
+    pub fn attempt_finished(&self, transport: TransportKind, op: Opcode, failed: bool, latency: Duration) {
+        let i = transport_index(transport) * 2 + op_index(op);
+        if failed {
+            self.attempt_failures.add(i, 1);
+        }
+        self.attempt_latency.observe(i, micros(latency));
+    }
+
+    /// Counts one failover from `from` to `to`.
+    pub fn failover(&self, from: TransportKind, to: TransportKind) {
+        self.failover.add(transport_index(from) * TRANSPORT_LABEL_COUNT + transport_index(to), 1);
+    }
+
+    /// Counts one retry inside `transport`.
+    pub fn retry(&self, transport: TransportKind) {
+        self.retries.add(transport_index(transport), 1);
+    }
+
+    /// Records the deadline ratio of a completed request that carried a deadline: its latency
+    /// over the time from submit to the deadline. A negative or NaN ratio is ignored.
+    pub fn deadline_mlu(&self, transport: TransportKind, mlu: f64) {
+        if mlu >= 0.0 {
+            self.deadline_mlu.observe(transport_index(transport), (mlu * 1000.0) as u64);
+        }
+    }
+
+    /// Counts a request whose deadline had already passed at submit.
+    pub fn deadline_infeasible(&self, transport: TransportKind) {
+        self.deadline_infeasible.add(transport_index(transport), 1);
     }
 
     /// Counts one RDMA endpoint event.
@@ -140,6 +475,11 @@ impl Metrics {
     /// Lets the RDMA transport report its counters whenever metrics are rendered.
     pub fn set_rdma_source(&self, source: RdmaSource) {
         *self.rdma_source.lock() = Some(source);
+    }
+
+    /// Sets the endpoint-store occupancy of each NIC.
+    pub fn set_store_occupancy(&self, per_nic: Vec<(String, u64)>) {
+        *self.store_occupancy.lock() = per_nic;
     }
 
     /// Pulls the RDMA transport's current counts, when it reports them.
@@ -153,210 +493,329 @@ impl Metrics {
         }
     }
 
-    /// Sets the endpoint-store occupancy of each NIC.
-    pub fn set_store_occupancy(&self, per_nic: Vec<(String, u64)>) {
-        *self.store_occupancy.lock() = per_nic;
+    /// Bytes moved by completed `op` requests on `transport` (`tent_{op}_bytes_total`).
+    pub fn bytes(&self, transport: TransportKind, op: Opcode) -> u64 {
+        self.bytes[op_index(op)].get(transport_index(transport))
     }
 
-    /// Bytes moved by completed tasks on `slot` (read + write).
-    pub fn bytes(&self, slot: usize) -> u64 {
-        self.bytes[slot.min(TRANSPORT_SLOTS - 1)].iter().map(|c| c.load(Ordering::Relaxed)).sum()
+    /// `op` requests that ended on `transport`, completed or failed (`tent_{op}_requests_total`).
+    pub fn requests(&self, transport: TransportKind, op: Opcode) -> u64 {
+        self.requests[op_index(op)].get(transport_index(transport))
     }
 
-    /// Ended tasks on `slot` with status value `status`.
-    pub fn tasks(&self, slot: usize, status: i32) -> u64 {
-        self.tasks[slot.min(TRANSPORT_SLOTS - 1)][status.clamp(0, 6) as usize].load(Ordering::Relaxed)
+    /// `op` requests that ended failed on `transport` (`tent_{op}_failures_total`).
+    pub fn failures(&self, transport: TransportKind, op: Opcode) -> u64 {
+        self.failures[op_index(op)].get(transport_index(transport))
     }
 
-    /// Failovers so far.
+    /// Requests of either op that completed on `transport`.
+    pub fn completed(&self, transport: TransportKind) -> u64 {
+        [Opcode::Read, Opcode::Write]
+            .iter()
+            .map(|&op| self.requests(transport, op).saturating_sub(self.failures(transport, op)))
+            .sum()
+    }
+
+    /// Physical submissions of `op` requests to `transport` (`tent_transport_attempts_total`).
+    pub fn attempts(&self, transport: TransportKind, op: Opcode) -> u64 {
+        self.attempts.get(transport_index(transport) * 2 + op_index(op))
+    }
+
+    /// Failovers so far, all transport pairs together.
     pub fn failovers(&self) -> u64 {
-        self.failovers.load(Ordering::Relaxed)
+        self.failover.total()
     }
 
-    /// Everything as JSON (also served at `/metrics/json`).
-    pub fn snapshot(&self) -> serde_json::Value {
-        self.refresh_rdma();
-        let mut bytes = serde_json::Map::new();
-        let mut tasks = serde_json::Map::new();
-        let mut retries = serde_json::Map::new();
-        for (slot, name) in TRANSPORT_NAMES.iter().enumerate() {
-            let (r, w) = (self.bytes[slot][0].load(Ordering::Relaxed), self.bytes[slot][1].load(Ordering::Relaxed));
-            if r + w > 0 {
-                bytes.insert((*name).into(), json!({"read": r, "write": w}));
-            }
-            let mut per = serde_json::Map::new();
-            for (s, sname) in STATUS_NAMES.iter().enumerate() {
-                let v = self.tasks[slot][s].load(Ordering::Relaxed);
-                if v > 0 {
-                    per.insert((*sname).into(), v.into());
-                }
-            }
-            if !per.is_empty() {
-                tasks.insert((*name).into(), per.into());
-            }
-            let v = self.retries[slot].load(Ordering::Relaxed);
-            if v > 0 {
-                retries.insert((*name).into(), v.into());
-            }
-        }
-        let buckets: Vec<serde_json::Value> = self
-            .latency_buckets
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                let le = LATENCY_BUCKETS_US.get(i).map(|v| json!(v)).unwrap_or(json!("+Inf"));
-                json!({"le_us": le, "count": c.load(Ordering::Relaxed)})
-            })
-            .collect();
-        let events: serde_json::Map<String, serde_json::Value> = ENDPOINT_EVENT_NAMES
-            .iter()
-            .enumerate()
-            .map(|(i, n)| ((*n).to_string(), self.endpoint_events[i].load(Ordering::Relaxed).into()))
-            .collect();
-        let occupancy: serde_json::Map<String, serde_json::Value> =
-            self.store_occupancy.lock().iter().map(|(n, v)| (n.clone(), (*v).into())).collect();
-        json!({
-            "bytes": bytes,
-            "tasks": tasks,
-            "task_latency_us": {"buckets": buckets, "sum": self.latency_sum_us.load(Ordering::Relaxed),
-                "count": self.latency_count.load(Ordering::Relaxed)},
-            "failovers": self.failovers(),
-            "retries": retries,
-            "rdma_endpoint_events": events,
-            "rdma_store_occupancy": occupancy,
-        })
+    fn counters(&self) -> [&Counter; 10] {
+        [
+            &self.bytes[0],
+            &self.bytes[1],
+            &self.requests[0],
+            &self.requests[1],
+            &self.failures[0],
+            &self.failures[1],
+            &self.failover,
+            &self.attempts,
+            &self.attempt_failures,
+            &self.deadline_infeasible,
+        ]
     }
 
-    /// Everything in Prometheus text exposition format (served at `/metrics`).
+    fn histograms(&self) -> [&Histogram; 9] {
+        [
+            &self.latency[0],
+            &self.latency[1],
+            &self.size[0],
+            &self.size[1],
+            &self.deadline_mlu,
+            &self.stage_queue_wait,
+            &self.stage_dispatch,
+            &self.stage_transport,
+            &self.attempt_latency,
+        ]
+    }
+
+    /// Everything in Prometheus text exposition format (served at `/metrics`): upstream's
+    /// families in upstream's order, then tent-rs's own.
     pub fn prometheus(&self) -> String {
-        use std::fmt::Write as _;
         self.refresh_rdma();
-        let mut o = String::new();
-        let _ = writeln!(o, "# HELP tent_bytes_total Bytes moved by completed tasks.\n# TYPE tent_bytes_total counter");
-        for (slot, name) in TRANSPORT_NAMES.iter().enumerate() {
-            for (op, opname) in ["read", "write"].iter().enumerate() {
-                let v = self.bytes[slot][op].load(Ordering::Relaxed);
-                if v > 0 {
-                    let _ = writeln!(o, "tent_bytes_total{{transport=\"{name}\",op=\"{opname}\"}} {v}");
-                }
-            }
+        let mut o = String::with_capacity(8192);
+        for c in self.counters() {
+            c.prometheus(&mut o);
         }
-        let _ = writeln!(
-            o,
-            "# HELP tent_tasks_total Tasks that ended, by transport and status.\n# TYPE tent_tasks_total counter"
-        );
-        for (slot, name) in TRANSPORT_NAMES.iter().enumerate() {
-            for (s, sname) in STATUS_NAMES.iter().enumerate() {
-                let v = self.tasks[slot][s].load(Ordering::Relaxed);
-                if v > 0 {
-                    let _ = writeln!(o, "tent_tasks_total{{transport=\"{name}\",status=\"{sname}\"}} {v}");
-                }
-            }
+        for h in self.histograms() {
+            h.prometheus(&mut o);
         }
-        let _ = writeln!(
-            o,
-            "# HELP tent_task_latency_us Task latency from submit to end, microseconds.\n# TYPE tent_task_latency_us histogram"
-        );
-        let mut cumulative = 0;
-        for (i, c) in self.latency_buckets.iter().enumerate() {
-            cumulative += c.load(Ordering::Relaxed);
-            let le = LATENCY_BUCKETS_US.get(i).map(|v| v.to_string()).unwrap_or_else(|| "+Inf".into());
-            let _ = writeln!(o, "tent_task_latency_us_bucket{{le=\"{le}\"}} {cumulative}");
-        }
-        let _ = writeln!(o, "tent_task_latency_us_sum {}", self.latency_sum_us.load(Ordering::Relaxed));
-        let _ = writeln!(o, "tent_task_latency_us_count {}", self.latency_count.load(Ordering::Relaxed));
-        let _ = writeln!(
-            o,
-            "# HELP tent_failovers_total Tasks moved to another transport.\n# TYPE tent_failovers_total counter\ntent_failovers_total {}",
-            self.failovers()
-        );
-        let _ = writeln!(o, "# HELP tent_retries_total Retries inside a transport.\n# TYPE tent_retries_total counter");
-        for (slot, name) in TRANSPORT_NAMES.iter().enumerate() {
-            let v = self.retries[slot].load(Ordering::Relaxed);
-            if v > 0 {
-                let _ = writeln!(o, "tent_retries_total{{transport=\"{name}\"}} {v}");
-            }
-        }
+        self.retries.prometheus(&mut o);
         let _ = writeln!(
             o,
             "# HELP tent_rdma_endpoint_events_total RDMA endpoint lifecycle events.\n# TYPE tent_rdma_endpoint_events_total counter"
         );
         for (i, n) in ENDPOINT_EVENT_NAMES.iter().enumerate() {
-            let _ = writeln!(
-                o,
-                "tent_rdma_endpoint_events_total{{event=\"{n}\"}} {}",
-                self.endpoint_events[i].load(Ordering::Relaxed)
-            );
+            let v = self.endpoint_events[i].load(Ordering::Relaxed);
+            let _ = writeln!(o, "tent_rdma_endpoint_events_total{{event=\"{n}\"}} {v}");
         }
         let _ = writeln!(
             o,
             "# HELP tent_rdma_store_occupancy Endpoints held in the store, per NIC.\n# TYPE tent_rdma_store_occupancy gauge"
         );
         for (n, v) in self.store_occupancy.lock().iter() {
-            let _ = writeln!(o, "tent_rdma_store_occupancy{{nic=\"{n}\"}} {v}");
+            let _ = writeln!(o, "tent_rdma_store_occupancy{{nic=\"{}\"}} {v}", escape_label(n));
         }
         o
     }
+
+    /// Everything as JSON in upstream's shape (served at `/metrics/json`): each counter summed
+    /// over its labels, each histogram as `{count, sum, buckets}`; then tent-rs's own families
+    /// (retries summed, endpoint events by event, store occupancy by NIC).
+    pub fn snapshot(&self) -> Value {
+        self.refresh_rdma();
+        let mut root = Map::new();
+        for c in self.counters() {
+            root.insert(c.name.into(), json!(c.total()));
+        }
+        for h in self.histograms() {
+            root.insert(h.name.into(), h.json());
+        }
+        root.insert(self.retries.name.into(), json!(self.retries.total()));
+        let events: Map<String, Value> = ENDPOINT_EVENT_NAMES
+            .iter()
+            .enumerate()
+            .map(|(i, n)| ((*n).to_string(), json!(self.endpoint_events[i].load(Ordering::Relaxed))))
+            .collect();
+        root.insert("tent_rdma_endpoint_events_total".into(), events.into());
+        let occupancy: Map<String, Value> =
+            self.store_occupancy.lock().iter().map(|(n, v)| (n.clone(), json!(v))).collect();
+        root.insert("tent_rdma_store_occupancy".into(), occupancy.into());
+        Value::Object(root)
+    }
+
+    /// One line with the totals, as upstream's `/metrics/summary` and periodic log give it:
+    /// `Read: 1.05 MB (100 reqs, 2 fails) | Write: 524.29 KB (50 reqs, 1 fails) | Failovers: 1`
+    /// (decimal units, as upstream).
+    pub fn summary(&self) -> String {
+        let [read, write] = [0, 1].map(|o| (self.bytes[o].total(), self.requests[o].total(), self.failures[o].total()));
+        format!(
+            "Read: {} ({} reqs, {} fails) | Write: {} ({} reqs, {} fails) | Failovers: {}",
+            human_bytes(read.0),
+            read.1,
+            read.2,
+            human_bytes(write.0),
+            write.1,
+            write.2,
+            self.failovers()
+        )
+    }
 }
 
-/// The HTTP endpoint; dropping it stops and joins its thread.
+/// Bytes with a decimal unit and two decimals (`1.05 MB`), as upstream's summary prints them.
+fn human_bytes(b: u64) -> String {
+    let v = b as f64;
+    let (scaled, unit) = if v >= 1e12 {
+        (v / 1e12, "TB")
+    } else if v >= 1e9 {
+        (v / 1e9, "GB")
+    } else if v >= 1e6 {
+        (v / 1e6, "MB")
+    } else if v >= 1e3 {
+        (v / 1e3, "KB")
+    } else {
+        (v, "B")
+    };
+    format!("{scaled:.2} {unit}")
+}
+
+/// A label value with `\`, `"` and newlines escaped as the text format requires (NIC names
+/// come from the system).
+fn escape_label(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// How the metrics server runs (upstream's `metrics/*` keys).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerOptions {
+    /// Address to listen on (`metrics/http_host`).
+    pub host: String,
+    /// Port to listen on (`metrics/http_port`); 0 takes any free port.
+    pub port: u16,
+    /// Threads answering HTTP requests (`metrics/http_server_threads`); 0 counts as 1.
+    pub http_server_threads: usize,
+    /// How often the summary line is logged (`metrics/report_interval_seconds`); zero: never.
+    pub report_interval: Duration,
+}
+
+/// Most HTTP threads a server starts, whatever the config asks (a scrape endpoint needs few).
+const MAX_HTTP_THREADS: usize = 64;
+/// How long a connection may take to send its request or take the answer; bounds how long a
+/// stalled client holds an HTTP thread (and so how long stopping the server can wait for it).
+const CONN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Tells the server's threads to stop; the reporter sleeps on `cv` between summaries.
+#[derive(Default)]
+struct Stop {
+    stopping: AtomicBool,
+    lock: Mutex<()>,
+    cv: Condvar,
+}
+
+/// The metrics server: the HTTP endpoint (one accept thread handing connections to
+/// `http_server_threads` answering threads) and the periodic summary log. Dropping it stops
+/// and joins every thread it started.
 pub struct MetricsServer {
-    stopping: Arc<AtomicBool>,
-    addr: std::net::SocketAddr,
-    thread: Option<JoinHandle<()>>,
+    stop: Arc<Stop>,
+    addr: Option<SocketAddr>,
+    threads: Vec<JoinHandle<()>>,
 }
 
 impl MetricsServer {
-    /// Serves `metrics` on `host:port` (port 0 = any free port). Returns `None`, with a warning,
-    /// when the address cannot be bound: metrics then stay log-only and the engine runs on.
-    pub fn start(host: &str, port: u16, metrics: Arc<Metrics>) -> Option<MetricsServer> {
-        let listener = match TcpListener::bind((host, port)) {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::warn!("metrics endpoint {host}:{port} unavailable ({e}); metrics are log-only");
-                return None;
-            }
-        };
-        let addr = listener.local_addr().ok()?;
-        let stopping = Arc::new(AtomicBool::new(false));
-        let s = stopping.clone();
-        let thread = std::thread::Builder::new()
-            .name("tent-metrics".into())
-            .spawn(move || {
-                for conn in listener.incoming() {
-                    if s.load(Ordering::SeqCst) {
-                        break;
-                    }
-                    if let Ok(c) = conn {
-                        serve(c, &metrics);
-                    }
+    /// Starts serving `metrics` as `opts` says. When the address cannot be bound a warning is
+    /// logged and only the periodic summary runs (upstream's log-only mode); returns `None`
+    /// when nothing runs at all (no endpoint and no periodic summary, or no thread could be
+    /// started). The engine runs on in every case.
+    pub fn start(opts: &ServerOptions, metrics: Arc<Metrics>) -> Option<MetricsServer> {
+        let mut server = MetricsServer { stop: Arc::new(Stop::default()), addr: None, threads: Vec::new() };
+        match TcpListener::bind((opts.host.as_str(), opts.port)) {
+            Ok(listener) => match server.serve_http(listener, opts, &metrics) {
+                Ok(addr) => {
+                    tracing::info!("metrics served at http://{addr}/metrics");
+                    server.addr = Some(addr);
                 }
-            })
-            .ok()?;
-        tracing::info!("metrics served at http://{addr}/metrics");
-        Some(MetricsServer { stopping, addr, thread: Some(thread) })
+                Err(e) => tracing::warn!("metrics endpoint could not start ({e}); metrics are log-only"),
+            },
+            Err(e) => {
+                tracing::warn!("metrics endpoint {}:{} unavailable ({e}); metrics are log-only", opts.host, opts.port)
+            }
+        }
+        if !opts.report_interval.is_zero() {
+            let (stop, interval, m) = (server.stop.clone(), opts.report_interval, metrics);
+            match std::thread::Builder::new()
+                .name("tent-metrics-report".into())
+                .spawn(move || report(&stop, interval, &m))
+            {
+                Ok(t) => server.threads.push(t),
+                Err(e) => tracing::warn!("metrics summary thread could not start: {e}"),
+            }
+        }
+        if server.threads.is_empty() { None } else { Some(server) }
     }
 
-    /// The bound address.
-    pub fn addr(&self) -> std::net::SocketAddr {
+    /// Starts the accept thread and the answering threads; on error the threads started so far
+    /// are stopped by the caller's drop of `self`.
+    fn serve_http(
+        &mut self,
+        listener: TcpListener,
+        opts: &ServerOptions,
+        metrics: &Arc<Metrics>,
+    ) -> std::io::Result<SocketAddr> {
+        let addr = listener.local_addr()?;
+        let n = opts.http_server_threads.clamp(1, MAX_HTTP_THREADS);
+        if opts.http_server_threads != n {
+            tracing::warn!("metrics/http_server_threads {} is out of range; using {n}", opts.http_server_threads);
+        }
+        // Bounded: a burst of scrapes waits in the queue (and the kernel's backlog) rather than
+        // growing memory.
+        let (tx, rx) = crossbeam_channel::bounded::<TcpStream>(64);
+        for i in 0..n {
+            let (rx, m) = (rx.clone(), metrics.clone());
+            let t = std::thread::Builder::new().name(format!("tent-metrics-http-{i}")).spawn(move || {
+                for conn in rx.iter() {
+                    serve(conn, &m);
+                }
+            })?;
+            self.threads.push(t);
+        }
+        drop(rx);
+        let stop = self.stop.clone();
+        let t = std::thread::Builder::new().name("tent-metrics-accept".into()).spawn(move || {
+            for conn in listener.incoming() {
+                if stop.stopping.load(Ordering::SeqCst) {
+                    break;
+                }
+                if let Ok(c) = conn {
+                    if tx.send(c).is_err() {
+                        break;
+                    }
+                }
+            }
+            // Dropping `tx` here ends the answering threads once the queue is drained.
+        });
+        match t {
+            Ok(t) => {
+                self.threads.push(t);
+                Ok(addr)
+            }
+            // `tx` went with the closure: the answering threads see the channel closed.
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The bound address of the HTTP endpoint, when it runs.
+    pub fn addr(&self) -> Option<SocketAddr> {
         self.addr
     }
 }
 
 impl Drop for MetricsServer {
     fn drop(&mut self) {
-        self.stopping.store(true, Ordering::SeqCst);
-        // Wake the blocking accept with one connection of our own.
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
-        if let Some(t) = self.thread.take() {
+        {
+            let _held = self.stop.lock.lock();
+            self.stop.stopping.store(true, Ordering::SeqCst);
+            self.stop.cv.notify_all();
+        }
+        if let Some(addr) = self.addr {
+            // Wake the blocking accept with one connection of our own (to loopback when the
+            // endpoint listens on every address).
+            let ip = match addr.ip() {
+                IpAddr::V4(v) if v.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+                IpAddr::V6(v) if v.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+                ip => ip,
+            };
+            if let Err(e) = TcpStream::connect_timeout(&SocketAddr::new(ip, addr.port()), Duration::from_secs(1)) {
+                tracing::warn!("could not wake the metrics accept thread ({e}); waiting for it");
+            }
+        }
+        for t in self.threads.drain(..) {
             let _ = t.join();
         }
     }
 }
 
-/// Answers one HTTP/1.x request (GET /metrics or /metrics/json) and closes the connection.
+/// The periodic summary: logged at start and then every `interval` until the server stops.
+fn report(stop: &Stop, interval: Duration, metrics: &Metrics) {
+    let mut held = stop.lock.lock();
+    while !stop.stopping.load(Ordering::SeqCst) {
+        tracing::info!("TENT Metrics: {}", metrics.summary());
+        // Woken early by the server's drop; the flag is checked under the lock, so a stop
+        // between the check and the wait is never missed.
+        let _ = stop.cv.wait_for(&mut held, interval);
+    }
+}
+
+/// Answers one HTTP/1.x request and closes the connection: `GET /metrics`, `/metrics/json`,
+/// `/metrics/summary` or `/health`; anything else is 404.
 fn serve(mut c: TcpStream, metrics: &Metrics) {
-    let _ = c.set_read_timeout(Some(Duration::from_secs(2)));
+    let _ = c.set_read_timeout(Some(CONN_TIMEOUT));
+    let _ = c.set_write_timeout(Some(CONN_TIMEOUT));
     let mut buf = [0u8; 2048];
     let mut n = 0;
     while n < buf.len() {
@@ -371,10 +830,19 @@ fn serve(mut c: TcpStream, metrics: &Metrics) {
         }
     }
     let req = String::from_utf8_lossy(&buf[..n]);
-    let path = req.split_whitespace().nth(1).unwrap_or("");
-    let (status, ctype, body) = match (req.split_whitespace().next(), path) {
+    let mut words = req.split_whitespace();
+    let method = words.next();
+    let path = words.next().unwrap_or("");
+    let path = path.split('?').next().unwrap_or("");
+    let (status, ctype, body) = match (method, path) {
         (Some("GET"), "/metrics") => ("200 OK", "text/plain; version=0.0.4", metrics.prometheus()),
-        (Some("GET"), "/metrics/json") => ("200 OK", "application/json", metrics.snapshot().to_string()),
+        (Some("GET"), "/metrics/json") => (
+            "200 OK",
+            "application/json",
+            serde_json::to_string_pretty(&metrics.snapshot()).unwrap_or_else(|_| "{}".into()),
+        ),
+        (Some("GET"), "/metrics/summary") => ("200 OK", "text/plain", metrics.summary()),
+        (Some("GET"), "/health") => ("200 OK", "text/plain", "OK".to_string()),
         _ => ("404 Not Found", "text/plain", "not found\n".to_string()),
     };
     let head = format!(
@@ -388,44 +856,193 @@ fn serve(mut c: TcpStream, metrics: &Metrics) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn counters_render_in_both_formats() {
-        let m = Metrics::default();
-        m.task_ended(7, true, 4, 4096, Duration::from_micros(42));
-        m.task_ended(7, false, 6, 0, Duration::from_millis(2));
-        m.failover();
-        m.retry(7);
-        m.endpoint_event(EndpointEvent::Evicted);
-        m.set_store_occupancy(vec![("sim_mlx5_0".into(), 3)]);
-        let text = m.prometheus();
-        assert!(text.contains("tent_bytes_total{transport=\"tcp\",op=\"write\"} 4096"));
-        assert!(text.contains("tent_tasks_total{transport=\"tcp\",status=\"failed\"} 1"));
-        assert!(text.contains("tent_task_latency_us_bucket{le=\"50\"} 1"));
-        assert!(text.contains("tent_task_latency_us_bucket{le=\"+Inf\"} 2"));
-        assert!(text.contains("tent_failovers_total 1"));
-        assert!(text.contains("tent_rdma_endpoint_events_total{event=\"evicted\"} 1"));
-        assert!(text.contains("tent_rdma_store_occupancy{nic=\"sim_mlx5_0\"} 3"));
-        let j = m.snapshot();
-        assert_eq!(j["bytes"]["tcp"]["write"], 4096);
-        assert_eq!(j["tasks"]["tcp"]["completed"], 1);
-        assert_eq!(j["task_latency_us"]["count"], 2);
+    fn line_value(text: &str, series: &str) -> Option<u64> {
+        text.lines().find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
     }
 
     #[test]
-    fn http_endpoint_serves_and_a_busy_port_degrades() {
-        let m = Arc::new(Metrics::default());
-        m.task_ended(3, true, 4, 10, Duration::from_micros(1));
-        let s = MetricsServer::start("127.0.0.1", 0, m.clone()).expect("serves");
-        let get = |path: &str| {
-            let mut c = TcpStream::connect(s.addr()).expect("connect");
-            c.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).expect("send");
-            let mut out = String::new();
-            let _ = c.read_to_string(&mut out);
-            out
+    fn labels_are_upstreams_closed_set() {
+        assert_eq!(transport_label(TransportKind::AscendDirect), "ascend");
+        assert_eq!(transport_label(TransportKind::BufIo), "io_uring");
+        assert_eq!(transport_label(LOCAL_COPY_TRANSPORT), "shm");
+        assert_eq!(transport_label(TransportKind::Mpcomm), "mpcomm");
+        for (i, l) in TRANSPORT_LABELS.iter().enumerate() {
+            let kind = TransportKind::from_i32(i as i32).expect("a TRANSPORT_* value");
+            assert_eq!(transport_label(kind), *l);
+        }
+    }
+
+    #[test]
+    fn a_completed_request_counts_bytes_size_latency_and_stages() {
+        let m = Metrics::default();
+        let stages = Stages {
+            queue_wait: Duration::from_micros(5),
+            dispatch: Duration::from_micros(70),
+            transport: Duration::from_micros(900),
         };
-        assert!(get("/metrics").contains("tent_bytes_total{transport=\"shm\",op=\"write\"} 10"));
-        assert!(get("/metrics/json").contains("\"shm\""));
-        assert!(get("/nope").starts_with("HTTP/1.1 404"));
-        assert!(MetricsServer::start("127.0.0.1", s.addr().port(), m).is_none(), "a busy port is not fatal");
+        m.request_ended(
+            TransportKind::Tcp,
+            Opcode::Write,
+            Status::Completed,
+            4096,
+            Duration::from_micros(975),
+            Some(stages),
+        );
+        let t = m.prometheus();
+        assert_eq!(line_value(&t, "tent_write_bytes_total{transport=\"tcp\"}"), Some(4096));
+        assert_eq!(line_value(&t, "tent_write_requests_total{transport=\"tcp\"}"), Some(1));
+        assert_eq!(line_value(&t, "tent_write_failures_total{transport=\"tcp\"}"), None, "nothing failed");
+        // 975 us: above 500, within 1000.
+        assert_eq!(line_value(&t, "tent_write_latency_us_bucket{transport=\"tcp\",le=\"500.000000\"}"), Some(0));
+        assert_eq!(line_value(&t, "tent_write_latency_us_bucket{transport=\"tcp\",le=\"1000.000000\"}"), Some(1));
+        assert_eq!(line_value(&t, "tent_write_latency_us_bucket{transport=\"tcp\",le=\"+Inf\"}"), Some(1));
+        assert_eq!(line_value(&t, "tent_write_latency_us_sum{transport=\"tcp\"}"), Some(975));
+        // 4096 bytes sits on a bound: `le` includes it.
+        assert_eq!(line_value(&t, "tent_write_size_bytes_bucket{transport=\"tcp\",le=\"1024.000000\"}"), Some(0));
+        assert_eq!(line_value(&t, "tent_write_size_bytes_bucket{transport=\"tcp\",le=\"4096.000000\"}"), Some(1));
+        assert_eq!(line_value(&t, "tent_stage_queue_wait_us_bucket{transport=\"tcp\",le=\"10.000000\"}"), Some(1));
+        assert_eq!(line_value(&t, "tent_stage_dispatch_us_bucket{transport=\"tcp\",le=\"50.000000\"}"), Some(0));
+        assert_eq!(line_value(&t, "tent_stage_dispatch_us_bucket{transport=\"tcp\",le=\"100.000000\"}"), Some(1));
+        assert_eq!(line_value(&t, "tent_stage_transport_us_sum{transport=\"tcp\"}"), Some(900));
+        assert_eq!(m.bytes(TransportKind::Tcp, Opcode::Write), 4096);
+        assert_eq!(m.completed(TransportKind::Tcp), 1);
+    }
+
+    #[test]
+    fn failures_count_no_bytes_and_cancels_count_nothing() {
+        let m = Metrics::default();
+        m.request_ended(TransportKind::Rdma, Opcode::Read, Status::Failed, 0, Duration::from_millis(3), None);
+        m.request_ended(TransportKind::Rdma, Opcode::Read, Status::Timeout, 0, Duration::from_millis(3), None);
+        m.request_ended(TransportKind::Rdma, Opcode::Read, Status::Canceled, 0, Duration::from_millis(3), None);
+        assert_eq!(m.requests(TransportKind::Rdma, Opcode::Read), 2);
+        assert_eq!(m.failures(TransportKind::Rdma, Opcode::Read), 2);
+        assert_eq!(m.bytes(TransportKind::Rdma, Opcode::Read), 0);
+        let t = m.prometheus();
+        assert!(!t.contains("tent_read_latency_us_bucket"), "failed requests record no latency: {t}");
+        assert!(!t.contains("tent_read_bytes_total{"), "{t}");
+        assert_eq!(m.summary(), "Read: 0.00 B (2 reqs, 2 fails) | Write: 0.00 B (0 reqs, 0 fails) | Failovers: 0");
+    }
+
+    #[test]
+    fn attempts_failovers_and_extras_carry_their_labels() {
+        let m = Metrics::default();
+        m.attempt_started(TransportKind::Rdma, Opcode::Write);
+        m.attempt_finished(TransportKind::Rdma, Opcode::Write, true, Duration::from_micros(40));
+        m.failover(TransportKind::Rdma, TransportKind::Tcp);
+        m.attempt_started(TransportKind::Tcp, Opcode::Write);
+        m.attempt_finished(TransportKind::Tcp, Opcode::Write, false, Duration::from_micros(2_000));
+        m.retry(TransportKind::Tcp);
+        m.deadline_infeasible(TransportKind::Tcp);
+        m.deadline_mlu(TransportKind::Tcp, 0.8);
+        m.deadline_mlu(TransportKind::Tcp, f64::NAN);
+        m.endpoint_event(EndpointEvent::Evicted);
+        m.set_store_occupancy(vec![("sim_mlx5_0".into(), 3)]);
+        let t = m.prometheus();
+        let v = |s: &str| line_value(&t, s);
+        assert_eq!(v("tent_transport_attempts_total{transport=\"rdma\",operation=\"write\"}"), Some(1));
+        assert_eq!(v("tent_transport_attempts_total{transport=\"tcp\",operation=\"write\"}"), Some(1));
+        assert_eq!(v("tent_transport_attempt_failures_total{transport=\"rdma\",operation=\"write\"}"), Some(1));
+        assert_eq!(v("tent_transport_attempt_failures_total{transport=\"tcp\",operation=\"write\"}"), None);
+        assert_eq!(v("tent_transport_attempt_latency_us_count{transport=\"tcp\",operation=\"write\"}"), Some(1));
+        assert_eq!(v("tent_transport_attempt_latency_us_sum{transport=\"rdma\",operation=\"write\"}"), Some(40));
+        assert_eq!(v("tent_transport_failover_total{from=\"rdma\",to=\"tcp\"}"), Some(1));
+        assert_eq!(v("tent_retries_total{transport=\"tcp\"}"), Some(1));
+        assert_eq!(v("tent_deadline_infeasible_total{transport=\"tcp\"}"), Some(1));
+        assert_eq!(v("tent_deadline_mlu_permille_bucket{transport=\"tcp\",le=\"750.000000\"}"), Some(0));
+        assert_eq!(v("tent_deadline_mlu_permille_bucket{transport=\"tcp\",le=\"900.000000\"}"), Some(1));
+        assert_eq!(v("tent_deadline_mlu_permille_count{transport=\"tcp\"}"), Some(1), "NaN is ignored");
+        assert_eq!(v("tent_rdma_endpoint_events_total{event=\"evicted\"}"), Some(1));
+        assert_eq!(v("tent_rdma_store_occupancy{nic=\"sim_mlx5_0\"}"), Some(3));
+        assert_eq!(m.failovers(), 1);
+    }
+
+    #[test]
+    fn every_family_is_declared_once_even_when_empty() {
+        let t = Metrics::default().prometheus();
+        let types: Vec<&str> = t.lines().filter_map(|l| l.strip_prefix("# TYPE ")).collect();
+        assert_eq!(types.len(), 22, "19 upstream families and 3 of tent-rs: {types:?}");
+        let mut names: Vec<&str> = types.iter().filter_map(|l| l.split(' ').next()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), 22);
+        assert!(types.contains(&"tent_transport_attempt_latency_us histogram"));
+        assert!(types.contains(&"tent_deadline_infeasible_total counter"));
+    }
+
+    #[test]
+    fn json_has_upstreams_shape() {
+        let m = Metrics::default();
+        for (kind, us) in [(TransportKind::Tcp, 50), (TransportKind::Shm, 700), (TransportKind::Shm, 9_000_000)] {
+            m.request_ended(kind, Opcode::Read, Status::Completed, 100, Duration::from_micros(us), None);
+        }
+        m.request_ended(TransportKind::Tcp, Opcode::Write, Status::Failed, 0, Duration::ZERO, None);
+        let j = m.snapshot();
+        assert_eq!(j["tent_read_bytes_total"], 300, "summed over transports");
+        assert_eq!(j["tent_read_requests_total"], 3);
+        assert_eq!(j["tent_write_requests_total"], 1);
+        assert_eq!(j["tent_write_failures_total"], 1);
+        assert_eq!(j["tent_transport_failover_total"], 0);
+        let h = &j["tent_read_latency_us"];
+        assert_eq!(h["count"], 3);
+        assert_eq!(h["sum"], 50 + 700 + 9_000_000);
+        // Buckets are per bucket (not cumulative), keyed by bound; +Inf only in the count.
+        assert_eq!(h["buckets"]["100"], 1);
+        assert_eq!(h["buckets"]["500"], 0);
+        assert_eq!(h["buckets"]["1000"], 1);
+        assert_eq!(h["buckets"].as_object().map(|o| o.len()), Some(LATENCY_BUCKETS_US.len()));
+        assert_eq!(j["tent_stage_transport_us"]["count"], 0);
+        assert!(j["tent_rdma_endpoint_events_total"]["created"].is_u64());
+        assert_eq!(human_bytes(1_048_576), "1.05 MB");
+    }
+
+    fn get(addr: SocketAddr, path: &str) -> String {
+        let mut c = TcpStream::connect(addr).expect("connect");
+        c.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).expect("send");
+        let mut out = String::new();
+        let _ = c.read_to_string(&mut out);
+        out
+    }
+
+    fn opts(port: u16, threads: usize, report: Duration) -> ServerOptions {
+        ServerOptions { host: "127.0.0.1".into(), port, http_server_threads: threads, report_interval: report }
+    }
+
+    #[test]
+    fn http_endpoints_answer_and_a_busy_port_degrades() {
+        let m = Arc::new(Metrics::default());
+        m.request_ended(TransportKind::Shm, Opcode::Write, Status::Completed, 10, Duration::from_micros(1), None);
+        let s = MetricsServer::start(&opts(0, 3, Duration::ZERO), m.clone()).expect("serves");
+        let addr = s.addr().expect("endpoint");
+        assert!(get(addr, "/metrics").contains("tent_write_bytes_total{transport=\"shm\"} 10"));
+        assert!(get(addr, "/metrics?x=1").starts_with("HTTP/1.1 200"), "a query string is ignored");
+        assert!(get(addr, "/metrics/json").contains("\"tent_write_bytes_total\": 10"));
+        assert!(get(addr, "/metrics/summary").ends_with("Write: 10.00 B (1 reqs, 0 fails) | Failovers: 0"));
+        assert!(get(addr, "/health").ends_with("\r\n\r\nOK"));
+        assert!(get(addr, "/nope").starts_with("HTTP/1.1 404"));
+        // Several scrapes at once, more than there are threads.
+        std::thread::scope(|sc| {
+            for _ in 0..8 {
+                sc.spawn(|| assert!(get(addr, "/health").ends_with("OK")));
+            }
+        });
+        let busy = opts(addr.port(), 1, Duration::ZERO);
+        assert!(MetricsServer::start(&busy, m.clone()).is_none(), "a busy port without a summary runs nothing");
+        let log_only = MetricsServer::start(&opts(addr.port(), 1, Duration::from_secs(3600)), m).expect("summary");
+        assert!(log_only.addr().is_none(), "a busy port leaves the periodic summary only");
+        // Dropping joins the reporter at once (it is woken, not left to sleep out the hour).
+        drop(log_only);
+    }
+
+    #[test]
+    fn dropping_the_server_joins_every_thread() {
+        let m = Arc::new(Metrics::default());
+        let s = MetricsServer::start(&opts(0, 4, Duration::from_secs(3600)), m.clone()).expect("serves");
+        assert_eq!(s.threads.len(), 6, "4 answering threads, the accept thread and the reporter");
+        assert_eq!(Arc::strong_count(&m), 6, "each answering thread and the reporter hold the metrics");
+        assert!(get(s.addr().expect("endpoint"), "/health").ends_with("OK"));
+        drop(s);
+        // Every thread's closure was dropped: `drop` joined them (the answering threads end
+        // only after the accept thread let go of the queue).
+        assert_eq!(Arc::strong_count(&m), 1);
     }
 }

@@ -216,9 +216,12 @@ fn a_submitting_thread_may_end_before_its_transfers() {
 /// that ended with `status`.
 fn ended_without_polling(e: &Engine, status: Status, n: u64) {
     let start = std::time::Instant::now();
-    let slot = TransportKind::IoUring as usize;
-    while e.metrics().tasks(slot, status as i32) < n {
-        assert!(start.elapsed() < BOUND, "only {} of {n} tasks ended", e.metrics().tasks(slot, status as i32));
+    let ended = |e: &Engine| match status {
+        Status::Completed => e.metrics().completed(TransportKind::IoUring),
+        _ => [Opcode::Read, Opcode::Write].iter().map(|&op| e.metrics().failures(TransportKind::IoUring, op)).sum(),
+    };
+    while ended(e) < n {
+        assert!(start.elapsed() < BOUND, "only {} of {n} tasks ended", ended(e));
         std::thread::sleep(Duration::from_millis(1));
     }
 }
@@ -255,7 +258,9 @@ fn transfers_end_when_nobody_polls() {
     // Freed before anything ended: the tasks still end, and the batch is reclaimed then.
     e.free_batch(b).expect("free");
     ended_without_polling(&e, Status::Completed, 16);
-    assert_eq!(e.metrics().tasks(TransportKind::IoUring as usize, Status::Failed as i32), 0);
+    for op in [Opcode::Read, Opcode::Write] {
+        assert_eq!(e.metrics().failures(TransportKind::IoUring, op), 0);
+    }
     let (written, read) = m.bytes().split_at(8 * MIB as usize);
     assert!(written == read, "the bytes read back are the bytes written");
     assert!(std::fs::read(&path).expect("read") == written, "every byte reached the file");

@@ -182,11 +182,13 @@ fn many_peers(label: &str, cfg: &[(&str, &str)]) {
     assert_eq!(total, tasks.load(Ordering::Relaxed));
 
     let m = hub.metrics().snapshot();
-    let ev = |k: &str| m["rdma_endpoint_events"][k].as_u64().unwrap_or(0);
+    let ev = |k: &str| m["tent_rdma_endpoint_events_total"][k].as_u64().unwrap_or(0);
     let held: u64 =
-        m["rdma_store_occupancy"].as_object().map(|o| o.values().filter_map(|v| v.as_u64()).sum()).unwrap_or(0);
-    let peers_created: u64 =
-        peers.iter().map(|p| p.metrics().snapshot()["rdma_endpoint_events"]["created"].as_u64().unwrap_or(0)).sum();
+        m["tent_rdma_store_occupancy"].as_object().map(|o| o.values().filter_map(|v| v.as_u64()).sum()).unwrap_or(0);
+    let peers_created: u64 = peers
+        .iter()
+        .map(|p| p.metrics().snapshot()["tent_rdma_endpoint_events_total"]["created"].as_u64().unwrap_or(0))
+        .sum();
     let rdma = hub.rdma().is_some();
     if rdma {
         assert!(held as usize <= CAP, "{label}: the hub holds {held} endpoints, over the cap of {CAP}");

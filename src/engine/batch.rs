@@ -9,9 +9,9 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
-use super::types::{Request, Status, TransportKind};
+use super::types::{Opcode, Request, Status, TransportKind};
 use crate::error::{Error, Result};
-use crate::metrics::{LOCAL_SLOT, Metrics};
+use crate::metrics::{LOCAL_COPY_TRANSPORT, Metrics};
 use std::time::Instant;
 
 /// Runs when the last task of a submit-with-notification ends.
@@ -220,16 +220,16 @@ impl TaskState {
         if error.is_some() {
             *self.error.lock() = error;
         }
+        // Reported before the status is published, so a caller that sees the task ended also
+        // sees it counted.
+        let unit = self.unit.lock().take();
+        self.report(status, bytes, unit.as_deref());
         self.transferred.store(bytes, Ordering::Release);
         self.status.store(status as i32, Ordering::Release);
         if status == Status::Completed {
             // Before `pending` drops: a poll that sees nothing pending scans the tasks anyway.
             self.life.completed_bytes.fetch_add(bytes, Ordering::AcqRel);
         }
-        let unit = self.unit.lock().take();
-        let slot =
-            if self.local { LOCAL_SLOT } else { unit.and_then(|u| u.transport()).map(|k| k as usize).unwrap_or(0) };
-        self.life.metrics.task_ended(slot, self.write, status as i32, bytes, self.submitted.elapsed());
         if let Some(h) = &self.hook {
             h.task_ended(status);
         }
@@ -238,6 +238,37 @@ impl TaskState {
         }
         self.life.maybe_reclaim();
         true
+    }
+
+    /// Tells the metrics how the task ended (atomics only). A task its unit carries reports
+    /// the unit, under the transport it ended on, when it is the unit's first task (a merged
+    /// unit is one request, as upstream counts it), and closes the unit's open attempt; a task
+    /// that never reached a transport reports itself: under `shm` when it was a copy within
+    /// this engine, else under `unspec` (upstream's label for "no transport was chosen").
+    fn report(&self, status: Status, bytes: u64, unit: Option<&super::unit::Unit>) {
+        let op = if self.write { Opcode::Write } else { Opcode::Read };
+        let metrics = &self.life.metrics;
+        match unit {
+            Some(u) => {
+                if !u.reports(self) {
+                    return;
+                }
+                // Two clock subtractions for every figure: the rest is integer arithmetic on
+                // the unit's times (nanoseconds after its creation).
+                let end = u.nanos_since_created(Instant::now());
+                let queue_wait = u.created.saturating_duration_since(self.submitted);
+                u.close_attempt(matches!(status, Status::Failed | Status::Timeout), end);
+                let completed = status == Status::Completed;
+                let bytes = if completed { u.request.length } else { 0 };
+                let stages = if completed { u.stages(queue_wait, end) } else { None };
+                let latency = queue_wait + std::time::Duration::from_nanos(end);
+                metrics.request_ended(u.transport(), op, status, bytes, latency, stages);
+            }
+            None => {
+                let kind = if self.local { LOCAL_COPY_TRANSPORT } else { TransportKind::Unspec };
+                metrics.request_ended(kind, op, status, bytes, self.submitted.elapsed(), None);
+            }
+        }
     }
 
     /// Marks success with the task's own length moved.

@@ -186,6 +186,9 @@ impl Dispatcher {
         // per request), not per block.
         let mut last: Option<(CandidateKey, Arc<[TransportKind]>)> = None;
         let groups = self.merge_groups(desc, &entries);
+        // When these requests left the queue (the end of their queue-wait stage): one clock
+        // read per dispatch, not per unit.
+        let dispatched = std::time::Instant::now();
         for group in groups.iter() {
             let first = entries[group[0]].request;
             let length = group.iter().map(|&i| entries[i].request.length).sum();
@@ -224,7 +227,8 @@ impl Dispatcher {
                 }
             };
             let kind = candidates[0];
-            let unit = Unit::new(request, desc.clone(), located, members, candidates, self.failover.clone());
+            let unit =
+                Unit::new(dispatched, request, desc.clone(), located, members, candidates, self.failover.clone());
             let slot = match per_transport.iter().position(|(k, _)| *k == kind) {
                 Some(i) => i,
                 None => {
@@ -287,6 +291,12 @@ impl Dispatcher {
         }
         let keep = tasks.clone();
         self.submitted[kind as usize].fetch_add(tasks.len() as u64, Ordering::Relaxed);
+        // Each unit handed over is one physical attempt on `kind` (one clock read per slice);
+        // counted before the submit, since a fast transport may end it before submit returns.
+        let now = std::time::Instant::now();
+        for u in &units {
+            u.start_attempt(kind, now);
+        }
         let submitted = if more { t.submit_partial(desc, tasks) } else { t.submit(desc, tasks) };
         if let Err(e) = submitted {
             tracing::debug!("{} refused a submit: {e}", kind.name());

@@ -644,7 +644,18 @@ impl Engine {
                 }
                 continue;
             }
-            match self.copy_local(&r) {
+            // The copy is this engine's own transport attempt, as a same-process transfer is one
+            // on upstream's SHM transport.
+            let started = std::time::Instant::now();
+            self.metrics.attempt_started(crate::metrics::LOCAL_COPY_TRANSPORT, r.opcode);
+            let copied = self.copy_local(&r);
+            self.metrics.attempt_finished(
+                crate::metrics::LOCAL_COPY_TRANSPORT,
+                r.opcode,
+                copied.is_err(),
+                started.elapsed(),
+            );
+            match copied {
                 Ok(()) => {
                     t.state.complete();
                 }
@@ -803,7 +814,7 @@ impl Engine {
 
     /// Where the metrics endpoint listens, when it runs.
     pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
-        self.metrics_server.as_ref().map(|s| s.addr())
+        self.metrics_server.as_ref().and_then(|s| s.addr())
     }
 
     /// The transports loaded in this engine.

@@ -17,7 +17,7 @@ use crate::control::client::{ClientTimeouts, RpcClient};
 use crate::control::metadata::{self, StoreSettings};
 use crate::control::server::ServerParams;
 use crate::error::Result;
-use crate::metrics::{Metrics, MetricsServer};
+use crate::metrics::{Metrics, MetricsServer, ServerOptions};
 use crate::transport::Transport;
 use crate::transport::rdma::RdmaTransport;
 use crate::transport::shm::{ShmParams, ShmTransport};
@@ -111,12 +111,18 @@ pub(super) fn attach_rdma(t: &Arc<RdmaTransport>, local: &LocalSegment, remote: 
     metrics.set_rdma_source(t.metrics_source());
 }
 
-/// The metrics HTTP endpoint when `metrics/enabled` is set and its port can be bound.
+/// The metrics server (HTTP endpoint and periodic summary) when `metrics/enabled` is set.
 pub(super) fn start_metrics_server(m: &MetricsSection, metrics: &Arc<Metrics>) -> Option<MetricsServer> {
     if !m.enabled {
         return None;
     }
-    MetricsServer::start(&m.http_host, m.http_port, metrics.clone())
+    let opts = ServerOptions {
+        host: m.http_host.clone(),
+        port: m.http_port,
+        http_server_threads: m.http_server_threads,
+        report_interval: m.report_interval,
+    };
+    MetricsServer::start(&opts, metrics.clone())
 }
 
 /// The dispatcher over `transports`, wired so that transports drop per-segment state (e.g.

@@ -6,7 +6,8 @@
 //! transport can never overwrite the outcome of a failover.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -73,6 +74,28 @@ pub struct Unit {
     suspended: AtomicBool,
     route: Mutex<Route>,
     failover: Arc<FailoverConfig>,
+    /// The transport in use now (`route`'s current one), readable without the route's lock:
+    /// the metrics label a request with it when the request ends.
+    current: AtomicU8,
+    /// When the dispatcher made the unit: the end of the queue-wait stage.
+    pub created: Instant,
+    /// When it was first handed to a transport, as nanoseconds after `created` plus one (0:
+    /// not yet): the end of the dispatch stage.
+    first_post: AtomicU64,
+    /// The attempt in flight, for the attempt metrics: its transport, when it was handed over
+    /// (as `first_post`), and whether it is still open (closed exactly once).
+    attempt_kind: AtomicU8,
+    attempt_post: AtomicU64,
+    attempt_open: AtomicBool,
+}
+
+/// A transport kind back from its `u8` (the internal `BufIo` included).
+fn kind_from_u8(v: u8) -> TransportKind {
+    if v == TransportKind::BufIo as u8 {
+        TransportKind::BufIo
+    } else {
+        TransportKind::from_i32(i32::from(v)).unwrap_or(TransportKind::Unspec)
+    }
 }
 
 impl TaskSink for Unit {
@@ -90,6 +113,7 @@ impl TaskSink for Unit {
 
     fn time_out(&self, attempt: u32, reason: String) {
         if attempt == self.attempt.load(Ordering::Acquire) {
+            self.close_attempt(true, self.nanos_since_created(Instant::now()));
             for m in &self.members {
                 m.finish(super::types::Status::Timeout, 0, Some(reason.clone()));
             }
@@ -106,9 +130,11 @@ impl TaskSink for Unit {
 }
 
 impl Unit {
-    /// Creates a unit for `members` (already linked to it by the caller via `link`);
-    /// `target_buffer` is where dispatch found the target buffer in `target`, if it looked.
+    /// Creates a unit for `members` (already linked to it by the caller via `link`), made by the
+    /// dispatch that started at `created`; `target_buffer` is where dispatch found the target
+    /// buffer in `target`, if it looked.
     pub fn new(
+        created: Instant,
         request: Request,
         target: Arc<SegmentDesc>,
         target_buffer: Option<BufferRef>,
@@ -116,6 +142,7 @@ impl Unit {
         candidates: Arc<[TransportKind]>,
         failover: Arc<FailoverConfig>,
     ) -> Arc<Unit> {
+        let first = candidates.first().copied().unwrap_or(TransportKind::Unspec);
         let unit = Arc::new(Unit {
             request,
             target,
@@ -125,6 +152,12 @@ impl Unit {
             suspended: AtomicBool::new(false),
             route: Mutex::new(Route { candidates, index: 0, failovers: 0 }),
             failover,
+            current: AtomicU8::new(first as u8),
+            created,
+            first_post: AtomicU64::new(0),
+            attempt_kind: AtomicU8::new(first as u8),
+            attempt_post: AtomicU64::new(0),
+            attempt_open: AtomicBool::new(false),
         });
         for m in &unit.members {
             m.set_unit(&unit);
@@ -132,10 +165,55 @@ impl Unit {
         unit
     }
 
-    /// The transport this unit is assigned to now.
-    pub fn transport(&self) -> Option<TransportKind> {
-        let r = self.route.lock();
-        r.candidates.get(r.index).copied()
+    /// The transport this unit is assigned to now (the one it ended on, once it ended).
+    pub fn transport(&self) -> TransportKind {
+        kind_from_u8(self.current.load(Ordering::Acquire))
+    }
+
+    /// Whether `task` is the unit's first public task: the one that reports the unit's outcome
+    /// to the metrics (a merged unit is one request there, as upstream counts it).
+    pub fn reports(&self, task: &TaskState) -> bool {
+        self.members.as_slice().first().is_some_and(|m| std::ptr::eq(Arc::as_ptr(m), task))
+    }
+
+    /// Nanoseconds from the unit's creation to `at` (0 for an earlier `at`).
+    pub fn nanos_since_created(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.created).as_nanos().min(u64::MAX as u128 - 1) as u64
+    }
+
+    /// Counts an attempt on `kind` handed over at `now` (the dispatcher calls it right before
+    /// the transport's submit).
+    pub fn start_attempt(&self, kind: TransportKind, now: Instant) {
+        // Stored plus one, so that 0 means "not yet".
+        let at = self.nanos_since_created(now) + 1;
+        let _ = self.first_post.compare_exchange(0, at, Ordering::AcqRel, Ordering::Acquire);
+        self.attempt_kind.store(kind as u8, Ordering::Relaxed);
+        self.attempt_post.store(at, Ordering::Relaxed);
+        self.attempt_open.store(true, Ordering::Release);
+        self.failover.metrics.attempt_started(kind, self.request.opcode);
+    }
+
+    /// Ends the open attempt, if any (once), `end` nanoseconds after the unit's creation,
+    /// recording whether it failed and how long it took.
+    pub fn close_attempt(&self, failed: bool, end: u64) {
+        if !self.attempt_open.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let kind = kind_from_u8(self.attempt_kind.load(Ordering::Relaxed));
+        let posted = self.attempt_post.load(Ordering::Relaxed).saturating_sub(1);
+        let took = Duration::from_nanos(end.saturating_sub(posted));
+        self.failover.metrics.attempt_finished(kind, self.request.opcode, failed, took);
+    }
+
+    /// The stages of a unit that ended `end` nanoseconds after its creation, for a task that
+    /// waited `queue_wait` before it; `None` when it never reached a transport.
+    pub fn stages(&self, queue_wait: Duration, end: u64) -> Option<crate::metrics::Stages> {
+        let posted = self.first_post.load(Ordering::Acquire).checked_sub(1)?;
+        Some(crate::metrics::Stages {
+            queue_wait,
+            dispatch: Duration::from_nanos(posted),
+            transport: Duration::from_nanos(end.saturating_sub(posted)),
+        })
     }
 
     /// How many times it failed over.
@@ -171,6 +249,8 @@ impl Unit {
         if attempt != self.attempt.load(Ordering::Acquire) {
             return;
         }
+        // The attempt is over whatever comes next (a failover runs a new one).
+        self.close_attempt(true, self.nanos_since_created(Instant::now()));
         let deferred = self.failover.on_poll || self.failover.progress.is_some();
         let freed = self.members.as_slice().iter().all(|m| m.batch_freed());
         if deferred && !freed && self.can_fail_over() {
@@ -205,9 +285,13 @@ impl Unit {
         let next = {
             let mut r = self.route.lock();
             if r.index + 1 < r.candidates.len() && r.failovers < self.failover.budget {
+                let from = r.candidates[r.index];
                 r.index += 1;
                 r.failovers += 1;
-                Some(r.candidates[r.index])
+                let to = r.candidates[r.index];
+                self.current.store(to as u8, Ordering::Release);
+                self.failover.metrics.failover(from, to);
+                Some(to)
             } else {
                 None
             }
@@ -216,7 +300,6 @@ impl Unit {
             || self.members.as_slice().iter().find_map(|m| m.error()).unwrap_or_else(|| "transfer failed".into());
         match next {
             Some(kind) => {
-                self.failover.metrics.failover();
                 self.attempt.fetch_add(1, Ordering::AcqRel);
                 let mut resumed = false;
                 for m in &self.members {

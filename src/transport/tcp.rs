@@ -359,7 +359,7 @@ fn move_chunk(client: &RpcClient, chunk: &Chunk, stopping: &AtomicBool, p: TcpPa
             Err(e) if attempt >= p.max_retry_count => return Err(e),
             Err(e) => {
                 tracing::debug!("tcp chunk to {} failed (attempt {}): {e}", chunk.job.rpc_addr, attempt + 1);
-                metrics.retry(TransportKind::Tcp as usize);
+                metrics.retry(TransportKind::Tcp);
                 // Sleep in short slices so shutdown is never held up by a backoff.
                 let mut left = p.backoff(attempt);
                 while !left.is_zero() {
