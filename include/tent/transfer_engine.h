@@ -277,9 +277,10 @@ void tent_load_config_from_file(const char *path);
 void tent_set_config(const char *key, const char *value);
 
 /**
- * Creates an engine from this thread's settings and the environment. Always returns a handle
- * (NULL only if even that fails); check `tent_available`, since every call on an engine that
- * failed to start returns -1.
+ * Creates an engine from this thread's settings and the environment. A config value of the
+ * wrong type or out of range gives NULL, and `tent_last_error` names the key, the value and
+ * the reason. Any other failure to start still gives a handle (as upstream); check
+ * `tent_available`, since every call on an engine that failed to start returns -1.
  */
 tent_engine_t tent_create_engine(void);
 
