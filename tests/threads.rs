@@ -131,12 +131,17 @@ fn failed_starts_leave_no_thread_behind() {
     let err = e.err().expect("a store that refuses writes fails the start");
     assert!(err.to_string().contains("publish"), "{err}");
     assert_eq!(threads(), base, "after a failed publication");
-    // A bad RDMA setting: the engine starts without RDMA and runs exactly the threads of an
-    // engine without it.
+    // A config value out of range fails the start before anything runs.
+    let e = try_engine(&[("transports/rdma/provider", "sim"), ("transports/rdma/num_lanes", "0")]);
+    let err = e.err().expect("num_lanes 0 fails the start");
+    assert!(err.to_string().contains("transports/rdma/num_lanes"), "{err}");
+    assert_eq!(threads(), base, "after a bad config value");
+    // An RDMA setup that fails (a simulated fabric that does not exist): the engine starts
+    // without RDMA and runs exactly the threads of an engine without it.
     let without = engine(NO_RDMA);
     let plain = threads() - base;
     drop(without);
-    let bad = engine(&[("transports/rdma/provider", "sim"), ("transports/rdma/num_lanes", "0")]);
+    let bad = engine(&[("transports/rdma/provider", "sim"), ("transports/rdma/sim/fabric", "no_such_fabric")]);
     assert!(!bad.loaded_transports().contains(&tent::engine::types::TransportKind::Rdma));
     assert_eq!(threads() - base, plain, "a refused RDMA setup left threads behind");
     drop(bad);
