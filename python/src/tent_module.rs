@@ -538,7 +538,12 @@ impl TransferEngine {
                 .map_err(|e| InvalidArgumentError::new_err(format!("TransferEngine: config {path:?}: {e}")))?;
             cfg = Config::from_value(v);
         }
-        let failure = match py.detach(|| Engine::new(engine::effective_config(cfg))) {
+        // A bad config value raises, as a config that cannot be read does; other failures to
+        // start leave an engine whose available() is false, as upstream's.
+        let cfg = engine::effective_config(cfg);
+        let parsed = tent::config::Settings::parse(&cfg)
+            .map_err(|e| InvalidArgumentError::new_err(format!("TransferEngine: {e}")))?;
+        let failure = match py.detach(|| Engine::with_settings(cfg, parsed)) {
             Ok(e) => {
                 slot.set(e);
                 None

@@ -145,7 +145,14 @@ def test_errors_raise_engine_messages(pair):
     with pytest.raises(tent.InvalidArgumentError):
         a.submit_transfer(batch, [tent.Request(tent.WRITE, 0, 0, 0, 8)] * 2)
     assert a.allocate_transfer_batch(0) == 0
-    bad = tent.TransferEngine(json.dumps({"metadata_type": "zk", "metadata_servers": "nowhere:1"}))
+    # A config value of the wrong type or range raises, naming the key and the value.
+    with pytest.raises(tent.InvalidArgumentError, match="transports/tcp/chunk_size"):
+        tent.TransferEngine(json.dumps({"transports": {"tcp": {"chunk_size": "abc"}}}))
+    with pytest.raises(tent.InvalidArgumentError, match="zk"):
+        tent.TransferEngine(json.dumps({"metadata_type": "zk", "metadata_servers": "nowhere:1"}))
+    # Any other failure to start leaves an engine that is not available.
+    bad = tent.TransferEngine(json.dumps({"metadata_type": "etcd", "metadata_servers": "127.0.0.1:1",
+                                          "local_segment_name": "doomed", "metadata_timeout_ms": 500}))
     assert not bad.available()
     with pytest.raises(tent.InternalError):
         bad.get_segment_name()

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::config::{Config, Settings};
+use crate::config::{Config, Notes, Settings};
 use crate::control::addr;
 use crate::control::client::RpcClient;
 use crate::control::metadata::{self, KeepAlive, Publication};
@@ -175,7 +175,15 @@ impl Engine {
     /// returned with its reason too; nothing is left running: every step's threads and sockets
     /// are owned by values that stop them when a later step fails.
     pub fn new(config: Config) -> Result<Arc<Engine>> {
-        let (settings, notes) = Settings::parse(&config).map_err(Error::InvalidArgument)?;
+        let parsed = Settings::parse(&config).map_err(Error::InvalidArgument)?;
+        Engine::with_settings(config, parsed)
+    }
+
+    /// Starts an engine from `config` as [`Engine::new`] does, with `parsed` the result of
+    /// [`Settings::parse`] on it: callers that answer a bad config differently from other
+    /// failures parse first and so need not parse twice.
+    pub fn with_settings(config: Config, parsed: (Settings, Notes)) -> Result<Arc<Engine>> {
+        let (settings, notes) = parsed;
         crate::log::init(&settings.engine.log_level);
         for w in &notes.warnings {
             tracing::warn!("{w}");

@@ -164,8 +164,8 @@ pub unsafe extern "C" fn tent_set_config(key: *const c_char, value: *const c_cha
 pub extern "C" fn tent_create_engine() -> tent_engine_t {
     guard!("tent_create_engine", std::ptr::null_mut(), {
         let cfg = engine::effective_config(thread_config());
-        crate::config::Settings::parse(&cfg).map_err(Error::InvalidArgument)?;
-        let handle = match Engine::new(cfg) {
+        let parsed = crate::config::Settings::parse(&cfg).map_err(Error::InvalidArgument)?;
+        let handle = match Engine::with_settings(cfg, parsed) {
             Ok(e) => Handle::Ready(e),
             Err(e) => {
                 tracing::error!("transfer engine failed to start: {e}");
