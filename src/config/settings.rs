@@ -68,15 +68,23 @@ pub struct RpcSection {
 }
 
 /// `transports/tcp/*`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TcpSection {
+    /// Load the TCP transport.
     pub enable: bool,
+    /// Retries of one chunk before its task fails.
     pub max_retry_count: u32,
+    /// First retry back-off, doubling up to `retry_max_delay_ms`.
     pub retry_base_delay_ms: u64,
     pub retry_max_delay_ms: u64,
+    /// Worker threads, i.e. chunks in flight at once.
     pub max_concurrent_tasks: usize,
+    /// Bytes per SendData/RecvData; larger requests are split and pipelined.
     pub chunk_size: u64,
+    /// Fault injection for tests (`fault/fail_every_nth_chunk`, 0 = off): every n-th chunk
+    /// attempt fails as a transport error without touching the network.
     pub fail_every_nth_chunk: u64,
+    /// Fault injection for tests (`fault/refuse_submit`): submit itself fails.
     pub refuse_submit: bool,
 }
 

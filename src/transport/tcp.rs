@@ -24,38 +24,20 @@ use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::transport::Transport;
 
-/// Tunables read from `transports/tcp/*`.
+/// The TCP transport's tunables: its config section (`transports/tcp/*`, with the ranges and
+/// upstream's defaults the section reads) and the engine-wide idle timeout of its workers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TcpParams {
-    pub max_retry_count: u32,
-    pub retry_base_delay_ms: u64,
-    pub retry_max_delay_ms: u64,
-    /// Worker threads, i.e. chunks in flight at once.
-    pub max_concurrent_tasks: usize,
-    pub chunk_size: u64,
-    /// Fault injection for tests (`transports/tcp/fault/fail_every_nth_chunk`, 0 = off): every
-    /// n-th chunk attempt fails as a transport error without touching the network.
-    pub fail_every_nth_chunk: u64,
-    /// Fault injection for tests (`transports/tcp/fault/refuse_submit`): submit itself fails.
-    pub refuse_submit: bool,
+    /// `transports/tcp/*`.
+    pub tcp: TcpSection,
     /// An idle worker ends after this long (`idle_thread_exit_ms`); workers start on demand.
     pub idle_exit: Duration,
 }
 
 impl TcpParams {
-    /// The parameters of a TCP section (upstream's defaults: 3, 100, 2000, 16; 4 MiB chunks);
-    /// idle workers end after `idle_exit`.
+    /// The parameters of a TCP section; idle workers end after `idle_exit`.
     pub fn from_section(t: &TcpSection, idle_exit: Duration) -> TcpParams {
-        TcpParams {
-            max_retry_count: t.max_retry_count,
-            retry_base_delay_ms: t.retry_base_delay_ms,
-            retry_max_delay_ms: t.retry_max_delay_ms,
-            max_concurrent_tasks: t.max_concurrent_tasks,
-            chunk_size: t.chunk_size,
-            fail_every_nth_chunk: t.fail_every_nth_chunk,
-            refuse_submit: t.refuse_submit,
-            idle_exit,
-        }
+        TcpParams { tcp: *t, idle_exit }
     }
 
     /// The parameters of an empty configuration.
@@ -66,7 +48,8 @@ impl TcpParams {
 
     /// The delay before retry number `attempt` (0-based): base doubling up to the cap.
     pub fn backoff(&self, attempt: u32) -> Duration {
-        let ms = self.retry_base_delay_ms.saturating_mul(1u64 << attempt.min(30)).min(self.retry_max_delay_ms);
+        let t = &self.tcp;
+        let ms = t.retry_base_delay_ms.saturating_mul(1u64 << attempt.min(30)).min(t.retry_max_delay_ms);
         Duration::from_millis(ms)
     }
 }
@@ -124,7 +107,7 @@ impl TcpTransport {
     pub fn new(client: Arc<RpcClient>, params: TcpParams, metrics: Arc<Metrics>) -> Result<TcpTransport> {
         let stopping = Arc::new(AtomicBool::new(false));
         let (c, s) = (client, stopping.clone());
-        let pool = Pool::new("tent-tcp", 0, params.max_concurrent_tasks, params.idle_exit, move |q| {
+        let pool = Pool::new("tent-tcp", 0, params.tcp.max_concurrent_tasks, params.idle_exit, move |q| {
             worker(q, &c, &s, params, &metrics)
         })?;
         Ok(TcpTransport { params, pool, staged: Mutex::new(Staged::default()), stopping })
@@ -142,7 +125,7 @@ impl TcpTransport {
     /// batch's last submit queues everything held back; a long batch starts early (see
     /// [`EARLY_START_BYTES`]).
     fn start(&self, target: &Arc<SegmentDesc>, tasks: Vec<Task>, partial: bool) -> Result<()> {
-        if self.params.refuse_submit {
+        if self.params.tcp.refuse_submit {
             return Err(Error::Rpc("injected fault (transports/tcp/fault/refuse_submit)".into()));
         }
         let mut chunks = Vec::new();
@@ -153,7 +136,7 @@ impl TcpTransport {
                 task.complete();
                 continue;
             }
-            let n = len.div_ceil(self.params.chunk_size) as usize;
+            let n = len.div_ceil(self.params.tcp.chunk_size) as usize;
             let job = Arc::new(Job {
                 task,
                 rpc_addr: target.rpc_server_addr.clone(),
@@ -162,7 +145,7 @@ impl TcpTransport {
             });
             let mut off = 0;
             while off < len {
-                let l = (len - off).min(self.params.chunk_size);
+                let l = (len - off).min(self.params.tcp.chunk_size);
                 chunks.push(Chunk { job: job.clone(), offset: off, len: l });
                 off += l;
             }
@@ -212,7 +195,7 @@ const PIPELINE_MAX_BYTES: u64 = 1 << 20;
 /// Whether `group` goes in one pipelined trip (small chunks, and no fault injection, which
 /// counts single chunk attempts).
 fn pipelined(group: &[Chunk], p: TcpParams) -> bool {
-    p.fail_every_nth_chunk == 0 && group.first().is_some_and(|c| c.len <= PIPELINE_MAX_CHUNK)
+    p.tcp.fail_every_nth_chunk == 0 && group.first().is_some_and(|c| c.len <= PIPELINE_MAX_CHUNK)
 }
 
 /// Cuts chunks into groups: runs of small chunks of one opcode to one peer up to the pipelining
@@ -341,8 +324,8 @@ fn move_chunk(client: &RpcClient, chunk: &Chunk, stopping: &AtomicBool, p: TcpPa
     let (remote, local) = chunk.ranges();
     let mut attempt = 0u32;
     loop {
-        let injected = p.fail_every_nth_chunk > 0
-            && (CHUNK_ATTEMPTS.fetch_add(1, Ordering::Relaxed) + 1) % p.fail_every_nth_chunk == 0;
+        let injected = p.tcp.fail_every_nth_chunk > 0
+            && (CHUNK_ATTEMPTS.fetch_add(1, Ordering::Relaxed) + 1) % p.tcp.fail_every_nth_chunk == 0;
         let result = if injected {
             Err(Error::Rpc("injected fault (transports/tcp/fault/fail_every_nth_chunk)".into()))
         } else {
@@ -356,7 +339,7 @@ fn move_chunk(client: &RpcClient, chunk: &Chunk, stopping: &AtomicBool, p: TcpPa
         match result {
             Ok(()) => return Ok(()),
             Err(e @ Error::Remote(_)) => return Err(e),
-            Err(e) if attempt >= p.max_retry_count => return Err(e),
+            Err(e) if attempt >= p.tcp.max_retry_count => return Err(e),
             Err(e) => {
                 tracing::debug!("tcp chunk to {} failed (attempt {}): {e}", chunk.job.rpc_addr, attempt + 1);
                 metrics.retry(TransportKind::Tcp);
@@ -415,7 +398,7 @@ mod tests {
     fn defaults_and_overrides() {
         let p = TcpParams::defaults();
         assert_eq!(
-            (p.max_retry_count, p.retry_base_delay_ms, p.retry_max_delay_ms, p.max_concurrent_tasks),
+            (p.tcp.max_retry_count, p.tcp.retry_base_delay_ms, p.tcp.retry_max_delay_ms, p.tcp.max_concurrent_tasks),
             (3, 100, 2000, 16)
         );
         let mut c = crate::config::Config::new();
@@ -426,7 +409,7 @@ mod tests {
         let (s, _) = Settings::parse(&c).expect("valid config");
         let p = TcpParams::from_section(&s.tcp, s.engine.idle_thread_exit);
         assert_eq!(
-            (p.max_retry_count, p.retry_base_delay_ms, p.retry_max_delay_ms, p.max_concurrent_tasks),
+            (p.tcp.max_retry_count, p.tcp.retry_base_delay_ms, p.tcp.retry_max_delay_ms, p.tcp.max_concurrent_tasks),
             (5, 200, 4000, 32)
         );
     }
@@ -475,7 +458,7 @@ mod tests {
         assert_eq!(got, vec![vec![64, 64], vec![512], vec![64], vec![64]]);
         // With fault injection every chunk travels alone.
         let mut faulty = p;
-        faulty.fail_every_nth_chunk = 3;
+        faulty.tcp.fail_every_nth_chunk = 3;
         let groups = group_chunks((0..4).map(|_| chunk(Opcode::Write, kib(16))).collect(), faulty);
         assert_eq!(groups.len(), 4);
     }
