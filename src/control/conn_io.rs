@@ -79,6 +79,10 @@ pub struct ConnIo<'a> {
     out: Vec<u8>,
     held: Vec<Held>,
     held_bytes: usize,
+    /// Set for the RPC server's reactor, which serves a request only once all of it has
+    /// arrived and must never wait on a peer: replies are then written with what the socket
+    /// takes now, and the rest is kept (copied) for a worker to write (see [`ConnIo::finish_now`]).
+    never_wait: bool,
 }
 
 impl<'a> ConnIo<'a> {
@@ -87,7 +91,22 @@ impl<'a> ConnIo<'a> {
     pub fn new(stream: &'a TcpStream, buf: &'a mut [u8], pending: Pending) -> ConnIo<'a> {
         let n = pending.0.len().min(buf.len());
         buf[..n].copy_from_slice(&pending.0[..n]);
-        ConnIo { stream, buf, start: 0, end: n, out: Vec::new(), held: Vec::new(), held_bytes: 0 }
+        ConnIo { stream, buf, start: 0, end: n, out: Vec::new(), held: Vec::new(), held_bytes: 0, never_wait: false }
+    }
+
+    /// As [`ConnIo::new`], for a thread that must never wait on the peer to write (the server's
+    /// reactor): every flush writes what the socket takes at once and keeps the rest queued, as
+    /// a copy, so held registered memory is released by the flush all the same. Reads still
+    /// wait: the reactor serves a request only when all of its bytes have arrived.
+    pub fn never_waiting(stream: &'a TcpStream, buf: &'a mut [u8], pending: Pending) -> ConnIo<'a> {
+        let mut io = ConnIo::new(stream, buf, pending);
+        io.never_wait = true;
+        io
+    }
+
+    /// The socket's descriptor.
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        self.stream.as_raw_fd()
     }
 
     /// The bytes read and not taken yet.
@@ -100,6 +119,15 @@ impl<'a> ConnIo<'a> {
     pub fn finish(mut self) -> io::Result<Pending> {
         self.flush()?;
         Ok(Pending(self.buffered().to_vec()))
+    }
+
+    /// Ends a run of a never-waiting view ([`ConnIo::never_waiting`]): writes what the socket
+    /// takes now and gives back the bytes not taken and the reply bytes not written yet, which
+    /// a worker must write before anything else on this connection.
+    pub fn finish_now(mut self) -> io::Result<(Pending, Vec<u8>)> {
+        self.flush()?;
+        let unsent = std::mem::take(&mut self.out);
+        Ok((Pending(self.buffered().to_vec()), unsent))
     }
 
     /// Reads what the socket has (at most [`FILL_MAX`]) into the buffer, waiting for it unless
@@ -301,6 +329,9 @@ impl<'a> ConnIo<'a> {
             from = h.at;
         }
         parts.push(rawio::RawRange::of(&self.out[from..]));
+        if self.never_wait {
+            return self.flush_now(parts);
+        }
         // SAFETY: the queued bytes are our own vector; each held range stays valid while its
         // guard lives, and the guards are dropped only below, after the write.
         let r = unsafe { rawio::writev_all_raw(self.stream, &parts) };
@@ -311,6 +342,45 @@ impl<'a> ConnIo<'a> {
             self.out.shrink_to(OUT_FLUSH);
         }
         r
+    }
+}
+
+impl ConnIo<'_> {
+    /// The never-waiting flush: writes what the socket takes of `parts` (the queue in order)
+    /// and keeps a copy of the rest as the new queue, so the held payloads can be released.
+    fn flush_now(&mut self, parts: Vec<rawio::RawRange>) -> io::Result<()> {
+        // SAFETY: as in `flush`: our own vector and held ranges whose guards still live.
+        let sent = unsafe { rawio::send_now_raw(self.stream.as_raw_fd(), &parts) };
+        let mut skip = match sent {
+            Ok(n) => n,
+            Err(e) => {
+                self.out.clear();
+                self.held.clear();
+                self.held_bytes = 0;
+                return Err(e);
+            }
+        };
+        let mut rest: Vec<u8> = Vec::new();
+        for p in &parts {
+            if skip >= p.len {
+                skip -= p.len;
+                continue;
+            }
+            let n = p.len - skip;
+            rest.reserve(n);
+            // SAFETY: every part is valid for reads (see above) and `skip < p.len`; `reserve`
+            // made room for `n` more bytes. A raw copy: a held part is registered memory its
+            // program may write meanwhile, never to be seen through a Rust reference.
+            unsafe {
+                std::ptr::copy_nonoverlapping(p.ptr.add(skip), rest.as_mut_ptr().add(rest.len()), n);
+                rest.set_len(rest.len() + n);
+            }
+            skip = 0;
+        }
+        self.out = rest;
+        self.held.clear();
+        self.held_bytes = 0;
+        Ok(())
     }
 }
 

@@ -7,7 +7,7 @@
 
 use std::io;
 use std::net::TcpStream;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 
 /// A range of caller or registered memory that another party (the program that owns it, a
 /// peer, a NIC) may read or write while we use it, so it is only ever read or written through
@@ -70,6 +70,85 @@ pub unsafe fn writev_all_raw(s: &TcpStream, parts: &[RawRange]) -> io::Result<()
         }
     }
     Ok(())
+}
+
+/// Writes as much of `parts` as the socket takes now, without waiting (`MSG_DONTWAIT`), and
+/// returns how many bytes it took: a full socket buffer gives 0, never a wait. A closed peer
+/// gives an error, never SIGPIPE.
+///
+/// # Safety
+/// Every raw range in `parts` must be valid for reads for the call.
+pub unsafe fn send_now_raw(fd: RawFd, parts: &[RawRange]) -> io::Result<usize> {
+    let mut iov: Vec<libc::iovec> =
+        parts.iter().filter(|p| p.len > 0).map(|p| libc::iovec { iov_base: p.ptr.cast(), iov_len: p.len }).collect();
+    let mut total = 0usize;
+    let mut first = 0usize;
+    while first < iov.len() {
+        let n = (iov.len() - first).min(libc::UIO_MAXIOV as usize);
+        let msg = libc::msghdr {
+            msg_name: std::ptr::null_mut(),
+            msg_namelen: 0,
+            msg_iov: iov[first..].as_mut_ptr(),
+            msg_iovlen: n,
+            msg_control: std::ptr::null_mut(),
+            msg_controllen: 0,
+            msg_flags: 0,
+        };
+        // SAFETY: the iovecs describe ranges valid for reads (this function's contract); sendmsg
+        // only reads them.
+        let sent = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+        if sent < 0 {
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock => return Ok(total),
+                _ => return Err(e),
+            }
+        }
+        total += sent as usize;
+        let mut left = sent as usize;
+        while left > 0 && first < iov.len() {
+            let v = &mut iov[first];
+            if left >= v.iov_len {
+                left -= v.iov_len;
+                first += 1;
+            } else {
+                // SAFETY: stays inside the same range, `left` < its length.
+                v.iov_base = unsafe { v.iov_base.cast::<u8>().add(left) }.cast();
+                v.iov_len -= left;
+                left = 0;
+            }
+        }
+        if sent == 0 {
+            break;
+        }
+    }
+    Ok(total)
+}
+
+/// Bytes waiting in the socket's receive queue (`FIONREAD`); 0 when the kernel cannot say.
+pub fn readable_now(fd: RawFd) -> usize {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int through the pointer, which is ours.
+    let rc = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n as *mut libc::c_int) };
+    if rc < 0 { 0 } else { n.max(0) as usize }
+}
+
+/// Sets the socket's receive low-water mark (`SO_RCVLOWAT`): poll reports it readable, and a
+/// blocking read returns, only once this many bytes are waiting (or the peer closed).
+pub fn set_rcvlowat(fd: RawFd, bytes: usize) -> io::Result<()> {
+    let v: libc::c_int = bytes.clamp(1, i32::MAX as usize) as libc::c_int;
+    // SAFETY: the option value is one int of ours, with its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
 }
 
 /// Reads exactly `len` bytes from `s` into `[dst, dst+len)`. A read timeout set on the socket

@@ -20,6 +20,7 @@ use parking_lot::Mutex;
 use super::conn_io::{ConnIo, Pending, READ_BUF};
 use super::frame::{self, FrameError, msg};
 use super::queue::{Pool, WorkQueue};
+use super::rawio;
 use crate::error::Result;
 
 /// Largest attachment accepted for a control message; larger frames close the connection.
@@ -31,6 +32,14 @@ pub const MAX_RECV_DATA: u64 = 1 << 30;
 const MAX_SERVED_IN_A_ROW: usize = 64;
 /// Most connections the server keeps open at once; more are refused with a log line.
 const MAX_CONNECTIONS: usize = 4096;
+/// A SendData or RecvData whose payload is at most this size is served by the reactor itself
+/// once the whole request has arrived: handing it to a data worker cost a thread wake-up (on a
+/// small VM 30-100 us when the worker's vCPU had gone idle), several times the copy.
+const REACTOR_SERVE_MAX: u64 = 256 << 10;
+/// The reactor serves at most this many payload bytes on one connection before it looks at
+/// the others again, so a pipelined group of small requests cannot hold up a control message
+/// for longer than about one such copy.
+const REACTOR_TURN_BYTES: u64 = 256 << 10;
 
 /// Why a local memory access was refused.
 #[derive(Debug, Clone)]
@@ -130,10 +139,11 @@ impl RpcServer {
         let control = Arc::new(Pool::new("tent-rpc-c", 1, control_threads, idle_exit, move |q| worker(&s, q))?);
         let s = shared.clone();
         let data = Arc::new(Pool::new("tent-rpc-d", 0, data_threads, idle_exit, move |q| worker(&s, q))?);
-        let (c, d, s) = (control.clone(), data.clone(), stopping.clone());
-        let reactor = std::thread::Builder::new()
-            .name("tent-rpc-reactor".into())
-            .spawn(move || reactor(listener, wake_rx, ret_rx, &c, &d, &s, request_timeout, auth_required))?;
+        let (c, d, s, sh) = (control.clone(), data.clone(), stopping.clone(), shared.clone());
+        let reactor = std::thread::Builder::new().name("tent-rpc-reactor".into()).spawn(move || {
+            let ctx = ReactorCtx { shared: &sh, control: &c, data: &d, request_timeout, buf: vec![0u8; READ_BUF] };
+            reactor(listener, wake_rx, ret_rx, ctx, &s, auth_required)
+        })?;
         Ok(RpcServer { shared, stopping, waker: wake_tx, reactor: Mutex::new(Some(reactor)), control, data })
     }
 
@@ -170,6 +180,27 @@ pub struct Conn {
     nonce: Option<[u8; 32]>,
     /// Bytes a worker read and did not serve (the start of the next request).
     pending: Pending,
+    /// Reply bytes the reactor could not write without waiting: a worker writes them first.
+    unsent: Vec<u8>,
+    /// True while the socket's receive low-water mark waits for the rest of a small request
+    /// (see `hand_over`); reset before any other thread reads the connection.
+    lowat: bool,
+}
+
+impl Conn {
+    fn new(stream: TcpStream, authed: bool) -> Conn {
+        Conn { stream, authed, nonce: None, pending: Pending::default(), unsent: Vec::new(), lowat: false }
+    }
+
+    /// Puts the receive low-water mark back to one byte, so blocking reads return as usual.
+    fn reset_lowat(&mut self) {
+        if self.lowat {
+            self.lowat = false;
+            if let Err(e) = rawio::set_rcvlowat(self.stream.as_raw_fd(), 1) {
+                tracing::debug!("rpc server: SO_RCVLOWAT reset failed: {e}");
+            }
+        }
+    }
 }
 
 struct Idle {
@@ -179,6 +210,8 @@ struct Idle {
     /// While set and in the future, the connection is not polled (a partial header is re-checked
     /// later instead of spinning).
     recheck_at: Option<Instant>,
+    /// While the low-water mark waits for the rest of a small request: when to give up on it.
+    give_up_at: Option<Instant>,
 }
 
 /// What is waiting on a connection.
@@ -187,23 +220,40 @@ enum Waiting {
     Closed,
     Partial,
     Control,
-    Data,
+    Data(DataRequest),
 }
 
-#[allow(clippy::too_many_arguments)] // one call site; a struct would only rename them
+/// A data request (or descriptor fetch) whose header and body have arrived.
+#[derive(Clone, Copy)]
+struct DataRequest {
+    /// Bytes of the whole request: header, body and attachment.
+    total: usize,
+    /// A SendData or RecvData small enough for the reactor to serve (see [`REACTOR_SERVE_MAX`]).
+    small: bool,
+    /// Payload bytes it moves (SendData's data, RecvData's reply), when known.
+    payload: u64,
+}
+
+/// What the reactor needs besides its sockets.
+struct ReactorCtx<'a> {
+    shared: &'a Shared,
+    control: &'a Pool<Conn>,
+    data: &'a Pool<Conn>,
+    request_timeout: Duration,
+    /// The reactor's read buffer for the requests it serves itself.
+    buf: Vec<u8>,
+}
+
 fn reactor(
     listener: TcpListener,
     wake: UnixStream,
     returns: mpsc::Receiver<Conn>,
-    control: &Pool<Conn>,
-    data: &Pool<Conn>,
+    mut ctx: ReactorCtx<'_>,
     stopping: &AtomicBool,
-    request_timeout: Duration,
     auth_required: bool,
 ) {
     let mut idle: Vec<Idle> = Vec::new();
     let mut fds: Vec<libc::pollfd> = Vec::new();
-    let pools = Pools { control, data };
     while !stopping.load(Ordering::SeqCst) {
         let timeout_ms = poll_set(&mut fds, &wake, &listener, &idle);
         // SAFETY: fds is a valid array of pollfd of the given length, alive for the call.
@@ -220,24 +270,18 @@ fn reactor(
             let mut buf = [0u8; 64];
             while matches!((&wake).read(&mut buf), Ok(n) if n > 0) {}
         }
-        if !hand_over(&mut idle, &fds, &pools, request_timeout) {
+        if !hand_over(&mut idle, &fds, &mut ctx) {
             return;
         }
         while let Ok(c) = returns.try_recv() {
             // Bytes already read make no poll event: look at such a connection at once.
             let recheck_at = (!c.pending.0.is_empty()).then(Instant::now);
-            idle.push(Idle { c, partial_since: None, recheck_at });
+            idle.push(Idle { c, partial_since: None, recheck_at, give_up_at: None });
         }
         if fds[1].revents != 0 {
             accept_all(&listener, &mut idle, auth_required);
         }
     }
-}
-
-/// The worker pools a reactor hands connections to.
-struct Pools<'a> {
-    control: &'a Pool<Conn>,
-    data: &'a Pool<Conn>,
 }
 
 /// Fills `fds` with the waker, the listener and every idle connection not waiting for a
@@ -250,6 +294,9 @@ fn poll_set(fds: &mut Vec<libc::pollfd>, wake: &UnixStream, listener: &TcpListen
     fds.push(libc::pollfd { fd: wake.as_raw_fd(), events: libc::POLLIN, revents: 0 });
     fds.push(libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 });
     for e in idle {
+        if let Some(t) = e.give_up_at {
+            timeout_ms = timeout_ms.min(t.saturating_duration_since(now).as_millis() as i32 + 1);
+        }
         let fd = match e.recheck_at {
             Some(t) if t > now => {
                 timeout_ms = timeout_ms.min((t - now).as_millis() as i32 + 1);
@@ -261,34 +308,76 @@ fn poll_set(fds: &mut Vec<libc::pollfd>, wake: &UnixStream, listener: &TcpListen
             }
             None => e.c.stream.as_raw_fd(),
         };
-        fds.push(libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
+        // POLLRDHUP: a peer that closed in the middle of a small request whose rest the
+        // low-water mark waits for would otherwise never make the connection readable.
+        fds.push(libc::pollfd { fd, events: libc::POLLIN | libc::POLLRDHUP, revents: 0 });
     }
     timeout_ms
 }
 
-/// Hands the idle connections with a whole request waiting to a pool, drops closed ones and
-/// those stuck on a partial header past the request timeout, and schedules rechecks of the
-/// rest. False when the pools are closed (the server is stopping).
-fn hand_over(idle: &mut Vec<Idle>, fds: &[libc::pollfd], pools: &Pools<'_>, request_timeout: Duration) -> bool {
+/// Hands the idle connections with a whole request waiting to a pool, or serves a small data
+/// request itself; drops closed connections and those stuck on a partial request past the
+/// request timeout, and schedules rechecks of the rest. Control messages are handed over
+/// first, before the reactor copies anything. False when the pools are closed (the server is
+/// stopping).
+fn hand_over(idle: &mut Vec<Idle>, fds: &[libc::pollfd], ctx: &mut ReactorCtx<'_>) -> bool {
     let recheck = Duration::from_millis(20);
     let now = Instant::now();
+    let mut to_serve: Vec<(Idle, DataRequest)> = Vec::new();
     // From the back, so indices stay valid (and match `fds`, which was built in this order).
     for i in (0..idle.len()).rev() {
-        let polled = fds.get(i + 2).map(|f| f.revents != 0).unwrap_or(false);
+        let revents = fds.get(i + 2).map(|f| f.revents).unwrap_or(0);
+        if idle[i].give_up_at.is_some_and(|t| t <= now) {
+            tracing::warn!("rpc server: closing a connection that sent part of a request");
+            idle.swap_remove(i);
+            continue;
+        }
         let due = idle[i].recheck_at.is_some_and(|t| t <= now);
-        if !polled && !due {
+        if revents == 0 && !due {
             continue;
         }
         let state = match waiting(&idle[i].c) {
             // Until it authenticated, everything a connection sends is a control message.
-            Waiting::Data if !idle[i].c.authed => Waiting::Control,
+            Waiting::Data(_) if !idle[i].c.authed => Waiting::Control,
             w => w,
         };
+        let hung_up = revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0;
         match state {
             Waiting::Nothing => idle[i].recheck_at = None,
+            Waiting::Data(d) if d.small => {
+                let have = idle[i].c.pending.0.len() + rawio::readable_now(idle[i].c.stream.as_raw_fd());
+                if have >= d.total {
+                    let e = idle.swap_remove(i);
+                    to_serve.push((e, d));
+                } else if hung_up {
+                    // The rest of the request can no longer come.
+                    idle.swap_remove(i);
+                } else {
+                    // Wait in the kernel for the rest: the socket turns readable (and wakes
+                    // this thread) only when the whole request is there, or the peer closed.
+                    let e = &mut idle[i];
+                    let missing = d.total - e.c.pending.0.len();
+                    if rawio::set_rcvlowat(e.c.stream.as_raw_fd(), missing).is_ok() {
+                        e.c.lowat = true;
+                        e.recheck_at = None;
+                        e.give_up_at.get_or_insert(now + ctx.request_timeout);
+                    } else {
+                        let since = *e.partial_since.get_or_insert(now);
+                        if now.duration_since(since) > ctx.request_timeout {
+                            tracing::warn!("rpc server: closing a connection that sent part of a request");
+                            idle.swap_remove(i);
+                            continue;
+                        }
+                        e.recheck_at = Some(now + recheck);
+                    }
+                }
+            }
+            Waiting::Partial if hung_up => {
+                idle.swap_remove(i);
+            }
             Waiting::Partial => {
                 let since = *idle[i].partial_since.get_or_insert(now);
-                if now.duration_since(since) > request_timeout {
+                if now.duration_since(since) > ctx.request_timeout {
                     tracing::warn!("rpc server: closing a connection that sent a partial header");
                     idle.swap_remove(i);
                 } else {
@@ -298,16 +387,90 @@ fn hand_over(idle: &mut Vec<Idle>, fds: &[libc::pollfd], pools: &Pools<'_>, requ
             Waiting::Closed => {
                 idle.swap_remove(i);
             }
-            w @ (Waiting::Control | Waiting::Data) => {
-                let e = idle.swap_remove(i);
-                let pool = if matches!(w, Waiting::Data) { pools.data } else { pools.control };
+            w @ (Waiting::Control | Waiting::Data(_)) => {
+                let mut e = idle.swap_remove(i);
+                e.c.reset_lowat();
+                let pool = if matches!(w, Waiting::Data(_)) { ctx.data } else { ctx.control };
                 if pool.push(e.c).is_err() {
                     return false;
                 }
             }
         }
     }
+    for (mut e, first) in to_serve {
+        e.c.reset_lowat();
+        match serve_in_reactor(ctx, &mut e.c, first) {
+            Served::Idle => {
+                let recheck_at = (!e.c.pending.0.is_empty()).then(Instant::now);
+                idle.push(Idle { c: e.c, partial_since: None, recheck_at, give_up_at: None });
+            }
+            Served::ToWorker => {
+                if ctx.data.push(e.c).is_err() {
+                    return false;
+                }
+            }
+            Served::Closed => {}
+        }
+    }
     true
+}
+
+/// Where a connection goes after the reactor served requests on it.
+enum Served {
+    /// Back to the idle set.
+    Idle,
+    /// To a data worker, which writes the replies the socket did not take at once.
+    ToWorker,
+    /// Dropped: the peer closed it, or it broke the protocol (logged).
+    Closed,
+}
+
+/// Serves small data requests on `c` in the reactor, starting with `first`, whose bytes have
+/// all arrived: the ones that follow while they are small and whole, up to
+/// [`REACTOR_TURN_BYTES`] of payload. Nothing here waits on the peer: every read finds its bytes
+/// in the socket already, and replies are written with what the socket takes at once.
+fn serve_in_reactor(ctx: &mut ReactorCtx<'_>, c: &mut Conn, first: DataRequest) -> Served {
+    let Conn { stream, authed, nonce, pending, unsent, .. } = c;
+    let mut io = ConnIo::never_waiting(stream, &mut ctx.buf, std::mem::take(pending));
+    let mut moved = first.payload;
+    let mut served = serve_one(ctx.shared, &mut io, authed, nonce);
+    while served.is_ok() && moved < REACTOR_TURN_BYTES {
+        let next = match classify(io.buffered()) {
+            Waiting::Data(d) if d.small => d,
+            Waiting::Partial | Waiting::Nothing => match io.fill_now() {
+                Ok(true) => continue,
+                Ok(false) => break,
+                Err(e) => {
+                    served = Err(format!("read failed: {e}"));
+                    break;
+                }
+            },
+            _ => break,
+        };
+        if io.buffered().len() + rawio::readable_now(io.raw_fd()) < next.total {
+            break;
+        }
+        moved += next.payload;
+        served = serve_one(ctx.shared, &mut io, authed, nonce);
+    }
+    match io.finish_now() {
+        Ok((rest, left)) => {
+            *pending = rest;
+            *unsent = left;
+        }
+        Err(e) => served = served.and(Err(format!("write failed: {e}"))),
+    }
+    match served {
+        Ok(()) if unsent.is_empty() => Served::Idle,
+        Ok(()) => Served::ToWorker,
+        Err(reason) => {
+            if !reason.is_empty() {
+                let peer = c.stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+                tracing::warn!("rpc server: closing connection from {peer}: {reason}");
+            }
+            Served::Closed
+        }
+    }
 }
 
 /// Accepts every pending connection, up to `MAX_CONNECTIONS` tracked at once.
@@ -320,8 +483,8 @@ fn accept_all(listener: &TcpListener, idle: &mut Vec<Idle>, auth_required: bool)
                     continue;
                 }
                 let _ = c.set_nodelay(true);
-                let c = Conn { stream: c, authed: !auth_required, nonce: None, pending: Pending::default() };
-                idle.push(Idle { c, partial_since: None, recheck_at: None });
+                let c = Conn::new(c, !auth_required);
+                idle.push(Idle { c, partial_since: None, recheck_at: None, give_up_at: None });
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
             Err(e) => {
@@ -335,7 +498,8 @@ fn accept_all(listener: &TcpListener, idle: &mut Vec<Idle>, auth_required: bool)
 /// Peeks at what waits on a connection (the bytes it kept, then the socket): nothing, EOF, part
 /// of a header, or a whole header and body (SendData / RecvData go to the data pool).
 fn waiting(c: &Conn) -> Waiting {
-    let mut view = [0u8; frame::REQUEST_HEADER_LEN + frame::MAX_BODY_LEN as usize];
+    // Room for a data request's data header too: a RecvData's reply size is there.
+    let mut view = [0u8; frame::REQUEST_HEADER_LEN + frame::MAX_BODY_LEN as usize + 16];
     let kept = c.pending.0.len().min(view.len());
     view[..kept].copy_from_slice(&c.pending.0[..kept]);
     if kept == view.len() {
@@ -374,25 +538,41 @@ fn classify(bytes: &[u8]) -> Waiting {
     if bytes.len() < end {
         return Waiting::Partial;
     }
+    if h.function_id != frame::FUNCTION_ID {
+        return Waiting::Control;
+    }
+    let total = end + h.attach_len as usize;
     // A descriptor is bulk too: one of a segment with 100,000 buffers is 20 MB of JSON, and
     // sending it must not hold a control worker that Notify or a bootstrap is waiting for.
-    let is_data = h.function_id == frame::FUNCTION_ID
-        && matches!(
-            frame::decode_body(&bytes[frame::REQUEST_HEADER_LEN..end]),
-            Ok(msg::SEND_DATA) | Ok(msg::RECV_DATA) | Ok(msg::GET_SEGMENT_DESC)
-        );
-    if is_data { Waiting::Data } else { Waiting::Control }
+    let (small, payload) = match frame::decode_body(&bytes[frame::REQUEST_HEADER_LEN..end]) {
+        Ok(msg::SEND_DATA) => {
+            let payload = (h.attach_len as u64).saturating_sub(16);
+            (h.attach_len >= 16 && payload <= REACTOR_SERVE_MAX, payload)
+        }
+        Ok(msg::RECV_DATA) => match bytes.get(end..end + 16) {
+            Some(dh) if h.attach_len == 16 => {
+                let mut d = [0u8; 16];
+                d.copy_from_slice(dh);
+                let len = frame::decode_data_header(&d).1;
+                (len <= REACTOR_SERVE_MAX, len)
+            }
+            _ => (false, 0),
+        },
+        Ok(msg::GET_SEGMENT_DESC) => (false, 0),
+        _ => return Waiting::Control,
+    };
+    Waiting::Data(DataRequest { total, small, payload })
 }
 
 /// Whether another data request can be served on this connection at once: one already read, or
 /// one that arrived since (read without waiting).
 fn next_is_data(io: &mut ConnIo<'_>) -> io::Result<bool> {
     match classify(io.buffered()) {
-        Waiting::Data => return Ok(true),
+        Waiting::Data(_) => return Ok(true),
         Waiting::Control => return Ok(false),
         _ => {}
     }
-    Ok(io.fill_now()? && matches!(classify(io.buffered()), Waiting::Data))
+    Ok(io.fill_now()? && matches!(classify(io.buffered()), Waiting::Data(_)))
 }
 
 fn worker(shared: &Shared, queue: &WorkQueue<Conn>) {
@@ -411,9 +591,17 @@ fn worker(shared: &Shared, queue: &WorkQueue<Conn>) {
             // `stop` may have drained the active list just before this connection joined it.
             let _ = c.stream.shutdown(std::net::Shutdown::Both);
         }
-        let Conn { stream, authed, nonce, pending } = &mut c;
+        let Conn { stream, authed, nonce, pending, unsent, .. } = &mut c;
+        // Replies the reactor could not write without waiting go first, in order.
+        let mut served = match (&*stream).write_all(unsent) {
+            Ok(()) => Ok(()),
+            Err(e) => Err(format!("write failed: {e}")),
+        };
+        unsent.clear();
         let mut io = ConnIo::new(stream, &mut buf, std::mem::take(pending));
-        let mut served = serve_one(shared, &mut io, authed, nonce);
+        if served.is_ok() {
+            served = serve_one(shared, &mut io, authed, nonce);
+        }
         // A client that pipelines small transfers has the next request waiting already: serve
         // it here instead of handing the connection back to the reactor and waking a worker
         // again for each one. Bounded, so other connections are not starved.
@@ -713,9 +901,9 @@ mod tests {
     fn descriptor_fetches_go_to_the_data_pool_and_notifications_to_control() {
         let kind = |id| classify(&frame::encode_request(1, id, 0, frame::MSG_TYPE_TENT_RS));
         // A descriptor may be 20 MB: it must not hold the control worker.
-        assert!(matches!(kind(msg::GET_SEGMENT_DESC), Waiting::Data));
-        assert!(matches!(kind(msg::SEND_DATA), Waiting::Data));
-        assert!(matches!(kind(msg::RECV_DATA), Waiting::Data));
+        assert!(matches!(kind(msg::GET_SEGMENT_DESC), Waiting::Data(DataRequest { small: false, .. })));
+        assert!(matches!(kind(msg::SEND_DATA), Waiting::Data(_)));
+        assert!(matches!(kind(msg::RECV_DATA), Waiting::Data(_)));
         for id in [msg::NOTIFY, msg::BOOTSTRAP_RDMA, msg::PROBE, msg::SUBSCRIBE_SEGMENT_UPDATE] {
             assert!(matches!(kind(id), Waiting::Control), "message {id}");
         }
