@@ -19,7 +19,7 @@ use std::os::fd::AsRawFd;
 use super::rawio;
 
 /// Size of a worker's read buffer.
-pub const READ_BUF: usize = 64 << 10;
+pub const READ_BUF: usize = 128 << 10;
 /// A payload remainder up to this size is read through the buffer (one `recv` may bring the
 /// next requests with it); a larger one goes from the socket straight into memory, since a copy
 /// through the buffer would cost as much as the kernel's own copy.

@@ -134,23 +134,6 @@ pub fn readable_now(fd: RawFd) -> usize {
     if rc < 0 { 0 } else { n.max(0) as usize }
 }
 
-/// Sets the socket's receive low-water mark (`SO_RCVLOWAT`): poll reports it readable, and a
-/// blocking read returns, only once this many bytes are waiting (or the peer closed).
-pub fn set_rcvlowat(fd: RawFd, bytes: usize) -> io::Result<()> {
-    let v: libc::c_int = bytes.clamp(1, i32::MAX as usize) as libc::c_int;
-    // SAFETY: the option value is one int of ours, with its size.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVLOWAT,
-            (&v as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
-}
-
 /// Reads exactly `len` bytes from `s` into `[dst, dst+len)`. A read timeout set on the socket
 /// ends the call with `TimedOut`; a peer that closes early gives `UnexpectedEof`.
 ///

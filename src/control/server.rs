@@ -36,6 +36,10 @@ const MAX_CONNECTIONS: usize = 4096;
 /// once the whole request has arrived: handing it to a data worker cost a thread wake-up (on a
 /// small VM 30-100 us when the worker's vCPU had gone idle), several times the copy.
 const REACTOR_SERVE_MAX: u64 = 256 << 10;
+/// A small request that arrived in part is gathered by the reactor (read into the
+/// connection's bytes as it comes) when it is at most this large; a larger one goes to a data
+/// worker. Bytes a connection keeps travel with it to a worker, whose read buffer holds them.
+const DRAIN_MAX: usize = READ_BUF;
 /// The reactor serves at most this many payload bytes on one connection before it looks at
 /// the others again, so a pipelined group of small requests cannot hold up a control message
 /// for longer than about one such copy.
@@ -182,24 +186,11 @@ pub struct Conn {
     pending: Pending,
     /// Reply bytes the reactor could not write without waiting: a worker writes them first.
     unsent: Vec<u8>,
-    /// True while the socket's receive low-water mark waits for the rest of a small request
-    /// (see `hand_over`); reset before any other thread reads the connection.
-    lowat: bool,
 }
 
 impl Conn {
     fn new(stream: TcpStream, authed: bool) -> Conn {
-        Conn { stream, authed, nonce: None, pending: Pending::default(), unsent: Vec::new(), lowat: false }
-    }
-
-    /// Puts the receive low-water mark back to one byte, so blocking reads return as usual.
-    fn reset_lowat(&mut self) {
-        if self.lowat {
-            self.lowat = false;
-            if let Err(e) = rawio::set_rcvlowat(self.stream.as_raw_fd(), 1) {
-                tracing::debug!("rpc server: SO_RCVLOWAT reset failed: {e}");
-            }
-        }
+        Conn { stream, authed, nonce: None, pending: Pending::default(), unsent: Vec::new() }
     }
 }
 
@@ -210,7 +201,7 @@ struct Idle {
     /// While set and in the future, the connection is not polled (a partial header is re-checked
     /// later instead of spinning).
     recheck_at: Option<Instant>,
-    /// While the low-water mark waits for the rest of a small request: when to give up on it.
+    /// While the reactor gathers the rest of a small request: when to give up on it.
     give_up_at: Option<Instant>,
 }
 
@@ -308,8 +299,7 @@ fn poll_set(fds: &mut Vec<libc::pollfd>, wake: &UnixStream, listener: &TcpListen
             }
             None => e.c.stream.as_raw_fd(),
         };
-        // POLLRDHUP: a peer that closed in the middle of a small request whose rest the
-        // low-water mark waits for would otherwise never make the connection readable.
+        // POLLRDHUP: a peer that closed in the middle of a small request being gathered.
         fds.push(libc::pollfd { fd, events: libc::POLLIN | libc::POLLRDHUP, revents: 0 });
     }
     timeout_ms
@@ -352,23 +342,29 @@ fn hand_over(idle: &mut Vec<Idle>, fds: &[libc::pollfd], ctx: &mut ReactorCtx<'_
                 } else if hung_up {
                     // The rest of the request can no longer come.
                     idle.swap_remove(i);
-                } else {
-                    // Wait in the kernel for the rest: the socket turns readable (and wakes
-                    // this thread) only when the whole request is there, or the peer closed.
+                } else if d.total <= DRAIN_MAX {
+                    // Take what has arrived into the connection's own bytes, so the peer's
+                    // window stays open, and look again when more comes; serve once it is all
+                    // there. Never waits.
                     let e = &mut idle[i];
-                    let missing = d.total - e.c.pending.0.len();
-                    if rawio::set_rcvlowat(e.c.stream.as_raw_fd(), missing).is_ok() {
-                        e.c.lowat = true;
-                        e.recheck_at = None;
-                        e.give_up_at.get_or_insert(now + ctx.request_timeout);
-                    } else {
-                        let since = *e.partial_since.get_or_insert(now);
-                        if now.duration_since(since) > ctx.request_timeout {
-                            tracing::warn!("rpc server: closing a connection that sent part of a request");
-                            idle.swap_remove(i);
-                            continue;
+                    match drain(&mut e.c, d.total) {
+                        Ok(()) if e.c.pending.0.len() >= d.total => {
+                            let e = idle.swap_remove(i);
+                            to_serve.push((e, d));
                         }
-                        e.recheck_at = Some(now + recheck);
+                        Ok(()) => {
+                            e.recheck_at = None;
+                            e.give_up_at.get_or_insert(now + ctx.request_timeout);
+                        }
+                        Err(_) => {
+                            idle.swap_remove(i);
+                        }
+                    }
+                } else {
+                    // Too large to gather here: a data worker reads the rest as it comes.
+                    let e = idle.swap_remove(i);
+                    if ctx.data.push(e.c).is_err() {
+                        return false;
                     }
                 }
             }
@@ -388,8 +384,7 @@ fn hand_over(idle: &mut Vec<Idle>, fds: &[libc::pollfd], ctx: &mut ReactorCtx<'_
                 idle.swap_remove(i);
             }
             w @ (Waiting::Control | Waiting::Data(_)) => {
-                let mut e = idle.swap_remove(i);
-                e.c.reset_lowat();
+                let e = idle.swap_remove(i);
                 let pool = if matches!(w, Waiting::Data(_)) { ctx.data } else { ctx.control };
                 if pool.push(e.c).is_err() {
                     return false;
@@ -398,7 +393,6 @@ fn hand_over(idle: &mut Vec<Idle>, fds: &[libc::pollfd], ctx: &mut ReactorCtx<'_
         }
     }
     for (mut e, first) in to_serve {
-        e.c.reset_lowat();
         match serve_in_reactor(ctx, &mut e.c, first) {
             Served::Idle => {
                 let recheck_at = (!e.c.pending.0.is_empty()).then(Instant::now);
@@ -413,6 +407,32 @@ fn hand_over(idle: &mut Vec<Idle>, fds: &[libc::pollfd], ctx: &mut ReactorCtx<'_
         }
     }
     true
+}
+
+/// Reads, without waiting, what has arrived of the request at the front of `c`'s bytes, up to
+/// its `total` bytes. An error means the connection is gone.
+fn drain(c: &mut Conn, total: usize) -> io::Result<()> {
+    let have = c.pending.0.len();
+    if have >= total {
+        return Ok(());
+    }
+    c.pending.0.resize(total, 0);
+    let free = &mut c.pending.0[have..];
+    // SAFETY: `free` is our vector's tail, valid for writes of its length.
+    let n = unsafe { libc::recv(c.stream.as_raw_fd(), free.as_mut_ptr().cast(), free.len(), libc::MSG_DONTWAIT) };
+    let got = if n > 0 {
+        n as usize
+    } else {
+        let e = io::Error::last_os_error();
+        c.pending.0.truncate(have);
+        return match (n, e.kind()) {
+            (0, _) => Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed mid-request")),
+            (_, io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => Ok(()),
+            _ => Err(e),
+        };
+    };
+    c.pending.0.truncate(have + got);
+    Ok(())
 }
 
 /// Where a connection goes after the reactor served requests on it.
