@@ -156,10 +156,10 @@ fn unregister_of_a_buffer_in_use_waits_for_its_copy() {
     assert_eq!(st[0].0, Status::Failed);
 }
 
-/// A small request that arrives in part is not read at all (the server's reactor waits in the
-/// kernel for its rest): the buffer it aims at can be unregistered meanwhile, other peers are
-/// served, and once the rest comes the request is answered (refused: its buffer is gone) on the
-/// same connection, which then serves the next request.
+/// A small request that arrives in part holds no buffer (the server's reactor gathers its bytes
+/// and starts it only once all of them are there): the buffer it aims at can be unregistered
+/// meanwhile, other work goes on, and once the rest comes the request is answered (refused: its
+/// buffer is gone) on the same connection, which then serves the next request.
 #[test]
 fn a_small_request_in_part_holds_nothing() {
     const LEN: usize = 64 << 10;
@@ -171,11 +171,16 @@ fn a_small_request_in_part_holds_nothing() {
     c.write_all(&frame::encode_request(1, msg::SEND_DATA, 16 + LEN as u32, frame::MSG_TYPE_TENT_RS)).expect("header");
     c.write_all(&frame::encode_data_header(target.as_ptr() as u64, LEN as u64)).expect("data header");
     c.write_all(&payload[..100]).expect("a little");
-    // The server leaves the part in the socket: unregistering the target does not wait.
+    // The server took the part (into the connection's own bytes, not the target)...
+    let start = Instant::now();
+    while server_unread(e.rpc_port(), &c) != Some(0) {
+        assert!(start.elapsed() < Duration::from_secs(10), "the server never read the part");
+        std::thread::yield_now();
+    }
+    // ...and unregistering the target does not wait for the request (the stall lasts 15 s).
     let t = Instant::now();
     e.unregister_memory(&[(target.as_ptr() as u64, LEN as u64)]).expect("unregister");
     assert!(t.elapsed() < Duration::from_secs(5), "the unregister waited {:?}", t.elapsed());
-    assert!(server_unread(e.rpc_port(), &c).is_some_and(|n| n > 0), "the part is still in the socket");
     unrelated_work(&e);
     c.write_all(&payload[100..]).expect("the rest");
     let mut reply = [0u8; frame::RESPONSE_HEADER_LEN];
@@ -337,4 +342,92 @@ fn a_peer_that_reads_no_replies_never_holds_up_the_reactor() {
         c.read_exact(&mut data).expect("reply data");
         assert!(data == source[..], "reply {seq} intact");
     }
+}
+
+/// A peer process frozen (SIGSTOP) after a first transfer left a pooled connection to it:
+/// small requests to it are written from the caller's thread without waiting, so their submit
+/// returns while the peer is frozen; a transfer to a healthy peer completes meanwhile; and once
+/// the peer runs again its requests complete, every byte in place.
+#[test]
+fn a_frozen_peer_process_holds_up_only_its_own_small_requests() {
+    use std::io::{BufRead, BufReader};
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tent-bench"))
+        .args(["--xport_type=tcp", "--total_buffer_size=4M", "--rpc_server_hostname=127.0.0.1"])
+        .env("MC_LOG_LEVEL", "error")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("tent-bench target runs");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let name = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|l| l.strip_prefix("target segment: ").map(str::to_string))
+        .expect("the target prints its segment name");
+    let pid = i32::try_from(child.id()).expect("pid");
+    // Killed however the test ends: a failed assertion must not leave a stopped process behind.
+    let _reaped = KillOnDrop(child);
+    let signal = |sig| {
+        // SAFETY: signals the child this test spawned and still owns.
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
+    };
+    let a = stalling_engine();
+    let b = stalling_engine();
+    const LEN: usize = 4096;
+    let src = buffer(&a, 16 * LEN, |i| (i % 251) as u8, Permission::GlobalReadWrite);
+    let back = buffer(&a, 16 * LEN, |_| 0, Permission::GlobalReadWrite);
+    let dst_b = buffer(&b, 64 << 10, |_| 0, Permission::GlobalReadWrite);
+    let hf = a.open_segment(&name).expect("open the child's segment");
+    let remote = a.segment_info(hf).expect("info").buffers[0].base;
+    // A first transfer pools a connection to the child.
+    let st = run(&a, &[req(Opcode::Write, src.as_ptr() as u64, hf, remote, LEN as u64)], Duration::from_secs(10));
+    assert_eq!(st[0].0, Status::Completed);
+    signal(libc::SIGSTOP);
+    let stuck = a.allocate_batch(32).expect("batch");
+    let writes: Vec<_> = (0..16)
+        .map(|i| req(Opcode::Write, src.as_ptr() as u64 + (i * LEN) as u64, hf, remote + (i * LEN) as u64, LEN as u64))
+        .collect();
+    let t = Instant::now();
+    // SAFETY: `src` outlives the batch (the engine is dropped at the end of the test).
+    unsafe { a.submit(stuck, &writes, None) }.expect("submit");
+    let submit = t.elapsed();
+    let t = Instant::now();
+    let st = run(
+        &a,
+        &[req(Opcode::Write, src.as_ptr() as u64, hb(&a, &b), dst_b.as_ptr() as u64, 64 << 10)],
+        Duration::from_secs(10),
+    );
+    eprintln!("frozen process: submit returned in {submit:?}; 64 KiB to a healthy peer took {:?}", t.elapsed());
+    // The stall lasts until SIGCONT: a submit that waited on the peer would not return before.
+    assert!(submit < Duration::from_secs(5), "the submit waited {submit:?} on a frozen peer");
+    assert_eq!(st[0].0, Status::Completed);
+    assert!(dst_b[..] == src[..64 << 10]);
+    assert!(
+        a.task_status_list(stuck).expect("status").iter().all(|(s, _)| *s == Status::Pending),
+        "the frozen peer's requests wait"
+    );
+    signal(libc::SIGCONT);
+    let st = wait(&a, stuck, Duration::from_secs(10));
+    assert!(st.iter().all(|(s, n)| (*s, *n) == (Status::Completed, LEN as u64)), "{st:?}");
+    // Read back what the child holds now: every block arrived.
+    let reads: Vec<_> = (0..16)
+        .map(|i| req(Opcode::Read, back.as_ptr() as u64 + (i * LEN) as u64, hf, remote + (i * LEN) as u64, LEN as u64))
+        .collect();
+    let st = run(&a, &reads, Duration::from_secs(10));
+    assert!(st.iter().all(|(s, _)| *s == Status::Completed), "{st:?}");
+    assert!(back[..] == src[..]);
+}
+
+/// Kills and reaps a child process when dropped.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Opens `b`'s segment on `a`.
+fn hb(a: &Engine, b: &Engine) -> u64 {
+    a.open_segment(b.segment_name()).expect("open")
 }

@@ -319,3 +319,46 @@ fn many_small_scattered_requests_each_report_their_own_result() {
         assert!(back[b0..b0 + block] == src[b0..b0 + block], "block {i} differs after reading back");
     }
 }
+
+/// Small requests sent from the caller's thread end even when the caller never polls: a
+/// submit with a notification attached reaches the peer, which sees the notification (sent
+/// only once every task completed) while the submitter calls nothing.
+#[test]
+fn small_requests_end_without_a_single_status_poll() {
+    let a = engine(&[]);
+    let b = engine(&[]);
+    let (block, n) = (16usize << 10, 32usize);
+    let peer = buffer(&b, 2 * n * block, |_| 0, Permission::GlobalReadWrite);
+    let src = buffer(&a, n * block, pattern, Permission::GlobalReadWrite);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let base = peer.as_ptr() as u64;
+    let writes: Vec<_> = (0..n)
+        .map(|i| {
+            req(Opcode::Write, src.as_ptr() as u64 + (i * block) as u64, h, base + (2 * i * block) as u64, block as u64)
+        })
+        .collect();
+    // A first batch leaves pooled connections, which later submits write on themselves.
+    assert!(run(&a, &writes, BOUND).iter().all(|(s, _)| *s == Status::Completed));
+    for round in 0..3 {
+        let batch = a.allocate_batch(n).expect("batch");
+        let msg = format!("round {round}");
+        // SAFETY: `src` outlives the batch: the notification below comes only after every task.
+        unsafe { a.submit(batch, &writes, Some(("kv-ready".into(), msg.clone()))) }.expect("submit");
+        let start = Instant::now();
+        let got = loop {
+            let got = b.recv_notifications();
+            if !got.is_empty() {
+                break got;
+            }
+            assert!(start.elapsed() < BOUND, "round {round}: no notification without polls");
+            std::thread::yield_now();
+        };
+        assert_eq!(got[0].msg, msg);
+        let st = a.task_status_list(batch).expect("status");
+        assert!(st.iter().all(|(s, _)| *s == Status::Completed), "{st:?}");
+        a.free_batch(batch).expect("free");
+    }
+    for i in 0..n {
+        assert!(peer[2 * i * block..(2 * i + 1) * block] == src[i * block..(i + 1) * block], "block {i}");
+    }
+}

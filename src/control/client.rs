@@ -43,6 +43,39 @@ struct Conn {
     seq: u32,
 }
 
+/// A pooled connection lent out to be driven without waiting (see [`super::pipe::Pipe`]),
+/// given back with [`RpcClient::give_back_lent`] once every request on it was answered, or
+/// dropped (closing it) when it broke.
+pub struct Lent {
+    addr: String,
+    conn: Conn,
+}
+
+impl Lent {
+    /// The peer's address.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// The socket.
+    pub fn stream(&self) -> &TcpStream {
+        &self.conn.stream
+    }
+
+    /// A lent connection over `stream` (for tests that play the server themselves).
+    #[cfg(test)]
+    pub(crate) fn for_test(addr: &str, stream: TcpStream) -> Lent {
+        Lent { addr: addr.to_string(), conn: Conn { stream, seq: 0 } }
+    }
+
+    /// Reserves `n` request sequence numbers; returns the first.
+    pub fn next_seqs(&mut self, n: u32) -> u32 {
+        let first = self.conn.seq;
+        self.conn.seq = self.conn.seq.wrapping_add(n);
+        first
+    }
+}
+
 /// Calls peers' RPC servers. Cheap to share; every call takes a pooled connection or opens one,
 /// and a connection that saw any error is closed instead of returned.
 pub struct RpcClient {
@@ -260,6 +293,28 @@ impl RpcClient {
         if pool.len() < MAX_IDLE_PER_PEER {
             pool.push(c);
         }
+    }
+
+    /// Lends an idle pooled connection to `addr` for non-blocking use, if one is there: never
+    /// connects (that may wait on the peer). `None` once the client is shutting down.
+    pub fn lend_idle(&self, addr: &str) -> Option<Lent> {
+        if self.aborted.load(std::sync::atomic::Ordering::SeqCst) {
+            return None;
+        }
+        let conn = self.pools.lock().get_mut(addr).and_then(Vec::pop)?;
+        Some(Lent { addr: addr.to_string(), conn })
+    }
+
+    /// Takes back a lent connection whose every request was answered.
+    pub fn give_back_lent(&self, lent: Lent) {
+        if !self.aborted.load(std::sync::atomic::Ordering::SeqCst) {
+            self.give_back(&lent.addr, lent.conn);
+        }
+    }
+
+    /// How long a call waits for its reply (`rpc_request_timeout_ms`).
+    pub fn request_timeout(&self) -> Duration {
+        self.timeouts.request
     }
 
     /// Interrupts every call in progress and refuses new ones (engine teardown), so no thread

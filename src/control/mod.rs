@@ -7,6 +7,7 @@ pub mod client;
 pub mod conn_io;
 pub mod frame;
 pub mod metadata;
+pub mod pipe;
 pub mod queue;
 pub mod rawio;
 pub mod server;

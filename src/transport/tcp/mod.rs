@@ -7,6 +7,8 @@
 //! caller's memory. Transport errors are retried with exponential backoff; a refusal from the
 //! peer (bounds, permission) fails the task at once.
 
+mod pipes;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -18,11 +20,13 @@ use crate::base::segment::SegmentDesc;
 use crate::base::task::Task;
 use crate::config::{Settings, TcpSection};
 use crate::control::client::{DataOp, RpcClient};
+use crate::control::pipe::Pipe;
 use crate::control::queue::{Pool, WorkQueue};
 use crate::control::rawio::RawRange;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::transport::Transport;
+use pipes::{Carriers, reap};
 
 /// The TCP transport's tunables: its config section (`transports/tcp/*`, with the ranges and
 /// upstream's defaults the section reads) and the engine-wide idle timeout of its workers.
@@ -95,27 +99,39 @@ const EARLY_START_BYTES: u64 = 4 << 20;
 
 /// The TCP transport; `shutdown` (or drop) fails what is queued and joins the workers.
 pub struct TcpTransport {
-    params: TcpParams,
-    pool: Pool<Group>,
+    inner: Arc<Inner>,
     staged: Mutex<Staged>,
+    reaper: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// What the workers, the reaper and the callers' threads share.
+struct Inner {
+    params: TcpParams,
+    client: Arc<RpcClient>,
+    pool: Pool<Group>,
     stopping: Arc<AtomicBool>,
+    carriers: Carriers,
+    metrics: Arc<Metrics>,
 }
 
 impl TcpTransport {
     /// Sets up the worker pool: up to `max_concurrent_tasks` threads, started when chunks wait
-    /// and ended when idle.
+    /// and ended when idle; and the reaper of pipes no caller polls.
     pub fn new(client: Arc<RpcClient>, params: TcpParams, metrics: Arc<Metrics>) -> Result<TcpTransport> {
         let stopping = Arc::new(AtomicBool::new(false));
-        let (c, s) = (client, stopping.clone());
+        let (c, s, m) = (client.clone(), stopping.clone(), metrics.clone());
         let pool = Pool::new("tent-tcp", 0, params.tcp.max_concurrent_tasks, params.idle_exit, move |q| {
-            worker(q, &c, &s, params, &metrics)
+            worker(q, &c, &s, params, &m)
         })?;
-        Ok(TcpTransport { params, pool, staged: Mutex::new(Staged::default()), stopping })
+        let inner = Arc::new(Inner { params, client, pool, stopping, carriers: Carriers::default(), metrics });
+        let i = inner.clone();
+        let reaper = std::thread::Builder::new().name("tent-tcp-reaper".into()).spawn(move || reap(&i))?;
+        Ok(TcpTransport { inner, staged: Mutex::new(Staged::default()), reaper: Mutex::new(Some(reaper)) })
     }
 
     /// The parameters in use.
     pub fn params(&self) -> TcpParams {
-        self.params
+        self.inner.params
     }
 
     /// Cuts the tasks into chunks and queues them for the workers. While the submitter still
@@ -125,7 +141,7 @@ impl TcpTransport {
     /// batch's last submit queues everything held back; a long batch starts early (see
     /// [`EARLY_START_BYTES`]).
     fn start(&self, target: &Arc<SegmentDesc>, tasks: Vec<Task>, partial: bool) -> Result<()> {
-        if self.params.tcp.refuse_submit {
+        if self.inner.params.tcp.refuse_submit {
             return Err(Error::Rpc("injected fault (transports/tcp/fault/refuse_submit)".into()));
         }
         let mut chunks = Vec::new();
@@ -136,7 +152,7 @@ impl TcpTransport {
                 task.complete();
                 continue;
             }
-            let n = len.div_ceil(self.params.tcp.chunk_size) as usize;
+            let n = len.div_ceil(self.inner.params.tcp.chunk_size) as usize;
             let job = Arc::new(Job {
                 task,
                 rpc_addr: target.rpc_server_addr.clone(),
@@ -145,7 +161,7 @@ impl TcpTransport {
             });
             let mut off = 0;
             while off < len {
-                let l = (len - off).min(self.params.tcp.chunk_size);
+                let l = (len - off).min(self.inner.params.tcp.chunk_size);
                 chunks.push(Chunk { job: job.clone(), offset: off, len: l });
                 off += l;
             }
@@ -155,7 +171,7 @@ impl TcpTransport {
             let mut staged = self.staged.lock();
             // Read under the lock `shutdown` takes after setting it: chunks staged here are
             // either failed by `shutdown` or refused now, never left behind.
-            if self.stopping.load(Ordering::Acquire) {
+            if self.inner.stopping.load(Ordering::Acquire) {
                 drop(staged);
                 for c in chunks {
                     c.job.task.fail("tcp transport is shutting down".into());
@@ -174,14 +190,29 @@ impl TcpTransport {
         if queued.is_empty() {
             return Ok(());
         }
-        if let Err(rest) = self.pool.push_all(group_chunks(queued, self.params)) {
-            for c in rest.into_iter().flatten() {
-                c.job.task.fail("tcp transport is shutting down".into());
+        // The first groups go out from this thread, as far as the sockets take them; the rest
+        // (and groups with no idle connection to use) go to the workers.
+        let mut on_caller = 0u64;
+        let mut to_workers = Vec::new();
+        for group in group_chunks(queued, self.inner.params) {
+            let bytes: u64 = group.iter().map(|c| c.len).sum();
+            if on_caller + bytes > CALLER_MAX_BYTES || !pipelined(&group, self.inner.params) {
+                to_workers.push(group);
+                continue;
+            }
+            match self.inner.send_on_pipe(group) {
+                Ok(()) => on_caller += bytes,
+                Err(group) => to_workers.push(group),
             }
         }
+        self.inner.to_workers(to_workers);
         Ok(())
     }
 }
+
+/// A submit sends at most this many bytes of small requests from the caller's thread; the
+/// rest goes to the workers, so a large batch still moves over several connections at once.
+const CALLER_MAX_BYTES: u64 = 2 << 20;
 
 /// Chunks up to this size are pipelined: sent together on one connection with their replies
 /// read afterwards, so a batch of small requests pays one round trip and one wake-up of each
@@ -372,14 +403,28 @@ impl Transport for TcpTransport {
         self.start(target, tasks, true)
     }
 
+    fn poll(&self) -> bool {
+        self.inner.drive_all()
+    }
+
+    fn wait(&self, limit: Duration) -> bool {
+        self.inner.wait_own(limit)
+    }
+
     fn shutdown(&self) {
-        self.stopping.store(true, Ordering::Release);
+        let inner = &self.inner;
+        inner.stopping.store(true, Ordering::Release);
+        inner.carriers.wake_reaper();
+        if let Some(t) = self.reaper.lock().take() {
+            let _ = t.join();
+        }
         let staged = std::mem::take(&mut *self.staged.lock()).chunks;
-        for c in self.pool.close().into_iter().flatten().chain(staged) {
+        let on_pipes: Vec<Chunk> = inner.carriers.take_all().into_iter().flat_map(Pipe::abandon).collect();
+        for c in inner.pool.close().into_iter().flatten().chain(staged).chain(on_pipes) {
             c.job.failed.store(true, Ordering::Release);
             c.job.task.fail("tcp transport is shutting down".into());
         }
-        self.pool.join();
+        inner.pool.join();
     }
 }
 
@@ -499,7 +544,7 @@ mod tests {
         });
         let task = |len| Task::new(CountingSink::new(*chunk(Opcode::Write, len).job.task.request()), 0);
         t.submit_partial(&target, vec![task(4096), task(4096)]).expect("partial");
-        assert_eq!(t.pool.queue().len(), 0, "no worker is handed a slice while the batch is submitted");
+        assert_eq!(t.inner.pool.queue().len(), 0, "no worker is handed a slice while the batch is submitted");
         assert_eq!(t.staged.lock().chunks.len(), 2);
         t.submit(&target, vec![]).expect("last submit");
         assert!(t.staged.lock().chunks.is_empty(), "the last submit hands everything over");

@@ -1,0 +1,312 @@
+//! Small requests moved by the caller's own thread over pipes (see `control::pipe`): a submit
+//! writes a group of small chunks on an idle pooled connection with what the socket takes now,
+//! and the caller's status polls write the rest and read the replies without waiting, or wait
+//! in poll(2) on the sockets (the reply then wakes the caller itself, as it would a program
+//! blocked in a read). No worker thread is woken on the way, so a request costs the wake-ups a
+//! plain socket request/response costs.
+//!
+//! A caller that does not poll still sees its work end: the reaper thread drives every pipe
+//! nobody drove for [`REAP_TICK`], and gives up on one whose peer sent nothing for the request
+//! timeout. A pipe whose connection breaks hands its unanswered chunks to the workers, which
+//! move them again alone, with the usual retries.
+
+use std::os::fd::RawFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::thread::ThreadId;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use super::{Chunk, Group, Inner, finish_chunk, wanted};
+use crate::base::request::{Opcode, TransportKind};
+use crate::control::client::DataOp;
+use crate::control::pipe::Pipe;
+use crate::error::Error;
+
+/// The reaper looks at the pipes this often, and drives those nobody drove for this long.
+const REAP_TICK: Duration = Duration::from_millis(1);
+/// The reaper keeps ticking this long after the last pipe ended before it sleeps until the
+/// next one: waking it for every request of a steady stream would cost a wake-up each.
+const REAP_LINGER: Duration = Duration::from_millis(100);
+/// At most this many of a caller's pipes are waited for in one poll(2).
+const MAX_WAIT_FDS: usize = 16;
+
+/// A pipe as the transport tracks it while its requests are out.
+pub(super) struct Carrier {
+    /// `None` once it ended (answered, broken or given up).
+    pipe: Mutex<Option<Pipe<Chunk>>>,
+    fd: RawFd,
+    /// The thread that submitted it: its status polls wait on this pipe's socket.
+    owner: ThreadId,
+    wants_write: AtomicBool,
+    /// When it was last driven, and when bytes last moved (ns since `Carriers::epoch`).
+    driven: AtomicU64,
+    progress: AtomicU64,
+}
+
+/// The pipes with requests out, and the reaper's parking place.
+pub(super) struct Carriers {
+    list: Mutex<Vec<Arc<Carrier>>>,
+    count: AtomicUsize,
+    epoch: Instant,
+    parked: Mutex<bool>,
+    wake: Condvar,
+}
+
+impl Default for Carriers {
+    fn default() -> Carriers {
+        Carriers {
+            list: Mutex::new(Vec::new()),
+            count: AtomicUsize::new(0),
+            epoch: Instant::now(),
+            parked: Mutex::new(false),
+            wake: Condvar::new(),
+        }
+    }
+}
+
+impl Carriers {
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    fn snapshot(&self) -> Vec<Arc<Carrier>> {
+        if self.count.load(Ordering::Acquire) == 0 {
+            return Vec::new();
+        }
+        self.list.lock().clone()
+    }
+
+    fn add(&self, c: Arc<Carrier>) {
+        let mut list = self.list.lock();
+        list.push(c);
+        self.count.store(list.len(), Ordering::Release);
+        drop(list);
+        if *self.parked.lock() {
+            self.wake.notify_one();
+        }
+    }
+
+    fn remove(&self, c: &Arc<Carrier>) {
+        let mut list = self.list.lock();
+        list.retain(|x| !Arc::ptr_eq(x, c));
+        self.count.store(list.len(), Ordering::Release);
+    }
+
+    /// Wakes the reaper (at shutdown).
+    pub(super) fn wake_reaper(&self) {
+        let _parked = self.parked.lock();
+        self.wake.notify_all();
+    }
+
+    /// Ends every pipe (at shutdown) and returns them.
+    pub(super) fn take_all(&self) -> Vec<Pipe<Chunk>> {
+        let list = std::mem::take(&mut *self.list.lock());
+        self.count.store(0, Ordering::Release);
+        list.iter().filter_map(|c| c.pipe.lock().take()).collect()
+    }
+}
+
+/// How a drive left a pipe.
+enum Left {
+    Out,
+    Answered(Pipe<Chunk>),
+    Broken(Vec<Chunk>, String),
+}
+
+impl Inner {
+    /// Sends `group` (small chunks to one peer) from this thread on an idle pooled connection:
+    /// writes what the socket takes and leaves the rest to this thread's polls or the reaper.
+    /// Gives the group back when no idle connection is there (connecting may wait on the peer;
+    /// a worker does that).
+    pub(super) fn send_on_pipe(&self, group: Group) -> std::result::Result<(), Group> {
+        let Some(addr) = group.first().map(|c| c.job.rpc_addr.clone()) else { return Ok(()) };
+        let Some(lent) = self.client.lend_idle(&addr) else { return Err(group) };
+        let (live, dropped): (Vec<Chunk>, Vec<Chunk>) = group.into_iter().partition(wanted);
+        for c in dropped {
+            finish_chunk(&c, Ok(()));
+        }
+        let ops: Vec<(DataOp, Chunk)> = live
+            .into_iter()
+            .map(|c| {
+                let (remote, local) = c.ranges();
+                let op = match c.job.task.request().opcode {
+                    Opcode::Write => DataOp::Write { remote, data: local },
+                    Opcode::Read => DataOp::Read { remote, out: local },
+                };
+                (op, c)
+            })
+            .collect();
+        // SAFETY: each local range is its chunk's part of its request's memory, which the
+        // submitter promised valid until the task ends (`Engine::submit`); the chunk ends only
+        // when its token comes back.
+        let pipe = match unsafe { Pipe::new(lent, ops) } {
+            Ok(p) => p,
+            Err((lent, chunks)) => {
+                self.client.give_back_lent(lent);
+                return Err(chunks);
+            }
+        };
+        let now = self.carriers.now();
+        let carrier = Arc::new(Carrier {
+            fd: pipe.fd(),
+            pipe: Mutex::new(Some(pipe)),
+            owner: std::thread::current().id(),
+            wants_write: AtomicBool::new(true),
+            driven: AtomicU64::new(now),
+            progress: AtomicU64::new(now),
+        });
+        self.carriers.add(carrier.clone());
+        self.drive(&carrier);
+        Ok(())
+    }
+
+    /// Queues groups for the workers; fails their tasks when the transport is closed.
+    pub(super) fn to_workers(&self, groups: Vec<Group>) {
+        if groups.is_empty() {
+            return;
+        }
+        if let Err(rest) = self.pool.push_all(groups) {
+            for c in rest.into_iter().flatten() {
+                c.job.failed.store(true, Ordering::Release);
+                c.job.task.fail("tcp transport is shutting down".into());
+            }
+        }
+    }
+
+    /// Drives `c` if no other thread is: writes and reads what can be done now, ends the
+    /// chunks answered, and ends the pipe once it is answered, broken, or silent past the
+    /// request timeout. Returns whether anything moved.
+    fn drive(&self, c: &Arc<Carrier>) -> bool {
+        let Some(mut slot) = c.pipe.try_lock() else { return false };
+        let Some(pipe) = slot.as_mut() else { return false };
+        let now = self.carriers.now();
+        c.driven.store(now, Ordering::Relaxed);
+        let mut done = Vec::new();
+        let (moved, left) = match pipe.drive(&mut done) {
+            Ok(moved) => {
+                if moved {
+                    c.progress.store(now, Ordering::Relaxed);
+                }
+                c.wants_write.store(pipe.wants_write(), Ordering::Relaxed);
+                let silent = Duration::from_nanos(now.saturating_sub(c.progress.load(Ordering::Relaxed)));
+                let left = if pipe.is_done() && !pipe.wants_write() {
+                    slot.take().map_or(Left::Out, Left::Answered)
+                } else if silent > self.client.request_timeout() {
+                    let why = format!("{}: no reply within {:?}", pipe.addr(), self.client.request_timeout());
+                    slot.take().map_or(Left::Out, |p| Left::Broken(p.abandon(), why))
+                } else {
+                    Left::Out
+                };
+                (moved, left)
+            }
+            Err(e) => {
+                let why = format!("{}: {e}", pipe.addr());
+                (true, slot.take().map_or(Left::Out, |p| Left::Broken(p.abandon(), why)))
+            }
+        };
+        drop(slot);
+        // Outcomes are reported with no lock held: a failed task may fail over at once.
+        let mut retry = Vec::new();
+        for (chunk, result) in done {
+            match result {
+                Err(Error::Rpc(_)) => retry.push(vec![chunk]),
+                other => finish_chunk(&chunk, other),
+            }
+        }
+        match left {
+            Left::Out => {}
+            Left::Answered(pipe) => {
+                self.carriers.remove(c);
+                match pipe.finish() {
+                    Ok(lent) => self.client.give_back_lent(lent),
+                    Err(open) => retry.extend(open.into_iter().map(|c| vec![c])),
+                }
+            }
+            Left::Broken(chunks, why) => {
+                self.carriers.remove(c);
+                tracing::debug!("tcp pipe ended: {why}; its {} open chunks move again alone", chunks.len());
+                retry.extend(chunks.into_iter().map(|c| vec![c]));
+            }
+        }
+        for _ in &retry {
+            self.metrics.retry(TransportKind::Tcp);
+        }
+        self.to_workers(retry);
+        moved
+    }
+
+    /// Drives every pipe (a caller's status poll): true when bytes moved.
+    pub(super) fn drive_all(&self) -> bool {
+        self.carriers.snapshot().iter().fold(false, |moved, c| self.drive(c) | moved)
+    }
+
+    /// Waits, at most `limit`, for the sockets of the pipes this thread submitted to become
+    /// readable (or writable, while requests are still to be written), then drives them. False
+    /// when this thread has no pipe out, so there is nothing to wait for here.
+    pub(super) fn wait_own(&self, limit: Duration) -> bool {
+        let me = std::thread::current().id();
+        let own: Vec<Arc<Carrier>> =
+            self.carriers.snapshot().into_iter().filter(|c| c.owner == me).take(MAX_WAIT_FDS).collect();
+        if own.is_empty() {
+            return false;
+        }
+        let mut fds: Vec<libc::pollfd> = own
+            .iter()
+            .map(|c| {
+                let out = if c.wants_write.load(Ordering::Relaxed) { libc::POLLOUT } else { 0 };
+                libc::pollfd { fd: c.fd, events: libc::POLLIN | out, revents: 0 }
+            })
+            .collect();
+        let ts = libc::timespec { tv_sec: limit.as_secs() as libc::time_t, tv_nsec: limit.subsec_nanos() as _ };
+        // SAFETY: `fds` is a valid array of its length and `ts` a valid timespec, both alive
+        // for the call; no signal mask is passed.
+        let n = unsafe { libc::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, &ts, std::ptr::null()) };
+        if n > 0 {
+            for (c, f) in own.iter().zip(&fds) {
+                if f.revents != 0 {
+                    self.drive(c);
+                }
+            }
+        }
+        true
+    }
+}
+
+/// The reaper: drives the pipes nobody drove for a tick (a caller that does not poll, or polls
+/// rarely), which also ends those silent past the request timeout. Sleeps while no pipe is out.
+pub(super) fn reap(inner: &Inner) {
+    let c = &inner.carriers;
+    let mut idle_since: Option<Instant> = None;
+    while !inner.stopping.load(Ordering::Acquire) {
+        let list = c.snapshot();
+        if list.is_empty() {
+            let since = *idle_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= REAP_LINGER {
+                let mut parked = c.parked.lock();
+                *parked = true;
+                // Checked under the lock `add` takes to see `parked`: no pipe is missed.
+                while c.count.load(Ordering::Acquire) == 0 && !inner.stopping.load(Ordering::Acquire) {
+                    c.wake.wait(&mut parked);
+                }
+                *parked = false;
+                idle_since = None;
+                continue;
+            }
+        } else {
+            idle_since = None;
+            let now = c.now();
+            for carrier in &list {
+                let last = carrier.driven.load(Ordering::Relaxed);
+                if Duration::from_nanos(now.saturating_sub(last)) >= REAP_TICK {
+                    inner.drive(carrier);
+                }
+            }
+        }
+        let mut parked = c.parked.lock();
+        if !inner.stopping.load(Ordering::Acquire) {
+            c.wake.wait_for(&mut parked, REAP_TICK);
+        }
+    }
+}
