@@ -28,6 +28,11 @@ fn same_key(key: &CandidateKey, buf: &BufferRef, len: u64, priority: i32, hint: 
 }
 const DISPATCH_SLICE_BYTES: u64 = 256 << 10;
 
+/// Whether two keys are the same key.
+fn same_route_key(a: &CandidateKey, b: &CandidateKey) -> bool {
+    same_key(a, &b.0, b.1, b.2, b.3)
+}
+
 /// The units of work of one dispatch: each a list of indices into the dispatched entries, the
 /// first being the one submitted first. Kept as one index list and its runs, not a list per
 /// unit (one allocation per dispatch instead of one per request).
@@ -56,6 +61,19 @@ pub struct Dispatcher {
     /// Descriptor cache: a failed attempt drops the target's cached descriptor, so later requests
     /// see the peer as it is now (it may have restarted or re-registered).
     pub remote: Arc<super::remote::Remote>,
+    /// The transport list the last dispatch worked out, and for what: a caller that submits one
+    /// request at a time to the same peer buffer finds it here instead of working it out (and
+    /// allocating it) per request.
+    pub recent_route: parking_lot::Mutex<Option<RecentRoute>>,
+}
+
+/// A transport list and the descriptor and key it was worked out for. The descriptor is held
+/// weakly and compared by address: the allocation stays reserved while this refers to it, so
+/// a new descriptor never has the same address as an old one.
+pub struct RecentRoute {
+    desc: std::sync::Weak<SegmentDesc>,
+    key: CandidateKey,
+    list: Arc<[TransportKind]>,
 }
 
 /// Units gathered for one transport, and their bytes, until they are handed over.
@@ -184,7 +202,11 @@ impl Dispatcher {
         // The blocks of a KV batch all go to one peer buffer with the same size and priority,
         // so their transport list is the same: worked out once (a quarter of the dispatch cost
         // per request), not per block.
-        let mut last: Option<(CandidateKey, Arc<[TransportKind]>)> = None;
+        let mut last: Option<(CandidateKey, Arc<[TransportKind]>)> = match &*self.recent_route.lock() {
+            Some(r) if std::ptr::eq(r.desc.as_ptr(), Arc::as_ptr(desc)) => Some((r.key, r.list.clone())),
+            _ => None,
+        };
+        let known = last.as_ref().map(|(k, _)| *k);
         let groups = self.merge_groups(desc, &entries);
         // When these requests left the queue (the end of their queue-wait stage): one clock
         // read per dispatch, not per unit.
@@ -247,6 +269,9 @@ impl Dispatcher {
                 *bytes = 0;
                 self.submit_slice(kind, desc, slice, true);
             }
+        }
+        if let Some((key, list)) = last.filter(|(k, _)| known.is_none_or(|known| !same_route_key(&known, k))) {
+            *self.recent_route.lock() = Some(RecentRoute { desc: Arc::downgrade(desc), key, list });
         }
         // Every transport handed a slice gets a final submit, even an empty one: that is what
         // wakes its threads for the slices queued before (see `Transport::submit_partial`).
