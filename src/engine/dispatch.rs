@@ -198,6 +198,16 @@ impl Dispatcher {
     /// Builds the units for `entries` (all aimed at `desc`) and submits them. Entries whose
     /// request cannot be served end FAILED.
     pub fn dispatch(&self, desc: &Arc<SegmentDesc>, entries: Vec<Entry>) {
+        self.dispatch_at(desc, entries, None)
+    }
+
+    /// As [`Dispatcher::dispatch`], for a caller that read the clock a moment ago (`now`): a
+    /// lone request, dispatched on the submitting thread, takes that as the end of its queue
+    /// wait and the start of its attempt instead of reading the clock twice more (35 ns each
+    /// here, a tenth of the engine's own time for such a request; both stages still last what
+    /// they lasted to the microsecond the metrics count in).
+    pub fn dispatch_at(&self, desc: &Arc<SegmentDesc>, entries: Vec<Entry>, now: Option<std::time::Instant>) {
+        let now = now.filter(|_| entries.len() == 1);
         let mut per_transport: Vec<(TransportKind, Slice)> = Vec::new();
         // The blocks of a KV batch all go to one peer buffer with the same size and priority,
         // so their transport list is the same: worked out once (a quarter of the dispatch cost
@@ -210,7 +220,7 @@ impl Dispatcher {
         let groups = self.merge_groups(desc, &entries);
         // When these requests left the queue (the end of their queue-wait stage): one clock
         // read per dispatch, not per unit.
-        let dispatched = std::time::Instant::now();
+        let dispatched = now.unwrap_or_else(std::time::Instant::now);
         for group in groups.iter() {
             let first = entries[group[0]].request;
             let length = group.iter().map(|&i| entries[i].request.length).sum();
@@ -267,7 +277,7 @@ impl Dispatcher {
             if tasks.len() >= DISPATCH_SLICE || *bytes >= DISPATCH_SLICE_BYTES {
                 let slice = std::mem::take(tasks);
                 *bytes = 0;
-                self.submit_slice(kind, desc, slice, true);
+                self.submit_slice(kind, desc, slice, true, None);
             }
         }
         if let Some((key, list)) = last.filter(|(k, _)| known.is_none_or(|known| !same_route_key(&known, k))) {
@@ -276,7 +286,7 @@ impl Dispatcher {
         // Every transport handed a slice gets a final submit, even an empty one: that is what
         // wakes its threads for the slices queued before (see `Transport::submit_partial`).
         for (kind, (tasks, _)) in per_transport {
-            self.submit(kind, desc, tasks);
+            self.submit_slice(kind, desc, tasks, false, now);
         }
     }
 
@@ -297,11 +307,19 @@ impl Dispatcher {
     /// Hands units to a transport (a task each, for their current attempt); a submit-stage
     /// error fails them, which may fail them over.
     fn submit(&self, kind: TransportKind, desc: &Arc<SegmentDesc>, units: Vec<Arc<Unit>>) {
-        self.submit_slice(kind, desc, units, false)
+        self.submit_slice(kind, desc, units, false, None)
     }
 
-    /// As `submit`; `more` says this thread hands the same transport more tasks right after.
-    fn submit_slice(&self, kind: TransportKind, desc: &Arc<SegmentDesc>, units: Vec<Arc<Unit>>, more: bool) {
+    /// As `submit`; `more` says this thread hands the same transport more tasks right after;
+    /// `now`, when given, is the time of the hand-over (else the clock is read).
+    fn submit_slice(
+        &self,
+        kind: TransportKind,
+        desc: &Arc<SegmentDesc>,
+        units: Vec<Arc<Unit>>,
+        more: bool,
+        now: Option<std::time::Instant>,
+    ) {
         let tasks: Vec<Task> = units.iter().map(Unit::task).collect();
         let Some(t) = self.transport(kind) else {
             for (task, unit) in tasks.iter().zip(&units) {
@@ -318,7 +336,7 @@ impl Dispatcher {
         self.submitted[kind as usize].fetch_add(tasks.len() as u64, Ordering::Relaxed);
         // Each unit handed over is one physical attempt on `kind` (one clock read per slice);
         // counted before the submit, since a fast transport may end it before submit returns.
-        let now = std::time::Instant::now();
+        let now = now.unwrap_or_else(std::time::Instant::now);
         for u in &units {
             u.start_attempt(kind, now);
         }

@@ -151,7 +151,8 @@ impl Fetcher {
         let cached = self.remote.cached(target);
         if let Some(d) = &cached {
             if d.is_file() || !lacks_range(d, &tasks) {
-                return self.dispatcher.dispatch(d, tasks);
+                let submitted = tasks.first().map(|t| t.state.submitted());
+                return self.dispatcher.dispatch_at(d, tasks, submitted);
             }
         }
         let Some(name) = self.remote.segments.name_of(target) else {
