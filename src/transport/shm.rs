@@ -140,7 +140,7 @@ struct Mapping {
     fd: libc::c_int,
     /// When the link count was last found non-zero, as nanoseconds after the transport's
     /// `clock` plus one (0: never), so that a stream of small requests pays the `fstat` once
-    /// per [`ALIVE_RECHECK`] instead of once per request.
+    /// per [`ALIVE_RECHECK`] instead of once per request; [`GONE`] once it was found removed.
     seen_alive: AtomicU64,
 }
 
@@ -206,13 +206,15 @@ impl Mapping {
     /// before `now` (nanoseconds after the transport's clock).
     fn alive_at(&self, now: u64) -> bool {
         let seen = self.seen_alive.load(Ordering::Relaxed);
+        if seen == GONE {
+            return false;
+        }
         if seen != 0 && now.saturating_sub(seen - 1) < ALIVE_RECHECK.as_nanos() as u64 {
             return true;
         }
         let alive = self.alive();
-        if alive {
-            self.seen_alive.store(now + 1, Ordering::Relaxed);
-        }
+        // A removed object never comes back: once seen gone, the mapping stays gone.
+        self.seen_alive.store(if alive { now.min(GONE - 2) + 1 } else { GONE }, Ordering::Relaxed);
         alive
     }
 
@@ -233,6 +235,8 @@ type SegmentMaps = HashMap<String, Arc<Mapping>>;
 /// restarts takes far longer than this to come back with new objects, and every transfer
 /// submitted after that sees the old object gone.
 const ALIVE_RECHECK: std::time::Duration = std::time::Duration::from_micros(100);
+/// `Mapping::seen_alive` once the object was found removed.
+const GONE: u64 = u64::MAX;
 
 /// A batch carrying at most this many bytes in all is copied on the submitting thread: handing
 /// it to a copy thread and seeing the result back costs here about as long as copying 512 KiB
@@ -701,6 +705,22 @@ mod tests {
         assert!(!std::path::Path::new(&format!("/dev/shm/{name}")).exists());
         let missing = BufferDesc { shm_path: name, ..buf };
         assert!(Mapping::open("", &missing.shm_path, 1).is_err(), "a consumer never creates a missing object");
+    }
+
+    #[test]
+    fn a_removed_object_is_noticed_once_its_last_check_is_a_window_old() {
+        let (p, name) = create_object("", 4096).expect("create");
+        let m = Mapping::open("", &name, 4096).expect("map the object");
+        let window = ALIVE_RECHECK.as_nanos() as u64;
+        assert!(m.alive_at(1_000), "a fresh mapping is checked and alive");
+        unlink_object("", &name);
+        assert!(!m.alive(), "the object is gone");
+        assert!(m.alive_at(1_000 + window - 1), "within the window the last check holds");
+        assert!(!m.alive_at(1_000 + window), "a window after it the removal is seen");
+        assert!(!m.alive_at(1_000 + window - 1), "and a gone object is never taken as alive again");
+        drop(m);
+        // SAFETY: p and size come from create_object.
+        unsafe { libc::munmap(p.cast(), 4096) };
     }
 
     #[test]
