@@ -39,12 +39,16 @@ fn same_route_key(a: &CandidateKey, b: &CandidateKey) -> bool {
 pub struct Groups {
     order: Vec<usize>,
     bounds: Vec<std::ops::Range<usize>>,
+    /// One entry only, its group `[0]`, which then costs no allocation (a lone request is the
+    /// latency case).
+    single: bool,
 }
 
 impl Groups {
     /// The groups in submission order of their first member.
     pub fn iter(&self) -> impl Iterator<Item = &[usize]> {
-        self.bounds.iter().map(|b| &self.order[b.clone()])
+        let single: Option<&[usize]> = self.single.then_some(&[0]);
+        single.into_iter().chain(self.bounds.iter().map(|b| &self.order[b.clone()]))
     }
 }
 
@@ -146,10 +150,13 @@ impl Dispatcher {
     /// registered local buffer and one remote buffer) into units of work, in submission order of
     /// their first member.
     pub fn merge_groups(&self, desc: &SegmentDesc, entries: &[Entry]) -> Groups {
+        if entries.len() == 1 {
+            return Groups { order: Vec::new(), bounds: Vec::new(), single: true };
+        }
         let mut order: Vec<usize> = (0..entries.len()).collect();
         if !self.merge || entries.len() < 2 {
             let bounds = (0..entries.len()).map(|i| i..i + 1).collect();
-            return Groups { order, bounds };
+            return Groups { order, bounds, single: false };
         }
         order.sort_by_key(|&i| {
             let r = &entries[i].request;
@@ -180,7 +187,7 @@ impl Dispatcher {
             bounds.push(pos..pos + 1);
         }
         bounds.sort_by_key(|g| order[g.start]);
-        Groups { order, bounds }
+        Groups { order, bounds, single: false }
     }
 
     /// True when `merged` still lies in the one remote buffer and one local registered buffer that

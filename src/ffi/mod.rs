@@ -12,7 +12,6 @@ pub mod tent;
 pub mod types;
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_void};
 use std::sync::{Arc, OnceLock};
 
@@ -124,29 +123,9 @@ pub(crate) enum Handle {
     Failed(String),
 }
 
-/// Hashes a handle token by one multiplication. Every export looks its handle up, several
-/// times per request; SipHash (the default, made for keys an attacker picks) cost a tenth of
-/// a small SHM request's time, and tokens are a counter the library hands out itself.
-#[derive(Default, Clone, Copy)]
-struct TokenHasher(u64);
-
-impl std::hash::Hasher for TokenHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-
-    fn write_usize(&mut self, v: usize) {
-        self.0 = (v as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
-type Registry = HashMap<usize, Arc<Handle>, std::hash::BuildHasherDefault<TokenHasher>>;
+/// Handles by token, hashed cheaply: every export looks its handle up, several times per
+/// request (see `base::idhash`).
+type Registry = crate::base::idhash::IdMap<usize, Arc<Handle>>;
 
 /// Live handles by address, so a destroyed or made-up handle is rejected instead of
 /// dereferenced.
