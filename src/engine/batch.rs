@@ -146,6 +146,11 @@ impl TaskState {
         self.status.load(Ordering::Acquire) == SUSPENDED
     }
 
+    /// When the task was submitted.
+    pub fn submitted(&self) -> Instant {
+        self.submitted
+    }
+
     /// The task's own length.
     pub fn length(&self) -> u64 {
         self.length

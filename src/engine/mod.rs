@@ -638,6 +638,15 @@ impl Engine {
 
     /// Starts tasks: local-segment ones are copied here; remote ones go to a transport.
     fn dispatch(&self, tasks: Vec<Entry>) {
+        // The usual submit: every task to the same peer, all well-formed. They go on as they
+        // are, without being sorted into per-target lists (two allocations per submit).
+        let one_peer = tasks.first().map(|t| t.request.target_id).filter(|&h| h != 0);
+        if let Some(h) = one_peer {
+            if tasks.iter().all(|t| t.request.target_id == h && self.precheck(&t.request).is_ok()) {
+                self.fetcher.dispatch(h, tasks);
+                return;
+            }
+        }
         let mut remote: Vec<(u64, Vec<Entry>)> = Vec::new();
         for t in tasks {
             let r = t.request;

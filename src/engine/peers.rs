@@ -145,6 +145,16 @@ impl Fetcher {
     /// or one that lacks a target range (the peer may have registered it since), is fetched on
     /// the segment's lane, and the tasks start from there.
     pub fn dispatch(self: &Arc<Self>, target: u64, tasks: Vec<Entry>) {
+        // A cached descriptor that holds every range (a file segment's always does) is used
+        // without the segment's name: looking that up copies it, and a lone small request
+        // (the latency case) would pay for the copy on every submit.
+        let cached = self.remote.cached(target);
+        if let Some(d) = &cached {
+            if d.is_file() || !lacks_range(d, &tasks) {
+                let submitted = tasks.first().map(|t| t.state.submitted());
+                return self.dispatcher.dispatch_at(d, tasks, submitted);
+            }
+        }
         let Some(name) = self.remote.segments.name_of(target) else {
             fail_all(tasks, format!("segment handle {target} is not open"));
             return;
@@ -156,11 +166,8 @@ impl Fetcher {
             }
             return;
         }
-        let refresh = match self.remote.cached(target) {
-            Some(d) if !lacks_range(&d, &tasks) => return self.dispatcher.dispatch(&d, tasks),
-            Some(_) => true,
-            None => false,
-        };
+        // Cached but lacking a range: fetch afresh (the peer may have registered it since).
+        let refresh = cached.is_some();
         let mut waiting = self.waiting.lock();
         if let Some((queued, r)) = waiting.get_mut(&target) {
             // A fetch is queued and has not taken its tasks yet: these go with it.

@@ -3,7 +3,7 @@
 //!
 //! It owns no threads, so it may be dropped on any thread (hooks and server workers hold it).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -22,7 +22,8 @@ pub struct Remote {
     /// Where descriptors are looked up: the owner itself (p2p) or a central store.
     store: Arc<dyn MetadataStore>,
     pub segments: SegmentTable,
-    cache: Mutex<HashMap<u64, Arc<SegmentDesc>>>,
+    /// By handle; looked up on every submit, so hashed cheaply.
+    cache: Mutex<crate::base::idhash::IdMap<u64, Arc<SegmentDesc>>>,
     /// Peers that asked for `NotifySegmentUpdated` (their rpc addresses).
     subscribers: Mutex<HashSet<String>>,
     notifications: Mutex<VecDeque<Notification>>,
@@ -54,7 +55,7 @@ impl Remote {
             client,
             store,
             segments: SegmentTable::default(),
-            cache: Mutex::new(HashMap::new()),
+            cache: Mutex::new(Default::default()),
             subscribers: Mutex::new(HashSet::new()),
             notifications: Mutex::new(VecDeque::new()),
             subscribed_to: Mutex::new(HashSet::new()),

@@ -150,6 +150,7 @@ pub(super) fn dispatcher(
         merge: settings.engine.merge_requests,
         submitted: Default::default(),
         remote: remote.clone(),
+        recent_route: Default::default(),
     });
     let weak = Arc::downgrade(&dispatcher);
     remote.on_fetch(Box::new(move |name, desc| {

@@ -12,7 +12,6 @@ pub mod tent;
 pub mod types;
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_void};
 use std::sync::{Arc, OnceLock};
 
@@ -124,11 +123,15 @@ pub(crate) enum Handle {
     Failed(String),
 }
 
+/// Handles by token, hashed cheaply: every export looks its handle up, several times per
+/// request (see `base::idhash`).
+type Registry = crate::base::idhash::IdMap<usize, Arc<Handle>>;
+
 /// Live handles by address, so a destroyed or made-up handle is rejected instead of
 /// dereferenced.
-fn registry() -> &'static RwLock<HashMap<usize, Arc<Handle>>> {
-    static REG: OnceLock<RwLock<HashMap<usize, Arc<Handle>>>> = OnceLock::new();
-    REG.get_or_init(|| RwLock::new(HashMap::new()))
+fn registry() -> &'static RwLock<Registry> {
+    static REG: OnceLock<RwLock<Registry>> = OnceLock::new();
+    REG.get_or_init(|| RwLock::new(Registry::default()))
 }
 
 /// Registers a handle and returns the opaque pointer given to C (never NULL).
@@ -160,7 +163,8 @@ pub(crate) fn engine(ptr: *mut c_void) -> Result<Arc<Engine>> {
     if ptr.is_null() {
         return Err(Error::InvalidArgument("engine is NULL".into()));
     }
-    match lookup(ptr).as_deref() {
+    // The engine is taken under the registry's lock, without holding the handle as well.
+    match registry().read().get(&(ptr as usize)).map(|h| &**h) {
         Some(Handle::Ready(e)) => Ok(e.clone()),
         Some(Handle::Failed(why)) => Err(Error::Unavailable(why.clone())),
         None => Err(Error::InvalidArgument(format!("{ptr:p} is not a live engine handle"))),
