@@ -83,6 +83,9 @@ pub struct ConnIo<'a> {
     /// arrived and must never wait on a peer: replies are then written with what the socket
     /// takes now, and the rest is kept (copied) for a worker to write (see [`ConnIo::finish_now`]).
     never_wait: bool,
+    /// When set, the next read into the buffer takes at most this many bytes (see
+    /// [`ConnIo::limit_next_fill`]).
+    next_fill_max: Option<usize>,
 }
 
 impl<'a> ConnIo<'a> {
@@ -91,7 +94,7 @@ impl<'a> ConnIo<'a> {
     pub fn new(stream: &'a TcpStream, buf: &'a mut [u8], pending: Pending) -> ConnIo<'a> {
         let n = pending.0.len().min(buf.len());
         buf[..n].copy_from_slice(&pending.0[..n]);
-        ConnIo { stream, buf, start: 0, end: n, out: Vec::new(), held: Vec::new(), held_bytes: 0, never_wait: false }
+        ConnIo { stream, buf, start: 0, end: n, out: Vec::new(), held: Vec::new(), held_bytes: 0, never_wait: false, next_fill_max: None }
     }
 
     /// As [`ConnIo::new`], for a thread that must never wait on the peer to write (the server's
@@ -151,8 +154,9 @@ impl<'a> ConnIo<'a> {
             return Err(io::Error::other("read buffer full"));
         }
         let flags = if wait { 0 } else { libc::MSG_DONTWAIT };
+        let fill_max = self.next_fill_max.take().unwrap_or(FILL_MAX).max(1);
         loop {
-            let upto = self.buf.len().min(self.end + FILL_MAX);
+            let upto = self.buf.len().min(self.end + fill_max);
             let free = &mut self.buf[self.end..upto];
             // SAFETY: `free` is valid for writes of its length.
             let n = unsafe { libc::recv(self.stream.as_raw_fd(), free.as_mut_ptr().cast(), free.len(), flags) };
@@ -181,6 +185,23 @@ impl<'a> ConnIo<'a> {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(false),
             Err(e) => Err(e),
         }
+    }
+
+    /// Makes the next read into the buffer take at most `n` bytes: a caller that knows the
+    /// next request's headers end there (a SendData whose payload follows) lets the payload go
+    /// from the socket straight into memory instead of through the buffer, one copy less.
+    pub fn limit_next_fill(&mut self, n: usize) {
+        self.next_fill_max = Some(n);
+    }
+
+    /// Copies what has arrived in the socket, up to `dst.len()` bytes, without taking it or
+    /// waiting; returns how many.
+    pub fn peek_now(&self, dst: &mut [u8]) -> usize {
+        // SAFETY: recv writes at most dst.len() bytes into dst; MSG_PEEK leaves them queued.
+        let n = unsafe {
+            libc::recv(self.stream.as_raw_fd(), dst.as_mut_ptr().cast(), dst.len(), libc::MSG_PEEK | libc::MSG_DONTWAIT)
+        };
+        n.max(0) as usize
     }
 
     /// Waits for the first byte of a request: false when the peer closed the connection

@@ -27,6 +27,11 @@ const READ_BUF: usize = 4096;
 /// A READ payload remainder at least this large is read from the socket straight into its
 /// memory; a smaller one through the buffer, which may bring the next replies with it.
 const DIRECT_MIN: usize = 1024;
+/// While a payload is read into memory, at most this much of what follows it is read into
+/// the buffer by the same call: the next reply's header and body.
+const SPILL: usize = 64;
+/// A reply header and the body of a reply that carries no error text.
+const PLAIN_REPLY_HEAD: usize = frame::RESPONSE_HEADER_LEN + 7;
 /// Refusal text kept per reply (the rest is dropped).
 const MAX_TEXT: usize = 4096;
 
@@ -212,14 +217,30 @@ impl<T> Pipe<T> {
                 return Ok(moved);
             }
             let fd = self.fd();
+            if self.start == self.end {
+                (self.start, self.end) = (0, 0);
+            }
             if let Rx::Data { at, done: got } = &mut self.rx {
                 if self.start == self.end && at.len - *got >= DIRECT_MIN {
-                    // SAFETY: `at` is a RecvData's memory, valid for writes until its token comes
-                    // back (the contract of `new`); `got < at.len`.
-                    let n = unsafe { libc::recv(fd, at.ptr.add(*got).cast(), at.len - *got, libc::MSG_DONTWAIT) };
+                    // The payload goes from the socket straight into memory, and the start of
+                    // what follows (the next reply's header) into the buffer, in one call.
+                    let mut iov = [
+                        // SAFETY: `got < at.len`, inside the RecvData's memory.
+                        libc::iovec { iov_base: unsafe { at.ptr.add(*got) }.cast(), iov_len: at.len - *got },
+                        libc::iovec { iov_base: self.buf.as_mut_ptr().cast(), iov_len: SPILL },
+                    ];
+                    // SAFETY: an all-zero msghdr is valid; the iovecs are set below.
+                    let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+                    m.msg_iov = iov.as_mut_ptr();
+                    m.msg_iovlen = iov.len();
+                    // SAFETY: `at` is a RecvData's memory, valid for writes until its token
+                    // comes back (the contract of `new`); the spill is our buffer.
+                    let n = unsafe { libc::recvmsg(fd, &mut m, libc::MSG_DONTWAIT) };
                     match recv_result(n)? {
                         Some(n) => {
-                            *got += n;
+                            let into_memory = n.min(at.len - *got);
+                            *got += into_memory;
+                            self.end = n - into_memory;
                             moved = true;
                             continue;
                         }
@@ -227,13 +248,17 @@ impl<T> Pipe<T> {
                     }
                 }
             }
-            if self.start == self.end {
-                (self.start, self.end) = (0, 0);
-            } else if self.end == READ_BUF {
+            if self.end == READ_BUF {
                 self.buf.copy_within(self.start..self.end, 0);
                 (self.start, self.end) = (0, self.end - self.start);
             }
-            let free = &mut self.buf[self.end..];
+            // Before a large RecvData reply, only its header is read into the buffer, so the
+            // payload is read straight into memory rather than copied from the buffer.
+            let before_payload = matches!(self.rx, Rx::Head { got: 0, .. })
+                && self.start == self.end
+                && self.waiting.front().and_then(|w| w.out).is_some_and(|o| o.len >= DIRECT_MIN);
+            let upto = if before_payload { PLAIN_REPLY_HEAD } else { READ_BUF };
+            let free = &mut self.buf[self.end..upto];
             // SAFETY: `free` is our buffer, valid for writes of its length.
             let n = unsafe { libc::recv(fd, free.as_mut_ptr().cast(), free.len(), libc::MSG_DONTWAIT) };
             match recv_result(n)? {

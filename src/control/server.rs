@@ -223,6 +223,8 @@ struct DataRequest {
     small: bool,
     /// Payload bytes it moves (SendData's data, RecvData's reply), when known.
     payload: u64,
+    /// A SendData: its payload follows the headers on the connection.
+    writes: bool,
 }
 
 /// What the reactor needs besides its sockets.
@@ -567,7 +569,8 @@ fn classify(bytes: &[u8]) -> Waiting {
     let (small, payload) = match frame::decode_body(&bytes[frame::REQUEST_HEADER_LEN..end]) {
         Ok(msg::SEND_DATA) => {
             let payload = (h.attach_len as u64).saturating_sub(16);
-            (h.attach_len >= 16 && payload <= REACTOR_SERVE_MAX, payload)
+            let small = h.attach_len >= 16 && payload <= REACTOR_SERVE_MAX;
+            return Waiting::Data(DataRequest { total, small, payload, writes: true });
         }
         Ok(msg::RECV_DATA) => match bytes.get(end..end + 16) {
             Some(dh) if h.attach_len == 16 => {
@@ -581,7 +584,7 @@ fn classify(bytes: &[u8]) -> Waiting {
         Ok(msg::GET_SEGMENT_DESC) => (false, 0),
         _ => return Waiting::Control,
     };
-    Waiting::Data(DataRequest { total, small, payload })
+    Waiting::Data(DataRequest { total, small, payload, writes: false })
 }
 
 /// Whether another data request can be served on this connection at once: one already read, or
@@ -667,6 +670,18 @@ fn serve_one(
     authed: &mut bool,
     nonce: &mut Option<[u8; 32]>,
 ) -> std::result::Result<(), String> {
+    if io.buffered().is_empty() {
+        // A SendData whose payload has arrived behind its headers: read only the headers into
+        // the buffer, so the payload goes from the socket straight into memory (one copy, not
+        // two). What follows the payload is read with it (see `ConnIo::read_exact_raw`).
+        let mut view = [0u8; frame::REQUEST_HEADER_LEN + frame::MAX_BODY_LEN as usize + 16];
+        let n = io.peek_now(&mut view);
+        if let Waiting::Data(d) = classify(&view[..n]) {
+            if d.writes && d.payload > 2 << 10 {
+                io.limit_next_fill(d.total - d.payload as usize);
+            }
+        }
+    }
     match io.await_request() {
         Ok(true) => {}
         Ok(false) => return Err(String::new()),
