@@ -378,9 +378,12 @@ fn a_frozen_peer_process_holds_up_only_its_own_small_requests() {
     let dst_b = buffer(&b, 64 << 10, |_| 0, Permission::GlobalReadWrite);
     let hf = a.open_segment(&name).expect("open the child's segment");
     let remote = a.segment_info(hf).expect("info").buffers[0].base;
-    // A first transfer pools a connection to the child.
+    // A first transfer pools a connection to the child, and one to the healthy peer.
     let st = run(&a, &[req(Opcode::Write, src.as_ptr() as u64, hf, remote, LEN as u64)], Duration::from_secs(10));
     assert_eq!(st[0].0, Status::Completed);
+    let healthy = hb(&a, &b);
+    let warm = req(Opcode::Write, src.as_ptr() as u64, healthy, dst_b.as_ptr() as u64, LEN as u64);
+    assert_eq!(run(&a, &[warm], Duration::from_secs(10))[0].0, Status::Completed);
     signal(libc::SIGSTOP);
     let stuck = a.allocate_batch(32).expect("batch");
     let writes: Vec<_> = (0..16)
@@ -393,7 +396,7 @@ fn a_frozen_peer_process_holds_up_only_its_own_small_requests() {
     let t = Instant::now();
     let st = run(
         &a,
-        &[req(Opcode::Write, src.as_ptr() as u64, hb(&a, &b), dst_b.as_ptr() as u64, 64 << 10)],
+        &[req(Opcode::Write, src.as_ptr() as u64, healthy, dst_b.as_ptr() as u64, 64 << 10)],
         Duration::from_secs(10),
     );
     eprintln!("frozen process: submit returned in {submit:?}; 64 KiB to a healthy peer took {:?}", t.elapsed());

@@ -1,9 +1,14 @@
-//! The RPC server: one reactor thread watches idle connections with poll(2) and hands a
-//! connection with a whole request waiting to a worker, which serves it (and the data requests
-//! that follow it at once, from a pipelining client) and gives the connection back. Data
-//! messages (SendData / RecvData) and descriptor fetches (GetSegmentDesc) go to their own pool
-//! so bulk transfers never delay control messages such as Notify or an RDMA bootstrap. Workers read and answer through a buffer (see
-//! `conn_io`); bytes read but not taken stay with the connection.
+//! The RPC server: one reactor thread watches idle connections with poll(2). A small SendData
+//! or RecvData (a payload of at most 256 KiB) whose bytes have all arrived is served by the
+//! reactor itself, never waiting on the peer (a request that arrived in part is gathered as it
+//! comes; replies the socket does not take at once go to a data worker); handing it to a worker
+//! cost a thread wake-up several times the copy. Other requests go to a worker, which serves
+//! them (and the data requests that follow at once, from a pipelining client) and gives the
+//! connection back: data messages (large SendData / RecvData) and descriptor fetches
+//! (GetSegmentDesc) to their own pool, so bulk transfers never delay control messages such as
+//! Notify or an RDMA bootstrap, which the reactor hands over before it copies anything. Workers
+//! and the reactor read and answer through a buffer (see `conn_io`); bytes read but not taken
+//! stay with the connection.
 
 use std::any::Any;
 use std::io::{self, Read, Write};

@@ -1,11 +1,15 @@
 //! The TCP transport: READ and WRITE against a peer's registered memory over upstream's
 //! SendData / RecvData messages.
 //!
-//! A task is split into chunks (`transports/tcp/chunk_size`, 4 MiB by default) that a pool of
-//! workers moves concurrently, each on its own pooled connection, so one large request uses
-//! several connections and the chunks pipeline. Bytes go straight between the socket and the
-//! caller's memory. Transport errors are retried with exponential backoff; a refusal from the
-//! peer (bounds, permission) fails the task at once.
+//! A task is split into chunks (`transports/tcp/chunk_size`, 4 MiB by default). Small chunks
+//! (up to 256 KiB) travel in pipelined groups: the first 2 MiB of a submit's groups go out from
+//! the caller's own thread on idle pooled connections (see `pipes`: written with what the
+//! socket takes, the rest and the replies moved by the caller's status polls, no thread woken
+//! on the way). Everything else goes to a pool of workers, each moving a chunk or a group on its
+//! own pooled connection, so one large request uses several connections and the chunks
+//! pipeline. Bytes go straight between the socket and the caller's memory. Transport errors are
+//! retried with exponential backoff; a refusal from the peer (bounds, permission) fails the task
+//! at once.
 
 mod pipes;
 
@@ -26,7 +30,7 @@ use crate::control::rawio::RawRange;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::transport::Transport;
-use pipes::{Carriers, reap};
+use pipes::Carriers;
 
 /// The TCP transport's tunables: its config section (`transports/tcp/*`, with the ranges and
 /// upstream's defaults the section reads) and the engine-wide idle timeout of its workers.
@@ -101,7 +105,6 @@ const EARLY_START_BYTES: u64 = 4 << 20;
 pub struct TcpTransport {
     inner: Arc<Inner>,
     staged: Mutex<Staged>,
-    reaper: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 /// What the workers, the reaper and the callers' threads share.
@@ -116,7 +119,7 @@ struct Inner {
 
 impl TcpTransport {
     /// Sets up the worker pool: up to `max_concurrent_tasks` threads, started when chunks wait
-    /// and ended when idle; and the reaper of pipes no caller polls.
+    /// and ended when idle (the reaper of pipes no caller polls starts with the first pipe).
     pub fn new(client: Arc<RpcClient>, params: TcpParams, metrics: Arc<Metrics>) -> Result<TcpTransport> {
         let stopping = Arc::new(AtomicBool::new(false));
         let (c, s, m) = (client.clone(), stopping.clone(), metrics.clone());
@@ -124,9 +127,7 @@ impl TcpTransport {
             worker(q, &c, &s, params, &m)
         })?;
         let inner = Arc::new(Inner { params, client, pool, stopping, carriers: Carriers::default(), metrics });
-        let i = inner.clone();
-        let reaper = std::thread::Builder::new().name("tent-tcp-reaper".into()).spawn(move || reap(&i))?;
-        Ok(TcpTransport { inner, staged: Mutex::new(Staged::default()), reaper: Mutex::new(Some(reaper)) })
+        Ok(TcpTransport { inner, staged: Mutex::new(Staged::default()) })
     }
 
     /// The parameters in use.
@@ -414,10 +415,7 @@ impl Transport for TcpTransport {
     fn shutdown(&self) {
         let inner = &self.inner;
         inner.stopping.store(true, Ordering::Release);
-        inner.carriers.wake_reaper();
-        if let Some(t) = self.reaper.lock().take() {
-            let _ = t.join();
-        }
+        inner.carriers.stop_reaper();
         let staged = std::mem::take(&mut *self.staged.lock()).chunks;
         let on_pipes: Vec<Chunk> = inner.carriers.take_all().into_iter().flat_map(Pipe::abandon).collect();
         for c in inner.pool.close().into_iter().flatten().chain(staged).chain(on_pipes) {

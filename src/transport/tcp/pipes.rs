@@ -45,13 +45,21 @@ pub(super) struct Carrier {
     progress: AtomicU64,
 }
 
-/// The pipes with requests out, and the reaper's parking place.
+/// The pipes with requests out, and the reaper that watches them while there are any.
 pub(super) struct Carriers {
     list: Mutex<Vec<Arc<Carrier>>>,
     count: AtomicUsize,
     epoch: Instant,
-    parked: Mutex<bool>,
+    /// Whether a reaper thread runs, and its handle (joined at shutdown).
+    reaper: Mutex<Reaper>,
+    /// Wakes the reaper's tick early (at shutdown).
     wake: Condvar,
+}
+
+#[derive(Default)]
+pub(super) struct Reaper {
+    running: bool,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Default for Carriers {
@@ -60,7 +68,7 @@ impl Default for Carriers {
             list: Mutex::new(Vec::new()),
             count: AtomicUsize::new(0),
             epoch: Instant::now(),
-            parked: Mutex::new(false),
+            reaper: Mutex::new(Reaper::default()),
             wake: Condvar::new(),
         }
     }
@@ -82,10 +90,6 @@ impl Carriers {
         let mut list = self.list.lock();
         list.push(c);
         self.count.store(list.len(), Ordering::Release);
-        drop(list);
-        if *self.parked.lock() {
-            self.wake.notify_one();
-        }
     }
 
     fn remove(&self, c: &Arc<Carrier>) {
@@ -94,10 +98,16 @@ impl Carriers {
         self.count.store(list.len(), Ordering::Release);
     }
 
-    /// Wakes the reaper (at shutdown).
-    pub(super) fn wake_reaper(&self) {
-        let _parked = self.parked.lock();
-        self.wake.notify_all();
+    /// Stops the reaper and waits for it (at shutdown; `stopping` is set).
+    pub(super) fn stop_reaper(&self) {
+        let thread = {
+            let mut r = self.reaper.lock();
+            self.wake.notify_all();
+            r.thread.take()
+        };
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
     }
 
     /// Ends every pipe (at shutdown) and returns them.
@@ -120,7 +130,7 @@ impl Inner {
     /// writes what the socket takes and leaves the rest to this thread's polls or the reaper.
     /// Gives the group back when no idle connection is there (connecting may wait on the peer;
     /// a worker does that).
-    pub(super) fn send_on_pipe(&self, group: Group) -> std::result::Result<(), Group> {
+    pub(super) fn send_on_pipe(self: &Arc<Inner>, group: Group) -> std::result::Result<(), Group> {
         let Some(addr) = group.first().map(|c| c.job.rpc_addr.clone()) else { return Ok(()) };
         let Some(lent) = self.client.lend_idle(&addr) else { return Err(group) };
         let (live, dropped): (Vec<Chunk>, Vec<Chunk>) = group.into_iter().partition(wanted);
@@ -158,8 +168,31 @@ impl Inner {
             progress: AtomicU64::new(now),
         });
         self.carriers.add(carrier.clone());
+        self.ensure_reaper();
         self.drive(&carrier);
         Ok(())
+    }
+
+    /// Starts the reaper if none runs: it runs while pipes are out and ends [`REAP_LINGER`]
+    /// after the last one, so an idle engine has no thread for it.
+    fn ensure_reaper(self: &Arc<Inner>) {
+        let mut r = self.carriers.reaper.lock();
+        if r.running || self.stopping.load(Ordering::Acquire) {
+            return;
+        }
+        if let Some(old) = r.thread.take() {
+            // It ended (`running` is false): this only reaps it.
+            let _ = old.join();
+        }
+        let inner = self.clone();
+        match std::thread::Builder::new().name("tent-tcp-reaper".into()).spawn(move || reap(&inner)) {
+            Ok(t) => {
+                r.running = true;
+                r.thread = Some(t);
+            }
+            // The caller's polls still drive its pipes; a later submit tries again.
+            Err(e) => tracing::warn!("tcp: no reaper thread: {e}"),
+        }
     }
 
     /// Queues groups for the workers; fails their tasks when the transport is closed.
@@ -275,22 +308,23 @@ impl Inner {
 }
 
 /// The reaper: drives the pipes nobody drove for a tick (a caller that does not poll, or polls
-/// rarely), which also ends those silent past the request timeout. Sleeps while no pipe is out.
+/// rarely), which also ends those silent past the request timeout. Ends once no pipe was out
+/// for [`REAP_LINGER`]; the next pipe starts another.
 pub(super) fn reap(inner: &Inner) {
     let c = &inner.carriers;
     let mut idle_since: Option<Instant> = None;
-    while !inner.stopping.load(Ordering::Acquire) {
+    loop {
         let list = c.snapshot();
         if list.is_empty() {
             let since = *idle_since.get_or_insert_with(Instant::now);
             if since.elapsed() >= REAP_LINGER {
-                let mut parked = c.parked.lock();
-                *parked = true;
-                // Checked under the lock `add` takes to see `parked`: no pipe is missed.
-                while c.count.load(Ordering::Acquire) == 0 && !inner.stopping.load(Ordering::Acquire) {
-                    c.wake.wait(&mut parked);
+                let mut r = c.reaper.lock();
+                // Checked under the lock `ensure_reaper` takes after adding a pipe: a pipe
+                // added now finds `running` false and starts a new reaper.
+                if c.count.load(Ordering::Acquire) == 0 {
+                    r.running = false;
+                    return;
                 }
-                *parked = false;
                 idle_since = None;
                 continue;
             }
@@ -304,9 +338,11 @@ pub(super) fn reap(inner: &Inner) {
                 }
             }
         }
-        let mut parked = c.parked.lock();
-        if !inner.stopping.load(Ordering::Acquire) {
-            c.wake.wait_for(&mut parked, REAP_TICK);
+        let mut r = c.reaper.lock();
+        if inner.stopping.load(Ordering::Acquire) {
+            r.running = false;
+            return;
         }
+        c.wake.wait_for(&mut r, REAP_TICK);
     }
 }
