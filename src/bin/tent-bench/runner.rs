@@ -420,9 +420,10 @@ pub fn run_initiator(o: &Opts, e: tent_engine_t, targets: &[Target]) -> Result<u
     for t in targets {
         warm_up(e, t, verify, o.start_block_size.min(local_len).min(t.len))?;
     }
+    // P50 comes after tebench's columns, so theirs keep their places.
     print!(
-        "{:>12} {:>6} {:>7} {:>10} {:>13} {:>11} {:>11}",
-        "BlkSize (B)", "Batch", "Threads", "BW (GB/s)", "Avg Lat (us)", "P99 (us)", "P999 (us)"
+        "{:>12} {:>6} {:>7} {:>10} {:>13} {:>11} {:>11} {:>11}",
+        "BlkSize (B)", "Batch", "Threads", "BW (GB/s)", "Avg Lat (us)", "P99 (us)", "P999 (us)", "P50 (us)"
     );
     if o.compare {
         print!(" {:>10} {:>7}", "Ref (GB/s)", "Ratio");
@@ -477,9 +478,10 @@ pub fn run_initiator(o: &Opts, e: tent_engine_t, targets: &[Target]) -> Result<u
                 let bw = median(&bws);
                 let avg = if r.lat_us.is_empty() { 0.0 } else { r.lat_us.iter().sum::<f64>() / r.lat_us.len() as f64 };
                 print!(
-                    "{block:>12} {batch:>6} {threads:>7} {bw:>10.3} {avg:>13.1} {:>11.1} {:>11.1}",
+                    "{block:>12} {batch:>6} {threads:>7} {bw:>10.3} {avg:>13.1} {:>11.1} {:>11.1} {:>11.1}",
                     pct(&r.lat_us, 0.99),
-                    pct(&r.lat_us, 0.999)
+                    pct(&r.lat_us, 0.999),
+                    pct(&r.lat_us, 0.5)
                 );
                 if o.compare {
                     print!(" {:>10.3} {:>7.2}", median(&refs), median(&ratios));
