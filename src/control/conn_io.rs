@@ -94,7 +94,17 @@ impl<'a> ConnIo<'a> {
     pub fn new(stream: &'a TcpStream, buf: &'a mut [u8], pending: Pending) -> ConnIo<'a> {
         let n = pending.0.len().min(buf.len());
         buf[..n].copy_from_slice(&pending.0[..n]);
-        ConnIo { stream, buf, start: 0, end: n, out: Vec::new(), held: Vec::new(), held_bytes: 0, never_wait: false, next_fill_max: None }
+        ConnIo {
+            stream,
+            buf,
+            start: 0,
+            end: n,
+            out: Vec::new(),
+            held: Vec::new(),
+            held_bytes: 0,
+            never_wait: false,
+            next_fill_max: None,
+        }
     }
 
     /// As [`ConnIo::new`], for a thread that must never wait on the peer to write (the server's
