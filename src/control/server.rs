@@ -47,7 +47,8 @@ const REACTOR_SERVE_MAX: u64 = 256 << 10;
 const DRAIN_MAX: usize = READ_BUF;
 /// The reactor serves at most this many payload bytes on one connection before it looks at
 /// the others again, so a pipelined group of small requests cannot hold up a control message
-/// for longer than about one such copy.
+/// for longer than about one such copy; a connection with more waiting then goes to a data
+/// worker.
 const REACTOR_TURN_BYTES: u64 = 256 << 10;
 
 /// Why a local memory access was refused.
@@ -343,7 +344,14 @@ fn hand_over(idle: &mut Vec<Idle>, fds: &[libc::pollfd], ctx: &mut ReactorCtx<'_
             Waiting::Nothing => idle[i].recheck_at = None,
             Waiting::Data(d) if d.small => {
                 let have = idle[i].c.pending.0.len() + rawio::readable_now(idle[i].c.stream.as_raw_fd());
-                if have >= d.total {
+                if have > d.total.max(REACTOR_TURN_BYTES as usize) {
+                    // More than a turn's worth waits: a stream, which a data worker serves while
+                    // the reactor goes on answering single requests.
+                    let e = idle.swap_remove(i);
+                    if ctx.data.push(e.c).is_err() {
+                        return false;
+                    }
+                } else if have >= d.total {
                     let e = idle.swap_remove(i);
                     to_serve.push((e, d));
                 } else if hung_up {
@@ -487,8 +495,13 @@ fn serve_in_reactor(ctx: &mut ReactorCtx<'_>, c: &mut Conn, first: DataRequest) 
         }
         Err(e) => served = served.and(Err(format!("write failed: {e}"))),
     }
+    // A connection that still has requests waiting after a full turn carries a stream (a
+    // large batch): a data worker takes it over, so several of them serve such streams at
+    // once while the reactor goes on answering single requests.
+    let streaming = moved >= REACTOR_TURN_BYTES
+        && (!pending.0.is_empty() || rawio::readable_now(stream.as_raw_fd()) > 0);
     match served {
-        Ok(()) if unsent.is_empty() => Served::Idle,
+        Ok(()) if unsent.is_empty() && !streaming => Served::Idle,
         Ok(()) => Served::ToWorker,
         Err(reason) => {
             if !reason.is_empty() {
