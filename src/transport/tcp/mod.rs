@@ -2,8 +2,8 @@
 //! SendData / RecvData messages.
 //!
 //! A task is split into chunks (`transports/tcp/chunk_size`, 4 MiB by default). Small chunks
-//! (up to 256 KiB) travel in pipelined groups: the first 2 MiB of a submit's groups go out from
-//! the caller's own thread on idle pooled connections (see `pipes`: written with what the
+//! (up to 256 KiB) travel in pipelined groups: a submit of at most 2 MiB goes out from the
+//! caller's own thread on idle pooled connections (see `pipes`: written with what the
 //! socket takes, the rest and the replies moved by the caller's status polls, no thread woken
 //! on the way). Everything else goes to a pool of workers, each moving a chunk or a group on its
 //! own pooled connection, so one large request uses several connections and the chunks
@@ -191,18 +191,20 @@ impl TcpTransport {
         if queued.is_empty() {
             return Ok(());
         }
-        // The first groups go out from this thread, as far as the sockets take them; the rest
-        // (and groups with no idle connection to use) go to the workers.
-        let mut on_caller = 0u64;
+        // A small submit goes out from this thread, as far as the sockets take it (groups with
+        // no idle connection to use go to the workers); a large one goes to the workers, which
+        // move it over several connections at once.
+        let total: u64 = queued.iter().map(|c| c.len).sum();
+        let mut on_caller = if total > CALLER_MAX_BYTES { u64::MAX } else { 0 };
         let mut to_workers = Vec::new();
         for group in group_chunks(queued, self.inner.params) {
             let bytes: u64 = group.iter().map(|c| c.len).sum();
-            if on_caller + bytes > CALLER_MAX_BYTES || !pipelined(&group, self.inner.params) {
+            if on_caller.saturating_add(bytes) > CALLER_MAX_BYTES || !pipelined(&group, self.inner.params) {
                 to_workers.push(group);
                 continue;
             }
             match self.inner.send_on_pipe(group) {
-                Ok(()) => on_caller += bytes,
+                Ok(()) => on_caller = on_caller.saturating_add(bytes),
                 Err(group) => to_workers.push(group),
             }
         }
@@ -211,8 +213,10 @@ impl TcpTransport {
     }
 }
 
-/// A submit sends at most this many bytes of small requests from the caller's thread; the
-/// rest goes to the workers, so a large batch still moves over several connections at once.
+/// A submit of at most this many bytes of small requests is sent from the caller's thread; a
+/// larger one goes to the workers, so a large batch still moves over several connections at
+/// once (measured: 64 KiB x 1024 lost 0.1 of the socket stream's rate when its first 2 MiB went
+/// out from the caller).
 const CALLER_MAX_BYTES: u64 = 2 << 20;
 
 /// Chunks up to this size are pipelined: sent together on one connection with their replies
