@@ -498,8 +498,8 @@ fn serve_in_reactor(ctx: &mut ReactorCtx<'_>, c: &mut Conn, first: DataRequest) 
     // A connection that still has requests waiting after a full turn carries a stream (a
     // large batch): a data worker takes it over, so several of them serve such streams at
     // once while the reactor goes on answering single requests.
-    let streaming = moved >= REACTOR_TURN_BYTES
-        && (!pending.0.is_empty() || rawio::readable_now(stream.as_raw_fd()) > 0);
+    let streaming =
+        moved >= REACTOR_TURN_BYTES && (!pending.0.is_empty() || rawio::readable_now(stream.as_raw_fd()) > 0);
     match served {
         Ok(()) if unsent.is_empty() && !streaming => Served::Idle,
         Ok(()) => Served::ToWorker,
