@@ -31,45 +31,8 @@ unsafe impl Sync for RawRange {}
 /// # Safety
 /// Every raw range in `parts` must stay valid for reads for the whole call.
 pub unsafe fn writev_all_raw(s: &TcpStream, parts: &[RawRange]) -> io::Result<()> {
-    let mut iov: Vec<libc::iovec> =
-        parts.iter().filter(|p| p.len > 0).map(|p| libc::iovec { iov_base: p.ptr.cast(), iov_len: p.len }).collect();
-    let mut first = 0usize;
-    while first < iov.len() {
-        let n = (iov.len() - first).min(libc::UIO_MAXIOV as usize);
-        let msg = libc::msghdr {
-            msg_name: std::ptr::null_mut(),
-            msg_namelen: 0,
-            msg_iov: iov[first..].as_mut_ptr(),
-            msg_iovlen: n,
-            msg_control: std::ptr::null_mut(),
-            msg_controllen: 0,
-            msg_flags: 0,
-        };
-        // SAFETY: the iovecs describe ranges valid for reads (this function's contract, or our
-        // own slices); sendmsg only reads them.
-        let sent = unsafe { libc::sendmsg(s.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-        if sent < 0 {
-            io_error()?;
-            continue;
-        }
-        if sent == 0 {
-            return Err(io::Error::new(io::ErrorKind::WriteZero, "the socket took no bytes"));
-        }
-        let mut left = sent as usize;
-        while left > 0 && first < iov.len() {
-            let v = &mut iov[first];
-            if left >= v.iov_len {
-                left -= v.iov_len;
-                first += 1;
-            } else {
-                // SAFETY: stays inside the same range, `left` < its length.
-                v.iov_base = unsafe { v.iov_base.cast::<u8>().add(left) }.cast();
-                v.iov_len -= left;
-                left = 0;
-            }
-        }
-    }
-    Ok(())
+    // SAFETY: forwarded from this function's contract.
+    unsafe { send_gathered(s.as_raw_fd(), parts, 0) }.map(|_| ())
 }
 
 /// Writes as much of `parts` as the socket takes now, without waiting (`MSG_DONTWAIT`), and
@@ -79,6 +42,17 @@ pub unsafe fn writev_all_raw(s: &TcpStream, parts: &[RawRange]) -> io::Result<()
 /// # Safety
 /// Every raw range in `parts` must be valid for reads for the call.
 pub unsafe fn send_now_raw(fd: RawFd, parts: &[RawRange]) -> io::Result<usize> {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { send_gathered(fd, parts, libc::MSG_DONTWAIT) }
+}
+
+/// The gathered send of [`writev_all_raw`] (`flags` 0: until every byte is written) and of
+/// [`send_now_raw`] (`MSG_DONTWAIT`: until the socket takes no more). Returns the bytes sent.
+///
+/// # Safety
+/// Every raw range in `parts` must be valid for reads for the call.
+unsafe fn send_gathered(fd: RawFd, parts: &[RawRange], flags: libc::c_int) -> io::Result<usize> {
+    let now = flags & libc::MSG_DONTWAIT != 0;
     let mut iov: Vec<libc::iovec> =
         parts.iter().filter(|p| p.len > 0).map(|p| libc::iovec { iov_base: p.ptr.cast(), iov_len: p.len }).collect();
     let mut total = 0usize;
@@ -94,16 +68,21 @@ pub unsafe fn send_now_raw(fd: RawFd, parts: &[RawRange]) -> io::Result<usize> {
             msg_controllen: 0,
             msg_flags: 0,
         };
-        // SAFETY: the iovecs describe ranges valid for reads (this function's contract); sendmsg
-        // only reads them.
-        let sent = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+        // SAFETY: the iovecs describe ranges valid for reads (this function's contract, or our
+        // own slices); sendmsg only reads them.
+        let sent = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | flags) };
         if sent < 0 {
-            let e = io::Error::last_os_error();
-            match e.kind() {
-                io::ErrorKind::Interrupted => continue,
-                io::ErrorKind::WouldBlock => return Ok(total),
-                _ => return Err(e),
+            if now && io::Error::last_os_error().kind() == io::ErrorKind::WouldBlock {
+                return Ok(total);
             }
+            io_error()?;
+            continue;
+        }
+        if sent == 0 {
+            if now {
+                return Ok(total);
+            }
+            return Err(io::Error::new(io::ErrorKind::WriteZero, "the socket took no bytes"));
         }
         total += sent as usize;
         let mut left = sent as usize;
@@ -118,9 +97,6 @@ pub unsafe fn send_now_raw(fd: RawFd, parts: &[RawRange]) -> io::Result<usize> {
                 v.iov_len -= left;
                 left = 0;
             }
-        }
-        if sent == 0 {
-            break;
         }
     }
     Ok(total)
