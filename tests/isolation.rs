@@ -385,6 +385,12 @@ fn a_frozen_peer_process_holds_up_only_its_own_small_requests() {
     let warm = req(Opcode::Write, src.as_ptr() as u64, healthy, dst_b.as_ptr() as u64, LEN as u64);
     assert_eq!(run(&a, &[warm], Duration::from_secs(10))[0].0, Status::Completed);
     signal(libc::SIGSTOP);
+    // The signal stops the threads one by one: wait until none of them runs any more.
+    let start = Instant::now();
+    while !all_threads_stopped(pid) {
+        assert!(start.elapsed() < Duration::from_secs(10), "the child never stopped");
+        std::thread::yield_now();
+    }
     let stuck = a.allocate_batch(32).expect("batch");
     let writes: Vec<_> = (0..16)
         .map(|i| req(Opcode::Write, src.as_ptr() as u64 + (i * LEN) as u64, hf, remote + (i * LEN) as u64, LEN as u64))
@@ -418,6 +424,17 @@ fn a_frozen_peer_process_holds_up_only_its_own_small_requests() {
     let st = run(&a, &reads, Duration::from_secs(10));
     assert!(st.iter().all(|(s, _)| *s == Status::Completed), "{st:?}");
     assert!(back[..] == src[..]);
+}
+
+/// Whether every thread of process `pid` is stopped (state `T` in `/proc/PID/task/*/stat`).
+fn all_threads_stopped(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
+    tasks.filter_map(Result::ok).all(|t| {
+        std::fs::read_to_string(t.path().join("stat"))
+            .ok()
+            .and_then(|st| st.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('T')))
+            .unwrap_or(false)
+    })
 }
 
 /// Kills and reaps a child process when dropped.
