@@ -26,8 +26,9 @@ use crate::error::Error;
 
 /// The reaper looks at the pipes this often, and drives those nobody drove for this long.
 const REAP_TICK: Duration = Duration::from_millis(1);
-/// The reaper keeps ticking this long after the last pipe ended before it sleeps until the
-/// next one: waking it for every request of a steady stream would cost a wake-up each.
+/// The reaper keeps ticking this long after the last pipe ended before it ends (the next pipe
+/// starts another): starting one for every request of a steady stream would cost a thread
+/// start each.
 const REAP_LINGER: Duration = Duration::from_millis(100);
 /// At most this many of a caller's pipes are waited for in one poll(2).
 const MAX_WAIT_FDS: usize = 16;
@@ -168,6 +169,18 @@ impl Inner {
             progress: AtomicU64::new(now),
         });
         self.carriers.add(carrier.clone());
+        if self.stopping.load(Ordering::Acquire) {
+            // `shutdown` set `stopping` before it took the pipes: this one was added after, or
+            // is taken already; either way it is ended here or there, never left behind.
+            if let Some(pipe) = carrier.pipe.lock().take() {
+                self.carriers.remove(&carrier);
+                for c in pipe.abandon() {
+                    c.job.failed.store(true, Ordering::Release);
+                    c.job.task.fail("tcp transport is shutting down".into());
+                }
+            }
+            return Ok(());
+        }
         self.ensure_reaper();
         self.drive(&carrier);
         Ok(())
