@@ -40,6 +40,8 @@ pub mod config;
 /// cbindgen:ignore
 pub mod control;
 /// cbindgen:ignore
+pub mod device;
+/// cbindgen:ignore
 pub mod engine;
 /// cbindgen:ignore
 pub mod error;

@@ -7,7 +7,7 @@ use std::path::Path;
 
 /// Layers from the top; `base` and the support modules are below all of them.
 const ORDER: [&str; 5] = ["ffi", "engine", "transport", "control", "verbs"];
-const BELOW_ALL: [&str; 6] = ["base", "config", "error", "log", "metrics", "lib"];
+const BELOW_ALL: [&str; 7] = ["base", "device", "config", "error", "log", "metrics", "lib"];
 
 fn layer_of(path: &Path, src: &Path) -> String {
     let rel = path.strip_prefix(src).expect("under src");

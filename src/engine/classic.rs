@@ -414,9 +414,10 @@ pub fn links_report(e: &Engine, json: bool) -> String {
 pub fn write_registered(e: &Engine, dst: u64, src: &[u8]) -> Result<()> {
     e.local_segment().with_ranges(&[(dst, src.len() as u64, None)], || {
         // SAFETY: the destination range lies inside registered memory, held registered (no
-        // unregister can run) until the copy ends; `src` is a separate Rust slice.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) }
-    })
+        // unregister can run) until the copy ends; `src` is a separate Rust slice. Device
+        // memory is written by its platform.
+        unsafe { crate::device::copy_any(dst, src.as_ptr() as u64, src.len()) }
+    })?
 }
 
 /// Copies `[src, src + len)`, which must lie inside memory registered with the engine, out into a
@@ -425,9 +426,9 @@ pub fn read_registered(e: &Engine, src: u64, len: usize) -> Result<Vec<u8>> {
     let mut out = vec![0u8; len];
     e.local_segment().with_ranges(&[(src, len as u64, None)], || {
         // SAFETY: the source range lies inside registered memory, held registered until the
-        // copy ends; `out` has `len` bytes of its own.
-        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, out.as_mut_ptr(), len) }
-    })?;
+        // copy ends; `out` has `len` bytes of its own. Device memory is read by its platform.
+        unsafe { crate::device::copy_any(out.as_mut_ptr() as u64, src, len) }
+    })??;
     Ok(out)
 }
 

@@ -105,15 +105,19 @@ impl Dispatcher {
         buf: Option<&BufferDesc>,
         r: &Request,
     ) -> Result<Arc<[TransportKind]>> {
+        let local_device = crate::device::known::device_of(r.source, r.length).is_some();
+        let remote_device = buf.is_some_and(|b| crate::device::is_device_location(&b.location));
         let usable = |k: TransportKind| {
             k.serves_files() == desc.is_file()
                 && buf.is_none_or(|b| b.transports.contains(&(k as i32)))
-                && self.transport(k).is_some_and(|t| t.reaches(desc, &self.machine_id))
+                && self.transport(k).is_some_and(|t| {
+                    t.reaches(desc, &self.machine_id) && t.moves_device_memory(local_device, remote_device)
+                })
         };
         let ctx = SelectCtx {
             segment_type: &desc.kind,
             same_machine: desc.machine_id == self.machine_id,
-            local_memory: "cpu",
+            local_memory: if local_device { "cuda" } else { "cpu" },
             remote_memory: buf.map(|b| policy::memory_kind(&b.location)).unwrap_or("cpu"),
             size: r.length,
             priority: r.priority,
@@ -130,6 +134,15 @@ impl Dispatcher {
             }
             list.retain(|k| *k != r.hint);
             list.insert(0, r.hint);
+        }
+        if list.is_empty() && (local_device || remote_device) {
+            return Err(Error::NoTransport(format!(
+                "no loaded transport moves {} memory to {} memory of segment {} (TCP stages device memory \
+                 through host buffers; SHM needs the same host; RDMA needs a NIC that reaches GPU memory)",
+                if local_device { "device" } else { "host" },
+                if remote_device { "device" } else { "host" },
+                desc.name
+            )));
         }
         if list.is_empty() {
             return Err(Error::NoTransport(match buf {
@@ -242,14 +255,21 @@ impl Dispatcher {
             } else {
                 desc.locate(request.target_offset, request.length, request.opcode, true).and_then(|at| {
                     located = Some(at);
+                    // The transports of device memory depend on the local side too, which the
+                    // key does not hold: such requests are never answered from the key.
+                    let local_device = crate::device::known::device_of(request.source, request.length).is_some();
                     match &last {
-                        Some((k, list)) if same_key(k, &at, request.length, request.priority, request.hint) => {
+                        Some((k, list))
+                            if !local_device && same_key(k, &at, request.length, request.priority, request.hint) =>
+                        {
                             Ok(list.clone())
                         }
                         _ => {
                             let buf = &desc.buffers[at.pos as usize];
                             let list = self.candidates(desc, Some(buf), &request)?;
-                            last = Some(((at, request.length, request.priority, request.hint), list.clone()));
+                            if !local_device {
+                                last = Some(((at, request.length, request.priority, request.hint), list.clone()));
+                            }
                             Ok(list)
                         }
                     }

@@ -1,5 +1,6 @@
 //! Memory the engine allocates for callers, and NUMA placement probing for registrations.
 
+use crate::device;
 use crate::error::{Error, Result};
 
 const MPOL_PREFERRED: libc::c_int = 1;
@@ -33,8 +34,60 @@ pub fn numa_nodes() -> Vec<u32> {
     nodes
 }
 
+/// Where a registration of `[addr, addr+len)` asked at location `asked` lives: its location
+/// string and, for device memory, the device. `cuda:N` must name the device that holds the
+/// whole range; the wildcard detects device memory through the platform before it probes NUMA
+/// placement (which must not touch device memory); a `cpu:N` location for device memory is
+/// refused, since the CPU paths would then read it.
+pub fn registration_location(addr: u64, len: u64, asked: &str) -> Result<(String, Option<u32>)> {
+    let asked = asked.trim();
+    let within = |r: device::DeviceRange| addr.checked_add(len).is_some_and(|end| end <= r.base + r.len);
+    if device::is_device_location(asked) {
+        let what = format!("registering {len} bytes at {addr:#x} as {asked}");
+        let platform = device::require(&what)?;
+        let Some(idx) = device::parse_location(asked).1 else {
+            return Err(Error::InvalidArgument(format!("{what}: the location has no device number")));
+        };
+        if idx >= platform.device_count() {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: there is no such device ({} device(s) on platform {})",
+                platform.device_count(),
+                platform.name()
+            )));
+        }
+        return match platform.locate(addr) {
+            None => Err(Error::InvalidArgument(format!("{what}: the address is host memory, not device memory"))),
+            Some(r) if r.device != idx => {
+                Err(Error::InvalidArgument(format!("{what}: the address is memory of cuda:{}", r.device)))
+            }
+            Some(r) if !within(r) => {
+                Err(Error::InvalidArgument(format!("{what}: the range reaches past the end of its device allocation")))
+            }
+            Some(_) => Ok((device::location_of(idx), Some(idx))),
+        };
+    }
+    let on_device = device::platform().and_then(|p| p.locate(addr));
+    match on_device {
+        Some(r) if asked.is_empty() || asked == "*" => {
+            if !within(r) {
+                return Err(Error::InvalidArgument(format!(
+                    "registering {len} bytes at {addr:#x}: the range starts in memory of cuda:{} and reaches past its end",
+                    r.device
+                )));
+            }
+            Ok((device::location_of(r.device), Some(r.device)))
+        }
+        Some(r) => Err(Error::InvalidArgument(format!(
+            "registering {len} bytes at {addr:#x} as {asked}: the address is device memory of cuda:{}",
+            r.device
+        ))),
+        None if asked.is_empty() || asked == "*" => Ok((probe_location(addr), None)),
+        None => Ok((asked.to_string(), None)),
+    }
+}
+
 /// Maps `size` bytes of zeroed, page-aligned memory, preferring NUMA node N for `cpu:N`.
-/// Other accelerator locations (`cuda:N`, ...) are not supported on this build.
+/// Device locations (`cuda:N`) are allocated by [`allocate_device`] instead.
 pub fn allocate(size: usize, location: &str) -> Result<*mut u8> {
     if size == 0 {
         return Err(Error::InvalidArgument("cannot allocate 0 bytes".into()));
@@ -42,7 +95,9 @@ pub fn allocate(size: usize, location: &str) -> Result<*mut u8> {
     let loc = location.trim();
     if let Some((kind, _)) = loc.split_once(':') {
         if kind != "cpu" {
-            return Err(Error::NotImplemented(format!("allocation at location {loc:?}: only cpu memory is supported")));
+            return Err(Error::NotImplemented(format!(
+                "allocation at location {loc:?}: only cpu and cuda memory are supported"
+            )));
         }
     }
     // SAFETY: an anonymous private mapping has no preconditions; the result is checked.
@@ -75,6 +130,16 @@ pub fn allocate(size: usize, location: &str) -> Result<*mut u8> {
         }
     }
     Ok(ptr.cast())
+}
+
+/// Allocates `size` bytes of device memory at `location` (`cuda:N`) with the platform.
+pub fn allocate_device(size: usize, location: &str) -> Result<u64> {
+    let what = format!("allocating {size} bytes at {location}");
+    let platform = device::require(&what)?;
+    let idx = device::parse_location(location)
+        .1
+        .ok_or_else(|| Error::InvalidArgument(format!("{what}: the location has no device number")))?;
+    platform.allocate(idx, size)
 }
 
 /// Unmaps memory returned by [`allocate`].
@@ -161,6 +226,7 @@ pub fn topology_json(nics: &[TopologyNic]) -> String {
         mems.push(serde_json::json!({"name": format!("cpu:{n}"), "pci_bus_id": "", "type": MEM_TYPE_HOST,
             "numa_node": n, "device_list": {"rank0": near, "rank1": [], "rank2": far}}));
     }
+    mems.extend(device_mems(nics));
     let nics: Vec<serde_json::Value> = nics
         .iter()
         .map(|n| {
@@ -176,6 +242,52 @@ pub fn topology_json(nics: &[TopologyNic]) -> String {
         Ok(()) => String::from_utf8(out).unwrap_or_else(|_| topology.to_string()),
         Err(_) => topology.to_string(),
     }
+}
+
+/// Memory type in upstream's topology: 1 is CUDA device memory.
+const MEM_TYPE_CUDA: u8 = 1;
+
+/// The topology's entries of the platform's devices (none without a device platform): each GPU
+/// with its NICs by PCIe distance, as upstream ranks them: rank 0 the NICs below the same PCIe
+/// switch as the GPU, rank 1 those on its NUMA node, rank 2 the rest.
+fn device_mems(nics: &[TopologyNic]) -> Vec<serde_json::Value> {
+    let Some(p) = device::platform() else {
+        return Vec::new();
+    };
+    (0..p.device_count())
+        .map(|d| {
+            let pci = p.pci_bus_id(d);
+            let numa = p.numa_node(d);
+            let (mut r0, mut r1, mut r2) = (Vec::new(), Vec::new(), Vec::new());
+            for (i, n) in nics.iter().enumerate() {
+                if pcie_switch_shared(&pci, &n.pci_bus_id) {
+                    r0.push(i);
+                } else if numa >= 0 && n.numa_node == numa {
+                    r1.push(i);
+                } else {
+                    r2.push(i);
+                }
+            }
+            serde_json::json!({"name": device::location_of(d), "pci_bus_id": pci, "type": MEM_TYPE_CUDA,
+                "numa_node": numa, "device_list": {"rank0": r0, "rank1": r1, "rank2": r2}})
+        })
+        .collect()
+}
+
+/// Whether two PCI devices sit below one PCIe switch: their sysfs paths share a bridge below
+/// the root port (`/sys/devices/pci0000:00/<root port>/<switch port>/...`).
+fn pcie_switch_shared(a: &str, b: &str) -> bool {
+    if a.is_empty() || b.is_empty() {
+        return false;
+    }
+    let path = |id: &str| std::fs::canonicalize(format!("/sys/bus/pci/devices/{id}")).ok();
+    let (Some(pa), Some(pb)) = (path(a), path(b)) else {
+        return false;
+    };
+    let common = pa.components().zip(pb.components()).take_while(|(x, y)| x == y).count();
+    // `/`, `sys`, `devices`, `pci0000:xx` and the root port are shared by everything on a root
+    // complex; one more shared component is a switch.
+    common > 5
 }
 
 /// `<boot_id>:<machine-id>`, either alone, or a random fallback, as upstream builds `machine_id`.

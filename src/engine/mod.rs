@@ -27,6 +27,7 @@ use crate::control::addr;
 use crate::control::client::RpcClient;
 use crate::control::metadata::{self, KeepAlive, Publication};
 use crate::control::server::RpcServer;
+use crate::device;
 use crate::error::{Error, Result};
 use crate::metrics::{Metrics, MetricsServer};
 use crate::transport::Transport;
@@ -131,6 +132,8 @@ struct Allocation {
     size: usize,
     /// The shm object backing it, when allocated for the SHM transport.
     shm_name: Option<String>,
+    /// Device memory, allocated by the device platform.
+    device: bool,
 }
 
 /// A running transfer engine. Create it with [`Engine::new`]; share it as `Arc<Engine>`.
@@ -372,8 +375,13 @@ impl Engine {
             | TransportKind::Rdma
             | TransportKind::IoUring
             | TransportKind::BufIo => {
+                if device::is_device_location(&opts.location) {
+                    let addr = memory::allocate_device(size, &opts.location)?;
+                    self.allocations.lock().insert(addr, Allocation { size, shm_name: None, device: true });
+                    return Ok((addr, None));
+                }
                 let ptr = memory::allocate(size, &opts.location)?;
-                self.allocations.lock().insert(ptr as u64, Allocation { size, shm_name: None });
+                self.allocations.lock().insert(ptr as u64, Allocation { size, shm_name: None, device: false });
                 Ok((ptr as u64, None))
             }
             TransportKind::Shm => {
@@ -391,7 +399,9 @@ impl Engine {
                     }
                 }
                 let (ptr, name) = shm::create_object(&self.shm_dir, size)?;
-                self.allocations.lock().insert(ptr as u64, Allocation { size, shm_name: Some(name.clone()) });
+                self.allocations
+                    .lock()
+                    .insert(ptr as u64, Allocation { size, shm_name: Some(name.clone()), device: false });
                 Ok((ptr as u64, Some(name)))
             }
             other => Err(Error::InvalidArgument(format!(
@@ -414,11 +424,33 @@ impl Engine {
     }
 
     fn release(&self, addr: u64, a: Allocation) {
+        if a.device {
+            if let Err(e) = device::require("freeing device memory").and_then(|p| p.free(addr)) {
+                tracing::warn!("device memory at {addr:#x} not freed: {e}");
+            }
+            return;
+        }
         // SAFETY: the address and size come from one successful allocation (anonymous or shm
         // mapping), removed from the map so it is released once.
         unsafe { memory::release(addr as *mut u8, a.size) };
         if let Some(name) = a.shm_name {
             shm::unlink_object(&self.shm_dir, &name);
+        }
+    }
+
+    /// What the descriptor publishes for device memory at `addr` so that the SHM transport of
+    /// another process of the host can open it: the hex IPC handle of its allocation and the
+    /// offset of `addr` in it; nothing without SHM or when the platform cannot export it.
+    fn device_ipc(&self, addr: u64) -> (String, u64) {
+        if !self.dispatcher.loaded(TransportKind::Shm) {
+            return (String::new(), 0);
+        }
+        match device::require("exporting device memory").and_then(|p| p.ipc_export(addr)) {
+            Ok(ex) => (device::to_hex(&ex.handle), addr - ex.range.base),
+            Err(e) => {
+                tracing::info!("device memory at {addr:#x} is not shared through SHM: {e}");
+                (String::new(), 0)
+            }
         }
     }
 
@@ -477,13 +509,13 @@ impl Engine {
                 if addr == 0 {
                     return Err(Error::InvalidArgument("cannot register address 0".into()));
                 }
-                let loc = opts.location.trim();
-                let location =
-                    if loc.is_empty() || loc == "*" { memory::probe_location(addr) } else { loc.to_string() };
+                let (location, device) = memory::registration_location(addr, len, &opts.location)?;
                 // For a block this engine allocated, the offset inside the object is known exactly;
-                // for a caller's own object, `shm_offset` says where the range starts.
-                let (shm_path, shm_offset) = match self.shm_backing(addr, len) {
-                    Some((name, off)) if opts.shm_path.is_empty() || opts.shm_path == name => (name, off),
+                // for a caller's own object, `shm_offset` says where the range starts. Device
+                // memory is shared with processes of the host by its IPC handle instead.
+                let (shm_path, shm_offset) = match (device, self.shm_backing(addr, len)) {
+                    (Some(_), _) => self.device_ipc(addr),
+                    (None, Some((name, off))) if opts.shm_path.is_empty() || opts.shm_path == name => (name, off),
                     _ if opts.shm_path.is_empty() => (String::new(), 0),
                     _ => (opts.shm_path.clone(), opts.shm_offset as u64),
                 };
@@ -498,6 +530,7 @@ impl Engine {
                     shm_offset,
                     transports,
                     rkey: Vec::new(),
+                    device,
                 })
             })
             .collect::<Result<Vec<Registration>>>()?;
@@ -505,7 +538,7 @@ impl Engine {
         let mut fresh_rdma: Vec<(u64, u64)> = Vec::new();
         for r in &mut regs {
             let existing = self.local.get(r.addr, r.len);
-            if existing.is_none() {
+            if existing.is_none() && r.device.is_none() {
                 memory::prefault(r.addr, r.len);
             }
             let (Some(t), true) = (&self.rdma, r.transports.contains(&TransportKind::Rdma)) else { continue };
@@ -542,6 +575,9 @@ impl Engine {
                         }
                     }
                 }
+                for r in regs.iter().zip(&added).filter(|(r, a)| **a && r.device.is_some()).map(|(r, _)| r) {
+                    device::known::note(r.addr, r.len, r.device.unwrap_or(0));
+                }
                 if added.iter().any(|a| *a) {
                     self.published();
                 }
@@ -566,6 +602,9 @@ impl Engine {
             for b in &removed {
                 t.unregister_buffer(b.addr, b.len);
             }
+        }
+        for b in removed.iter().filter(|b| b.device.is_some()) {
+            device::known::forget(b.addr);
         }
         if !removed.is_empty() {
             self.published();
@@ -710,9 +749,10 @@ impl Engine {
         let ranges = [(r.source, r.length, None), (r.target_offset, r.length, Some((r.opcode, false)))];
         self.local.with_ranges(&ranges, || {
             // SAFETY: both ranges lie inside memory registered with this engine (checked under
-            // the gate, so no unregister can run meanwhile); `copy` allows overlap.
-            unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, r.length as usize) }
-        })
+            // the gate, so no unregister can run meanwhile); device memory is copied by its
+            // platform, host memory with `copy`, which allows overlap.
+            unsafe { device::copy_any(dst, src, r.length as usize) }
+        })?
     }
 
     /// Status of one task. A task parked after a failed attempt fails over first when polling

@@ -223,6 +223,8 @@ pub struct LocalBuffer {
     pub refcount: u32,
     /// RDMA remote keys by NicID (empty without RDMA).
     pub rkey: Vec<u32>,
+    /// The device holding the buffer when it is device memory.
+    pub device: Option<u32>,
     /// Counts the copies moving bytes in or out of this buffer right now; shared by every
     /// copy of this entry.
     life: Arc<BufferLife>,
@@ -322,6 +324,8 @@ pub struct Registration {
     pub transports: Vec<TransportKind>,
     /// RDMA remote keys by NicID (empty without RDMA).
     pub rkey: Vec<u32>,
+    /// The device holding the range when it is device memory.
+    pub device: Option<u32>,
 }
 
 /// The descriptor entry of one buffer, in upstream's JSON shape.
@@ -435,6 +439,7 @@ impl LocalSegment {
                 transports: r.transports.clone(),
                 refcount: 1,
                 rkey: r.rkey.clone(),
+                device: r.device,
                 life: Arc::default(),
                 json: Arc::from(""),
             };
@@ -636,6 +641,7 @@ mod tests {
             shm_offset: 0,
             transports: vec![TransportKind::Tcp],
             rkey: Vec::new(),
+            device: None,
         }
     }
 

@@ -40,6 +40,14 @@ pub trait Transport: Send + Sync {
         true
     }
 
+    /// Whether this transport can move a request whose local side is device memory
+    /// (`local_device`) or whose target buffer is (`remote_device`). A transport that moves bytes
+    /// with the CPU says yes only where it goes through the device platform (staging, device
+    /// copies, NIC registration of device memory); the engine then never hands it the others.
+    fn moves_device_memory(&self, local_device: bool, remote_device: bool) -> bool {
+        !local_device && !remote_device
+    }
+
     /// Called when a segment's descriptor changed (`Some`) or the segment was closed (`None`),
     /// so cached per-segment state (mappings, connections) can be dropped.
     fn segment_changed(&self, name: &str, desc: Option<&SegmentDesc>) {

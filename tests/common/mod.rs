@@ -102,6 +102,7 @@ pub fn run_c(exe: &Path, envs: &[(&str, &str)]) -> String {
 }
 
 pub mod cluster;
+pub mod device;
 pub mod engines;
 pub mod fake_peer;
 pub mod sim;

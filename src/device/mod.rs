@@ -1,0 +1,322 @@
+//! Device platforms: memory that lives on an accelerator (a GPU's HBM), which the CPU must never
+//! read or write directly.
+//!
+//! This layer sits below the transports, beside the core types. It answers, for an address,
+//! whether it is device memory and of which device; it copies between host and device memory
+//! and between devices with the device's own copy engine; it hands out pinned host buffers for
+//! staging; it exports device memory to other processes of the host (IPC handles) and to NICs
+//! (a dma-buf file descriptor for `ibv_reg_dmabuf_mr`).
+//!
+//! Two platforms implement [`Platform`]:
+//! - [`cuda`]: NVIDIA GPUs through the CUDA driver API, `libcuda.so.1` opened with `dlopen` at
+//!   first use, so a host without the driver builds and runs everything else;
+//! - [`sim`]: a simulated device for tests on machines without a GPU. Its memory is mapped
+//!   `PROT_NONE` at the addresses callers see, so any CPU touch of device memory by the engine
+//!   is a SIGSEGV that fails the test; only the platform's own copies reach the bytes, through a
+//!   second mapping.
+//!
+//! The process has at most one platform ([`platform`]): the simulated one when it was installed
+//! ([`sim::install`], or `TENT_SIM_DEVICES=N` in the environment), otherwise CUDA when the driver
+//! loads and reports a device. Device memory the engine registered or the platform allocated is
+//! recorded in a process-wide table ([`known`]), which the transports consult per request: with
+//! no device memory at all, that is one atomic load.
+
+pub mod cuda;
+pub mod sim;
+pub mod staging;
+
+use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use parking_lot::RwLock;
+
+use crate::error::{Error, Result};
+
+/// One side of a device copy: host memory the CPU may touch, or device memory it must not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mem {
+    /// Host memory at this address.
+    Host(u64),
+    /// Device memory at this address (as the process sees it).
+    Device(u64),
+}
+
+/// Device memory as the platform knows it: the allocation holding an address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceRange {
+    /// The device ordinal (`cuda:N`'s N).
+    pub device: u32,
+    /// Where the allocation starts.
+    pub base: u64,
+    /// Its length in bytes.
+    pub len: u64,
+}
+
+/// What another process of the host needs to map a piece of device memory: the platform's
+/// handle bytes and the allocation they stand for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpcExport {
+    /// The handle, as the platform defines it (CUDA: a 64-byte `CUipcMemHandle`).
+    pub handle: Vec<u8>,
+    /// The allocation the handle opens, which holds the exported address.
+    pub range: DeviceRange,
+}
+
+/// A copy started on a device's copy engine; the engine polls it and it must be waited for
+/// (or dropped, which waits) before the memory it touches is reused.
+pub trait PendingCopy: Send {
+    /// Whether the copy ended; `Some(Err)` when it failed.
+    fn poll(&mut self) -> Option<Result<()>>;
+    /// Waits until the copy ended and returns how.
+    fn wait(&mut self) -> Result<()>;
+}
+
+/// A copy that ended when it was started (the simulated device copies at once).
+pub struct Done(pub Option<Result<()>>);
+
+impl PendingCopy for Done {
+    fn poll(&mut self) -> Option<Result<()>> {
+        Some(self.wait())
+    }
+    fn wait(&mut self) -> Result<()> {
+        self.0.take().unwrap_or(Ok(()))
+    }
+}
+
+/// What a device platform provides. Every address is a process virtual address, as callers
+/// pass them; a [`Mem::Device`] address must lie in device memory of this platform.
+pub trait Platform: Send + Sync {
+    /// `"cuda"` or `"sim"`.
+    fn name(&self) -> &'static str;
+    /// How many devices there are (`cuda:0` .. `cuda:N-1`).
+    fn device_count(&self) -> u32;
+    /// The device allocation holding `addr`, or `None` when `addr` is not device memory of this
+    /// platform (host memory, or nothing mapped).
+    fn locate(&self, addr: u64) -> Option<DeviceRange>;
+    /// Allocates `len` bytes on `device`.
+    fn allocate(&self, device: u32, len: usize) -> Result<u64>;
+    /// Frees memory returned by [`Platform::allocate`].
+    fn free(&self, addr: u64) -> Result<()>;
+    /// Starts copying `len` bytes from `src` to `dst` with the device's copy engine.
+    fn start_copy(&self, dst: Mem, src: Mem, len: usize) -> Result<Box<dyn PendingCopy>>;
+    /// Copies and waits for the copy to end.
+    fn copy(&self, dst: Mem, src: Mem, len: usize) -> Result<()> {
+        self.start_copy(dst, src, len)?.wait()
+    }
+    /// Exports the allocation holding `addr` for other processes of this host.
+    fn ipc_export(&self, addr: u64) -> Result<IpcExport>;
+    /// Maps an exported allocation into this process; returns where it starts here.
+    fn ipc_open(&self, handle: &[u8]) -> Result<DeviceRange>;
+    /// Unmaps an allocation [`Platform::ipc_open`] mapped (by the base it returned).
+    fn ipc_close(&self, base: u64);
+    /// A dma-buf file descriptor for `[addr, addr+len)` and the offset of `addr` in it, for
+    /// registering the memory with a NIC (`ibv_reg_dmabuf_mr`).
+    fn dmabuf(&self, addr: u64, len: u64) -> Result<(OwnedFd, u64)>;
+    /// Pinned host memory for staging (page-locked, so the device copies it at full speed).
+    fn alloc_pinned(&self, len: usize) -> Result<*mut u8>;
+    /// Frees memory from [`Platform::alloc_pinned`].
+    ///
+    /// # Safety
+    /// `ptr` and `len` come from one `alloc_pinned` call, freed once, no longer used.
+    unsafe fn free_pinned(&self, ptr: *mut u8, len: usize);
+    /// The PCI address of `device` (`0000:3b:00.0`), "" when unknown.
+    fn pci_bus_id(&self, device: u32) -> String;
+    /// The NUMA node `device` is attached to, -1 when the system does not say.
+    fn numa_node(&self, device: u32) -> i32;
+}
+
+/// Why no platform is present, worked out once.
+static CUDA: OnceLock<std::result::Result<cuda::Cuda, String>> = OnceLock::new();
+
+/// The device platform of this process: the simulated one when installed, otherwise CUDA when
+/// its driver loads and has a device; `None` on a host without either.
+pub fn platform() -> Option<&'static dyn Platform> {
+    if let Some(s) = sim::installed() {
+        return Some(s);
+    }
+    match CUDA.get_or_init(cuda::Cuda::open) {
+        Ok(c) => Some(c),
+        Err(_) => None,
+    }
+}
+
+/// Why [`platform`] is `None`, in words for an error message (names the missing driver or
+/// device); "" when a platform is present.
+pub fn unavailable_reason() -> String {
+    if platform().is_some() {
+        return String::new();
+    }
+    match CUDA.get() {
+        Some(Err(why)) => why.clone(),
+        _ => "no device platform".into(),
+    }
+}
+
+/// The platform, or an error that says why device memory cannot be used here.
+pub fn require(what: &str) -> Result<&'static dyn Platform> {
+    platform().ok_or_else(|| Error::NotImplemented(format!("{what}: {}", unavailable_reason())))
+}
+
+/// A location string split into its kind and index: `cuda:1` is `("cuda", Some(1))`, `*` and
+/// strings without a colon are `("*", None)`, a bad index is `(kind, None)`.
+pub fn parse_location(location: &str) -> (&str, Option<u32>) {
+    match location.trim().split_once(':') {
+        Some((kind, idx)) => (kind, idx.trim().parse().ok()),
+        None => ("*", None),
+    }
+}
+
+/// Whether a location names device memory (`cuda:N`, and `npu:N`, which upstream treats as a
+/// CUDA-like device).
+pub fn is_device_location(location: &str) -> bool {
+    matches!(parse_location(location).0, "cuda" | "npu")
+}
+
+/// The location string of `device`.
+pub fn location_of(device: u32) -> String {
+    format!("cuda:{device}")
+}
+
+/// Device memory known to this process, by start: (end, device, references).
+struct Known {
+    ranges: RwLock<BTreeMap<u64, (u64, u32, u32)>>,
+    count: AtomicUsize,
+}
+
+fn known_table() -> &'static Known {
+    static K: OnceLock<Known> = OnceLock::new();
+    K.get_or_init(|| Known { ranges: RwLock::new(BTreeMap::new()), count: AtomicUsize::new(0) })
+}
+
+/// The process-wide table of device memory ranges the engine may be handed: allocations of the
+/// platform and device memory registered with an engine. The transports ask it whether a
+/// request's local side is device memory; with no entries that is one atomic load.
+pub mod known {
+    use super::*;
+
+    /// Records `[addr, addr+len)` as memory of `device`; a range recorded twice needs two
+    /// [`forget`] calls.
+    pub fn note(addr: u64, len: u64, device: u32) {
+        let k = known_table();
+        let mut g = k.ranges.write();
+        let e = g.entry(addr).or_insert((addr.saturating_add(len), device, 0));
+        e.2 += 1;
+        k.count.store(g.len(), Ordering::Release);
+    }
+
+    /// Drops one record of the range starting at `addr`.
+    pub fn forget(addr: u64) {
+        let k = known_table();
+        let mut g = k.ranges.write();
+        if let Some(e) = g.get_mut(&addr) {
+            e.2 -= 1;
+            if e.2 == 0 {
+                g.remove(&addr);
+            }
+        }
+        k.count.store(g.len(), Ordering::Release);
+    }
+
+    /// The device of `[addr, addr+len)` when any of it is known device memory. A range that
+    /// is partly device memory counts as device memory: it must never reach a CPU copy.
+    pub fn device_of(addr: u64, len: u64) -> Option<u32> {
+        let k = known_table();
+        if k.count.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let end = addr.saturating_add(len.max(1));
+        let g = k.ranges.read();
+        // The last range starting before `end` is the only one that can overlap from the left;
+        // ranges starting inside the request overlap too.
+        g.range(..end).next_back().filter(|(_, (e, _, _))| *e > addr).map(|(_, (_, d, _))| *d)
+    }
+
+    /// Whether any device memory is known (the transports' fast path).
+    pub fn any() -> bool {
+        known_table().count.load(Ordering::Acquire) != 0
+    }
+}
+
+/// Which side of a copy `[addr, addr+len)` is: device memory when the known table says so.
+pub fn classify(addr: u64, len: u64) -> Mem {
+    if known::device_of(addr, len).is_some() { Mem::Device(addr) } else { Mem::Host(addr) }
+}
+
+/// Copies `len` bytes from `src` to `dst`, with the CPU when both are host memory (the ranges
+/// may overlap) and with the device's copy engine when either is known device memory.
+///
+/// # Safety
+/// Both ranges must be valid for the whole call (registered memory held registered).
+pub unsafe fn copy_any(dst: u64, src: u64, len: usize) -> Result<()> {
+    match (classify(dst, len as u64), classify(src, len as u64)) {
+        (Mem::Host(d), Mem::Host(s)) => {
+            // SAFETY: guaranteed by the caller; `copy` allows overlap.
+            unsafe { std::ptr::copy(s as *const u8, d as *mut u8, len) };
+            Ok(())
+        }
+        (d, s) => require("copying device memory")?.copy(d, s, len),
+    }
+}
+
+/// Upper-case hex of `bytes`, as upstream writes handles into descriptors.
+pub fn to_hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(DIGITS[(b >> 4) as usize] as char);
+        s.push(DIGITS[(b & 15) as usize] as char);
+    }
+    s
+}
+
+/// The bytes of a hex string (either case); `None` when it is not hex of whole bytes.
+pub fn from_hex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    s.as_bytes().chunks(2).map(|p| Some(digit(p[0])? << 4 | digit(p[1])?)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locations_split_into_kind_and_index() {
+        assert_eq!(parse_location("cuda:3"), ("cuda", Some(3)));
+        assert_eq!(parse_location("cpu:0"), ("cpu", Some(0)));
+        assert_eq!(parse_location("*"), ("*", None));
+        assert_eq!(parse_location("cuda:x"), ("cuda", None));
+        assert!(is_device_location("cuda:0") && is_device_location("npu:1"));
+        assert!(!is_device_location("cpu:0") && !is_device_location("*"));
+    }
+
+    #[test]
+    fn hex_round_trips_and_rejects_bad_text() {
+        let b = [0u8, 1, 0xab, 0xff];
+        assert_eq!(to_hex(&b), "0001ABFF");
+        assert_eq!(from_hex("0001abff").as_deref(), Some(&b[..]));
+        assert_eq!(from_hex("abc"), None);
+        assert_eq!(from_hex("zz"), None);
+    }
+
+    #[test]
+    fn known_ranges_answer_overlaps_and_count_references() {
+        // Addresses far from anything a test allocates, so parallel tests do not interfere.
+        let base = 0x7e00_0000_0000u64;
+        assert_eq!(known::device_of(base, 16), None);
+        known::note(base, 4096, 2);
+        known::note(base, 4096, 2);
+        assert_eq!(known::device_of(base + 100, 8), Some(2));
+        assert_eq!(known::device_of(base - 8, 16), Some(2), "a range reaching into device memory");
+        assert_eq!(known::device_of(base + 4096, 8), None);
+        assert_eq!(known::device_of(base - 8, 8), None);
+        known::forget(base);
+        assert_eq!(known::device_of(base, 1), Some(2), "still referenced once");
+        known::forget(base);
+        assert_eq!(known::device_of(base, 1), None);
+    }
+}
