@@ -90,3 +90,94 @@ fn transfers_inside_one_engine_copy_device_memory_with_the_platform() {
     assert_eq!(st[0], (Status::Completed, len as u64));
     assert!(other.read() == host, "host -> cuda:0 -> cuda:1 kept every byte");
 }
+
+/// Two engines of one host with SHM (and TCP, which device memory must not need here).
+fn shm_pair() -> (std::sync::Arc<tent::Engine>, std::sync::Arc<tent::Engine>) {
+    platform();
+    (engine(&[("transports/shm/enable", "true")]), engine(&[("transports/shm/enable", "true")]))
+}
+
+fn shm(r: tent::engine::types::Request) -> tent::engine::types::Request {
+    tent::engine::types::Request { hint: tent::engine::types::TransportKind::Shm, ..r }
+}
+
+#[test]
+fn shm_moves_device_memory_between_engines_of_a_host_through_ipc_handles() {
+    let (a, b) = shm_pair();
+    let len = (3 << 20) + 77;
+    let peer_dev = DevBuf::new(1, len, |_| 0);
+    peer_dev.register(&b);
+    // Host memory reaches SHM only inside a shared-memory object.
+    let shm_opts = MemoryOptions {
+        location: "cpu:0".into(),
+        transport: tent::engine::types::TransportKind::Shm,
+        ..MemoryOptions::default()
+    };
+    let (peer_host_addr, _) = b.allocate_memory(len, &shm_opts).expect("shm allocation");
+    register(&b, peer_host_addr, len as u64, "cpu:0").expect("register");
+    let peer_host = || {
+        // SAFETY: the engine allocated `len` bytes there, freed when `b` is dropped; read only
+        // after the transfers into it ended.
+        unsafe { std::slice::from_raw_parts(peer_host_addr as *const u8, len) }.to_vec()
+    };
+    let src_dev = DevBuf::new(0, len, pattern);
+    src_dev.register(&a);
+    let src_host = buffer(&a, len, |i| pattern(i) ^ 0x5a, Permission::GlobalReadWrite);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let desc = b.local_segment().descriptor();
+    let published = desc.buffers.iter().find(|x| x.addr == peer_dev.addr).expect("device buffer published");
+    assert_eq!(published.location, "cuda:1");
+    assert!(!published.shm_path.is_empty(), "an IPC handle for SHM: {published:?}");
+    // device -> device, host -> device, device -> host, each a WRITE.
+    let n = len as u64;
+    let st = run(&a, &[shm(req(Opcode::Write, src_dev.addr, h, peer_dev.addr, n))], BOUND);
+    assert_eq!(st[0], (Status::Completed, n));
+    assert!(peer_dev.read() == src_dev.read(), "device to device");
+    assert!(peer_host().iter().all(|&x| x == 0), "nothing else written");
+    let st = run(&a, &[shm(req(Opcode::Write, src_host.as_ptr() as u64, h, peer_dev.addr, n))], BOUND);
+    assert_eq!(st[0], (Status::Completed, n));
+    assert!(peer_dev.read() == src_host, "host to device");
+    let st = run(&a, &[shm(req(Opcode::Write, src_dev.addr, h, peer_host_addr, n))], BOUND);
+    assert_eq!(st[0], (Status::Completed, n));
+    assert!(peer_host() == src_dev.read(), "device to host");
+    // READ back into local device memory from the peer's device memory, in a mixed batch of
+    // 4 KiB blocks into device and host memory.
+    let back_dev = DevBuf::new(0, len, |_| 0);
+    back_dev.register(&a);
+    let mut back_host = vec![0u8; 64 << 10];
+    // SAFETY: kept alive until `a` is dropped at the end of the test.
+    unsafe { a.register_memory(&[(back_host.as_mut_ptr() as u64, back_host.len() as u64)], &MemoryOptions::default()) }
+        .expect("register");
+    let mut reqs: Vec<_> = (0..16u64)
+        .map(|i| shm(req(Opcode::Read, back_dev.addr + i * 4096, h, peer_dev.addr + i * 4096, 4096)))
+        .collect();
+    reqs.extend(
+        (0..16u64)
+            .map(|i| shm(req(Opcode::Read, back_host.as_ptr() as u64 + i * 4096, h, peer_dev.addr + i * 4096, 4096))),
+    );
+    assert!(run(&a, &reqs, BOUND).iter().all(|s| *s == (Status::Completed, 4096)));
+    let expect = src_host[..64 << 10].to_vec();
+    assert!(back_dev.read()[..64 << 10] == expect[..], "device blocks");
+    assert!(back_host == expect, "host blocks");
+    drop(a);
+}
+
+#[test]
+fn a_device_handle_that_cannot_be_opened_fails_the_shm_attempt_with_a_reason() {
+    let (a, b) = shm_pair();
+    let peer_dev = DevBuf::new(0, 1 << 20, |_| 0);
+    peer_dev.register(&b);
+    let src = buffer(&a, 4096, pattern, Permission::GlobalReadWrite);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    // The peer frees its device memory behind the engine's back: the handle names a descriptor
+    // that no longer exists.
+    drop(peer_dev);
+    let st = run(&a, &[shm(req(Opcode::Write, src.as_ptr() as u64, h, b_addr(&b), 4096))], BOUND);
+    assert_eq!(st[0].0, Status::Failed, "{st:?}");
+}
+
+/// The address of `e`'s first device buffer.
+fn b_addr(e: &tent::Engine) -> u64 {
+    let d = e.local_segment().descriptor();
+    d.buffers.iter().find(|b| b.location.starts_with("cuda")).map(|b| b.addr).expect("a device buffer")
+}

@@ -2,6 +2,7 @@
 //! descriptors, and the handle through which a transport reports a task's end. Nothing here
 //! imports a layer above (`engine`, `transport`, `control`, `verbs`, `ffi`).
 
+pub mod copy;
 pub mod idhash;
 pub mod prefetch;
 pub mod request;

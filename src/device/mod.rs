@@ -121,6 +121,9 @@ pub trait Platform: Send + Sync {
     /// # Safety
     /// `ptr` and `len` come from one `alloc_pinned` call, freed once, no longer used.
     unsafe fn free_pinned(&self, ptr: *mut u8, len: usize);
+    /// The longest piece a transport should hand one copy, so that long transfers keep the
+    /// platform's copy engines busy without paying the start of a copy too often.
+    fn preferred_chunk(&self) -> usize;
     /// The PCI address of `device` (`0000:3b:00.0`), "" when unknown.
     fn pci_bus_id(&self, device: u32) -> String;
     /// The NUMA node `device` is attached to, -1 when the system does not say.

@@ -19,8 +19,21 @@ use crate::error::{Error, Result};
 
 /// The first bytes of a simulated IPC handle.
 const MAGIC: &[u8; 4] = b"TSIM";
-/// Handle length: magic, pid (4), fd (4), length (8), device (4).
-const HANDLE_LEN: usize = 24;
+/// Handle length: magic, pid (4), fd (4), length (8), device (4), inode (8). The inode tells
+/// the memfd apart from whatever reuses its descriptor number after it was freed.
+const HANDLE_LEN: usize = 32;
+
+/// Copies of at least this many bytes use non-temporal stores (see `base::copy`), as a DMA
+/// engine writes memory without going through the CPU's caches.
+const STREAM_FROM: usize = 1 << 20;
+
+/// The inode of an open file, 0 when `fstat` fails.
+fn inode(fd: &OwnedFd) -> u64 {
+    // SAFETY: `stat` is plain old data; all-zero is a valid value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is open; st is a valid out-parameter.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0 { st.st_ino } else { 0 }
+}
 
 /// One mapping of a memfd: the `PROT_NONE` device view and the read-write alias.
 struct Mapping {
@@ -186,7 +199,7 @@ impl Platform for SimDevice {
         // SAFETY: device sides were translated to their read-write alias and bounds-checked;
         // host sides are memory the caller guarantees (registered with the engine). The map
         // lock is not held: a free racing a copy is the caller's bug, as on a real device.
-        unsafe { std::ptr::copy(s, d, len) };
+        unsafe { crate::base::copy::copy(s, d, len, len >= STREAM_FROM) };
         Ok(Box::new(Done(None)))
     }
 
@@ -201,6 +214,7 @@ impl Platform for SimDevice {
         h.extend_from_slice(&m.fd.as_raw_fd().to_le_bytes());
         h.extend_from_slice(&(m.len as u64).to_le_bytes());
         h.extend_from_slice(&m.device.to_le_bytes());
+        h.extend_from_slice(&inode(&m.fd).to_le_bytes());
         Ok(IpcExport { handle: h, range: DeviceRange { device: m.device, base, len: m.len as u64 } })
     }
 
@@ -221,6 +235,12 @@ impl Platform for SimDevice {
         }
         // SAFETY: a fresh descriptor this function owns.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let ino = u64::from_le_bytes(handle[24..32].try_into().unwrap_or([0; 8]));
+        if inode(&fd) != ino {
+            return Err(Error::InvalidArgument(format!(
+                "the device memory of process {pid} behind this handle was freed"
+            )));
+        }
         self.insert(fd, device, len, false)
     }
 
@@ -262,6 +282,12 @@ impl Platform for SimDevice {
     unsafe fn free_pinned(&self, ptr: *mut u8, len: usize) {
         // SAFETY: guaranteed by the caller.
         unsafe { libc::munmap(ptr.cast(), len) };
+    }
+
+    fn preferred_chunk(&self) -> usize {
+        // The simulated copy engine is a CPU copy: pieces the size of the SHM transport's
+        // chunks let several of its copy threads share a long transfer.
+        8 << 20
     }
 
     fn pci_bus_id(&self, device: u32) -> String {

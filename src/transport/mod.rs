@@ -12,7 +12,7 @@ use crate::base::segment::SegmentDesc;
 use crate::base::task::Task;
 use crate::error::Result;
 
-pub mod copy;
+pub use crate::base::copy;
 pub mod file;
 pub mod shm;
 pub mod tcp;

@@ -19,6 +19,7 @@ use crate::base::segment::{BufferDesc, BufferRef, SegmentDesc};
 use crate::base::task::Task;
 use crate::config::ShmSection;
 use crate::control::queue::{Pool, WorkQueue};
+use crate::device::{self, Platform};
 use crate::error::{Error, Result};
 use crate::transport::Transport;
 
@@ -142,6 +143,9 @@ struct Mapping {
     /// `clock` plus one (0: never), so that a stream of small requests pays the `fstat` once
     /// per [`ALIVE_RECHECK`] instead of once per request; [`GONE`] once it was found removed.
     seen_alive: AtomicU64,
+    /// For a peer's device memory, opened from its IPC handle: the platform that mapped it,
+    /// which alone may copy to and from it (`base` is then a device address; `fd` is -1).
+    device: Option<&'static dyn Platform>,
 }
 
 // SAFETY: the mapping is plain shared memory; concurrent access is the transfer semantics the
@@ -152,6 +156,10 @@ unsafe impl Sync for Mapping {}
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        if let Some(p) = self.device {
+            p.ipc_close(self.base as u64);
+            return;
+        }
         // SAFETY: base/mapped come from one successful mmap, unmapped once here.
         if unsafe { libc::munmap(self.base.cast(), self.mapped) } != 0 {
             tracing::warn!("munmap of a peer shm mapping failed: {}", std::io::Error::last_os_error());
@@ -190,11 +198,39 @@ impl Mapping {
             unsafe { libc::close(fd) };
             return Err(e);
         }
-        Ok(Mapping { base: p.cast(), mapped, fd, seen_alive: AtomicU64::new(0) })
+        Ok(Mapping { base: p.cast(), mapped, fd, seen_alive: AtomicU64::new(0), device: None })
+    }
+
+    /// Opens a peer's device memory from the IPC handle its descriptor publishes (hex, in
+    /// `shm_path`), with at least `needed` bytes.
+    fn open_device(handle_hex: &str, needed: u64) -> Result<Mapping> {
+        let platform = device::require("opening a peer's device memory")?;
+        let handle = device::from_hex(handle_hex)
+            .ok_or_else(|| Error::Remote("the peer's device memory handle is not hex".into()))?;
+        let r = platform.ipc_open(&handle)?;
+        if r.len < needed {
+            platform.ipc_close(r.base);
+            return Err(Error::Remote(format!(
+                "the peer's device allocation holds {} bytes, fewer than the {needed} its buffer needs",
+                r.len
+            )));
+        }
+        Ok(Mapping {
+            base: r.base as *mut u8,
+            mapped: r.len as usize,
+            fd: -1,
+            seen_alive: AtomicU64::new(0),
+            device: Some(platform),
+        })
     }
 
     /// False once the owner removed the object (it freed the memory or restarted).
     fn alive(&self) -> bool {
+        if self.device.is_some() {
+            // An opened IPC mapping holds the allocation; the peer's unregister changes its
+            // descriptor, which drops the mapping (`segment_changed`).
+            return true;
+        }
         // SAFETY: `stat` is plain old data; all-zero is a valid value.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: fd is open for the life of the mapping; st is a valid out-parameter.
@@ -297,6 +333,8 @@ struct Chunk {
     /// Copy with non-temporal stores (part of a transfer larger than the cache, see
     /// `transport::copy`).
     streaming: bool,
+    /// Either side is device memory: the platform copies it, the CPU never touches it.
+    device: bool,
 }
 
 /// Copies one chunk (unless its task was cancelled) and completes the task after its last chunk.
@@ -314,11 +352,18 @@ fn run_chunks(chunks: &[Chunk]) {
         chunks.iter().for_each(prefetch_chunk);
     }
     for c in chunks {
+        if c.device {
+            // Device chunks end one by one: a failed device copy fails its task instead.
+            if c.owner.task().cancel_requested() || copy_device_chunk(c) {
+                end_chunk(c);
+            }
+            continue;
+        }
         if !c.owner.task().cancel_requested() {
             copy_chunk(c);
         }
     }
-    chunks.iter().for_each(end_chunk);
+    chunks.iter().filter(|c| !c.device).for_each(end_chunk);
 }
 
 /// Completes the task of a copied chunk once its last chunk was copied.
@@ -439,7 +484,7 @@ impl ShmTransport {
                 let map = match &last {
                     Some((prev, m)) if prev.same_class(&at) && m.mapped as u64 >= end => m.clone(),
                     _ => {
-                        let m = self.mapping(&target.name, buf)?;
+                        let m = self.mapping(&target.name, buf, device::is_device_location(&buf.location))?;
                         last = Some((at, m.clone()));
                         m
                     }
@@ -457,7 +502,13 @@ impl ShmTransport {
                 task.complete();
                 continue;
             }
-            if r.length <= self.params.chunk_size {
+            let device = map.device.is_some() || device::known::device_of(r.source, r.length).is_some();
+            // A device copy engine has its own best piece size (long pieces on a GPU).
+            let chunk_size = match device::platform().filter(|_| device) {
+                Some(p) => p.preferred_chunk() as u64,
+                None => self.params.chunk_size,
+            };
+            if r.length <= chunk_size {
                 chunks.push(Chunk {
                     owner: Owner::Whole(task),
                     map,
@@ -465,14 +516,15 @@ impl ShmTransport {
                     offset: 0,
                     len: r.length,
                     streaming: false,
+                    device,
                 });
                 continue;
             }
-            let n = r.length.div_ceil(self.params.chunk_size);
+            let n = r.length.div_ceil(chunk_size);
             let job = Arc::new(Job { task, remaining: AtomicUsize::new(n as usize) });
             let mut off = 0;
             while off < r.length {
-                let len = (r.length - off).min(self.params.chunk_size);
+                let len = (r.length - off).min(chunk_size);
                 chunks.push(Chunk {
                     owner: Owner::Part(job.clone()),
                     map: map.clone(),
@@ -480,6 +532,7 @@ impl ShmTransport {
                     offset: off,
                     len,
                     streaming: false,
+                    device,
                 });
                 off += len;
             }
@@ -539,7 +592,7 @@ impl ShmTransport {
         Ok(())
     }
 
-    fn mapping(&self, segment: &str, buf: &BufferDesc) -> Result<Arc<Mapping>> {
+    fn mapping(&self, segment: &str, buf: &BufferDesc, on_device: bool) -> Result<Arc<Mapping>> {
         let needed = buf.shm_offset.saturating_add(buf.length);
         let now = self.clock.elapsed().as_nanos().min(u64::MAX as u128 - 2) as u64;
         {
@@ -554,7 +607,11 @@ impl ShmTransport {
             }
         }
         // Map outside the lock; two racing mappers keep the first inserted.
-        let m = Arc::new(Mapping::open(&self.params.cxl_mount_path, &buf.shm_path, needed)?);
+        let m = Arc::new(if on_device {
+            Mapping::open_device(&buf.shm_path, needed)?
+        } else {
+            Mapping::open(&self.params.cxl_mount_path, &buf.shm_path, needed)?
+        });
         if !m.alive_at(now) {
             return Err(Error::Remote(format!(
                 "the peer removed shm object {} (it freed the memory or restarted)",
@@ -590,7 +647,7 @@ fn chunk_ends(c: &Chunk) -> (*const u8, *mut u8) {
 /// trip's copies, those waits overlap (32 x 4 KiB to random pages of a 400 MB shared mapping:
 /// 17.7 -> 12.3 us here). Streaming copies write around the cache and are left alone.
 fn prefetch_chunk(c: &Chunk) {
-    if !c.streaming {
+    if !c.streaming && !c.device {
         let (src, dst) = chunk_ends(c);
         prefetch::read_line(src);
         prefetch::write_line(dst);
@@ -604,6 +661,26 @@ fn copy_chunk(c: &Chunk) {
     unsafe { crate::transport::copy::copy(src, dst, c.len as usize, c.streaming) };
 }
 
+/// Copies a chunk of which either side is device memory with the device platform; a failure
+/// fails the chunk's task (with the reason) and returns false.
+fn copy_device_chunk(c: &Chunk) -> bool {
+    let r = c.owner.task().request();
+    let local = device::classify(r.source + c.offset, c.len);
+    let remote = c.map.at(c.remote_off + c.offset) as u64;
+    let remote = if c.map.device.is_some() { device::Mem::Device(remote) } else { device::Mem::Host(remote) };
+    let (from, to) = match r.opcode {
+        Opcode::Write => (local, remote),
+        Opcode::Read => (remote, local),
+    };
+    match device::require("copying device memory over SHM").and_then(|p| p.copy(to, from, c.len as usize)) {
+        Ok(()) => true,
+        Err(e) => {
+            c.owner.task().fail(format!("device copy over SHM failed: {e}"));
+            false
+        }
+    }
+}
+
 impl Transport for ShmTransport {
     fn kind(&self) -> TransportKind {
         TransportKind::Shm
@@ -611,6 +688,11 @@ impl Transport for ShmTransport {
 
     fn reaches(&self, target: &SegmentDesc, local_machine_id: &str) -> bool {
         target.machine_id == local_machine_id
+    }
+
+    fn moves_device_memory(&self, _local_device: bool, _remote_device: bool) -> bool {
+        // Local device memory is copied by the platform; a peer's is opened from its IPC handle.
+        true
     }
 
     fn submit(&self, target: &Arc<SegmentDesc>, tasks: Vec<Task>) -> Result<()> {

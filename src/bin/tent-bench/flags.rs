@@ -13,8 +13,13 @@ pub struct Opts {
     pub target_seg_name: String,
     /// `--seg_name`: this engine's `local_segment_name` (a p2p engine is named by its address).
     pub seg_name: String,
-    /// `--seg_type`: DRAM (VRAM needs GPU memory, which this build does not have).
+    /// `--seg_type`: DRAM, or VRAM for GPU memory (`cuda:N`, the simulated device with
+    /// `TENT_SIM_DEVICES`).
     pub seg_type: String,
+    /// `--local_gpu_id`: the GPU of the initiator's VRAM buffers.
+    pub local_gpu_id: u32,
+    /// `--target_gpu_id`: the GPU of the target's VRAM buffer.
+    pub target_gpu_id: u32,
     /// `--backend`: tent or classic; both are this engine, driven here through the `tent_*` API.
     pub backend: String,
     /// `--target_offset`: added to the target buffer's address (initiators sharing a target).
@@ -60,7 +65,7 @@ pub struct Opts {
 
 /// What `--help` and a bad option print.
 pub const USAGE: &str = "usage: tent-bench [--target_seg_name=NAME[,NAME...] | --role=target|initiator|local] \
-[--seg_name=NAME] [--seg_type=DRAM] [--backend=tent|classic] [--target_offset=B] [--target_range_size=B] [--notifi] \
+[--seg_name=NAME] [--seg_type=DRAM|VRAM] [--local_gpu_id=N] [--target_gpu_id=N] [--backend=tent|classic] [--target_offset=B] [--target_range_size=B] [--notifi] \
 [--xport_type=tcp|shm|rdma] [--rdma_provider=sim|ibverbs] [--op_type=read|write|mix|write_seed|read_verify] \
 [--check_consistency] [--total_buffer_size=BYTES] \
 [--start_block_size=B] [--max_block_size=B] [--start_batch_size=N] [--max_batch_size=N] [--start_num_threads=N] \
@@ -93,6 +98,8 @@ pub fn parse(args: impl Iterator<Item = String>) -> Result<Opts, String> {
         target_seg_name: String::new(),
         seg_name: String::new(),
         seg_type: "DRAM".into(),
+        local_gpu_id: 0,
+        target_gpu_id: 0,
         backend: "tent".into(),
         target_offset: 0,
         target_range_size: 0,
@@ -137,6 +144,8 @@ pub fn parse(args: impl Iterator<Item = String>) -> Result<Opts, String> {
             "target_seg_name" => o.target_seg_name = v.into(),
             "seg_name" => o.seg_name = v.into(),
             "seg_type" => o.seg_type = v.into(),
+            "local_gpu_id" => o.local_gpu_id = num()? as u32,
+            "target_gpu_id" => o.target_gpu_id = num()? as u32,
             "backend" => o.backend = v.into(),
             "target_offset" => o.target_offset = size()? as u64,
             "target_range_size" => o.target_range_size = size()? as u64,
@@ -193,7 +202,12 @@ pub fn parse(args: impl Iterator<Item = String>) -> Result<Opts, String> {
     }
     match o.seg_type.to_ascii_uppercase().as_str() {
         "DRAM" => {}
-        "VRAM" => return Err("--seg_type=VRAM: this build has no GPU memory; use DRAM".into()),
+        "VRAM" if o.check_consistency || o.seeded() || o.kv => {
+            return Err("--seg_type=VRAM measures bandwidth only: checking bytes would read GPU memory with the CPU \
+                        (tests/device*.rs check every byte)"
+                .into());
+        }
+        "VRAM" => {}
         t => return Err(format!("--seg_type must be DRAM or VRAM, not {t}")),
     }
     if !matches!(o.backend.as_str(), "tent" | "classic") {
@@ -232,6 +246,11 @@ impl Opts {
         self.target_seg_name.split(',').map(str::trim).filter(|n| !n.is_empty()).map(str::to_string).collect()
     }
 
+    /// `--seg_type=VRAM`: the buffers are GPU memory.
+    pub fn vram(&self) -> bool {
+        self.seg_type.eq_ignore_ascii_case("VRAM")
+    }
+
     /// `write_seed` or `read_verify`: the bytes of each target range are a fixed function of
     /// the range, so one run writes them and another (another process) checks them.
     pub fn seeded(&self) -> bool {
@@ -261,7 +280,8 @@ mod tests {
         assert!(o.seeded());
         assert!(parse_line("--target_seg_name=a:1 --op_type=read_verify --check_consistency").is_err());
         assert!(parse_line("--metadata_type=redis --metadata_url_list=redis://h:6379").is_ok());
-        assert!(parse_line("--seg_type=VRAM").is_err());
+        assert!(parse_line("--seg_type=VRAM").is_ok());
+        assert!(parse_line("--seg_type=VRAM --check_consistency").is_err());
         assert!(parse_line("--backend=nccl").is_err());
     }
 

@@ -40,7 +40,7 @@ use tent::ffi::types::tent_engine_t;
 
 use flags::parse_args;
 use kv::run_kv;
-use runner::{buffer, fill, is_file_xport, open_target, run_file, run_initiator, segment_name, start_engine};
+use runner::{buffer_on, fill_buffer, is_file_xport, open_target, run_file, run_initiator, segment_name, start_engine};
 
 /// Cleared by SIGINT/SIGTERM: a target serves until then.
 static SERVING: AtomicBool = AtomicBool::new(true);
@@ -90,9 +90,8 @@ fn main() -> ExitCode {
         }
         if o.role == "target" {
             let e = start_engine(&o)?;
-            let p = buffer(e, &o, o.total_buffer_size)?;
-            // SAFETY: p holds total_buffer_size bytes.
-            fill(unsafe { std::slice::from_raw_parts_mut(p, o.total_buffer_size) }, 0, 0);
+            let p = buffer_on(e, &o, o.total_buffer_size, o.target_gpu_id)?;
+            fill_buffer(&o, p, o.total_buffer_size)?;
             let name = segment_name(e);
             println!("target segment: {name}");
             println!(
@@ -119,9 +118,8 @@ fn main() -> ExitCode {
         }
         // Local mode: a target engine in this process.
         let target = start_engine(&o)?;
-        let p = buffer(target, &o, o.total_buffer_size)?;
-        // SAFETY: p holds total_buffer_size bytes.
-        fill(unsafe { std::slice::from_raw_parts_mut(p, o.total_buffer_size) }, 0, 0);
+        let p = buffer_on(target, &o, o.total_buffer_size, o.target_gpu_id)?;
+        fill_buffer(&o, p, o.total_buffer_size)?;
         let t = open_target(initiator, &segment_name(target), &o)?;
         let r = if o.kv { run_kv(&o, initiator, &t) } else { run_initiator(&o, initiator, &[t]) };
         tent_destroy_engine(initiator);

@@ -17,6 +17,9 @@ pub fn reference(o: &Opts, region: usize) -> f64 {
 /// [`reference`] measured for `span`.
 pub fn reference_for(o: &Opts, region: usize, span: Duration) -> f64 {
     let deadline = Instant::now() + span;
+    if o.vram() && o.xport_type != "tcp" {
+        return device_copy_reference(o, region, deadline);
+    }
     let src = vec![7u8; region];
     let mut dst = vec![0u8; region];
     let start = Instant::now();
@@ -58,6 +61,27 @@ pub fn reference_for(o: &Opts, region: usize, span: Duration) -> f64 {
 
 pub fn fio_available() -> bool {
     std::process::Command::new("fio").arg("--version").output().is_ok_and(|o| o.status.success())
+}
+
+/// The device's own copy within this process (`cuMemcpyDtoD` on CUDA), from GPU
+/// `--target_gpu_id` to GPU `--local_gpu_id`, in GB/s; 0 without a device platform.
+fn device_copy_reference(o: &Opts, region: usize, deadline: Instant) -> f64 {
+    use tent::device::Mem;
+    let Some(p) = tent::device::platform() else { return 0.0 };
+    let (Ok(src), Ok(dst)) = (p.allocate(o.target_gpu_id, region), p.allocate(o.local_gpu_id, region)) else {
+        return 0.0;
+    };
+    let start = Instant::now();
+    let mut moved = 0u64;
+    while Instant::now() < deadline {
+        if p.copy(Mem::Device(dst), Mem::Device(src), region).is_err() {
+            break;
+        }
+        moved += region as u64;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let _ = (p.free(src), p.free(dst));
+    moved as f64 / secs / 1e9
 }
 
 /// The reference for a file segment case, in GB/s: fio on the same file with the same block

@@ -55,17 +55,27 @@ pub fn start_engine(o: &Opts) -> Result<tent_engine_t, String> {
     Ok(e)
 }
 
-/// Allocates and registers `len` bytes the way the transport needs (an shm object for SHM).
+/// Allocates and registers `len` bytes of the initiator's memory (see [`buffer_on`]).
 pub fn buffer(e: tent_engine_t, o: &Opts, len: usize) -> Result<*mut u8, String> {
+    buffer_on(e, o, len, o.local_gpu_id)
+}
+
+/// Allocates and registers `len` bytes the way the transport needs (an shm object for SHM),
+/// on GPU `gpu` with `--seg_type=VRAM`.
+pub fn buffer_on(e: tent_engine_t, o: &Opts, len: usize, gpu: u32) -> Result<*mut u8, String> {
     let mut opts: tent_memory_options_t = tent_memory_options {
         location: [0; 64],
         permission: PERM_GLOBAL_READ_WRITE,
-        transport_type: if o.xport_type == "shm" { TRANSPORT_SHM } else { TRANSPORT_UNSPEC },
+        // GPU memory comes from the device platform; SHM shares it by its IPC handle.
+        transport_type: if o.xport_type == "shm" && !o.vram() { TRANSPORT_SHM } else { TRANSPORT_UNSPEC },
         shm_path: [0; 256],
         shm_offset: 0,
         internal: 0,
     };
-    opts.location[0] = b'*' as std::ffi::c_char;
+    let location = if o.vram() { format!("cuda:{gpu}") } else { "*".into() };
+    for (d, s) in opts.location.iter_mut().zip(location.bytes()) {
+        *d = s as std::ffi::c_char;
+    }
     let mut p: *mut c_void = std::ptr::null_mut();
     // SAFETY: valid engine, out-pointer and options.
     if unsafe { tent_allocate_memory_ex(e, &mut p, len, &mut opts) } != 0 {
@@ -77,6 +87,28 @@ pub fn buffer(e: tent_engine_t, o: &Opts, len: usize) -> Result<*mut u8, String>
         return Err(format!("registering {len} bytes failed: {}", last_error()));
     }
     Ok(p.cast())
+}
+
+/// Fills the `len` bytes at `p` with generation 0 of the pattern: with the CPU, or for VRAM
+/// through the device platform, since the CPU must not touch GPU memory.
+pub fn fill_buffer(o: &Opts, p: *mut u8, len: usize) -> Result<(), String> {
+    if !o.vram() {
+        // SAFETY: p holds len bytes this process allocated.
+        fill(unsafe { std::slice::from_raw_parts_mut(p, len) }, 0, 0);
+        return Ok(());
+    }
+    let platform = tent::device::require("--seg_type=VRAM").map_err(|e| e.to_string())?;
+    let mut host = vec![0u8; (4 << 20).min(len)];
+    let mut off = 0;
+    while off < len {
+        let n = host.len().min(len - off);
+        fill(&mut host[..n], off as u64, 0);
+        let (dst, src) =
+            (tent::device::Mem::Device(p as u64 + off as u64), tent::device::Mem::Host(host.as_ptr() as u64));
+        platform.copy(dst, src, n).map_err(|e| format!("filling GPU memory: {e}"))?;
+        off += n;
+    }
+    Ok(())
 }
 
 /// The deterministic content of byte `off` for generation `seed`, filled 8 bytes at a time.

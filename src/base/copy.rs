@@ -1,4 +1,4 @@
-//! Memory copies for transports that move bytes with the CPU (SHM).
+//! Memory copies for paths that move bytes with the CPU (SHM, the simulated device).
 //!
 //! A large transfer is copied in chunks of at most a few MiB, each with its own call. `memcpy`
 //! picks cache-bypassing (non-temporal) stores only for a single call larger than a good part
