@@ -148,3 +148,27 @@ fn registering_100k_buffers_and_unregistering_all_leaves_nothing_behind() {
     assert!(peer.segment_info(h).expect("descriptor").buffers.is_empty(), "a peer sees none");
     e.free_memory(mem).expect("free");
 }
+
+/// On a host without a GPU driver (this binary never installs the simulated device), device
+/// locations are refused with a reason that names what is missing, and host memory registered
+/// with the wildcard stays host memory.
+#[test]
+fn without_a_gpu_driver_device_locations_are_refused_with_the_reason() {
+    if tent::device::platform().is_some() {
+        // A GPU machine: tests/device.rs covers it (scripts/gpu-check.sh).
+        return;
+    }
+    let e = engine(&[]);
+    let v = vec![0u8; 4096];
+    let cuda = MemoryOptions { location: "cuda:0".into(), ..MemoryOptions::default() };
+    // SAFETY: `v` outlives the engine.
+    let err = unsafe { e.register_memory(&[(v.as_ptr() as u64, 4096)], &cuda) }.expect_err("no GPU here");
+    let text = err.to_string();
+    assert!(text.contains("libcuda.so.1") && text.contains("cuda:0"), "{text}");
+    let err = e.allocate_memory(4096, &cuda).expect_err("no GPU here").to_string();
+    assert!(err.contains("libcuda.so.1"), "{err}");
+    // SAFETY: as above.
+    unsafe { e.register_memory(&[(v.as_ptr() as u64, 4096)], &opts()) }.expect("host memory");
+    let info = e.segment_info(0).expect("own segment");
+    assert!(info.buffers.iter().all(|b| !b.location.starts_with("cuda")));
+}

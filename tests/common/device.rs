@@ -4,9 +4,25 @@
 use tent::device::{Mem, Platform, sim};
 use tent::engine::{Engine, MemoryOptions};
 
-/// The simulated platform with two devices.
+/// The platform the device tests run on: the simulated one with two devices, or, where
+/// `TENT_GPU_CHECK=1` (`scripts/gpu-check.sh` on a GPU machine), the real one, which must then
+/// be present.
 pub fn platform() -> &'static dyn Platform {
+    if on_gpu() {
+        return tent::device::platform()
+            .unwrap_or_else(|| panic!("TENT_GPU_CHECK=1 but {}", tent::device::unavailable_reason()));
+    }
     sim::install(2)
+}
+
+/// Whether the tests run on a real GPU (`TENT_GPU_CHECK=1`).
+pub fn on_gpu() -> bool {
+    std::env::var("TENT_GPU_CHECK").is_ok_and(|v| v == "1")
+}
+
+/// A second device when there is one, else the first (a GPU machine may have one GPU).
+pub fn second() -> u32 {
+    if platform().device_count() > 1 { 1 } else { 0 }
 }
 
 /// Device memory on the simulated platform, freed on drop.

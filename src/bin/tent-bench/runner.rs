@@ -82,10 +82,12 @@ pub fn buffer_on(e: tent_engine_t, o: &Opts, len: usize, gpu: u32) -> Result<*mu
         return Err(format!("allocating {len} bytes failed: {}", last_error()));
     }
     opts.transport_type = TRANSPORT_UNSPEC;
+    let started = Instant::now();
     // SAFETY: p is the block just allocated; opts carries the shm name written back for SHM.
     if unsafe { tent_register_memory_ex(e, p, len, &mut opts) } != 0 {
         return Err(format!("registering {len} bytes failed: {}", last_error()));
     }
+    println!("registered {len} bytes at {location} in {:.2} ms", started.elapsed().as_secs_f64() * 1e3);
     Ok(p.cast())
 }
 
