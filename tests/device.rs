@@ -250,3 +250,21 @@ fn shm_moves_device_memory_to_another_process_of_the_host() {
     assert!(run(&a, &reads, BOUND).iter().all(|s| *s == (Status::Completed, 1 << 20)));
     assert!(back.read() == src.read(), "every byte came back");
 }
+
+#[test]
+fn device_memory_no_loaded_transport_can_move_fails_without_being_touched() {
+    platform();
+    // TCP alone does not move device memory in this build: the task fails (the CPU never
+    // touches the buffer, or this binary would die), and host memory still moves.
+    let (a, b) = (engine(&[]), engine(&[]));
+    let peer = buffer(&b, 8192, |_| 0, Permission::GlobalReadWrite);
+    let host = buffer(&a, 4096, pattern, Permission::GlobalReadWrite);
+    let dev = DevBuf::new(0, 4096, pattern);
+    dev.register(&a);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let st = run(&a, &[req(Opcode::Write, dev.addr, h, peer.as_ptr() as u64, 4096)], BOUND);
+    assert_eq!(st[0].0, Status::Failed, "{st:?}");
+    let st = run(&a, &[req(Opcode::Write, host.as_ptr() as u64, h, peer.as_ptr() as u64 + 4096, 4096)], BOUND);
+    assert_eq!(st[0], (Status::Completed, 4096));
+    assert!(peer[4096..] == host[..] && peer[..4096].iter().all(|&x| x == 0));
+}
