@@ -219,11 +219,15 @@ fn vram_target(xport: &str, len: &str) -> (KillOnDrop, String) {
     let mut child = cmd.spawn().expect("tent-bench target runs");
     let out = child.stdout.take().expect("stdout");
     let child = KillOnDrop(child);
-    let name = BufReader::new(out)
-        .lines()
+    let mut lines = BufReader::new(out).lines();
+    let name = lines
+        .by_ref()
         .map_while(Result::ok)
         .find_map(|l| l.strip_prefix("target segment: ").map(str::to_string))
         .expect("the target prints its segment name");
+    // The target keeps printing: read the rest until it ends, so its writes never meet a
+    // closed pipe.
+    std::thread::spawn(move || lines.map_while(Result::ok).for_each(drop));
     (child, name)
 }
 
