@@ -813,15 +813,21 @@ fn host_dies_and_comes_back() {
     assert_eq!(end_b[4] + end_c[4], 0, "no round moved a wrong byte");
 }
 
-/// A lossy fabric: 0.5% of the packets every NIC of A and B sends are lost while A writes 64 MiB
-/// into B and B reads 64 MiB from A, at the same time; every byte arrives intact.
+/// A lossy fabric: 0.5% of the packets every NIC of A and B sends are lost while A writes 16 MiB
+/// into B and B reads 16 MiB from A, at the same time; every byte arrives intact.
+///
+/// 16 MiB is 256 slices of 64 KiB and some thousand lost packets, each recovered by rxe's
+/// go-back-N after a retransmission timeout: enough to exercise every recovery path. 64 MiB ran
+/// at 1.4-2.6 MB/s here but past four minutes on a slower CI machine, so the size is what a
+/// 2-core runner moves well inside the transfer timeout, which stays below the harness's wait so
+/// that a slow transfer ends as a failed task with its reason rather than as silence.
 #[test]
-fn lossy_fabric_moves_64_mib_intact() {
+fn lossy_fabric_moves_16_mib_intact() {
     let Some(c) = Cluster::connect() else { return };
     heal(&c);
-    const LEN: usize = 64 << 20;
+    const LEN: usize = 16 << 20;
     let (na, nb) = (&c.nodes[0], &c.nodes[1]);
-    let cf = conf_with_timeout(Duration::from_secs(300), "");
+    let cf = conf_with_timeout(Duration::from_secs(180), "");
     let mut b = Peer::start(nb, &c, LEN, LEN, &cf);
     let mut a = Peer::start(na, &c, LEN, LEN, &cf);
     let h = a.open(&b);
@@ -831,21 +837,21 @@ fn lossy_fabric_moves_64_mib_intact() {
             f.apply(&format!("tc qdisc add dev eth{r} root netem loss 0.5% limit 100000"));
         }
     }
-    // At once: A writes 64 MiB into B, and B reads 64 MiB of A's.
+    // At once: A writes 16 MiB into B, and B reads 16 MiB of A's.
     a.ok(&format!("FILL 0 {LEN} 78"));
     let ha = b.open(&a);
     a.prog.write_line(&format!("XFER write {h} 0 {LEN} 1 {LEN} 77 0"));
     let r = b.xfer("read", ha, 0, LEN, 1, LEN, 78);
     let w = parse_done(&a.reply());
-    w.assert_all(1, "64 MiB WRITE over a lossy fabric");
+    w.assert_all(1, "16 MiB WRITE over a lossy fabric");
     assert_eq!(b.cmd(&format!("CHECK 0 {LEN} 77")), "OK", "the WRITE landed intact");
-    r.assert_all(1, "64 MiB READ over a lossy fabric");
+    r.assert_all(1, "16 MiB READ over a lossy fabric");
     let retrans: u64 = (0..c.rails).map(|r| rxe_counter(na, r, "completer_retry_err")).sum();
     let send_err: Vec<u64> =
         [na, nb].iter().flat_map(|n| (0..c.rails).map(|r| rxe_counter(n, r, "send_err"))).collect();
     eprintln!("rxe send_err of A's and B's NICs: {send_err:?}");
     eprintln!(
-        "lossy fabric (0.5%): 64 MiB WRITE at {:.1} MB/s, READ at {:.1} MB/s, intact; A's NICs retransmitted after {retrans} timeouts",
+        "lossy fabric (0.5%): 16 MiB WRITE at {:.1} MB/s, READ at {:.1} MB/s, intact; A's NICs retransmitted after {retrans} timeouts",
         w.mb_per_s(LEN),
         r.mb_per_s(LEN)
     );
