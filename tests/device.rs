@@ -172,7 +172,11 @@ fn a_device_handle_that_cannot_be_opened_fails_the_shm_attempt_with_a_reason() {
         // Freeing memory another engine still uses is undefined on a real driver.
         return;
     }
-    let (a, b) = shm_pair();
+    // SHM alone: a fallback to TCP would write into the freed memory, which by then may be
+    // another test's buffer.
+    let off = [("transports/shm/enable", "true"), ("transports/tcp/enable", "false")];
+    platform();
+    let (a, b) = (engine(&off), engine(&off));
     let peer_dev = DevBuf::new(0, 1 << 20, |_| 0);
     peer_dev.register(&b);
     let src = buffer(&a, 4096, pattern, Permission::GlobalReadWrite);
@@ -231,11 +235,17 @@ fn vram_target(xport: &str, len: &str) -> (KillOnDrop, String) {
     (child, name)
 }
 
-#[test]
-fn shm_moves_device_memory_to_another_process_of_the_host() {
+/// The request with `hint` as its transport.
+fn via(hint: tent::engine::types::TransportKind, r: tent::engine::types::Request) -> tent::engine::types::Request {
+    tent::engine::types::Request { hint, ..r }
+}
+
+/// Moves 8 MiB from local device memory into device memory of a `tent-bench` target in another
+/// process (over `xport`), and back in 1 MiB READs; every byte arrives.
+fn moves_device_memory_to_another_process(xport: &str, hint: tent::engine::types::TransportKind) {
     platform();
-    let (_target, name) = vram_target("shm", "8M");
-    let a = engine(&[("transports/shm/enable", "true")]);
+    let (_target, name) = vram_target(xport, "8M");
+    let a = engine(&[("transports/shm/enable", if xport == "shm" { "true" } else { "false" })]);
     let h = a.open_segment(&name).expect("open the other process's segment");
     let info = a.segment_info(h).expect("info");
     let remote = &info.buffers[0];
@@ -246,29 +256,110 @@ fn shm_moves_device_memory_to_another_process_of_the_host() {
     let back = DevBuf::new(0, len, |_| 0);
     back.register(&a);
     let n = len as u64;
-    let st = run(&a, &[shm(req(Opcode::Write, src.addr, h, remote.base, n))], BOUND);
+    let st = run(&a, &[via(hint, req(Opcode::Write, src.addr, h, remote.base, n))], BOUND);
     assert_eq!(st[0], (Status::Completed, n), "device to the other process's device");
     let reads: Vec<_> = (0..8u64)
-        .map(|i| shm(req(Opcode::Read, back.addr + i * (1 << 20), h, remote.base + i * (1 << 20), 1 << 20)))
+        .map(|i| via(hint, req(Opcode::Read, back.addr + i * (1 << 20), h, remote.base + i * (1 << 20), 1 << 20)))
         .collect();
     assert!(run(&a, &reads, BOUND).iter().all(|s| *s == (Status::Completed, 1 << 20)));
     assert!(back.read() == src.read(), "every byte came back");
 }
 
 #[test]
-fn device_memory_no_loaded_transport_can_move_fails_without_being_touched() {
+fn shm_moves_device_memory_to_another_process_of_the_host() {
+    moves_device_memory_to_another_process("shm", tent::engine::types::TransportKind::Shm);
+}
+
+#[test]
+fn tcp_moves_device_memory_to_another_process() {
+    moves_device_memory_to_another_process("tcp", tent::engine::types::TransportKind::Tcp);
+}
+
+fn tcp(r: tent::engine::types::Request) -> tent::engine::types::Request {
+    via(tent::engine::types::TransportKind::Tcp, r)
+}
+
+#[test]
+fn tcp_stages_device_memory_on_both_sides() {
     platform();
-    // TCP alone does not move device memory in this build: the task fails (the CPU never
-    // touches the buffer, or this binary would die), and host memory still moves.
-    let (a, b) = (engine(&[]), engine(&[]));
-    let peer = buffer(&b, 8192, |_| 0, Permission::GlobalReadWrite);
-    let host = buffer(&a, 4096, pattern, Permission::GlobalReadWrite);
+    // TCP only; chunks of 16 MiB on the initiator, so one chunk crosses several staging
+    // buffers (4 MiB) on both sides. The CPU never touches device memory (PROT_NONE here), or
+    // this binary would die.
+    let a = engine(&[("transports/tcp/chunk_size", "16777216")]);
+    let b = engine(&[]);
+    let len = (9 << 20) + 333;
+    let n = len as u64;
+    let peer_dev = DevBuf::new(second(), len, |_| 0);
+    peer_dev.register(&b);
+    let peer_host = buffer(&b, len, |_| 0, Permission::GlobalReadWrite);
+    let src_dev = DevBuf::new(0, len, pattern);
+    src_dev.register(&a);
+    let src_host = buffer(&a, len, |i| pattern(i) ^ 0x3c, Permission::GlobalReadWrite);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    // device -> device, host -> device, device -> host, each a WRITE.
+    let st = run(&a, &[tcp(req(Opcode::Write, src_dev.addr, h, peer_dev.addr, n))], BOUND);
+    assert_eq!(st[0], (Status::Completed, n));
+    assert!(peer_dev.read() == src_dev.read(), "device to device");
+    assert!(peer_host.iter().all(|&x| x == 0), "nothing else written");
+    let st = run(&a, &[tcp(req(Opcode::Write, src_host.as_ptr() as u64, h, peer_dev.addr, n))], BOUND);
+    assert_eq!(st[0], (Status::Completed, n));
+    assert!(peer_dev.read() == src_host, "host to device");
+    let st = run(&a, &[tcp(req(Opcode::Write, src_dev.addr, h, peer_host.as_ptr() as u64, n))], BOUND);
+    assert_eq!(st[0], (Status::Completed, n));
+    assert!(peer_host == src_dev.read(), "device to host");
+    // One large READ of the peer's device memory into local device memory (the reply comes in
+    // several staged pieces), then a mixed batch of 4 KiB READs into device and host memory
+    // (the host ones pipelined, the peer's reactor serving the small device replies).
+    let back_dev = DevBuf::new(0, len, |_| 0);
+    back_dev.register(&a);
+    let st = run(&a, &[tcp(req(Opcode::Read, back_dev.addr, h, peer_dev.addr, n))], BOUND);
+    assert_eq!(st[0], (Status::Completed, n));
+    assert!(back_dev.read() == src_host, "device from device");
+    let blocks = DevBuf::new(second(), 64 << 10, |_| 0);
+    blocks.register(&a);
+    let back_host = buffer(&a, 64 << 10, |_| 0, Permission::GlobalReadWrite);
+    let mut reqs: Vec<_> =
+        (0..16u64).map(|i| tcp(req(Opcode::Read, blocks.addr + i * 4096, h, peer_dev.addr + i * 4096, 4096))).collect();
+    reqs.extend(
+        (0..16u64)
+            .map(|i| tcp(req(Opcode::Read, back_host.as_ptr() as u64 + i * 4096, h, peer_dev.addr + i * 4096, 4096))),
+    );
+    let st = run(&a, &reqs, BOUND);
+    assert!(st.iter().all(|s| *s == (Status::Completed, 4096)), "{st:?}");
+    assert!(blocks.read() == src_host[..64 << 10], "device blocks");
+    assert!(back_host[..] == src_host[..64 << 10], "host blocks");
+    // A READ past the end of the peer's device buffer is refused, and the connection goes on.
+    let st = run(&a, &[tcp(req(Opcode::Read, back_dev.addr, h, peer_dev.addr + n - 4096, 8192))], BOUND);
+    assert_eq!(st[0].0, Status::Failed, "{st:?}");
+    let st = run(&a, &[tcp(req(Opcode::Read, back_dev.addr, h, peer_dev.addr, 4096))], BOUND);
+    assert_eq!(st[0], (Status::Completed, 4096));
+    drop(a);
+}
+
+#[test]
+fn device_memory_no_loaded_transport_can_move_fails_with_a_reason_and_untouched() {
+    platform();
+    // SHM alone (TCP off): the peer's plain host buffer is not in a shared-memory object, so
+    // no loaded transport reaches it. The submit says why; the CPU never touched the device
+    // buffer, or this binary would die.
+    let off = [("transports/shm/enable", "true"), ("transports/tcp/enable", "false")];
+    let (a, b) = (engine(&off), engine(&off));
+    let peer = buffer(&b, 4096, |_| 0, Permission::GlobalReadWrite);
     let dev = DevBuf::new(0, 4096, pattern);
     dev.register(&a);
     let h = a.open_segment(b.segment_name()).expect("open");
-    let st = run(&a, &[req(Opcode::Write, dev.addr, h, peer.as_ptr() as u64, 4096)], BOUND);
-    assert_eq!(st[0].0, Status::Failed, "{st:?}");
-    let st = run(&a, &[req(Opcode::Write, host.as_ptr() as u64, h, peer.as_ptr() as u64 + 4096, 4096)], BOUND);
-    assert_eq!(st[0], (Status::Completed, 4096));
-    assert!(peer[4096..] == host[..] && peer[..4096].iter().all(|&x| x == 0));
+    let batch = a.allocate_batch(1).expect("batch");
+    // SAFETY: both buffers outlive the batch, which is waited for below.
+    let submitted = unsafe { a.submit(batch, &[req(Opcode::Write, dev.addr, h, peer.as_ptr() as u64, 4096)], None) };
+    let why = match submitted {
+        Err(e) => e.to_string(),
+        Ok(()) => {
+            let st = common::engines::wait(&a, batch, BOUND);
+            assert_eq!(st[0].0, Status::Failed, "{st:?}");
+            a.task_error(batch, 0).ok().flatten().unwrap_or_default()
+        }
+    };
+    assert!(why.contains("moves device memory to host memory"), "{why}");
+    assert!(peer.iter().all(|&x| x == 0));
+    let _ = a.free_batch(batch);
 }

@@ -22,6 +22,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use crate::device::Mem;
+
 use super::conn_io::{ConnIo, Pending, READ_BUF};
 use super::frame::{self, FrameError, msg};
 use super::queue::{Pool, WorkQueue};
@@ -818,10 +820,16 @@ fn serve_send_data(
         io.flush_mid_request().map_err(|e| format!("write failed: {e}"))?;
     }
     let mut copied: io::Result<()> = Ok(());
+    let mut device_failed = None;
     let outcome = if len == 0 {
         Ok(Ok(()))
     } else {
+        let device = crate::device::known::device_of(addr, len).is_some();
         shared.handler.with_memory(addr, len, true, &mut |dst| {
+            if device {
+                (copied, device_failed) = receive_into_device(io, dst as u64, len as usize);
+                return Ok(());
+            }
             // SAFETY: with_memory checked that [dst, dst+len) is registered, writable by peers,
             // and keeps it registered while this closure runs.
             copied = unsafe { io.read_exact_raw(dst, len as usize) };
@@ -832,7 +840,13 @@ fn serve_send_data(
         Ok(_) => {
             copied.map_err(trunc)?;
             io.discard(payload - len).map_err(trunc)?;
-            reply(io, h.seq, &[]);
+            match device_failed {
+                Some(e) => {
+                    tracing::warn!("rpc server: SendData into device memory at {addr:#x} failed: {e}");
+                    refuse(io, "SendData failed: copy into device memory failed");
+                }
+                None => reply(io, h.seq, &[]),
+            }
         }
         Err(r) => {
             io.discard(payload).map_err(trunc)?;
@@ -840,6 +854,37 @@ fn serve_send_data(
         }
     }
     Ok(())
+}
+
+/// Reads a SendData payload of `len` bytes into device memory at `dst`, through staging buffers
+/// (the CPU must never write device memory). Returns the read's outcome, which decides whether
+/// the connection goes on, and a device-side failure, which refuses this request only: the
+/// payload is read to its end either way.
+fn receive_into_device(io: &mut ConnIo<'_>, dst: u64, len: usize) -> (io::Result<()>, Option<String>) {
+    let Some(pool) = crate::device::staging::pool() else {
+        return (io.discard(len as u64), Some("no device platform is loaded".into()));
+    };
+    let stage = match pool.take() {
+        Ok(stage) => stage,
+        Err(e) => return (io.discard(len as u64), Some(e.to_string())),
+    };
+    let mut failed = None;
+    let mut off = 0;
+    while off < len {
+        let n = (len - off).min(stage.len());
+        // SAFETY: the staging buffer is ours and holds `stage.len()` bytes.
+        if let Err(e) = unsafe { io.read_exact_raw(stage.ptr(), n) } {
+            return (Err(e), failed);
+        }
+        if failed.is_none() {
+            // The caller holds [dst, dst+len) registered for this call; the staging buffer is
+            // host memory of ours, whatever the known table says of its address.
+            let to = Mem::Device(dst + off as u64);
+            failed = pool.platform().copy(to, Mem::Host(stage.ptr() as u64), n).err().map(|e| e.to_string());
+        }
+        off += n;
+    }
+    (Ok(()), failed)
 }
 
 fn refusal_text(op: &str, r: &Refusal) -> &'static str {
@@ -882,10 +927,59 @@ fn serve_recv_data(
             return Ok(());
         }
     };
+    if crate::device::known::device_of(addr, len).is_some() {
+        return reply_from_device(io, h.seq, addr, len as usize, held, refuse);
+    }
     io.queue(&frame::encode_response(h.seq, len as u32));
     // SAFETY: hold_memory checked that [addr, addr+len) is registered and readable by peers,
     // and `held` keeps it registered until the reply is written.
     unsafe { io.queue_held(addr as *const u8, len as usize, held) };
+    io.flush_if_large().map_err(|e| format!("write failed: {e}"))?;
+    Ok(())
+}
+
+/// Answers a RecvData of device memory `[addr, addr+len)` (held registered by `held`): each
+/// staging buffer's worth is copied off the device and queued as its own piece of the reply,
+/// and all but the last are written at once, so a long reply holds one staging buffer at a time.
+/// A copy that fails before any byte was queued is refused; a later one closes the connection,
+/// since the reply's header promised bytes that cannot be had.
+fn reply_from_device(
+    io: &mut ConnIo<'_>,
+    seq: u32,
+    addr: u64,
+    len: usize,
+    held: Box<dyn Any>,
+    refuse: impl Fn(&mut ConnIo<'_>, &str),
+) -> std::result::Result<(), String> {
+    let Some(pool) = crate::device::staging::pool() else {
+        refuse(io, "RecvData failed: no device platform is loaded");
+        return Ok(());
+    };
+    let mut off = 0;
+    while off < len {
+        let stage = pool.take().map_err(|e| format!("no staging buffer: {e}"))?;
+        let n = (len - off).min(stage.len());
+        // `held` keeps [addr, addr+len) registered; the staging buffer is ours.
+        if let Err(e) = pool.platform().copy(Mem::Host(stage.ptr() as u64), Mem::Device(addr + off as u64), n) {
+            tracing::warn!("rpc server: RecvData of device memory at {addr:#x} failed: {e}");
+            if off == 0 {
+                refuse(io, "RecvData failed: copy out of device memory failed");
+                return Ok(());
+            }
+            return Err(format!("copy out of device memory failed mid-reply: {e}"));
+        }
+        if off == 0 {
+            io.queue(&frame::encode_response(seq, len as u32));
+        }
+        let ptr = stage.ptr();
+        // SAFETY: the staging buffer lives as long as its guard, the queued piece's.
+        unsafe { io.queue_held(ptr, n, Box::new(stage)) };
+        off += n;
+        if off < len {
+            io.flush().map_err(|e| format!("write failed: {e}"))?;
+        }
+    }
+    drop(held);
     io.flush_if_large().map_err(|e| format!("write failed: {e}"))?;
     Ok(())
 }

@@ -200,11 +200,16 @@ pub mod known {
     use super::*;
 
     /// Records `[addr, addr+len)` as memory of `device`; a range recorded twice needs two
-    /// [`forget`] calls.
+    /// [`forget`] calls. A record of the same start with another extent (memory freed while
+    /// still registered, and the address handed out again, larger) grows to cover both: over-
+    /// counting device memory costs a staged copy, under-counting a CPU touch of the device.
     pub fn note(addr: u64, len: u64, device: u32) {
         let k = known_table();
         let mut g = k.ranges.write();
-        let e = g.entry(addr).or_insert((addr.saturating_add(len), device, 0));
+        let end = addr.saturating_add(len);
+        let e = g.entry(addr).or_insert((end, device, 0));
+        e.0 = e.0.max(end);
+        e.1 = device;
         e.2 += 1;
         k.count.store(g.len(), Ordering::Release);
     }

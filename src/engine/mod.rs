@@ -951,6 +951,11 @@ impl Drop for Engine {
             tracing::warn!("segment {} not deleted from the metadata store: {e}", self.local.name);
         }
         self.batches.clear();
+        // Device memory still registered stops being known as such: the address may be host
+        // memory of someone else's next, which a stale record would send to the device.
+        for b in self.local.snapshot().into_iter().filter(|b| b.device.is_some()) {
+            device::known::forget(b.addr);
+        }
         let allocations: Vec<(u64, Allocation)> = self.allocations.lock().drain().collect();
         for (addr, a) in allocations {
             self.release(addr, a);

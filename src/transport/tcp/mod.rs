@@ -27,6 +27,7 @@ use crate::control::client::{DataOp, RpcClient};
 use crate::control::pipe::Pipe;
 use crate::control::queue::{Pool, WorkQueue};
 use crate::control::rawio::RawRange;
+use crate::device::Mem;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::transport::Transport;
@@ -68,6 +69,9 @@ struct Job {
     rpc_addr: String,
     remaining: AtomicUsize,
     failed: AtomicBool,
+    /// The local side is device memory: its chunks go through a staging buffer (see
+    /// [`move_chunk`]) and never through the pipelined paths, which hand the CPU the address.
+    device: bool,
 }
 
 struct Chunk {
@@ -154,11 +158,13 @@ impl TcpTransport {
                 continue;
             }
             let n = len.div_ceil(self.inner.params.tcp.chunk_size) as usize;
+            let device = crate::device::known::device_of(task.request().source, len).is_some();
             let job = Arc::new(Job {
                 task,
                 rpc_addr: target.rpc_server_addr.clone(),
                 remaining: AtomicUsize::new(n),
                 failed: AtomicBool::new(false),
+                device,
             });
             let mut off = 0;
             while off < len {
@@ -228,10 +234,10 @@ const PIPELINE_MAX_OPS: usize = 64;
 /// At most this many bytes per pipelined group, so the other workers still get work.
 const PIPELINE_MAX_BYTES: u64 = 1 << 20;
 
-/// Whether `group` goes in one pipelined trip (small chunks, and no fault injection, which
-/// counts single chunk attempts).
+/// Whether `group` goes in one pipelined trip (small chunks of host memory, and no fault
+/// injection, which counts single chunk attempts).
 fn pipelined(group: &[Chunk], p: TcpParams) -> bool {
-    p.tcp.fail_every_nth_chunk == 0 && group.first().is_some_and(|c| c.len <= PIPELINE_MAX_CHUNK)
+    p.tcp.fail_every_nth_chunk == 0 && group.first().is_some_and(|c| c.len <= PIPELINE_MAX_CHUNK && !c.job.device)
 }
 
 /// Cuts chunks into groups: runs of small chunks of one opcode to one peer up to the pipelining
@@ -243,6 +249,7 @@ fn group_chunks(chunks: Vec<Chunk>, p: TcpParams) -> Vec<Group> {
     for chunk in chunks {
         let joins = pipelined(&cur, p)
             && chunk.len <= PIPELINE_MAX_CHUNK
+            && !chunk.job.device
             && cur.len() < PIPELINE_MAX_OPS
             && bytes + chunk.len <= PIPELINE_MAX_BYTES
             && cur.first().is_some_and(|f| {
@@ -351,13 +358,76 @@ fn move_group(client: &RpcClient, group: &[Chunk], stopping: &AtomicBool, p: Tcp
     }
 }
 
-/// Moves one chunk, retrying transport errors with backoff; refusals are final.
 /// Counts chunk attempts for fault injection.
 static CHUNK_ATTEMPTS: AtomicU64 = AtomicU64::new(0);
 
+/// Moves one chunk, retrying transport errors with backoff (each staged piece on its own when
+/// the local side is device memory); refusals are final.
 fn move_chunk(client: &RpcClient, chunk: &Chunk, stopping: &AtomicBool, p: TcpParams, metrics: &Metrics) -> Result<()> {
-    let r = chunk.job.task.request();
+    let opcode = chunk.job.task.request().opcode;
     let (remote, local) = chunk.ranges();
+    if !chunk.job.device {
+        // SAFETY: the local range is this chunk's part of its request's memory, which the
+        // submitter promised valid until the task ends (`Engine::submit`).
+        return with_retries(chunk, stopping, p, metrics, || unsafe {
+            move_range(client, chunk, opcode, remote, local)
+        });
+    }
+    // Device memory: the socket reads and writes a pinned staging buffer, and the device's copy
+    // engine moves the bytes between it and the device, one staging buffer at a time.
+    let pool = crate::device::staging::pool().ok_or_else(|| {
+        Error::Unavailable("device memory over TCP needs a device platform, and none is loaded".into())
+    })?;
+    let (stage, platform) = (pool.take()?, pool.platform());
+    let mut off = 0usize;
+    while off < local.len {
+        let n = (local.len - off).min(stage.len());
+        let piece = RawRange { ptr: stage.ptr(), len: n };
+        let device_at = local.ptr as u64 + off as u64;
+        let remote_at = remote + off as u64;
+        // SAFETY (moves): the staging buffer is ours; the device range is part of this chunk's
+        // request memory, valid until the task ends (`Engine::submit`). The copies name each
+        // side's kind: the staging buffer is host memory whatever the known table says.
+        match opcode {
+            Opcode::Write => {
+                platform.copy(Mem::Host(stage.ptr() as u64), Mem::Device(device_at), n)?;
+                with_retries(chunk, stopping, p, metrics, || unsafe {
+                    move_range(client, chunk, opcode, remote_at, piece)
+                })?;
+            }
+            Opcode::Read => {
+                with_retries(chunk, stopping, p, metrics, || unsafe {
+                    move_range(client, chunk, opcode, remote_at, piece)
+                })?;
+                platform.copy(Mem::Device(device_at), Mem::Host(stage.ptr() as u64), n)?;
+            }
+        }
+        off += n;
+    }
+    Ok(())
+}
+
+/// One SendData (WRITE) or RecvData (READ) of host memory `local` at the peer's `remote`.
+///
+/// # Safety
+/// `local` must be valid host memory for the call (for writes when reading).
+unsafe fn move_range(client: &RpcClient, chunk: &Chunk, opcode: Opcode, remote: u64, local: RawRange) -> Result<()> {
+    // SAFETY: guaranteed by the caller.
+    match opcode {
+        Opcode::Write => unsafe { client.send_data(&chunk.job.rpc_addr, remote, local) },
+        Opcode::Read => unsafe { client.recv_data(&chunk.job.rpc_addr, remote, local) },
+    }
+}
+
+/// Runs `attempt` until it succeeds, retrying transport errors with backoff; refusals are
+/// final. Counts attempts for fault injection.
+fn with_retries(
+    chunk: &Chunk,
+    stopping: &AtomicBool,
+    p: TcpParams,
+    metrics: &Metrics,
+    mut attempt_once: impl FnMut() -> Result<()>,
+) -> Result<()> {
     let mut attempt = 0u32;
     loop {
         let injected = p.tcp.fail_every_nth_chunk > 0
@@ -365,12 +435,7 @@ fn move_chunk(client: &RpcClient, chunk: &Chunk, stopping: &AtomicBool, p: TcpPa
         let result = if injected {
             Err(Error::Rpc("injected fault (transports/tcp/fault/fail_every_nth_chunk)".into()))
         } else {
-            // SAFETY: the local range is this chunk's part of its request's memory, which the
-            // submitter promised valid until the task ends (`Engine::submit`).
-            match r.opcode {
-                Opcode::Write => unsafe { client.send_data(&chunk.job.rpc_addr, remote, local) },
-                Opcode::Read => unsafe { client.recv_data(&chunk.job.rpc_addr, remote, local) },
-            }
+            attempt_once()
         };
         match result {
             Ok(()) => return Ok(()),
@@ -398,6 +463,12 @@ fn move_chunk(client: &RpcClient, chunk: &Chunk, stopping: &AtomicBool, p: TcpPa
 impl Transport for TcpTransport {
     fn kind(&self) -> TransportKind {
         TransportKind::Tcp
+    }
+
+    /// Device memory on this side goes through staging buffers of the device platform; device
+    /// memory on the peer's side is staged by the peer's server (`control::server`).
+    fn moves_device_memory(&self, local_device: bool, _remote_device: bool) -> bool {
+        !local_device || crate::device::staging::pool().is_some()
     }
 
     fn submit(&self, target: &Arc<SegmentDesc>, tasks: Vec<Task>) -> Result<()> {
@@ -480,8 +551,23 @@ mod tests {
             rpc_addr: addr.into(),
             remaining: AtomicUsize::new(1),
             failed: AtomicBool::new(false),
+            device: false,
         });
         Chunk { job, offset: 0, len }
+    }
+
+    #[test]
+    fn chunks_of_device_memory_are_never_pipelined() {
+        let p = TcpParams::defaults();
+        let device = |len| {
+            let c = chunk(Opcode::Write, len);
+            let job = Job { device: true, ..Arc::into_inner(c.job).expect("only reference") };
+            Chunk { job: Arc::new(job), ..c }
+        };
+        let chunks = vec![chunk(Opcode::Write, 4096), device(4096), device(4096), chunk(Opcode::Write, 4096)];
+        let groups = group_chunks(chunks, p);
+        assert_eq!(groups.iter().map(Vec::len).collect::<Vec<_>>(), vec![1, 1, 1, 1]);
+        assert!(!pipelined(&groups[1], p) && pipelined(&groups[0], p));
     }
 
     #[test]
