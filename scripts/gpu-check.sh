@@ -55,10 +55,11 @@ run() {
     [ -n "${OUT:-}" ] && log="$OUT/gpu-check.log"
     exec > >(tee "$log") 2>&1
     command -v nvidia-smi >/dev/null && nvidia-smi -L || true
-    local bench="$dir/tent-bench" failed=0 work
+    local bench="$dir/tent-bench" failed=0
+    # Global, not local: the EXIT trap runs after this function returned.
     work=$(mktemp -d)
     target_pid=""
-    trap '[ -n "$target_pid" ] && kill "$target_pid" 2>/dev/null; rm -rf "$work"' EXIT
+    trap '{ [ -n "$target_pid" ] && kill "$target_pid" 2>/dev/null; } || true; rm -rf "$work"' EXIT
     export MC_LOG_LEVEL=error
     if [ "${GPU_CHECK_SIM:-0}" = 1 ]; then
         # Rehearsal on a machine without a GPU: the same steps on the simulated device.
