@@ -363,3 +363,29 @@ fn device_memory_no_loaded_transport_can_move_fails_with_a_reason_and_untouched(
     assert!(peer.iter().all(|&x| x == 0));
     let _ = a.free_batch(batch);
 }
+
+#[test]
+fn device_memory_fails_over_from_tcp_to_shm() {
+    platform();
+    // `a` prefers TCP, whose every chunk attempt fails (injected, no retries): the device
+    // request fails over to SHM, which moves it device to device; no CPU path touched it.
+    let a = engine(&[
+        ("transports/shm/enable", "true"),
+        ("policy", r#"[{"segment_type":"memory","transports":["tcp","shm"]}]"#),
+        ("transports/tcp/max_retry_count", "0"),
+        ("transports/tcp/fault/fail_every_nth_chunk", "1"),
+    ]);
+    let b = engine(&[("transports/shm/enable", "true")]);
+    let len = (2 << 20) + 99;
+    let peer = DevBuf::new(second(), len, |_| 0);
+    peer.register(&b);
+    let src = DevBuf::new(0, len, pattern);
+    src.register(&a);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let st = run(&a, &[req(Opcode::Write, src.addr, h, peer.addr, len as u64)], BOUND);
+    assert_eq!(st[0], (Status::Completed, len as u64));
+    assert!(peer.read() == src.read(), "every byte, after the failover");
+    use tent::engine::types::TransportKind;
+    assert_eq!(a.units_submitted(TransportKind::Tcp), 1, "TCP was tried first");
+    assert_eq!(a.units_submitted(TransportKind::Shm), 1, "and SHM finished it");
+}
