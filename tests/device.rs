@@ -389,3 +389,38 @@ fn device_memory_fails_over_from_tcp_to_shm() {
     assert_eq!(a.units_submitted(TransportKind::Tcp), 1, "TCP was tried first");
     assert_eq!(a.units_submitted(TransportKind::Shm), 1, "and SHM finished it");
 }
+
+#[test]
+fn file_segments_stage_device_memory_through_bounce_buffers() {
+    platform();
+    let dir = std::env::temp_dir().join(format!("tent-device-file-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let path = dir.join("kv");
+    std::fs::write(&path, []).expect("create");
+    let len = (5 << 20) + 4096 + 17;
+    let n = len as u64;
+    // io_uring (the default) and pread/pwrite, each writing the file from device memory and
+    // reading it back into device memory: an aligned start (direct I/O pieces) and an odd one.
+    for (k, cfg) in [vec![], vec![("transports/io_uring/enable", "false")]].into_iter().enumerate() {
+        let e = engine(&cfg);
+        let h = e.open_segment(&format!("file://{}", path.display())).expect("open file segment");
+        let src = DevBuf::new(0, len, |i| pattern(i + k));
+        src.register(&e);
+        let back = DevBuf::new(second(), len, |_| 0);
+        back.register(&e);
+        for at in [0u64, 4096 * 3 + 5] {
+            let st = run(&e, &[req(Opcode::Write, src.addr, h, at, n)], BOUND);
+            assert_eq!(st[0], (Status::Completed, n), "engine {k}: device to file at {at}");
+            let file = std::fs::read(&path).expect("read the file");
+            assert!(
+                file[at as usize..at as usize + len] == src.read()[..],
+                "engine {k}: the file holds the device's bytes"
+            );
+            let st = run(&e, &[req(Opcode::Read, back.addr, h, at, n)], BOUND);
+            assert_eq!(st[0], (Status::Completed, n), "engine {k}: file to device at {at}");
+            assert!(back.read() == src.read(), "engine {k}: the device got the file's bytes back");
+        }
+        e.close_segment(h).expect("close");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

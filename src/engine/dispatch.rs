@@ -138,7 +138,7 @@ impl Dispatcher {
         if list.is_empty() && (local_device || remote_device) {
             return Err(Error::NoTransport(format!(
                 "no loaded transport moves {} memory to {} memory of segment {} (in this build SHM, between \
-                 engines of one host, and TCP move device memory; RDMA does not)",
+                 engines of one host, TCP and file segments move device memory; RDMA does not)",
                 if local_device { "device" } else { "host" },
                 if remote_device { "device" } else { "host" },
                 desc.name

@@ -385,7 +385,7 @@ impl OpenFile {
         // A short transfer: carry on from where it stopped, directly only while that is aligned.
         let (offset, len, addr) = (p.offset + n, p.len - n, p.addr + n);
         let direct = p.direct && offset % self.align == 0 && len % self.align == 0;
-        let bounce = direct && addr % self.mem_align != 0;
+        let bounce = needs_bounce(direct, addr, len, self.mem_align);
         Step::Again(Piece { offset, len, addr, direct, bounce, retries: p.retries })
     }
 
@@ -413,16 +413,40 @@ fn split(
     while off < end {
         let len = (end - off).min(chunk);
         let addr = at(off);
-        out.push(Piece { offset: off, len, addr, direct, bounce: direct && addr % mem_align != 0, retries: 0 });
+        out.push(Piece {
+            offset: off,
+            len,
+            addr,
+            direct,
+            bounce: needs_bounce(direct, addr, len, mem_align),
+            retries: 0,
+        });
         off += len;
     }
 }
 
-/// Copies a finished bounce READ into the caller's memory, or fills a bounce buffer for a WRITE.
+/// Whether a piece at caller memory `addr` goes through a bounce buffer: for direct I/O when the
+/// memory is not aligned, and always when it is device memory, which the kernel's file I/O (a
+/// CPU path) must never read or write; the device platform copies it to and from the buffer.
+fn needs_bounce(direct: bool, addr: u64, len: u64, mem_align: u64) -> bool {
+    (direct && addr % mem_align != 0) || crate::device::known::device_of(addr, len).is_some()
+}
+
+/// Copies a finished bounce READ into the caller's memory, or fills a bounce buffer for a WRITE;
+/// device memory is copied by the device platform, host memory by the CPU.
 ///
 /// # Safety
 /// `mem` is valid for `len` bytes of the caller's transfer memory, `bounce` for `len` bytes.
-pub unsafe fn bounce_copy(op: Opcode, mem: u64, bounce: *mut u8, len: u64) {
+pub unsafe fn bounce_copy(op: Opcode, mem: u64, bounce: *mut u8, len: u64) -> io::Result<()> {
+    if crate::device::known::device_of(mem, len).is_some() {
+        use crate::device::Mem;
+        let platform = crate::device::require("file I/O of device memory").map_err(io::Error::other)?;
+        let (dst, src) = match op {
+            Opcode::Read => (Mem::Device(mem), Mem::Host(bounce as u64)),
+            Opcode::Write => (Mem::Host(bounce as u64), Mem::Device(mem)),
+        };
+        return platform.copy(dst, src, len as usize).map_err(io::Error::other);
+    }
     let mem = mem as *mut u8;
     let (src, dst) = match op {
         Opcode::Read => (bounce as *const u8, mem),
@@ -431,6 +455,7 @@ pub unsafe fn bounce_copy(op: Opcode, mem: u64, bounce: *mut u8, len: u64) {
     // SAFETY: both ranges are valid for len bytes (caller contract) and never overlap (the
     // bounce buffer is our own allocation).
     unsafe { std::ptr::copy_nonoverlapping(src, dst, len as usize) };
+    Ok(())
 }
 
 /// A task with the pieces it was split into.

@@ -85,7 +85,7 @@ fn transfer(job: &Job, p: &Piece) -> io::Result<usize> {
         if job.op == Opcode::Write {
             // SAFETY: p.addr lies in the caller's transfer memory for p.len bytes; the buffer
             // holds p.len bytes.
-            unsafe { bounce_copy(Opcode::Write, p.addr, b.as_ptr(), p.len) };
+            unsafe { bounce_copy(Opcode::Write, p.addr, b.as_ptr(), p.len) }?;
         }
         Some(b)
     } else {
@@ -107,7 +107,7 @@ fn transfer(job: &Job, p: &Piece) -> io::Result<usize> {
     }
     if let (Some(b), Opcode::Read) = (&bounce, job.op) {
         // SAFETY: pread filled n <= len bytes of the bounce buffer; the caller's memory holds len.
-        unsafe { bounce_copy(Opcode::Read, p.addr, b.as_ptr(), n as u64) };
+        unsafe { bounce_copy(Opcode::Read, p.addr, b.as_ptr(), n as u64) }?;
     }
     Ok(n as usize)
 }
@@ -133,6 +133,12 @@ fn piece_done(job: &Job) {
 }
 
 impl Transport for PlainFileTransport {
+    /// Device memory on this side goes through bounce buffers the device platform fills and
+    /// empties (`needs_bounce`); a file has no device memory of its own.
+    fn moves_device_memory(&self, local_device: bool, remote_device: bool) -> bool {
+        !remote_device && (!local_device || crate::device::platform().is_some())
+    }
+
     fn kind(&self) -> TransportKind {
         TransportKind::BufIo
     }

@@ -153,6 +153,12 @@ impl IoUringTransport {
 }
 
 impl Transport for IoUringTransport {
+    /// Device memory on this side goes through bounce buffers the device platform fills and
+    /// empties (`needs_bounce`); a file has no device memory of its own.
+    fn moves_device_memory(&self, local_device: bool, remote_device: bool) -> bool {
+        !remote_device && (!local_device || crate::device::platform().is_some())
+    }
+
     fn kind(&self) -> TransportKind {
         TransportKind::IoUring
     }
@@ -530,7 +536,8 @@ impl Ring {
             if op == Opcode::Write {
                 // SAFETY: piece.addr lies in the caller's transfer memory for piece.len bytes;
                 // the buffer holds piece.len bytes.
-                unsafe { bounce_copy(op, piece.addr, b.as_ptr(), piece.len) };
+                unsafe { bounce_copy(op, piece.addr, b.as_ptr(), piece.len) }
+                    .map_err(|e| Error::Internal(format!("filling a bounce buffer: {e}")))?;
             }
             Some(b)
         } else {
@@ -595,11 +602,15 @@ impl Ring {
         // The kernel cancels the requests of a thread that exits; the caller did not ask for
         // it, so the piece is issued again (from whichever thread reaps this).
         let res = if res == -libc::ECANCELED && !a.job.task.cancel_requested() { -libc::EINTR } else { res };
-        let result = if res < 0 { Err(io::Error::from_raw_os_error(-res)) } else { Ok(res as usize) };
+        let mut result = if res < 0 { Err(io::Error::from_raw_os_error(-res)) } else { Ok(res as usize) };
         if let (Some(b), Opcode::Read, Ok(n)) = (&op.bounce, a.job.op, &result) {
             // SAFETY: the kernel filled n <= piece.len bytes of the bounce buffer; the caller's
             // memory holds piece.len bytes at piece.addr.
-            unsafe { bounce_copy(Opcode::Read, op.piece.addr, b.as_ptr(), (*n as u64).min(op.piece.len)) };
+            if let Err(e) =
+                unsafe { bounce_copy(Opcode::Read, op.piece.addr, b.as_ptr(), (*n as u64).min(op.piece.len)) }
+            {
+                result = Err(e);
+            }
         }
         match a.job.file.advance(a.job.op, &op.piece, result) {
             Step::Done => {}
