@@ -419,7 +419,7 @@ unsafe fn move_range(client: &RpcClient, chunk: &Chunk, opcode: Opcode, remote: 
     }
 }
 
-/// Runs `attempt` until it succeeds, retrying transport errors with backoff; refusals are
+/// Runs `attempt_once` until it succeeds, retrying transport errors with backoff; refusals are
 /// final. Counts attempts for fault injection.
 fn with_retries(
     chunk: &Chunk,
