@@ -425,6 +425,13 @@ fn split(
     }
 }
 
+/// What both file transports answer to `Transport::moves_device_memory`: device memory on
+/// this side goes through bounce buffers the device platform fills and empties
+/// ([`needs_bounce`]); a file has no device memory of its own.
+pub fn moves_device_memory(local_device: bool, remote_device: bool) -> bool {
+    !remote_device && (!local_device || crate::device::platform().is_some())
+}
+
 /// Whether a piece at caller memory `addr` goes through a bounce buffer: for direct I/O when the
 /// memory is not aligned, and always when it is device memory, which the kernel's file I/O (a
 /// CPU path) must never read or write; the device platform copies it to and from the buffer.

@@ -153,10 +153,8 @@ impl IoUringTransport {
 }
 
 impl Transport for IoUringTransport {
-    /// Device memory on this side goes through bounce buffers the device platform fills and
-    /// empties (`needs_bounce`); a file has no device memory of its own.
     fn moves_device_memory(&self, local_device: bool, remote_device: bool) -> bool {
-        !remote_device && (!local_device || crate::device::platform().is_some())
+        super::moves_device_memory(local_device, remote_device)
     }
 
     fn kind(&self) -> TransportKind {
