@@ -5,6 +5,7 @@
 pub mod copy;
 pub mod idhash;
 pub mod prefetch;
+pub mod qos;
 pub mod request;
 pub mod segment;
 pub mod task;

@@ -1,0 +1,556 @@
+//! Request priorities: which work a transport moves first when several requests share a path.
+//!
+//! A request's `priority` (0 HIGH, 1 MEDIUM, 2 LOW, as upstream's `PRIO_*`) picks its
+//! [`Level`]. Each transport owns one [`Gate`]. Every task it accepts holds a [`Ticket`] of
+//! its level from submit until it ends, so the gate knows which levels have work queued or
+//! moving. Work below HIGH asks its ticket for a [`Pass`] before each piece it puts on the wire
+//! (a TCP chunk piece, an SHM copy piece) and holds it while the piece moves.
+//!
+//! While no higher level is active, every pass is granted at once. While one is, the lower
+//! levels share [`ALLOWANCE`] passes: one piece of background work keeps the path busy where the
+//! foreground work leaves room (the path stays work-conserving), and a foreground request waits
+//! behind at most that piece and the pieces already on their way, never behind queued
+//! background work. MEDIUM waiters get a freed pass before LOW ones.
+//!
+//! Starvation is bounded by promotion, as upstream's keys describe
+//! (`priority_promotion_timeout_us`, `priority_promotion_per_entry`): work that has waited one
+//! timeout counts one level higher, and after two a LOW piece goes like HIGH. By default the
+//! waiters of a level are promoted together, once the one that waited longest passed the
+//! timeout (upstream's head-only mode); per entry, each waiter counts its own wait.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+/// A priority level. Lower values go first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Level {
+    /// `PRIO_HIGH` (0): foreground work (a KV handoff that gates a token).
+    High = 0,
+    /// `PRIO_MEDIUM` (1).
+    Medium = 1,
+    /// `PRIO_LOW` (2): background work (offload) that can wait.
+    Low = 2,
+}
+
+impl Level {
+    /// The level of a request's `priority` field: 0 and below HIGH, 1 MEDIUM, 2 and above LOW
+    /// (upstream does not validate the value; out-of-range values take the nearest level).
+    pub fn of(priority: i32) -> Level {
+        match priority {
+            i32::MIN..=0 => Level::High,
+            1 => Level::Medium,
+            _ => Level::Low,
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+
+    fn from_index(i: usize) -> Level {
+        match i {
+            0 => Level::High,
+            1 => Level::Medium,
+            _ => Level::Low,
+        }
+    }
+}
+
+/// How a gate promotes waiting work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QosParams {
+    /// Work that waited this long counts one level higher (`priority_promotion_timeout_us`).
+    pub promotion_timeout: Duration,
+    /// Each waiter counts its own wait (`priority_promotion_per_entry`); otherwise the waiters
+    /// of a level are promoted together once the longest-waiting one passed the timeout.
+    pub per_entry: bool,
+}
+
+impl Default for QosParams {
+    /// Upstream's defaults: 10 ms, the whole level at once.
+    fn default() -> QosParams {
+        QosParams { promotion_timeout: Duration::from_millis(10), per_entry: false }
+    }
+}
+
+/// Where a gate learns of other processes' work (the shared quota file); see `SharedQuota`.
+pub trait Foreign: Send + Sync {
+    /// Whether another process has work of `level` active on this gate's path.
+    fn active(&self, level: Level) -> bool;
+    /// Publishes this process's count of active work at `level`.
+    fn publish(&self, level: Level, count: u32);
+}
+
+/// How long a waiter held back only by other processes' work sleeps before it looks again:
+/// no other process can wake it.
+const FOREIGN_RECHECK: Duration = Duration::from_micros(200);
+
+/// Pieces of lower levels that may move at once while a higher level is active. One keeps the
+/// path busy where foreground work leaves room: with none, LOW work under a HIGH load of half a
+/// TCP path's capacity got 0.26x of it; the foreground request then waits behind at most that
+/// one piece.
+pub const ALLOWANCE: usize = 1;
+
+/// The bytes of background work moved under one [`Pass`] (a TCP payload piece, an SHM copy
+/// piece): small enough that a paused transfer leaves little ahead of a foreground request
+/// (256 KiB take about 0.1 ms on loopback TCP here, less as a copy), large enough that the
+/// extra system calls and gate visits cost nothing measurable.
+pub const PACE_PIECE: usize = 256 << 10;
+
+/// Lower levels stay held back this long after the last task of a higher level ended.
+/// Foreground requests come in bursts, one right after the other: released in each gap, eight
+/// background movers woke up between two foreground reads and took the cores (2 vCPUs here)
+/// from the next one, and its p99 grew with the number of movers (2 ms with one, 10 ms with
+/// eight, measured with `benches/priorities.rs`).
+const LINGER: Duration = Duration::from_micros(200);
+
+/// One transport's priority gate; see the module documentation.
+pub struct Gate {
+    params: QosParams,
+    /// Tasks of each level queued or moving in this process.
+    active: [AtomicU32; 3],
+    /// When the last task of each level ended (ns since `epoch`), for [`LINGER`].
+    ended: [AtomicU64; 3],
+    epoch: Instant,
+    /// Waiters in `pace` right now (read without the lock by ending tickets).
+    waiting: AtomicUsize,
+    waiters: Mutex<Waiters>,
+    /// Wakes the waiters of each level: a freed pass wakes one waiter, not every one (eight
+    /// background movers all woken for each piece took the cores from the foreground work).
+    wake: [Condvar; 3],
+    foreign: Option<Arc<dyn Foreign>>,
+}
+
+#[derive(Default)]
+struct Waiters {
+    /// Shared passes held now (at most [`ALLOWANCE`]).
+    passes: usize,
+    next: u64,
+    /// The waiters of each level (their own, before promotion).
+    since: [Vec<Waiter>; 3],
+}
+
+/// One mover waiting in [`Gate::pace`].
+struct Waiter {
+    id: u64,
+    start: Instant,
+    /// Levels it was lifted by promotion of its whole level (head-only mode). A mover arriving
+    /// after its level was promoted starts at zero: as in a queue whose entries moved up, it
+    /// waits behind a fresh head. Older waiters never have a smaller value than younger ones.
+    lifted: usize,
+}
+
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gate").field("params", &self.params).field("active", &self.active).finish()
+    }
+}
+
+/// A task's claim on its level: from submit until the task ends (drop), the gate holds back
+/// lower levels.
+#[must_use = "the level counts as active only while the ticket lives"]
+pub struct Ticket {
+    gate: Arc<Gate>,
+    level: Level,
+}
+
+impl Ticket {
+    /// The level this ticket holds.
+    pub fn level(&self) -> Level {
+        self.level
+    }
+
+    /// A pass for the next piece of this task's work (see [`Gate::pace`]); hold it while the
+    /// piece moves.
+    pub fn pace(&self) -> Pass {
+        self.gate.pace(self.level)
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.gate.leave(self.level);
+    }
+}
+
+impl Gate {
+    /// A gate of one process; `foreign`, when given, adds other processes' work (the shared
+    /// quota file).
+    pub fn new(params: QosParams, foreign: Option<Arc<dyn Foreign>>) -> Arc<Gate> {
+        Arc::new(Gate {
+            params,
+            active: Default::default(),
+            ended: Default::default(),
+            epoch: Instant::now(),
+            waiting: AtomicUsize::new(0),
+            waiters: Mutex::new(Waiters::default()),
+            wake: Default::default(),
+            foreign,
+        })
+    }
+
+    /// The promotion parameters.
+    pub fn params(&self) -> QosParams {
+        self.params
+    }
+
+    /// Counts a task of `level` as active until the ticket is dropped.
+    pub fn enter(self: &Arc<Gate>, level: Level) -> Ticket {
+        let n = self.active[level.index()].fetch_add(1, Ordering::AcqRel) + 1;
+        if let Some(f) = &self.foreign {
+            f.publish(level, n);
+        }
+        Ticket { gate: self.clone(), level }
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    fn leave(&self, level: Level) {
+        if level != Level::Low {
+            // Before the count drops, so a mover that sees it at zero sees the time too.
+            self.ended[level.index()].store(self.now_ns(), Ordering::Release);
+        }
+        let n = self.active[level.index()].fetch_sub(1, Ordering::AcqRel) - 1;
+        if let Some(f) = &self.foreign {
+            f.publish(level, n);
+        }
+        if n == 0 && level != Level::Low && self.waiting.load(Ordering::Acquire) > 0 {
+            // Waiters wake by themselves once the linger has passed (see `pace`); a gate
+            // without linger wakes them now. Taking the lock orders this wake-up after a
+            // waiter's check of the counts.
+            let _w = self.waiters.lock();
+            for cv in &self.wake {
+                cv.notify_all();
+            }
+        }
+    }
+
+    /// The instant until which a level above `level` that is no longer active still holds it
+    /// back ([`LINGER`]), if that is in the future.
+    fn lingering(&self, level: Level) -> Option<Instant> {
+        let now = self.now_ns();
+        let until = (0..level.index())
+            .map(|l| self.ended[l].load(Ordering::Acquire))
+            .filter(|&t| t != 0)
+            .map(|t| t + LINGER.as_nanos() as u64)
+            .max()?;
+        (until > now).then(|| self.epoch + Duration::from_nanos(until))
+    }
+
+    /// Tasks of `level` active in this process.
+    pub fn active(&self, level: Level) -> u32 {
+        self.active[level.index()].load(Ordering::Acquire)
+    }
+
+    /// Whether work of a level above `level` is active, here or (through the shared quota) in
+    /// another process; the second says which of the two held it back.
+    fn held_back(&self, level: Level) -> (bool, bool) {
+        let mut foreign = false;
+        for l in 0..level.index() {
+            if self.active[l].load(Ordering::Acquire) > 0 {
+                return (true, false);
+            }
+            if self.foreign.as_ref().is_some_and(|f| f.active(Level::from_index(l))) {
+                foreign = true;
+            }
+        }
+        (foreign, foreign)
+    }
+
+    /// [`Gate::held_back`], counting a higher level that ended less than [`LINGER`] ago; with
+    /// the instant the linger ends, for a waiter to wake at.
+    fn held_back_or_lingering(&self, level: Level) -> (bool, bool, Option<Instant>) {
+        let (held, only_foreign) = self.held_back(level);
+        if held {
+            return (true, only_foreign, None);
+        }
+        match self.lingering(level) {
+            Some(until) => (true, false, Some(until)),
+            None => (false, false, None),
+        }
+    }
+
+    /// Whether higher-level work is active now (no promotion or linger counted).
+    pub fn would_wait(&self, level: Level) -> bool {
+        self.held_back(level).0
+    }
+
+    /// A pass for one piece of work of `level`: at once when no higher level is active (or
+    /// lingering) and for HIGH; otherwise one of the [`ALLOWANCE`] shared passes, waiting for
+    /// one to be free or for promotion to lift the piece to a level nothing holds back.
+    pub fn pace(self: &Arc<Gate>, level: Level) -> Pass {
+        if level == Level::High || !self.held_back_or_lingering(level).0 {
+            return Pass { gate: None };
+        }
+        let timeout = self.params.promotion_timeout;
+        let mut w = self.waiters.lock();
+        let id = w.next;
+        w.next += 1;
+        let start = Instant::now();
+        w.since[level.index()].push(Waiter { id, start, lifted: 0 });
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        let granted = loop {
+            let now = Instant::now();
+            let (waited_from, steps) = self.promotion(&mut w.since[level.index()], id, start, now);
+            let effective = Level::from_index(level.index().saturating_sub(steps));
+            let (held, only_foreign, linger_end) = self.held_back_or_lingering(effective);
+            if effective == Level::High || !held {
+                break false;
+            }
+            // A freed pass goes to MEDIUM before LOW.
+            let medium_first = effective == Level::Low && !w.since[Level::Medium.index()].is_empty();
+            if w.passes < ALLOWANCE && !medium_first {
+                w.passes += 1;
+                break true;
+            }
+            let next_step = waited_from + timeout * (steps as u32 + 1);
+            let mut until = if only_foreign { next_step.min(now + FOREIGN_RECHECK) } else { next_step };
+            if let Some(t) = linger_end {
+                until = until.min(t);
+            }
+            self.wake[level.index()].wait_until(&mut w, until);
+        };
+        w.since[level.index()].retain(|x| x.id != id);
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
+        Pass { gate: granted.then(|| self.clone()) }
+    }
+
+    /// How many levels promotion lifts the waiter `id` (which started at `start`) now, and the
+    /// instant its wait counts from. Each promotion timeout waited lifts one level. Per entry,
+    /// the waiter's own wait counts. Head-only, the waiters that were lifted alike form one
+    /// queue, whose longest-waiting member (its head) decides for all of them, and the lift
+    /// is recorded on each of them: it stays when the head leaves.
+    fn promotion(&self, waiters: &mut [Waiter], id: u64, start: Instant, now: Instant) -> (Instant, usize) {
+        let timeout = self.params.promotion_timeout;
+        let steps_since = |from: Instant| {
+            if timeout.is_zero() {
+                usize::MAX
+            } else {
+                (now.saturating_duration_since(from).as_nanos() / timeout.as_nanos()) as usize
+            }
+        };
+        if self.params.per_entry {
+            return (start, steps_since(start));
+        }
+        let lifted = waiters.iter().find(|x| x.id == id).map_or(0, |x| x.lifted);
+        let head = waiters.iter().filter(|x| x.lifted == lifted).map(|x| x.start).min().unwrap_or(start);
+        let steps = steps_since(head).max(lifted);
+        if steps > lifted {
+            for x in waiters.iter_mut().filter(|x| x.lifted == lifted) {
+                x.lifted = steps;
+            }
+        }
+        (head, steps)
+    }
+
+    fn release(&self) {
+        let mut w = self.waiters.lock();
+        w.passes -= 1;
+        // MEDIUM first; a LOW waiter woken while MEDIUM ones wait would only wait again.
+        let level = if w.since[Level::Medium.index()].is_empty() { Level::Low } else { Level::Medium };
+        self.wake[level.index()].notify_one();
+    }
+}
+
+/// Leave to put one piece of work on the wire (see [`Gate::pace`]); dropping it after the piece
+/// moved frees a shared pass for the next waiter.
+#[must_use = "a pass covers the piece moved while it is held"]
+pub struct Pass {
+    /// The gate whose shared pass this holds; `None` for a pass granted with nothing held back.
+    gate: Option<Arc<Gate>>,
+}
+
+impl Pass {
+    /// Whether this pass is one of the shared ones (higher-level work was active).
+    pub fn shared(&self) -> bool {
+        self.gate.is_some()
+    }
+}
+
+impl Drop for Pass {
+    fn drop(&mut self) {
+        if let Some(g) = self.gate.take() {
+            g.release();
+        }
+    }
+}
+
+/// The CPU niceness of threads that move only background work (below HIGH).
+pub const BACKGROUND_NICE: i32 = 10;
+
+/// Lowers the calling thread's CPU priority to [`BACKGROUND_NICE`], for threads that serve only
+/// background work: on a path whose bottleneck is the CPU (TCP, SHM), a foreground request and
+/// the threads that answer it then preempt background copies instead of waiting for their time
+/// slice (with one background stream moving beside a foreground probe on 2 vCPUs, the probe's
+/// p99 went from 4-8 ms to the figures in `docs/priorities.md`). Only this thread changes
+/// (Linux keeps a niceness per thread); raising niceness needs no privilege. A failure is
+/// logged and harmless.
+pub fn background_thread() {
+    // SAFETY: gettid and setpriority take no pointers; PRIO_PROCESS with a thread id changes
+    // that thread only.
+    let rc = unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, BACKGROUND_NICE)
+    };
+    if rc != 0 {
+        tracing::debug!("background thread keeps its CPU priority: {}", std::io::Error::last_os_error());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gate(ms: u64, per_entry: bool) -> Arc<Gate> {
+        Gate::new(QosParams { promotion_timeout: Duration::from_millis(ms), per_entry }, None)
+    }
+
+    #[test]
+    fn levels_of_priorities() {
+        assert_eq!(Level::of(0), Level::High);
+        assert_eq!(Level::of(-3), Level::High);
+        assert_eq!(Level::of(1), Level::Medium);
+        assert_eq!(Level::of(2), Level::Low);
+        assert_eq!(Level::of(99), Level::Low);
+    }
+
+    #[test]
+    fn nothing_waits_without_higher_work() {
+        let g = gate(10_000, false);
+        let _low = g.enter(Level::Low);
+        let _med = g.enter(Level::Medium);
+        assert!(!g.would_wait(Level::Medium), "LOW work never holds back MEDIUM");
+        assert!(g.would_wait(Level::Low));
+        let high = g.enter(Level::High);
+        assert!(g.would_wait(Level::Medium));
+        assert!(!g.would_wait(Level::High));
+        drop(high);
+        assert!(!g.would_wait(Level::Medium));
+        assert_eq!((g.active(Level::High), g.active(Level::Medium), g.active(Level::Low)), (0, 1, 1));
+    }
+
+    /// Waits until `n` movers wait in the gate.
+    fn until_waiting(g: &Gate, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while g.waiting.load(Ordering::SeqCst) < n && Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        assert_eq!(g.waiting.load(Ordering::SeqCst), n);
+    }
+
+    #[test]
+    fn under_higher_work_one_piece_moves_at_a_time() {
+        let g = gate(60_000, false);
+        let free = g.pace(Level::Low);
+        assert!(!free.shared(), "nothing higher is active: no shared pass needed");
+        drop(free);
+        let high = g.enter(Level::High);
+        let first = g.pace(Level::Low);
+        assert!(first.shared(), "HIGH is active: LOW takes the one shared pass");
+        let (g2, done) = (g.clone(), Arc::new(std::sync::atomic::AtomicBool::new(false)));
+        let d2 = done.clone();
+        let t = std::thread::spawn(move || {
+            let _p = g2.pace(Level::Low);
+            d2.store(true, Ordering::SeqCst);
+        });
+        until_waiting(&g, 1);
+        assert!(!done.load(Ordering::SeqCst), "a second LOW piece waits while the first moves");
+        drop(first);
+        t.join().expect("waiter");
+        assert!(done.load(Ordering::SeqCst));
+        drop(high);
+    }
+
+    #[test]
+    fn a_freed_pass_goes_to_medium_before_low() {
+        let g = gate(60_000, false);
+        let _high = g.enter(Level::High);
+        let held = g.pace(Level::Low);
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let spawn = |level: Level| {
+            let (g, order) = (g.clone(), order.clone());
+            std::thread::spawn(move || {
+                let _p = g.pace(level);
+                order.lock().push(level);
+            })
+        };
+        let low = spawn(Level::Low);
+        until_waiting(&g, 1);
+        let medium = spawn(Level::Medium);
+        until_waiting(&g, 2);
+        drop(held);
+        low.join().expect("low");
+        medium.join().expect("medium");
+        assert_eq!(*order.lock(), vec![Level::Medium, Level::Low]);
+    }
+
+    #[test]
+    fn waiters_go_when_the_higher_work_ends() {
+        let g = gate(60_000, false);
+        let high = g.enter(Level::High);
+        let held = g.pace(Level::Low);
+        let g2 = g.clone();
+        let t = std::thread::spawn(move || g2.pace(Level::Low).shared());
+        until_waiting(&g, 1);
+        drop(high);
+        // After the linger, the waiter goes without the shared pass, which is still held.
+        assert!(!t.join().expect("waiter"), "nothing higher is active any more");
+        drop(held);
+    }
+
+    #[test]
+    fn promotion_bounds_the_wait_of_low_work() {
+        for per_entry in [false, true] {
+            let g = gate(5, per_entry);
+            let _high = g.enter(Level::High);
+            let _held = g.pace(Level::Medium);
+            let start = Instant::now();
+            // The shared pass is never freed and HIGH never ends: LOW goes after two timeouts
+            // (LOW -> MEDIUM -> HIGH), MEDIUM after one.
+            let low = g.pace(Level::Low);
+            assert!(!low.shared());
+            assert!(start.elapsed() >= Duration::from_millis(10), "{:?}", start.elapsed());
+            let start = Instant::now();
+            drop(g.pace(Level::Medium));
+            assert!(start.elapsed() >= Duration::from_millis(5), "{:?}", start.elapsed());
+        }
+    }
+
+    #[test]
+    fn head_only_promotion_lifts_the_whole_level() {
+        // Two LOW waiters, the second 150 ms after the first, under a 200 ms timeout. Head-only,
+        // both are in the queue when its head passes each timeout, so the second goes with the
+        // first (at 400 ms, 250 ms after it came); per entry it waits its own two timeouts.
+        for per_entry in [false, true] {
+            let g = gate(200, per_entry);
+            let _high = g.enter(Level::High);
+            let _held = g.pace(Level::Medium);
+            let g2 = g.clone();
+            let first = std::thread::spawn(move || drop(g2.pace(Level::Low)));
+            until_waiting(&g, 1);
+            std::thread::sleep(Duration::from_millis(150));
+            let start = Instant::now();
+            drop(g.pace(Level::Low));
+            let waited = start.elapsed();
+            if per_entry {
+                assert!(waited >= Duration::from_millis(400), "per entry: {waited:?}");
+            } else {
+                assert!(waited < Duration::from_millis(400), "head-only: {waited:?}");
+            }
+            first.join().expect("first");
+        }
+    }
+
+    #[test]
+    fn a_zero_timeout_never_holds_back() {
+        let g = gate(0, false);
+        let _high = g.enter(Level::High);
+        let _held = g.pace(Level::Low);
+        drop(g.pace(Level::Low));
+    }
+}
