@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 use super::conn_io::{ConnIo, Pending};
 use super::frame::{self, msg};
 use super::rawio::{self, RawRange};
+use crate::base::qos::{PACE_PIECE, Ticket};
 use crate::error::{Error, Result};
 
 /// Largest reply attachment accepted for a control call.
@@ -79,7 +80,10 @@ impl Lent {
 /// Calls peers' RPC servers. Cheap to share; every call takes a pooled connection or opens one,
 /// and a connection that saw any error is closed instead of returned.
 pub struct RpcClient {
-    pools: Mutex<HashMap<String, Vec<Conn>>>,
+    /// Idle connections by peer: `[0]` for control calls and foreground data, `[1]` for bulk
+    /// data (see [`DataLane`]), so bulk transfers never take the connection a foreground request
+    /// would find idle.
+    pools: [Mutex<HashMap<String, Vec<Conn>>>; 2],
     timeouts: ClientTimeouts,
     /// Clones of connections in use, so `abort_all` can interrupt blocked calls at shutdown.
     active: Mutex<HashMap<u64, TcpStream>>,
@@ -109,6 +113,24 @@ fn in_band_refusal(s: &mut impl Read, h: &frame::ResponseHeader, addr: &str) -> 
         return rpc_err(addr, format!("truncated refusal: {e}"));
     }
     Error::Remote(format!("{addr}: {}", String::from_utf8_lossy(&text)))
+}
+
+/// How a data call travels.
+#[derive(Clone, Copy, Default)]
+pub struct DataLane<'a> {
+    /// Use the peer's bulk connections (background work), never the ones foreground requests
+    /// and control calls find idle.
+    pub bulk: bool,
+    /// The task's priority ticket: the payload moves in pieces of [`PACE_PIECE`] bytes, each
+    /// under a pass of the ticket's gate, so work that higher-priority work holds back waits
+    /// between pieces with no more of its bytes queued.
+    pub ticket: Option<&'a Ticket>,
+}
+
+/// The msg_type byte of a data request: background ones are marked for a tent-rs server (see
+/// [`frame::MSG_TYPE_TENT_RS_BULK`]).
+fn msg_type(bulk: bool) -> u8 {
+    if bulk { frame::MSG_TYPE_TENT_RS_BULK } else { frame::MSG_TYPE_TENT_RS }
 }
 
 /// One data call of a pipelined group (see [`RpcClient::data_pipeline`]). The local memory
@@ -153,7 +175,7 @@ impl RpcClient {
     /// Creates a client with the given timeouts.
     pub fn new(timeouts: ClientTimeouts) -> RpcClient {
         RpcClient {
-            pools: Mutex::new(HashMap::new()),
+            pools: Default::default(),
             timeouts,
             active: Mutex::new(HashMap::new()),
             next_id: std::sync::atomic::AtomicU64::new(0),
@@ -280,15 +302,15 @@ impl RpcClient {
         }
     }
 
-    fn take(&self, addr: &str) -> Result<Conn> {
-        if let Some(c) = self.pools.lock().get_mut(addr).and_then(Vec::pop) {
+    fn take(&self, addr: &str, bulk: bool) -> Result<Conn> {
+        if let Some(c) = self.pools[bulk as usize].lock().get_mut(addr).and_then(Vec::pop) {
             return Ok(c);
         }
         self.connect(addr)
     }
 
-    fn give_back(&self, addr: &str, c: Conn) {
-        let mut pools = self.pools.lock();
+    fn give_back(&self, addr: &str, c: Conn, bulk: bool) {
+        let mut pools = self.pools[bulk as usize].lock();
         let pool = pools.entry(addr.to_string()).or_default();
         if pool.len() < MAX_IDLE_PER_PEER {
             pool.push(c);
@@ -301,14 +323,14 @@ impl RpcClient {
         if self.aborted.load(std::sync::atomic::Ordering::SeqCst) {
             return None;
         }
-        let conn = self.pools.lock().get_mut(addr).and_then(Vec::pop)?;
+        let conn = self.pools[0].lock().get_mut(addr).and_then(Vec::pop)?;
         Some(Lent { addr: addr.to_string(), conn })
     }
 
     /// Takes back a lent connection whose every request was answered.
     pub fn give_back_lent(&self, lent: Lent) {
         if !self.aborted.load(std::sync::atomic::Ordering::SeqCst) {
-            self.give_back(&lent.addr, lent.conn);
+            self.give_back(&lent.addr, lent.conn, false);
         }
     }
 
@@ -324,32 +346,24 @@ impl RpcClient {
         for (_, c) in self.active.lock().drain() {
             let _ = c.shutdown(std::net::Shutdown::Both);
         }
-        self.pools.lock().clear();
+        self.pools.iter().for_each(|p| p.lock().clear());
     }
 
     /// Drops every idle connection to `addr` (after the peer was found dead or restarted).
     pub fn forget(&self, addr: &str) {
-        self.pools.lock().remove(addr);
+        self.pools.iter().for_each(|p| drop(p.lock().remove(addr)));
     }
 
-    /// Runs one request on a pooled connection: `send` writes the request, `recv` reads the reply
-    /// attachment given its header. Any error discards the connection. A call on a stale pooled
-    /// connection that fails before a reply arrives is retried once on a new connection.
-    fn exchange<T>(
-        &self,
-        addr: &str,
-        send: impl FnMut(&mut TcpStream, u32) -> io::Result<()>,
-        recv: impl FnMut(&mut TcpStream, &frame::ResponseHeader) -> Result<T>,
-    ) -> Result<T> {
-        self.exchange_within(addr, None, send, recv)
-    }
-
-    /// [`RpcClient::exchange`] with the reply awaited for at most `reply_timeout` (instead of
-    /// the request timeout) on the connection it uses.
+    /// Runs one request on a pooled connection (of the bulk set when `bulk`): `send` writes the
+    /// request, `recv` reads the reply attachment given its header, awaited for at most
+    /// `reply_timeout` (the request timeout when `None`). Any error discards the connection. A
+    /// call on a stale pooled connection that fails before a reply arrives is retried once on a
+    /// new connection.
     fn exchange_within<T>(
         &self,
         addr: &str,
         reply_timeout: Option<Duration>,
+        bulk: bool,
         mut send: impl FnMut(&mut TcpStream, u32) -> io::Result<()>,
         mut recv: impl FnMut(&mut TcpStream, &frame::ResponseHeader) -> Result<T>,
     ) -> Result<T> {
@@ -357,8 +371,8 @@ impl RpcClient {
             if self.aborted.load(std::sync::atomic::Ordering::SeqCst) {
                 return Err(rpc_err(addr, "client is shutting down"));
             }
-            let pooled_before = self.pools.lock().get(addr).is_some_and(|p| !p.is_empty());
-            let mut c = self.take(addr)?;
+            let pooled_before = self.pools[bulk as usize].lock().get(addr).is_some_and(|p| !p.is_empty());
+            let mut c = self.take(addr, bulk)?;
             let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             if let Ok(clone) = c.stream.try_clone() {
                 self.active.lock().insert(id, clone);
@@ -389,7 +403,7 @@ impl RpcClient {
             if reply_timeout.is_some() {
                 c.stream.set_read_timeout(Some(self.timeouts.request)).map_err(|e| rpc_err(addr, e))?;
             }
-            self.give_back(addr, c);
+            self.give_back(addr, c, bulk);
             return Ok(out);
         }
         Err(rpc_err(addr, "call failed"))
@@ -408,6 +422,7 @@ impl RpcClient {
         self.exchange_within(
             addr,
             reply_timeout,
+            false,
             |s, seq| {
                 let mut req = Vec::with_capacity(31 + payload.len());
                 req.extend_from_slice(&frame::encode_request(seq, id, len, frame::MSG_TYPE_TENT_RS));
@@ -430,24 +445,51 @@ impl RpcClient {
     /// # Safety
     /// `data` must stay valid for reads until the call returns.
     pub unsafe fn send_data(&self, addr: &str, remote: u64, data: RawRange) -> Result<()> {
+        // SAFETY: forwarded.
+        unsafe { self.send_data_on(addr, remote, data, DataLane::default()) }
+    }
+
+    /// [`RpcClient::send_data`] on `lane`: a bulk lane's connections, and its pacing between
+    /// pieces of the payload.
+    ///
+    /// # Safety
+    /// `data` must stay valid for reads until the call returns.
+    pub unsafe fn send_data_on(&self, addr: &str, remote: u64, data: RawRange, lane: DataLane<'_>) -> Result<()> {
         let attach = u32::try_from(data.len as u64 + 16)
             .map_err(|_| Error::InvalidArgument("SendData chunk over 4 GiB".into()))?;
-        self.exchange(
+        self.exchange_within(
             addr,
+            None,
+            lane.bulk,
             |s, seq| {
                 let mut head = [0u8; 31 + 16];
-                head[..31].copy_from_slice(&frame::encode_request(
-                    seq,
-                    msg::SEND_DATA,
-                    attach,
-                    frame::MSG_TYPE_TENT_RS,
-                ));
+                head[..31].copy_from_slice(&frame::encode_request(seq, msg::SEND_DATA, attach, msg_type(lane.bulk)));
                 head[31..].copy_from_slice(&frame::encode_data_header(remote, data.len as u64));
                 // Header and data in two sends, not one gathered send: measured, the gathered
                 // form moved 4 MiB chunks at 0.9-1.1x a plain socket against 1.3x for this.
+                let Some(ticket) = lane.ticket else {
+                    s.write_all(&head)?;
+                    // SAFETY: `data` is valid for reads (this function's contract).
+                    return unsafe { rawio::write_all_raw(s, data.ptr, data.len) };
+                };
+                // The first pass covers the header and the first piece.
+                let mut pass = Some(ticket.pace());
                 s.write_all(&head)?;
-                // SAFETY: `data` is valid for reads (this function's contract).
-                unsafe { rawio::write_all_raw(s, data.ptr, data.len) }
+                let mut off = 0;
+                while off < data.len {
+                    if off > 0 {
+                        // Given back before the next is asked for: a shared one is scarce.
+                        drop(pass.take());
+                        pass = Some(ticket.pace());
+                    }
+                    let n = (data.len - off).min(PACE_PIECE);
+                    // SAFETY: `data` is valid for reads (this function's contract); the piece
+                    // lies inside it.
+                    unsafe { rawio::write_all_raw(s, data.ptr.add(off), n) }?;
+                    off += n;
+                }
+                drop(pass);
+                Ok(())
             },
             |s, h| {
                 if h.attach_len == 0 {
@@ -470,6 +512,15 @@ impl RpcClient {
     /// Every op's local range must stay valid (for reads for a Write, for writes for a Read)
     /// until the call returns.
     pub unsafe fn data_pipeline(&self, addr: &str, ops: &[DataOp]) -> Vec<Result<()>> {
+        // SAFETY: forwarded.
+        unsafe { self.data_pipeline_on(addr, ops, false) }
+    }
+
+    /// [`RpcClient::data_pipeline`] on the bulk connections when `bulk` (see [`DataLane`]).
+    ///
+    /// # Safety
+    /// As [`RpcClient::data_pipeline`].
+    pub unsafe fn data_pipeline_on(&self, addr: &str, ops: &[DataOp], bulk: bool) -> Vec<Result<()>> {
         let mut results: Vec<Result<()>> = Vec::with_capacity(ops.len());
         if ops.is_empty() {
             return results;
@@ -477,7 +528,7 @@ impl RpcClient {
         if self.aborted.load(std::sync::atomic::Ordering::SeqCst) {
             return ops.iter().map(|_| Err(rpc_err(addr, "client is shutting down"))).collect();
         }
-        let mut c = match self.take(addr) {
+        let mut c = match self.take(addr, bulk) {
             Ok(c) => c,
             Err(e) => return ops.iter().map(|_| Err(rpc_err(addr, format!("connect failed: {e}")))).collect(),
         };
@@ -502,7 +553,7 @@ impl RpcClient {
                     DataOp::Read { remote, out } => (msg::RECV_DATA, 16, *remote, out.len),
                 };
                 let attach = u32::try_from(attach).unwrap_or(u32::MAX);
-                head[..31].copy_from_slice(&frame::encode_request(seq, id, attach, frame::MSG_TYPE_TENT_RS));
+                head[..31].copy_from_slice(&frame::encode_request(seq, id, attach, msg_type(bulk)));
                 head[31..].copy_from_slice(&frame::encode_data_header(remote, len as u64));
                 head
             })
@@ -543,7 +594,7 @@ impl RpcClient {
         healthy &= replies.buffered().is_empty();
         drop(replies);
         if healthy {
-            self.give_back(addr, c);
+            self.give_back(addr, c, bulk);
         }
         results
     }
@@ -572,20 +623,41 @@ impl RpcClient {
     /// # Safety
     /// `out` must stay valid for writes until the call returns.
     pub unsafe fn recv_data(&self, addr: &str, remote: u64, out: RawRange) -> Result<()> {
+        // SAFETY: forwarded.
+        unsafe { self.recv_data_on(addr, remote, out, DataLane::default()) }
+    }
+
+    /// [`RpcClient::recv_data`] on `lane`: a bulk lane's connections, and its pacing between
+    /// pieces of the payload (a paused reader stops the peer through TCP's flow control).
+    ///
+    /// # Safety
+    /// `out` must stay valid for writes until the call returns.
+    pub unsafe fn recv_data_on(&self, addr: &str, remote: u64, out: RawRange, lane: DataLane<'_>) -> Result<()> {
         let want = out.len as u64;
-        self.exchange(
+        self.exchange_within(
             addr,
+            None,
+            lane.bulk,
             |s, seq| {
                 let mut head = [0u8; 31 + 16];
-                head[..31].copy_from_slice(&frame::encode_request(seq, msg::RECV_DATA, 16, frame::MSG_TYPE_TENT_RS));
+                head[..31].copy_from_slice(&frame::encode_request(seq, msg::RECV_DATA, 16, msg_type(lane.bulk)));
                 head[31..].copy_from_slice(&frame::encode_data_header(remote, want));
                 s.write_all(&head)
             },
             |s, h| {
                 if h.attach_len as u64 == want {
-                    // SAFETY: `out` is valid for writes (this function's contract).
-                    unsafe { rawio::read_exact_raw(s, out.ptr, out.len) }
-                        .map_err(|e| rpc_err(addr, format!("truncated data: {e}")))?;
+                    let piece = if lane.ticket.is_some() { PACE_PIECE } else { out.len.max(1) };
+                    let mut off = 0;
+                    while off < out.len {
+                        let pass = lane.ticket.map(Ticket::pace);
+                        let n = (out.len - off).min(piece);
+                        // SAFETY: `out` is valid for writes (this function's contract); the
+                        // piece lies inside it.
+                        unsafe { rawio::read_exact_raw(s, out.ptr.add(off), n) }
+                            .map_err(|e| rpc_err(addr, format!("truncated data: {e}")))?;
+                        drop(pass);
+                        off += n;
+                    }
                     return Ok(());
                 }
                 // Anything else is an in-band refusal from an upstream server, never data.

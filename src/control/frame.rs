@@ -32,6 +32,10 @@ pub const MAX_BODY_LEN: u32 = 64;
 /// Marker in the request's msg_type byte (ignored by upstream servers) telling a tent-rs server
 /// that the client wants refusals as `err_code` replies instead of in-band text.
 pub const MSG_TYPE_TENT_RS: u8 = 0x7e;
+/// As [`MSG_TYPE_TENT_RS`], for a data request of background (below HIGH) priority: a tent-rs
+/// server serves it with workers of its own, so background transfers never occupy the workers
+/// foreground requests need. Upstream servers ignore the byte.
+pub const MSG_TYPE_TENT_RS_BULK: u8 = 0x7d;
 
 /// coro_rpc error codes a server sends.
 pub const ERR_INVALID_ARGUMENTS: u8 = 4;

@@ -97,6 +97,7 @@ pub struct RpcServer {
     reactor: Mutex<Option<JoinHandle<()>>>,
     control: Arc<Pool<Conn>>,
     data: Arc<Pool<Conn>>,
+    bulk: Arc<Pool<Conn>>,
 }
 
 /// How an [`RpcServer`] runs.
@@ -151,12 +152,18 @@ impl RpcServer {
         let control = Arc::new(Pool::new("tent-rpc-c", 1, control_threads, idle_exit, move |q| worker(&s, q))?);
         let s = shared.clone();
         let data = Arc::new(Pool::new("tent-rpc-d", 0, data_threads, idle_exit, move |q| worker(&s, q))?);
-        let (c, d, s, sh) = (control.clone(), data.clone(), stopping.clone(), shared.clone());
+        let s = shared.clone();
+        let bulk = Arc::new(Pool::new("tent-rpc-b", 0, data_threads, idle_exit, move |q| {
+            crate::base::qos::background_thread();
+            worker(&s, q)
+        })?);
+        let (c, d, b, s, sh) = (control.clone(), data.clone(), bulk.clone(), stopping.clone(), shared.clone());
         let reactor = std::thread::Builder::new().name("tent-rpc-reactor".into()).spawn(move || {
-            let ctx = ReactorCtx { shared: &sh, control: &c, data: &d, request_timeout, buf: vec![0u8; READ_BUF] };
+            let ctx =
+                ReactorCtx { shared: &sh, control: &c, data: &d, bulk: &b, request_timeout, buf: vec![0u8; READ_BUF] };
             reactor(listener, wake_rx, ret_rx, ctx, &s, auth_required)
         })?;
-        Ok(RpcServer { shared, stopping, waker: wake_tx, reactor: Mutex::new(Some(reactor)), control, data })
+        Ok(RpcServer { shared, stopping, waker: wake_tx, reactor: Mutex::new(Some(reactor)), control, data, bulk })
     }
 
     /// Stops accepting, closes every connection and joins all threads. Idempotent.
@@ -165,11 +172,13 @@ impl RpcServer {
         let _ = (&self.waker).write(&[1]);
         drop(self.control.close());
         drop(self.data.close());
+        drop(self.bulk.close());
         for (_, c) in self.shared.active.lock().drain(..) {
             let _ = c.shutdown(std::net::Shutdown::Both);
         }
         self.control.join();
         self.data.join();
+        self.bulk.join();
         if let Some(t) = self.reactor.lock().take() {
             let _ = t.join();
         }
@@ -233,6 +242,15 @@ struct DataRequest {
     payload: u64,
     /// A SendData: its payload follows the headers on the connection.
     writes: bool,
+    /// Marked background by a tent-rs client: served by the bulk workers.
+    bulk: bool,
+}
+
+impl ReactorCtx<'_> {
+    /// The workers that serve data request `d`.
+    fn data_pool(&self, d: DataRequest) -> &Pool<Conn> {
+        if d.bulk { self.bulk } else { self.data }
+    }
 }
 
 /// What the reactor needs besides its sockets.
@@ -240,6 +258,10 @@ struct ReactorCtx<'a> {
     shared: &'a Shared,
     control: &'a Pool<Conn>,
     data: &'a Pool<Conn>,
+    /// The data workers of background requests (marked [`frame::MSG_TYPE_TENT_RS_BULK`] by a
+    /// tent-rs client): a paced background transfer that holds one of them mid-message never
+    /// holds up a foreground request.
+    bulk: &'a Pool<Conn>,
     request_timeout: Duration,
     /// The reactor's read buffer for the requests it serves itself.
     buf: Vec<u8>,
@@ -350,7 +372,7 @@ fn hand_over(idle: &mut Vec<Idle>, fds: &[libc::pollfd], ctx: &mut ReactorCtx<'_
                     // More than a turn's worth waits: a stream, which a data worker serves while
                     // the reactor goes on answering single requests.
                     let e = idle.swap_remove(i);
-                    if ctx.data.push(e.c).is_err() {
+                    if ctx.data_pool(d).push(e.c).is_err() {
                         return false;
                     }
                 } else if have >= d.total {
@@ -380,7 +402,7 @@ fn hand_over(idle: &mut Vec<Idle>, fds: &[libc::pollfd], ctx: &mut ReactorCtx<'_
                 } else {
                     // Too large to gather here: a data worker reads the rest as it comes.
                     let e = idle.swap_remove(i);
-                    if ctx.data.push(e.c).is_err() {
+                    if ctx.data_pool(d).push(e.c).is_err() {
                         return false;
                     }
                 }
@@ -402,7 +424,10 @@ fn hand_over(idle: &mut Vec<Idle>, fds: &[libc::pollfd], ctx: &mut ReactorCtx<'_
             }
             w @ (Waiting::Control | Waiting::Data(_)) => {
                 let e = idle.swap_remove(i);
-                let pool = if matches!(w, Waiting::Data(_)) { ctx.data } else { ctx.control };
+                let pool = match w {
+                    Waiting::Data(d) => ctx.data_pool(d),
+                    _ => ctx.control,
+                };
                 if pool.push(e.c).is_err() {
                     return false;
                 }
@@ -584,13 +609,14 @@ fn classify(bytes: &[u8]) -> Waiting {
         return Waiting::Control;
     }
     let total = end + h.attach_len as usize;
+    let bulk = h.msg_type == frame::MSG_TYPE_TENT_RS_BULK;
     // A descriptor is bulk too: one of a segment with 100,000 buffers is 20 MB of JSON, and
     // sending it must not hold a control worker that Notify or a bootstrap is waiting for.
     let (small, payload) = match frame::decode_body(&bytes[frame::REQUEST_HEADER_LEN..end]) {
         Ok(msg::SEND_DATA) => {
             let payload = (h.attach_len as u64).saturating_sub(16);
             let small = h.attach_len >= 16 && payload <= REACTOR_SERVE_MAX;
-            return Waiting::Data(DataRequest { total, small, payload, writes: true });
+            return Waiting::Data(DataRequest { total, small, payload, writes: true, bulk });
         }
         Ok(msg::RECV_DATA) => match bytes.get(end..end + 16) {
             Some(dh) if h.attach_len == 16 => {
@@ -604,7 +630,7 @@ fn classify(bytes: &[u8]) -> Waiting {
         Ok(msg::GET_SEGMENT_DESC) => (false, 0),
         _ => return Waiting::Control,
     };
-    Waiting::Data(DataRequest { total, small, payload, writes: false })
+    Waiting::Data(DataRequest { total, small, payload, writes: false, bulk })
 }
 
 /// Whether another data request can be served on this connection at once: one already read, or
@@ -759,7 +785,7 @@ fn serve_one(
         }
     }
     // tent-rs clients ask for refusals as err_code replies; upstream clients get in-band text.
-    let rust_peer = h.msg_type == frame::MSG_TYPE_TENT_RS;
+    let rust_peer = h.msg_type == frame::MSG_TYPE_TENT_RS || h.msg_type == frame::MSG_TYPE_TENT_RS_BULK;
     let refuse = |io: &mut ConnIo<'_>, text: &str| {
         if rust_peer { reply_err(io, frame::ERR_HANDLER, text) } else { reply(io, h.seq, text.as_bytes()) }
     };
