@@ -174,6 +174,17 @@ pub struct RdmaSection {
     pub rail_probe_interval: Duration,
 }
 
+/// Request priorities on every transport (upstream's RDMA scheduling keys, applied to all).
+#[derive(Debug, Clone, PartialEq)]
+pub struct QosSection {
+    /// `transports/rdma/priority_promotion_timeout_us`: work held back this long by
+    /// higher-priority work counts one level higher (0: never held back).
+    pub promotion_timeout: Duration,
+    /// `transports/rdma/priority_promotion_per_entry`: each waiter counts its own wait instead
+    /// of its level being promoted as a whole.
+    pub per_entry: bool,
+}
+
 /// `topology/*`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TopologySection {
@@ -206,6 +217,7 @@ pub struct Settings {
     pub rdma: RdmaSection,
     pub topology: TopologySection,
     pub metrics: MetricsSection,
+    pub qos: QosSection,
 }
 
 /// What parsing found besides the settings: warnings to log once the logger is set up.
@@ -262,6 +274,7 @@ impl Settings {
             rdma: rdma(r),
             topology: topology(r),
             metrics: metrics(r),
+            qos: qos(r),
         }
     }
 }
@@ -474,7 +487,7 @@ fn rdma_no_effect(r: &mut Reader) {
     const SCHED: &str = "tent-rs sprays slices round-robin over rail-aligned NIC pairs; NIC choice by load, NUMA \
                          and priority is not built yet";
     const GPU: &str = "tent-rs registers host memory only; there is no GPUDirect path yet";
-    let keys: [(&'static str, Value, &'static str); 29] = [
+    let keys: [(&'static str, Value, &'static str); 27] = [
         (
             "transports/rdma/device/num_comp_channels",
             json!(1),
@@ -516,12 +529,10 @@ fn rdma_no_effect(r: &mut Reader) {
         ("transports/rdma/score_jitter_range", json!(1e-9), SCHED),
         ("transports/rdma/score_epsilon", json!(1e-12), SCHED),
         ("transports/rdma/local_rotation_interval_us", json!(200), SCHED),
-        ("transports/rdma/priority_promotion_timeout_us", json!(10_000), SCHED),
         ("transports/rdma/slot_rotation_interval_ms", json!(2), SCHED),
         ("transports/rdma/default_bandwidth_gbps", json!(400.0), SCHED),
         ("transports/rdma/min_bandwidth_gbps", json!(10.0), SCHED),
         ("transports/rdma/max_bandwidth_gbps", json!(800.0), SCHED),
-        ("transports/rdma/priority_promotion_per_entry", json!(false), SCHED),
         (
             "topology/priority_matrix",
             Value::Null,
@@ -547,6 +558,18 @@ fn rdma_no_effect(r: &mut Reader) {
         "transports/ub/enable",
     ] {
         r.no_effect(key, json!(false), "this transport is not part of tent-rs");
+    }
+}
+
+fn qos(r: &mut Reader) -> QosSection {
+    QosSection {
+        promotion_timeout: Duration::from_micros(r.uint(
+            "transports/rdma/priority_promotion_timeout_us",
+            10_000,
+            0,
+            60_000_000,
+        )),
+        per_entry: r.bool("transports/rdma/priority_promotion_per_entry", false),
     }
 }
 

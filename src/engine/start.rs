@@ -90,10 +90,11 @@ pub(super) fn load_transports(
     let mut transports: Vec<Arc<dyn Transport>> = Vec::new();
     let idle_exit = settings.engine.idle_thread_exit;
     if settings.shm.enable {
-        transports.push(Arc::new(ShmTransport::new(ShmParams::from_section(&settings.shm, idle_exit))?));
+        let params = ShmParams::from_section(&settings.shm, idle_exit).with_qos(qos_params(settings));
+        transports.push(Arc::new(ShmTransport::new(params)?));
     }
     if settings.tcp.enable {
-        let params = TcpParams::from_section(&settings.tcp, idle_exit);
+        let params = TcpParams::from_section(&settings.tcp, idle_exit).with_qos(qos_params(settings));
         transports.push(Arc::new(TcpTransport::new(client.clone(), params, metrics.clone())?));
     }
     // File segments: io_uring, or the plain pread/pwrite path when io_uring is unavailable or
@@ -179,4 +180,9 @@ pub(super) fn start_rdma(settings: &Settings, name: &str, client: &Arc<RpcClient
             None
         }
     }
+}
+
+/// How the transports promote held-back work (`priority_promotion_*`).
+fn qos_params(settings: &Settings) -> crate::base::qos::QosParams {
+    crate::base::qos::QosParams { promotion_timeout: settings.qos.promotion_timeout, per_entry: settings.qos.per_entry }
 }

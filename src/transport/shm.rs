@@ -5,6 +5,12 @@
 //! size-checked, dropped when the segment closes or the buffer disappears from the peer's
 //! descriptor) and copies directly. Copies run on a pool of threads, large requests split across
 //! them, so submit never blocks the caller for a large batch.
+//!
+//! Priorities (`base::qos`): each level has its own copy threads (those of MEDIUM and LOW run
+//! at a lower CPU priority), only HIGH batches are copied on the submitting thread, and MEDIUM
+//! and LOW chunks are copied in pieces of `qos::PACE_PIECE` bytes, each under a pass of the
+//! transport's gate, so while HIGH work is queued or copied one piece of lower-level work is
+//! copied beside it.
 
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -14,6 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use parking_lot::Mutex;
 
 use crate::base::prefetch;
+use crate::base::qos::{self, Gate, Level, QosParams, Ticket};
 use crate::base::request::{Opcode, TransportKind};
 use crate::base::segment::{BufferDesc, BufferRef, SegmentDesc};
 use crate::base::task::Task;
@@ -34,6 +41,8 @@ pub struct ShmParams {
     pub chunk_size: u64,
     /// An idle copy thread ends after this long (`idle_thread_exit_ms`); they start on demand.
     pub idle_exit: std::time::Duration,
+    /// How held-back work is promoted (`priority_promotion_*`).
+    pub qos: QosParams,
 }
 
 impl ShmParams {
@@ -44,7 +53,13 @@ impl ShmParams {
             copy_threads: s.copy_threads,
             chunk_size: s.chunk_size,
             idle_exit,
+            qos: QosParams::default(),
         }
+    }
+
+    /// These parameters with priorities promoted as `qos` says.
+    pub fn with_qos(self, qos: QosParams) -> ShmParams {
+        ShmParams { qos, ..self }
     }
 }
 
@@ -335,6 +350,14 @@ struct Chunk {
     streaming: bool,
     /// Either side is device memory: the platform copies it, the CPU never touches it.
     device: bool,
+    /// The request's priority level, counted active on the gate until the chunk is copied.
+    ticket: Ticket,
+}
+
+impl Chunk {
+    fn level(&self) -> Level {
+        self.ticket.level()
+    }
 }
 
 /// Copies one chunk (unless its task was cancelled) and completes the task after its last chunk.
@@ -348,19 +371,25 @@ fn run_chunk(c: &Chunk) {
 /// overlapping, and with blocks landing in cold memory (a pool of many buffers) those waits
 /// were a tenth of a small batch.
 fn run_chunks(chunks: &[Chunk]) {
+    let Some(first) = chunks.first() else { return };
+    // Chunks below HIGH copy under passes of their level: a trip of several small ones (at
+    // most `TRIP_BYTES`) under one, a long one piece by piece (see `copy_chunk`).
+    let _pass = (first.level() != Level::High && chunks.len() > 1).then(|| first.ticket.pace());
     if chunks.len() > 1 {
         chunks.iter().for_each(prefetch_chunk);
     }
+    let paced = chunks.len() == 1;
     for c in chunks {
         if c.device {
             // Device chunks end one by one: a failed device copy fails its task instead.
+            let _pass = (paced && c.level() != Level::High).then(|| c.ticket.pace());
             if c.owner.task().cancel_requested() || copy_device_chunk(c) {
                 end_chunk(c);
             }
             continue;
         }
         if !c.owner.task().cancel_requested() {
-            copy_chunk(c);
+            copy_chunk(c, paced);
         }
     }
     chunks.iter().filter(|c| !c.device).for_each(end_chunk);
@@ -418,27 +447,37 @@ pub struct ShmTransport {
     mappings: Mutex<HashMap<String, SegmentMaps>>,
     /// Where the liveness times of the mappings count from.
     clock: std::time::Instant,
-    pool: Pool<Chunk>,
+    /// The copy threads of each level, HIGH first.
+    pools: [Pool<Chunk>; 3],
+    gate: Arc<Gate>,
     /// The batch being submitted slice by slice (see `start`).
     staged: Mutex<Staged>,
     stopping: Arc<AtomicBool>,
 }
 
 impl ShmTransport {
-    /// Sets up the copy threads: up to `copy_threads`, started when chunks wait and ended when
-    /// idle.
+    /// Sets up the copy threads, one set per priority level: up to `copy_threads` each,
+    /// started when chunks wait and ended when idle.
     pub fn new(params: ShmParams) -> Result<ShmTransport> {
         let stopping = Arc::new(AtomicBool::new(false));
-        let pool = Pool::new("tent-shm", 0, params.copy_threads, params.idle_exit, |q: &WorkQueue<Chunk>| {
-            while let Some(c) = q.pop() {
-                run_trip(q, c);
-            }
-        })?;
+        let pool = |name: &str, background: bool| {
+            Pool::new(name, 0, params.copy_threads, params.idle_exit, move |q: &WorkQueue<Chunk>| {
+                if background {
+                    qos::background_thread();
+                }
+                while let Some(c) = q.pop() {
+                    run_trip(q, c);
+                }
+            })
+        };
+        let pools = [pool("tent-shm", false)?, pool("tent-shm-m", true)?, pool("tent-shm-l", true)?];
+        let gate = Gate::new(params.qos, None);
         Ok(ShmTransport {
             params,
             mappings: Mutex::new(HashMap::new()),
             clock: std::time::Instant::now(),
-            pool,
+            pools,
+            gate,
             staged: Mutex::new(Staged::default()),
             stopping,
         })
@@ -447,6 +486,30 @@ impl ShmTransport {
     /// The parameters in use.
     pub fn params(&self) -> &ShmParams {
         &self.params
+    }
+
+    /// The gate that orders this transport's copies by priority.
+    pub fn gate(&self) -> &Arc<Gate> {
+        &self.gate
+    }
+
+    /// Queues chunks on the copy threads of their levels; those refused (shutting down) fail
+    /// their tasks.
+    fn push_all(&self, chunks: Vec<Chunk>) {
+        let mut by_level: [Vec<Chunk>; 3] = Default::default();
+        for c in chunks {
+            by_level[c.level() as usize].push(c);
+        }
+        for (pool, chunks) in self.pools.iter().zip(by_level) {
+            if chunks.is_empty() {
+                continue;
+            }
+            if let Err(rest) = pool.push_all(chunks) {
+                for c in rest {
+                    c.owner.task().fail("shm transport is shutting down".into());
+                }
+            }
+        }
     }
 
     /// Number of peer objects currently mapped.
@@ -508,6 +571,7 @@ impl ShmTransport {
                 Some(p) => p.preferred_chunk() as u64,
                 None => self.params.chunk_size,
             };
+            let level = Level::of(r.priority);
             if r.length <= chunk_size {
                 chunks.push(Chunk {
                     owner: Owner::Whole(task),
@@ -517,6 +581,7 @@ impl ShmTransport {
                     len: r.length,
                     streaming: false,
                     device,
+                    ticket: self.gate.enter(level),
                 });
                 continue;
             }
@@ -533,6 +598,7 @@ impl ShmTransport {
                     len,
                     streaming: false,
                     device,
+                    ticket: self.gate.enter(level),
                 });
                 off += len;
             }
@@ -566,29 +632,23 @@ impl ShmTransport {
             staged.chunk_bytes = 0;
             drop(staged);
             early.iter_mut().for_each(|c| c.streaming = streaming);
-            if let Err(rest) = self.pool.push_all(early) {
-                for c in rest {
-                    c.owner.task().fail("shm transport is shutting down".into());
-                }
-            }
+            self.push_all(early);
             return Ok(());
         }
         let Staged { chunks: mut queued, batch_bytes: whole, .. } = std::mem::take(&mut *staged);
         drop(staged);
         queued.extend(chunks);
         // The whole batch decides, not its last slice: the slices staged before were never
-        // handed to a copy thread, so a small batch is still copied here in one go.
+        // handed to a copy thread, so a small batch is still copied here in one go. Only its
+        // HIGH requests: the others would make the submitter wait for passes.
         if whole <= INLINE_MAX {
-            run_chunks(&queued);
+            let (high, rest): (Vec<Chunk>, Vec<Chunk>) = queued.into_iter().partition(|c| c.level() == Level::High);
+            self.push_all(rest);
+            run_chunks(&high);
             return Ok(());
         }
         queued.iter_mut().for_each(|c| c.streaming = streaming);
-        let pushed = if queued.is_empty() { Ok(()) } else { self.pool.push_all(queued) };
-        if let Err(rest) = pushed {
-            for c in rest {
-                c.owner.task().fail("shm transport is shutting down".into());
-            }
-        }
+        self.push_all(queued);
         Ok(())
     }
 
@@ -654,11 +714,22 @@ fn prefetch_chunk(c: &Chunk) {
     }
 }
 
-fn copy_chunk(c: &Chunk) {
+/// Copies a chunk; below HIGH and `paced`, piece by piece, each under a pass of its level.
+fn copy_chunk(c: &Chunk, paced: bool) {
     let (src, dst) = chunk_ends(c);
-    // SAFETY: the remote range lies inside the peer's registered buffer, mapped here and kept
-    // mapped by the Arc this chunk holds; the local range is the caller's transfer memory.
-    unsafe { crate::transport::copy::copy(src, dst, c.len as usize, c.streaming) };
+    let len = c.len as usize;
+    let paced = paced && c.level() != Level::High;
+    let piece = if paced { qos::PACE_PIECE } else { len.max(1) };
+    let mut off = 0;
+    while off < len {
+        let _pass = paced.then(|| c.ticket.pace());
+        let n = (len - off).min(piece);
+        // SAFETY: the remote range lies inside the peer's registered buffer, mapped here and
+        // kept mapped by the Arc this chunk holds; the local range is the caller's transfer
+        // memory; the piece lies inside both.
+        unsafe { crate::transport::copy::copy(src.add(off), dst.add(off), n, c.streaming) };
+        off += n;
+    }
 }
 
 /// Copies a chunk of which either side is device memory with the device platform; a failure
@@ -704,11 +775,19 @@ impl Transport for ShmTransport {
     }
 
     fn poll(&self) -> bool {
-        let q = self.pool.queue();
+        // A polling caller helps with the highest level that nothing holds back: it never
+        // waits for a pass here.
+        let Some(pool) = self.pools.iter().enumerate().find_map(|(l, p)| {
+            let level = [Level::High, Level::Medium, Level::Low][l];
+            (!p.queue().is_empty() && (level == Level::High || !self.gate.would_wait(level))).then_some(p)
+        }) else {
+            return false;
+        };
+        let q = pool.queue();
         let (mut first, large) = q.pop_more(1, |c| c.len <= HELP_MAX_BYTES);
         if let Some(large) = large {
             // Too long for a status poll: back to the copy threads (chunk order is free).
-            if let Err(c) = self.pool.push(large) {
+            if let Err(c) = pool.push(large) {
                 c.owner.task().fail("shm transport is shutting down".into());
             }
         }
@@ -733,10 +812,11 @@ impl Transport for ShmTransport {
     fn shutdown(&self) {
         self.stopping.store(true, Ordering::Release);
         let staged = std::mem::take(&mut self.staged.lock().chunks);
-        for c in self.pool.close().into_iter().chain(staged) {
+        let queued: Vec<Chunk> = self.pools.iter().flat_map(Pool::close).collect();
+        for c in queued.into_iter().chain(staged) {
             c.owner.task().fail("shm transport is shutting down".into());
         }
-        self.pool.join();
+        self.pools.iter().for_each(Pool::join);
         self.mappings.lock().clear();
     }
 }

@@ -10,6 +10,12 @@
 //! pipeline. Bytes go straight between the socket and the caller's memory. Transport errors are
 //! retried with exponential backoff; a refusal from the peer (bounds, permission) fails the task
 //! at once.
+//!
+//! Priorities (`base::qos`): each level has its own workers, and only HIGH requests are sent
+//! from the caller's thread. MEDIUM and LOW work uses the peer's bulk connections (served by
+//! the peer's bulk workers) and takes a pass of the transport's gate for each 256 KiB piece of
+//! a chunk (or each pipelined group), so while HIGH work is queued or moving, one piece of
+//! lower-level work moves at a time beside it.
 
 mod pipes;
 
@@ -19,11 +25,12 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use crate::base::qos::{Gate, Level, QosParams, Ticket};
 use crate::base::request::{Opcode, TransportKind};
 use crate::base::segment::SegmentDesc;
 use crate::base::task::Task;
 use crate::config::{Settings, TcpSection};
-use crate::control::client::{DataOp, RpcClient};
+use crate::control::client::{DataLane, DataOp, RpcClient};
 use crate::control::pipe::Pipe;
 use crate::control::queue::{Pool, WorkQueue};
 use crate::control::rawio::RawRange;
@@ -41,12 +48,19 @@ pub struct TcpParams {
     pub tcp: TcpSection,
     /// An idle worker ends after this long (`idle_thread_exit_ms`); workers start on demand.
     pub idle_exit: Duration,
+    /// How held-back work is promoted (`priority_promotion_*`).
+    pub qos: QosParams,
 }
 
 impl TcpParams {
     /// The parameters of a TCP section; idle workers end after `idle_exit`.
     pub fn from_section(t: &TcpSection, idle_exit: Duration) -> TcpParams {
-        TcpParams { tcp: *t, idle_exit }
+        TcpParams { tcp: *t, idle_exit, qos: QosParams::default() }
+    }
+
+    /// These parameters with priorities promoted as `qos` says.
+    pub fn with_qos(self, qos: QosParams) -> TcpParams {
+        TcpParams { qos, ..self }
     }
 
     /// The parameters of an empty configuration.
@@ -72,6 +86,14 @@ struct Job {
     /// The local side is device memory: its chunks go through a staging buffer (see
     /// [`move_chunk`]) and never through the pipelined paths, which hand the CPU the address.
     device: bool,
+    /// The task's priority level, counted active on the gate until the last chunk ends.
+    ticket: Ticket,
+}
+
+impl Job {
+    fn level(&self) -> Level {
+        self.ticket.level()
+    }
 }
 
 struct Chunk {
@@ -115,23 +137,38 @@ pub struct TcpTransport {
 struct Inner {
     params: TcpParams,
     client: Arc<RpcClient>,
-    pool: Pool<Group>,
+    /// The workers of each level, HIGH first.
+    pools: [Pool<Group>; 3],
+    gate: Arc<Gate>,
     stopping: Arc<AtomicBool>,
     carriers: Carriers,
     metrics: Arc<Metrics>,
 }
 
 impl TcpTransport {
-    /// Sets up the worker pool: up to `max_concurrent_tasks` threads, started when chunks wait
-    /// and ended when idle (the reaper of pipes no caller polls starts with the first pipe).
+    /// Sets up the worker pools, one per priority level: up to `max_concurrent_tasks` threads
+    /// each, started when chunks wait and ended when idle (the reaper of pipes no caller polls
+    /// starts with the first pipe).
     pub fn new(client: Arc<RpcClient>, params: TcpParams, metrics: Arc<Metrics>) -> Result<TcpTransport> {
         let stopping = Arc::new(AtomicBool::new(false));
-        let (c, s, m) = (client.clone(), stopping.clone(), metrics.clone());
-        let pool = Pool::new("tent-tcp", 0, params.tcp.max_concurrent_tasks, params.idle_exit, move |q| {
-            worker(q, &c, &s, params, &m)
-        })?;
-        let inner = Arc::new(Inner { params, client, pool, stopping, carriers: Carriers::default(), metrics });
+        let pool = |name: &str, background: bool| {
+            let (c, s, m) = (client.clone(), stopping.clone(), metrics.clone());
+            Pool::new(name, 0, params.tcp.max_concurrent_tasks, params.idle_exit, move |q| {
+                if background {
+                    crate::base::qos::background_thread();
+                }
+                worker(q, &c, &s, params, &m)
+            })
+        };
+        let pools = [pool("tent-tcp", false)?, pool("tent-tcp-m", true)?, pool("tent-tcp-l", true)?];
+        let gate = Gate::new(params.qos, None);
+        let inner = Arc::new(Inner { params, client, pools, gate, stopping, carriers: Carriers::default(), metrics });
         Ok(TcpTransport { inner, staged: Mutex::new(Staged::default()) })
+    }
+
+    /// The gate that orders this transport's work by priority.
+    pub fn gate(&self) -> &Arc<Gate> {
+        &self.inner.gate
     }
 
     /// The parameters in use.
@@ -159,12 +196,14 @@ impl TcpTransport {
             }
             let n = len.div_ceil(self.inner.params.tcp.chunk_size) as usize;
             let device = crate::device::known::device_of(task.request().source, len).is_some();
+            let ticket = self.inner.gate.enter(Level::of(task.request().priority));
             let job = Arc::new(Job {
                 task,
                 rpc_addr: target.rpc_server_addr.clone(),
                 remaining: AtomicUsize::new(n),
                 failed: AtomicBool::new(false),
                 device,
+                ticket,
             });
             let mut off = 0;
             while off < len {
@@ -197,15 +236,16 @@ impl TcpTransport {
         if queued.is_empty() {
             return Ok(());
         }
-        // A small submit goes out from this thread, as far as the sockets take it (groups with
-        // no idle connection to use go to the workers); a large one goes to the workers, which
-        // move it over several connections at once.
+        // A small submit of HIGH requests goes out from this thread, as far as the sockets
+        // take it (groups with no idle connection to use go to the workers); a large one, and
+        // other levels, go to the workers, which move it over several connections at once.
         let total: u64 = queued.iter().map(|c| c.len).sum();
         let mut on_caller = if total > CALLER_MAX_BYTES { u64::MAX } else { 0 };
         let mut to_workers = Vec::new();
         for group in group_chunks(queued, self.inner.params) {
             let bytes: u64 = group.iter().map(|c| c.len).sum();
-            if on_caller.saturating_add(bytes) > CALLER_MAX_BYTES || !pipelined(&group, self.inner.params) {
+            let high = group.first().is_some_and(|c| c.job.level() == Level::High);
+            if !high || on_caller.saturating_add(bytes) > CALLER_MAX_BYTES || !pipelined(&group, self.inner.params) {
                 to_workers.push(group);
                 continue;
             }
@@ -253,7 +293,9 @@ fn group_chunks(chunks: Vec<Chunk>, p: TcpParams) -> Vec<Group> {
             && cur.len() < PIPELINE_MAX_OPS
             && bytes + chunk.len <= PIPELINE_MAX_BYTES
             && cur.first().is_some_and(|f| {
-                f.job.task.request().opcode == chunk.job.task.request().opcode && f.job.rpc_addr == chunk.job.rpc_addr
+                f.job.task.request().opcode == chunk.job.task.request().opcode
+                    && f.job.rpc_addr == chunk.job.rpc_addr
+                    && f.job.level() == chunk.job.level()
             });
         if !joins && !cur.is_empty() {
             groups.push(std::mem::take(&mut cur));
@@ -343,9 +385,14 @@ fn move_group(client: &RpcClient, group: &[Chunk], stopping: &AtomicBool, p: Tcp
         })
         .collect();
     let addr = group.first().map(|c| c.job.rpc_addr.clone()).unwrap_or_default();
+    let bulk = group.first().is_some_and(|c| c.job.level() != Level::High);
+    // A pipelined group is one piece (at most 1 MiB), under one pass of its level; the pass
+    // is given back before a chunk is moved again alone, which paces itself.
+    let pass = group.first().map(|c| c.job.ticket.pace());
     // SAFETY: each local range is this chunk's part of its request's memory, which the
     // submitter promised valid until the task ends (`Engine::submit`); no two chunks overlap.
-    let results = unsafe { client.data_pipeline(&addr, &ops) };
+    let results = unsafe { client.data_pipeline_on(&addr, &ops, bulk) };
+    drop(pass);
     for (chunk, result) in live.iter().zip(results) {
         let result = match result {
             Err(Error::Rpc(_)) => move_chunk(client, chunk, stopping, p, metrics),
@@ -408,14 +455,19 @@ fn move_chunk(client: &RpcClient, chunk: &Chunk, stopping: &AtomicBool, p: TcpPa
 }
 
 /// One SendData (WRITE) or RecvData (READ) of host memory `local` at the peer's `remote`.
+/// Work below HIGH goes on the bulk connections and is paced by its level between pieces.
 ///
 /// # Safety
 /// `local` must be valid host memory for the call (for writes when reading).
 unsafe fn move_range(client: &RpcClient, chunk: &Chunk, opcode: Opcode, remote: u64, local: RawRange) -> Result<()> {
+    let lane = match chunk.job.level() {
+        Level::High => DataLane::default(),
+        _ => DataLane { bulk: true, ticket: Some(&chunk.job.ticket) },
+    };
     // SAFETY: guaranteed by the caller.
     match opcode {
-        Opcode::Write => unsafe { client.send_data(&chunk.job.rpc_addr, remote, local) },
-        Opcode::Read => unsafe { client.recv_data(&chunk.job.rpc_addr, remote, local) },
+        Opcode::Write => unsafe { client.send_data_on(&chunk.job.rpc_addr, remote, local, lane) },
+        Opcode::Read => unsafe { client.recv_data_on(&chunk.job.rpc_addr, remote, local, lane) },
     }
 }
 
@@ -493,11 +545,12 @@ impl Transport for TcpTransport {
         inner.carriers.stop_reaper();
         let staged = std::mem::take(&mut *self.staged.lock()).chunks;
         let on_pipes: Vec<Chunk> = inner.carriers.take_all().into_iter().flat_map(Pipe::abandon).collect();
-        for c in inner.pool.close().into_iter().flatten().chain(staged).chain(on_pipes) {
+        let queued: Vec<Chunk> = inner.pools.iter().flat_map(Pool::close).flatten().collect();
+        for c in queued.into_iter().chain(staged).chain(on_pipes) {
             c.job.failed.store(true, Ordering::Release);
             c.job.task.fail("tcp transport is shutting down".into());
         }
-        inner.pool.join();
+        inner.pools.iter().for_each(Pool::join);
     }
 }
 
@@ -552,6 +605,7 @@ mod tests {
             remaining: AtomicUsize::new(1),
             failed: AtomicBool::new(false),
             device: false,
+            ticket: Gate::new(QosParams::default(), None).enter(Level::High),
         });
         Chunk { job, offset: 0, len }
     }
@@ -632,7 +686,7 @@ mod tests {
         });
         let task = |len| Task::new(CountingSink::new(*chunk(Opcode::Write, len).job.task.request()), 0);
         t.submit_partial(&target, vec![task(4096), task(4096)]).expect("partial");
-        assert_eq!(t.inner.pool.queue().len(), 0, "no worker is handed a slice while the batch is submitted");
+        assert_eq!(t.inner.pools[0].queue().len(), 0, "no worker is handed a slice while the batch is submitted");
         assert_eq!(t.staged.lock().chunks.len(), 2);
         t.submit(&target, vec![]).expect("last submit");
         assert!(t.staged.lock().chunks.is_empty(), "the last submit hands everything over");

@@ -213,10 +213,22 @@ impl Inner {
         if groups.is_empty() {
             return;
         }
-        if let Err(rest) = self.pool.push_all(groups) {
-            for c in rest.into_iter().flatten() {
-                c.job.failed.store(true, Ordering::Release);
-                c.job.task.fail("tcp transport is shutting down".into());
+        // Each level has its own workers, so a HIGH group never waits for a worker that
+        // LOW work holds back (see `base::qos`).
+        let mut by_level: [Vec<Group>; 3] = Default::default();
+        for g in groups {
+            let level = g.first().map(|c| c.job.ticket.level() as usize).unwrap_or(0);
+            by_level[level].push(g);
+        }
+        for (pool, groups) in self.pools.iter().zip(by_level) {
+            if groups.is_empty() {
+                continue;
+            }
+            if let Err(rest) = pool.push_all(groups) {
+                for c in rest.into_iter().flatten() {
+                    c.job.failed.store(true, Ordering::Release);
+                    c.job.task.fail("tcp transport is shutting down".into());
+                }
             }
         }
     }
