@@ -1,0 +1,224 @@
+//! Request priorities under load, between two engines on 127.0.0.1, over TCP (default) or SHM
+//! (`--shm`).
+//!
+//! `cargo bench --bench priorities [-- --shm]` measures, in one run:
+//! - HIGH reads of 4 KiB and 64 KiB, one at a time, on an idle path;
+//! - the same reads while 8 LOW streams of 4 MiB writes saturate the path to the same peer,
+//!   with priorities (reads HIGH, streams LOW) and without (everything LOW, which is what
+//!   every request got before priorities were built);
+//! - the LOW streams' throughput alone (the path's capacity), and under a HIGH load of half
+//!   that capacity in 1 MiB writes.
+//!
+//! It prints p50 and p99 of each latency case with its ratio to idle, and the throughputs with
+//! their ratio to capacity. Under `cargo test` it runs each phase briefly as a smoke test.
+//! Options: `--seconds N` per phase (default 3), `--streams N` (8), `--promotion-us N` (the
+//! promotion timeout; upstream's 10 ms by default).
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{arg, benching, engine, registered};
+use tent::engine::types::{Opcode, Request, Status, TransportKind};
+use tent::engine::{Engine, MemoryOptions};
+
+const HIGH: i32 = 0;
+const LOW: i32 = 2;
+const STREAM_BLOCK: usize = 4 << 20;
+
+/// Submits one request and waits for it, polling; `spin` yields between polls (the latency
+/// probe), otherwise it sleeps 100 us (the bulk streams). Returns the time it took.
+fn one(e: &Engine, req: Request, spin: bool) -> Duration {
+    let start = Instant::now();
+    let b = e.allocate_batch(1).expect("batch");
+    // SAFETY: the request's local memory is a registered buffer that outlives the benchmark.
+    unsafe { e.submit(b, &[req], None) }.expect("submit");
+    loop {
+        let (s, _) = e.overall_status(b).expect("status");
+        if s == Status::Completed {
+            break;
+        }
+        assert_eq!(s, Status::Pending, "transfer failed");
+        if spin {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+    let t = start.elapsed();
+    e.free_batch(b).expect("free");
+    t
+}
+
+struct Path {
+    initiator: Arc<Engine>,
+    target: Arc<Engine>,
+    h: u64,
+    hint: TransportKind,
+    local: Vec<u8>,
+    /// The target's buffer (shared memory, so SHM reaches it).
+    remote: u64,
+    streams: usize,
+}
+
+impl Path {
+    fn req(&self, op: Opcode, at: usize, len: usize, priority: i32) -> Request {
+        Request {
+            opcode: op,
+            source: self.local.as_ptr() as u64 + at as u64,
+            target_id: self.h,
+            target_offset: self.remote + at as u64,
+            length: len as u64,
+            priority,
+            hint: self.hint,
+        }
+    }
+
+    /// Runs `streams` LOW 4 MiB write streams until `stop`; adds their bytes to `moved`.
+    fn start_streams<'s>(
+        &'s self,
+        s: &'s std::thread::Scope<'s, '_>,
+        stop: &'s AtomicBool,
+        moved: &'s AtomicU64,
+        priority: i32,
+    ) {
+        for i in 0..self.streams {
+            s.spawn(move || {
+                let at = (1 << 20) + i * STREAM_BLOCK;
+                while !stop.load(Ordering::Relaxed) {
+                    one(&self.initiator, self.req(Opcode::Write, at, STREAM_BLOCK, priority), false);
+                    moved.fetch_add(STREAM_BLOCK as u64, Ordering::Relaxed);
+                }
+            });
+        }
+    }
+
+    /// Latencies of reads of `len` bytes, one at a time, for `for_`.
+    fn probe(&self, len: usize, priority: i32, for_: Duration) -> Vec<f64> {
+        let end = Instant::now() + for_;
+        let mut out = Vec::new();
+        while Instant::now() < end || out.len() < 20 {
+            out.push(one(&self.initiator, self.req(Opcode::Read, 0, len, priority), true).as_secs_f64() * 1e6);
+        }
+        out
+    }
+
+    /// Probe latencies (4 KiB, 64 KiB) with the streams running at `stream_priority`, or idle.
+    fn latencies(&self, loaded: Option<(i32, i32)>, for_: Duration) -> [Vec<f64>; 2] {
+        let Some((stream_priority, probe_priority)) = loaded else {
+            return [self.probe(4 << 10, HIGH, for_), self.probe(64 << 10, HIGH, for_)];
+        };
+        let (stop, moved) = (AtomicBool::new(false), AtomicU64::new(0));
+        std::thread::scope(|s| {
+            self.start_streams(s, &stop, &moved, stream_priority);
+            // Let the streams fill the path first.
+            std::thread::sleep(for_ / 4);
+            let out = [self.probe(4 << 10, probe_priority, for_), self.probe(64 << 10, probe_priority, for_)];
+            stop.store(true, Ordering::Relaxed);
+            out
+        })
+    }
+
+    /// LOW stream throughput (bytes/s) alone, or under a HIGH load of `high_rate` bytes/s in
+    /// 1 MiB writes; also gives the HIGH bytes/s reached.
+    fn throughput(&self, high_rate: f64, for_: Duration) -> (f64, f64) {
+        let (stop, moved, high) = (AtomicBool::new(false), AtomicU64::new(0), AtomicU64::new(0));
+        std::thread::scope(|s| {
+            self.start_streams(s, &stop, &moved, LOW);
+            if high_rate > 0.0 {
+                let (stop, high) = (&stop, &high);
+                s.spawn(move || {
+                    let start = Instant::now();
+                    let mut sent = 0f64;
+                    while !stop.load(Ordering::Relaxed) {
+                        // Paced to the rate: each write goes when its bytes are due.
+                        let due = start + Duration::from_secs_f64(sent / high_rate);
+                        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                            std::thread::sleep(wait);
+                        }
+                        let at = (1 << 20) + self.streams * STREAM_BLOCK;
+                        one(&self.initiator, self.req(Opcode::Write, at, 1 << 20, HIGH), false);
+                        sent += (1 << 20) as f64;
+                        high.fetch_add(1 << 20, Ordering::Relaxed);
+                    }
+                });
+            }
+            std::thread::sleep(for_ / 4);
+            let (m0, h0, t0) = (moved.load(Ordering::Relaxed), high.load(Ordering::Relaxed), Instant::now());
+            std::thread::sleep(for_);
+            let (m1, h1, dt) = (moved.load(Ordering::Relaxed), high.load(Ordering::Relaxed), t0.elapsed());
+            stop.store(true, Ordering::Relaxed);
+            ((m1 - m0) as f64 / dt.as_secs_f64(), (h1 - h0) as f64 / dt.as_secs_f64())
+        })
+    }
+}
+
+fn pct(v: &[f64], p: f64) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+fn main() {
+    let bench = benching();
+    let shm = std::env::args().any(|a| a == "--shm");
+    let phase =
+        Duration::from_millis(arg("--seconds").map(|s| s as u64 * 1000).unwrap_or(if bench { 3000 } else { 200 }));
+    let streams = arg("--streams").unwrap_or(8).max(1);
+    let (hint, name) = if shm { (TransportKind::Shm, "shm") } else { (TransportKind::Tcp, "tcp") };
+    let promotion = arg("--promotion-us").map(|us| us.to_string());
+    let mut extra: Vec<(&str, &str)> = Vec::new();
+    extra.push(("transports/shm/enable", if shm { "true" } else { "false" }));
+    if let Some(us) = &promotion {
+        extra.push(("transports/rdma/priority_promotion_timeout_us", us));
+    }
+    let target = engine(&extra);
+    let initiator = engine(&extra);
+    let size = (1 << 20) + (streams + 1) * STREAM_BLOCK;
+    let heap = if shm { Vec::new() } else { registered(&target, size) };
+    let remote = if shm {
+        let opts = MemoryOptions { transport: TransportKind::Shm, ..MemoryOptions::default() };
+        let (remote, _) = target.allocate_memory(size, &opts).expect("shm block");
+        // SAFETY: the memory stays alive until unregistered or the engine is dropped.
+        unsafe { target.register_memory(&[(remote, size as u64)], &MemoryOptions::default()) }.expect("register");
+        remote
+    } else {
+        heap.as_ptr() as u64
+    };
+    let local = registered(&initiator, size);
+    let h = initiator.open_segment(target.segment_name()).expect("open");
+    let path = Path { initiator, target, h, hint, local, remote, streams };
+    // Warm-up: connections, page faults.
+    path.latencies(None, phase / 4);
+    let idle = path.latencies(None, phase);
+    let with = path.latencies(Some((LOW, HIGH)), phase);
+    let without = path.latencies(Some((LOW, LOW)), phase);
+    println!("priorities over {name}: {streams} LOW streams of 4 MiB writes, probes one at a time");
+    for (i, size) in ["4 KiB", "64 KiB"].iter().enumerate() {
+        let (i50, i99) = (pct(&idle[i], 0.5), pct(&idle[i], 0.99));
+        println!("  {size} read idle:                 p50 {i50:8.1} us  p99 {i99:8.1} us  ({} reads)", idle[i].len());
+        for (label, v) in [("HIGH under LOW (priorities)", &with[i]), ("all LOW (no priorities)    ", &without[i])] {
+            let (p50, p99) = (pct(v, 0.5), pct(v, 0.99));
+            println!(
+                "  {size} read {label}: p50 {p50:8.1} us  p99 {p99:8.1} us  = {:.2}x / {:.2}x idle  ({} reads)",
+                p50 / i50,
+                p99 / i99,
+                v.len()
+            );
+        }
+    }
+    let (capacity, _) = path.throughput(0.0, phase);
+    let (low, high) = path.throughput(capacity / 2.0, phase);
+    let mb = |b: f64| b / 1e6;
+    println!("  LOW streams alone: {:.0} MB/s (the path's capacity)", mb(capacity));
+    println!(
+        "  LOW under HIGH 1 MiB writes at half capacity: LOW {:.0} MB/s = {:.2}x capacity (HIGH reached {:.0} MB/s)",
+        mb(low),
+        low / capacity,
+        mb(high)
+    );
+    drop(path.target);
+    drop(heap);
+}
