@@ -211,8 +211,11 @@ impl Gate {
     }
 
     fn leave(&self, level: Level) {
-        if level != Level::Low {
-            // Before the count drops, so a mover that sees it at zero sees the time too.
+        // Only while lower work is active: foreground-only traffic then writes no shared time
+        // (and reads no clock) per task. Stored before the count drops, so a mover that sees
+        // the count at zero sees the time too.
+        let lower_active = (level.index() + 1..3).any(|l| self.active[l].load(Ordering::Acquire) > 0);
+        if level != Level::Low && lower_active {
             self.ended[level.index()].store(self.now_ns(), Ordering::Release);
         }
         let n = self.active[level.index()].fetch_sub(1, Ordering::AcqRel) - 1;

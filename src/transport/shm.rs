@@ -752,6 +752,22 @@ fn copy_device_chunk(c: &Chunk) -> bool {
     }
 }
 
+/// Copies a trip of chunks queued on `pool` on the calling (polling) thread; false when none
+/// waits.
+fn help(pool: &Pool<Chunk>) -> bool {
+    let q = pool.queue();
+    let (mut first, large) = q.pop_more(1, |c| c.len <= HELP_MAX_BYTES);
+    if let Some(large) = large {
+        // Too long for a status poll: back to the copy threads (chunk order is free).
+        if let Err(c) = pool.push(large) {
+            c.owner.task().fail("shm transport is shutting down".into());
+        }
+    }
+    let Some(first) = first.pop() else { return false };
+    run_trip(q, first);
+    true
+}
+
 impl Transport for ShmTransport {
     fn kind(&self) -> TransportKind {
         TransportKind::Shm
@@ -776,24 +792,11 @@ impl Transport for ShmTransport {
 
     fn poll(&self) -> bool {
         // A polling caller helps with the highest level that nothing holds back: it never
-        // waits for a pass here.
-        let Some(pool) = self.pools.iter().enumerate().find_map(|(l, p)| {
-            let level = [Level::High, Level::Medium, Level::Low][l];
-            (!p.queue().is_empty() && (level == Level::High || !self.gate.would_wait(level))).then_some(p)
-        }) else {
-            return false;
-        };
-        let q = pool.queue();
-        let (mut first, large) = q.pop_more(1, |c| c.len <= HELP_MAX_BYTES);
-        if let Some(large) = large {
-            // Too long for a status poll: back to the copy threads (chunk order is free).
-            if let Err(c) = pool.push(large) {
-                c.owner.task().fail("shm transport is shutting down".into());
-            }
-        }
-        let Some(first) = first.pop() else { return false };
-        run_trip(q, first);
-        true
+        // waits for a pass here. HIGH is tried first without a look at the other queues.
+        self.pools.iter().zip([Level::High, Level::Medium, Level::Low]).any(|(pool, level)| {
+            let held = level != Level::High && (pool.queue().is_empty() || self.gate.would_wait(level));
+            !held && help(pool)
+        })
     }
 
     fn segment_changed(&self, name: &str, desc: Option<&SegmentDesc>) {
