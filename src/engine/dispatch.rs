@@ -173,7 +173,7 @@ impl Dispatcher {
         }
         order.sort_by_key(|&i| {
             let r = &entries[i].request;
-            (r.opcode, r.hint, r.target_offset, r.source)
+            (r.opcode, r.hint, r.priority, r.target_offset, r.source)
         });
         // Runs of `order` that merge; `order` itself is the member list of every run.
         let mut bounds: Vec<std::ops::Range<usize>> = Vec::new();
@@ -181,8 +181,11 @@ impl Dispatcher {
         for (pos, &i) in order.iter().enumerate() {
             let r = entries[i].request;
             if let Some(m) = cur.as_mut() {
+                // Requests of different priorities never merge: the merged unit would move at
+                // the first one's level.
                 let contiguous = m.opcode == r.opcode
                     && m.hint == r.hint
+                    && m.priority == r.priority
                     && m.target_offset.checked_add(m.length) == Some(r.target_offset)
                     && m.source.checked_add(m.length) == Some(r.source);
                 if contiguous {
