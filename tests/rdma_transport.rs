@@ -931,3 +931,61 @@ fn read_only_buffer_refuses_writes_with_rdma_as_transport() {
         std::mem::forget(v);
     }
 }
+
+/// Priorities on the RDMA lanes: with the send queue full of LOW writes and more LOW work queued
+/// behind them, a HIGH write submitted last is posted as soon as a slot frees, and LOW work
+/// keeps one write on the wire beside it, so the HIGH write ends long before the LOW queue.
+#[test]
+fn a_high_slice_overtakes_queued_low_slices() {
+    let name = "prio-lanes";
+    let f = fabric(name);
+    let cfg = [
+        ("transports/rdma/num_lanes", "1"),
+        ("transports/rdma/endpoint/max_qp_wr", "8"),
+        // Ordering by priority, not promotion, is what this shows.
+        ("transports/rdma/priority_promotion_timeout_us", "60000000"),
+        // Each LOW write its own task, so the test sees how many ended.
+        ("merge_requests", "false"),
+    ];
+    let a = rdma_engine(name, &cfg);
+    let b = rdma_engine(name, &cfg);
+    write_read(&a, &b, 64 << 10, 1);
+    // Every request takes 1 ms of the virtual clock: the writes move only as the test advances it.
+    let nics = |e: &Engine| (0..4).filter_map(|i| host(e).nic(&format!("sim_mlx5_{i}"))).collect::<Vec<_>>();
+    let (na, nb) = (nics(&a), nics(&b));
+    assert!(!na.is_empty() && !nb.is_empty());
+    let delay_all = |d: Duration| na.iter().for_each(|&x| nb.iter().for_each(|&y| f.set_path_delay(x, y, d)));
+    delay_all(Duration::from_millis(1));
+    let n = 64usize;
+    let piece = 16usize << 10;
+    let src = buffer(&a, (n + 1) * piece, |i| pattern(i) ^ 7, Permission::GlobalReadWrite);
+    let dst = buffer(&b, (n + 1) * piece, |_| 0, Permission::GlobalReadWrite);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let write = |i: usize, priority: i32| {
+        let at = (i * piece) as u64;
+        let mut r = req(Opcode::Write, src.as_ptr() as u64 + at, h, dst.as_ptr() as u64 + at, piece as u64);
+        r.priority = priority;
+        r
+    };
+    let low: Vec<_> = (0..n).map(|i| write(i, 2)).collect();
+    let lb = a.allocate_batch(n).expect("batch");
+    // SAFETY: `src` and `dst` outlive the batches, which are waited for below.
+    unsafe { a.submit(lb, &low, None) }.expect("submit LOW");
+    let hb = a.allocate_batch(1).expect("batch");
+    // SAFETY: as above.
+    unsafe { a.submit(hb, &[write(n, 0)], None) }.expect("submit HIGH");
+    let low_ended = || a.task_status_list(lb).expect("status").iter().filter(|(s, _)| *s != Status::Pending).count();
+    // Each step lets the posted writes run (and the lane post the next ones).
+    until(&f, Duration::from_millis(1), || a.task_status(hb, 0).expect("status").0 != Status::Pending);
+    assert_eq!(a.task_status(hb, 0).expect("status").0, Status::Completed);
+    let ended = low_ended();
+    assert!(ended < n / 2, "the HIGH write ended after {ended} of {n} LOW writes: it waited behind them");
+    delay_all(Duration::ZERO);
+    until(&f, Duration::from_millis(1), || low_ended() == n);
+    for (s, len) in wait(&a, lb, BOUND) {
+        assert_eq!((s, len), (Status::Completed, piece as u64));
+    }
+    assert!(dst == src, "every write's bytes");
+    a.free_batch(lb).expect("free");
+    a.free_batch(hb).expect("free");
+}

@@ -18,6 +18,7 @@
 //! waiters of a level are promoted together, once the one that waited longest passed the
 //! timeout (upstream's head-only mode); per entry, each waiter counts its own wait.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -46,11 +47,13 @@ impl Level {
         }
     }
 
-    fn index(self) -> usize {
+    /// 0 for HIGH, 1 for MEDIUM, 2 for LOW.
+    pub fn index(self) -> usize {
         self as usize
     }
 
-    fn from_index(i: usize) -> Level {
+    /// The level of [`Level::index`] `i` (LOW for anything above 2).
+    pub fn from_index(i: usize) -> Level {
         match i {
             0 => Level::High,
             1 => Level::Medium,
@@ -383,6 +386,108 @@ impl Drop for Pass {
     }
 }
 
+/// Work waiting to be started by one thread that never blocks (an RDMA lane), one FIFO queue
+/// per level, drained HIGH first. Promotion moves waiting work up a queue, as upstream's RDMA
+/// workers do: head-only, a queue whose head waited its timeout moves up as a whole; per entry,
+/// each entry that did. An entry counts one timeout per level it rose, from when it was queued,
+/// so LOW work reaches the HIGH queue after two timeouts.
+pub struct LevelQueues<T> {
+    queues: [VecDeque<Queued<T>>; 3],
+    params: QosParams,
+    last_promotion: Option<Instant>,
+}
+
+/// An entry of [`LevelQueues`].
+pub struct Queued<T> {
+    /// The work.
+    pub item: T,
+    /// Its level and wait, kept when it is put back.
+    pub stamp: Stamp,
+}
+
+/// When an entry of [`LevelQueues`] was queued, and at which level.
+#[derive(Debug, Clone, Copy)]
+pub struct Stamp {
+    /// The entry's own level (the queue it is in may be higher, after promotion).
+    pub level: Level,
+    since: Instant,
+}
+
+/// How often [`LevelQueues::promote`] looks at the queues (upstream: once per ms).
+const PROMOTION_CHECK: Duration = Duration::from_millis(1);
+
+impl<T> LevelQueues<T> {
+    /// Empty queues promoted as `params` says.
+    pub fn new(params: QosParams) -> LevelQueues<T> {
+        LevelQueues { queues: Default::default(), params, last_promotion: None }
+    }
+
+    /// Queues new work of `level` at the tail of its level's queue.
+    pub fn push(&mut self, item: T, level: Level) {
+        self.queues[level.index()].push_back(Queued { item, stamp: Stamp { level, since: Instant::now() } });
+    }
+
+    /// Puts an entry taken with [`LevelQueues::pop`] back at the tail of queue `queue`, keeping
+    /// its wait (`stamp`).
+    pub fn push_back(&mut self, queue: usize, item: T, stamp: Stamp) {
+        self.queues[queue.min(2)].push_back(Queued { item, stamp });
+    }
+
+    /// Takes the head of queue `queue` (0 HIGH, 1 MEDIUM, 2 LOW).
+    pub fn pop(&mut self, queue: usize) -> Option<Queued<T>> {
+        self.queues.get_mut(queue)?.pop_front()
+    }
+
+    /// Entries in queue `queue`.
+    pub fn len(&self, queue: usize) -> usize {
+        self.queues.get(queue).map_or(0, VecDeque::len)
+    }
+
+    /// Whether every queue is empty.
+    pub fn is_empty(&self) -> bool {
+        self.queues.iter().all(VecDeque::is_empty)
+    }
+
+    /// Whether a queue above `queue` holds work.
+    pub fn any_above(&self, queue: usize) -> bool {
+        self.queues[..queue.min(3)].iter().any(|q| !q.is_empty())
+    }
+
+    /// Takes every entry of every queue.
+    pub fn drain(&mut self) -> impl Iterator<Item = T> + '_ {
+        self.queues.iter_mut().flat_map(|q| q.drain(..)).map(|e| e.item)
+    }
+
+    /// Moves waiting work up as the promotion parameters say; looks at most once per
+    /// millisecond (`now` is the caller's reading of the clock). MEDIUM moves before LOW, one
+    /// level per look.
+    pub fn promote(&mut self, now: Instant) {
+        if self.last_promotion.is_some_and(|t| now.saturating_duration_since(t) < PROMOTION_CHECK) {
+            return;
+        }
+        self.last_promotion = Some(now);
+        let timeout = self.params.promotion_timeout;
+        // Entry `e` in queue `q` moves up once it waited one timeout more than it rose.
+        let due = |e: &Queued<T>, q: usize| {
+            let rose = e.stamp.level.index().saturating_sub(q);
+            timeout.is_zero() || now.saturating_duration_since(e.stamp.since) >= timeout * (rose as u32 + 1)
+        };
+        for q in 1..3 {
+            if self.params.per_entry {
+                let (mut stay, mut up) = (VecDeque::new(), Vec::new());
+                for e in self.queues[q].drain(..) {
+                    if due(&e, q) { up.push(e) } else { stay.push_back(e) }
+                }
+                self.queues[q] = stay;
+                self.queues[q - 1].extend(up);
+            } else if self.queues[q].front().is_some_and(|e| due(e, q)) {
+                let moved = std::mem::take(&mut self.queues[q]);
+                self.queues[q - 1].extend(moved);
+            }
+        }
+    }
+}
+
 /// The CPU niceness of threads that move only background work (below HIGH).
 pub const BACKGROUND_NICE: i32 = 10;
 
@@ -546,6 +651,31 @@ mod tests {
                 assert!(waited < Duration::from_millis(400), "head-only: {waited:?}");
             }
             first.join().expect("first");
+        }
+    }
+
+    #[test]
+    fn level_queues_promote_head_only_or_per_entry() {
+        for per_entry in [false, true] {
+            let mut q = LevelQueues::new(QosParams { promotion_timeout: Duration::from_millis(10), per_entry });
+            q.push("old", Level::Low);
+            std::thread::sleep(Duration::from_millis(2));
+            q.push("young", Level::Low);
+            let first = q.queues[2][0].stamp.since;
+            q.promote(first + Duration::from_millis(5));
+            assert_eq!((q.len(1), q.len(2)), (0, 2), "nothing waited a timeout yet");
+            q.promote(first + Duration::from_millis(11));
+            // Head-only, the young entry goes with the old one; per entry it stays.
+            assert_eq!((q.len(1), q.len(2)), if per_entry { (1, 1) } else { (2, 0) });
+            // A second level needs a second timeout; looks closer than 1 ms apart are skipped.
+            q.promote(first + Duration::from_millis(11) + Duration::from_micros(500));
+            assert_eq!(q.len(0), 0);
+            q.promote(first + Duration::from_millis(21));
+            assert!(q.len(0) >= 1, "LOW reaches HIGH after two timeouts");
+            assert_eq!(q.pop(0).map(|e| (e.item, e.stamp.level)), Some(("old", Level::Low)));
+            assert!(q.any_above(1) || q.len(0) == 0);
+            assert_eq!(q.drain().count(), 1);
+            assert!(q.is_empty());
         }
     }
 

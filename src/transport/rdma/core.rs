@@ -18,6 +18,7 @@ use super::fence::Fence;
 use super::notify_index::{NotifyEntry, NotifySink};
 use super::rail::RailMonitor;
 use super::store::EndpointStore;
+use crate::base::qos::QosParams;
 use crate::config::RdmaSection;
 use crate::control::client::RpcClient;
 use crate::verbs::Clock;
@@ -39,6 +40,8 @@ pub struct WorkerParams {
     /// How long one bootstrap RPC waits for the peer's answer before it is sent again on a new
     /// connection.
     pub bootstrap_timeout: Duration,
+    /// How the lanes promote slices held back by higher-priority work.
+    pub qos: QosParams,
 }
 
 impl WorkerParams {
@@ -51,6 +54,7 @@ impl WorkerParams {
             flush_budget: r.flush_budget,
             connect_patience: r.connect_patience,
             bootstrap_timeout: r.endpoint.bootstrap_timeout,
+            qos: QosParams::default(),
         }
     }
 }

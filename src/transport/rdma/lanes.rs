@@ -4,7 +4,6 @@
 //! released only by its own completion (or by the forced destroy of its endpoint), never by a
 //! timeout.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
@@ -15,6 +14,7 @@ use super::core::Core;
 use super::endpoint::EpState;
 use super::fence::FenceState;
 use super::job::{Job, Slice};
+use crate::base::qos::{self, Level, LevelQueues, Queued};
 use crate::base::request::Opcode;
 use crate::error::{Error, Result};
 use crate::verbs::{Cq, SendOp, SendWr, Sge, Wc, WcStatus};
@@ -163,10 +163,14 @@ pub struct Lane {
     id: usize,
     core: Arc<Core>,
     rx: mpsc::Receiver<LaneMsg>,
-    pending: VecDeque<Slice>,
+    /// Slices waiting to be posted, one queue per priority level, HIGH posted first.
+    pending: LevelQueues<Slice>,
     slots: Vec<Slot>,
     free: Vec<usize>,
     in_flight: usize,
+    /// Slices on the wire by their own priority level: while HIGH work waits or is on the
+    /// wire, lower levels keep at most [`qos::ALLOWANCE`] of theirs there.
+    in_flight_at: [usize; 3],
     cqs: Vec<(usize, Arc<Cq>)>,
     last_scan: Instant,
     wcs: Vec<Wc>,
@@ -176,14 +180,16 @@ impl Lane {
     /// A lane over the CQs of `core`'s contexts.
     pub fn new(id: usize, core: Arc<Core>, rx: mpsc::Receiver<LaneMsg>) -> Lane {
         let cqs = core.contexts.live().filter_map(|(i, c)| c.cq(id).map(|cq| (i, cq))).collect();
+        let qos = core.wp.qos;
         Lane {
             id,
             core,
             rx,
-            pending: VecDeque::new(),
+            pending: LevelQueues::new(qos),
             slots: Vec::new(),
             free: Vec::new(),
             in_flight: 0,
+            in_flight_at: [0; 3],
             cqs,
             last_scan: Instant::now(),
             wcs: vec![Wc::EMPTY; 64],
@@ -209,9 +215,9 @@ impl Lane {
                 self.rx.try_recv().ok()
             };
             if let Some(LaneMsg::Submit(v)) = msg {
-                self.pending.extend(v);
+                v.into_iter().for_each(|s| self.queue(s));
                 while let Ok(LaneMsg::Submit(v)) = self.rx.try_recv() {
-                    self.pending.extend(v);
+                    v.into_iter().for_each(|s| self.queue(s));
                 }
             }
             let posted = self.post_pending();
@@ -237,7 +243,7 @@ impl Lane {
     }
 
     fn shutdown(&mut self) {
-        for s in self.pending.drain(..) {
+        for s in self.pending.drain() {
             s.job.fail("rdma transport is shutting down".into());
         }
         for slot in &mut self.slots {
@@ -264,22 +270,46 @@ impl Lane {
         true
     }
 
-    /// Posts from the head of the pending queue. A pass stops after a run of slices that could
-    /// not be posted (queues full, endpoint connecting), so a long queue costs O(1) per pass;
-    /// the held-back slices rotate to the tail, so every slice is visited (and its deadline
-    /// checked) within a few passes.
+    /// Queues a slice (new, or back for another attempt) at the tail of its level's queue.
+    fn queue(&mut self, s: Slice) {
+        let level = Level::of(s.job.task.request().priority);
+        self.pending.push(s, level);
+    }
+
+    /// Posts from the pending queues, HIGH first, after promoting slices that waited too long.
+    /// While HIGH work waits or is on the wire, slices below it are posted only while fewer
+    /// than [`qos::ALLOWANCE`] of theirs are on the wire: a HIGH slice then waits behind at most
+    /// that one in the send queue, never behind queued background work.
     fn post_pending(&mut self) -> usize {
+        self.pending.promote(Instant::now());
+        let mut posted = 0;
+        for q in 0..3 {
+            let capped = q > 0 && (self.pending.any_above(q) || self.in_flight_at[0] > 0);
+            posted += self.post_queue(q, capped);
+        }
+        posted
+    }
+
+    /// Posts from the head of pending queue `q` (only while lower-level slices on the wire stay
+    /// under the allowance, when `capped`). A pass stops after a run of slices that could not
+    /// be posted (queues full, endpoint connecting), so a long queue costs O(1) per pass; the
+    /// held-back slices rotate to the tail, so every slice is visited (and its deadline
+    /// checked) within a few passes.
+    fn post_queue(&mut self, q: usize, capped: bool) -> usize {
         const MAX_HELD_IN_A_ROW: usize = 32;
         let (mut posted, mut held) = (0, 0);
-        for _ in 0..self.pending.len() {
-            let Some(s) = self.pending.pop_front() else { break };
-            match self.try_post(s) {
+        for _ in 0..self.pending.len(q) {
+            if capped && self.in_flight_at[1] + self.in_flight_at[2] >= qos::ALLOWANCE {
+                break;
+            }
+            let Some(Queued { item, stamp }) = self.pending.pop(q) else { break };
+            match self.try_post(item) {
                 Ok(()) => {
                     posted += 1;
                     held = 0;
                 }
                 Err(Some(s)) => {
-                    self.pending.push_back(s);
+                    self.pending.push_back(q, s, stamp);
                     held += 1;
                     if held >= MAX_HELD_IN_A_ROW {
                         break;
@@ -421,6 +451,7 @@ impl Lane {
                 if let Some(n) = core.nics.get(ep.nic_id) {
                     n.inflight.fetch_add(u64::from(s.len), Ordering::Relaxed);
                 }
+                self.in_flight_at[Level::of(s.job.task.request().priority).index()] += 1;
                 self.slots[slot].record = Some(Record { slice: s, ep, remote });
                 self.in_flight += 1;
                 Ok(())
@@ -474,6 +505,7 @@ impl Lane {
         s.generation = s.generation.wrapping_add(1).max(1);
         self.free.push(slot);
         self.in_flight -= 1;
+        self.in_flight_at[Level::of(rec.slice.job.task.request().priority).index()] -= 1;
         if let Some(q) = rec.ep.context().cq_quota(self.id) {
             q.release(1);
         }
@@ -519,7 +551,7 @@ impl Lane {
                 if slice.flushes > core.wp.flush_budget {
                     slice.job.fail("RDMA work kept being flushed by endpoint retirement".into());
                 } else {
-                    self.pending.push_back(slice);
+                    self.queue(slice);
                 }
             }
             status => {
@@ -544,7 +576,7 @@ impl Lane {
                         return;
                     }
                     slice.detours += 1;
-                    self.pending.push_back(slice);
+                    self.queue(slice);
                     return;
                 }
                 core.rails.mark_failed(ep.nic_id, remote_key, core.clock.now());
@@ -553,7 +585,7 @@ impl Lane {
                     slice.fence = Some(ep.clone());
                 }
                 if self.spend_retry(&mut slice, &reason) {
-                    self.pending.push_back(slice);
+                    self.queue(slice);
                 }
             }
         }

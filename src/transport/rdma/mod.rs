@@ -144,7 +144,11 @@ impl RdmaTransport {
         let cfg = &settings.rdma;
         let params = ContextParams::from_section(cfg, settings.engine.verbose);
         let ep_params = Arc::new(EndpointParams::from_section(cfg));
-        let wp = WorkerParams::from_section(cfg);
+        let qos = crate::base::qos::QosParams {
+            promotion_timeout: settings.qos.promotion_timeout,
+            per_entry: settings.qos.per_entry,
+        };
+        let wp = WorkerParams { qos, ..WorkerParams::from_section(cfg) };
         let (kind, cap) = store::store_config(&cfg.endpoint);
         let names = context::select_devices(&provider, &settings.topology, params.port)?;
         if names.is_empty() {
