@@ -281,7 +281,10 @@ impl Lane {
     /// than [`qos::ALLOWANCE`] of theirs are on the wire: a HIGH slice then waits behind at most
     /// that one in the send queue, never behind queued background work.
     fn post_pending(&mut self) -> usize {
-        self.pending.promote(Instant::now());
+        // The lane loop passes here constantly: no clock read while nothing could be promoted.
+        if self.pending.len(1) + self.pending.len(2) > 0 {
+            self.pending.promote(Instant::now());
+        }
         let mut posted = 0;
         for q in 0..3 {
             let capped = q > 0 && (self.pending.any_above(q) || self.in_flight_at[0] > 0);
