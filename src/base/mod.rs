@@ -8,6 +8,7 @@ pub mod prefetch;
 pub mod qos;
 pub mod request;
 pub mod segment;
+pub mod shared_quota;
 pub mod task;
 
 /// `n` random lower-case letters, for names that must not collide (segment, machine and shm

@@ -79,9 +79,11 @@ impl Default for QosParams {
     }
 }
 
-/// Where a gate learns of other processes' work (the shared quota file); see `SharedQuota`.
+/// Where a gate learns of other processes' work: the shared quota file
+/// ([`SharedQuota`](super::shared_quota::SharedQuota)).
 pub trait Foreign: Send + Sync {
-    /// Whether another process has work of `level` active on this gate's path.
+    /// Whether another gate (of another process, or of another engine of this one) has work
+    /// of `level` active on this gate's path.
     fn active(&self, level: Level) -> bool;
     /// Publishes this process's count of active work at `level`.
     fn publish(&self, level: Level, count: u32);
@@ -202,11 +204,34 @@ impl Gate {
 
     /// Counts a task of `level` as active until the ticket is dropped.
     pub fn enter(self: &Arc<Gate>, level: Level) -> Ticket {
-        let n = self.active[level.index()].fetch_add(1, Ordering::AcqRel) + 1;
-        if let Some(f) = &self.foreign {
-            f.publish(level, n);
-        }
+        self.active[level.index()].fetch_add(1, Ordering::SeqCst);
+        self.publish(level);
         Ticket { gate: self.clone(), level }
+    }
+
+    /// Copies the count of `level` to the shared quota. Threads entering and leaving at once
+    /// may store their readings out of order, which could leave a stale count in the file (a
+    /// 1 left there after the last task ended would hold back other processes for good): each
+    /// stores what it reads, reads again and stores again until the two agree, so the last
+    /// store is the current count (`SeqCst` on both sides orders each store before the next
+    /// read).
+    fn publish(&self, level: Level) {
+        let Some(f) = &self.foreign else { return };
+        let count = &self.active[level.index()];
+        let mut n = count.load(Ordering::SeqCst);
+        loop {
+            f.publish(level, n);
+            let now = count.load(Ordering::SeqCst);
+            if now == n {
+                break;
+            }
+            n = now;
+        }
+    }
+
+    /// Movers waiting in [`Gate::pace`] now.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Acquire)
     }
 
     fn now_ns(&self) -> u64 {
@@ -221,10 +246,8 @@ impl Gate {
         if level != Level::Low && lower_active {
             self.ended[level.index()].store(self.now_ns(), Ordering::Release);
         }
-        let n = self.active[level.index()].fetch_sub(1, Ordering::AcqRel) - 1;
-        if let Some(f) = &self.foreign {
-            f.publish(level, n);
-        }
+        let n = self.active[level.index()].fetch_sub(1, Ordering::SeqCst) - 1;
+        self.publish(level);
         if n == 0 && level != Level::Low && self.waiting.load(Ordering::Acquire) > 0 {
             // Waiters wake by themselves once the linger has passed (see `pace`); a gate
             // without linger wakes them now. Taking the lock orders this wake-up after a
