@@ -183,6 +183,10 @@ pub struct QosSection {
     /// `transports/rdma/priority_promotion_per_entry`: each waiter counts its own wait instead
     /// of its level being promoted as a whole.
     pub per_entry: bool,
+    /// `transports/rdma/shared_quota_shm_path`: the name of the quota file through which the
+    /// gates of the processes on this host hold back each other's lower-priority work (see
+    /// `base::shared_quota`); empty: each process orders its own work only.
+    pub shared_quota_path: String,
 }
 
 /// `topology/*`.
@@ -487,7 +491,7 @@ fn rdma_no_effect(r: &mut Reader) {
     const SCHED: &str = "tent-rs sprays slices round-robin over rail-aligned NIC pairs; NIC choice by load, NUMA \
                          and priority is not built yet";
     const GPU: &str = "tent-rs registers host memory only; there is no GPUDirect path yet";
-    let keys: [(&'static str, Value, &'static str); 27] = [
+    let keys: [(&'static str, Value, &'static str); 26] = [
         (
             "transports/rdma/device/num_comp_channels",
             json!(1),
@@ -510,11 +514,6 @@ fn rdma_no_effect(r: &mut Reader) {
             "RDMA bootstraps use the segment name's RPC address; no separate rdma_server_name is advertised",
         ),
         (
-            "transports/rdma/shared_quota_shm_path",
-            json!(""),
-            "there is no NIC quota shared between processes yet (priorities are not built)",
-        ),
-        (
             "transports/rdma/pci_relaxed_ordering",
             json!(0),
             "memory regions are registered without IBV_ACCESS_RELAXED_ORDERING",
@@ -529,7 +528,12 @@ fn rdma_no_effect(r: &mut Reader) {
         ("transports/rdma/score_jitter_range", json!(1e-9), SCHED),
         ("transports/rdma/score_epsilon", json!(1e-12), SCHED),
         ("transports/rdma/local_rotation_interval_us", json!(200), SCHED),
-        ("transports/rdma/slot_rotation_interval_ms", json!(2), SCHED),
+        (
+            "transports/rdma/slot_rotation_interval_ms",
+            json!(2),
+            "nothing rotates: with shared_quota_shm_path set, each gate reads the other processes' active counts \
+             and holds back its lower-priority work exactly while higher-priority work is active elsewhere",
+        ),
         ("transports/rdma/default_bandwidth_gbps", json!(400.0), SCHED),
         ("transports/rdma/min_bandwidth_gbps", json!(10.0), SCHED),
         ("transports/rdma/max_bandwidth_gbps", json!(800.0), SCHED),
@@ -570,6 +574,7 @@ fn qos(r: &mut Reader) -> QosSection {
             60_000_000,
         )),
         per_entry: r.bool("transports/rdma/priority_promotion_per_entry", false),
+        shared_quota_path: r.string("transports/rdma/shared_quota_shm_path", ""),
     }
 }
 
@@ -683,16 +688,16 @@ mod tests {
     #[test]
     fn keys_without_effect_warn_only_when_set_to_something_else() {
         let (_, notes) =
-            parse(json!({"transports": {"rdma": {"shared_quota_shm_path": "", "numa_penalties": []}}})).expect("ok");
+            parse(json!({"transports": {"rdma": {"pci_relaxed_ordering": 0, "numa_penalties": []}}})).expect("ok");
         assert!(notes.warnings.is_empty(), "defaults are quiet: {:?}", notes.warnings);
         let (_, notes) = parse(json!({
-            "transports": {"rdma": {"shared_quota_shm_path": "/dev/shm/q"}, "nvlink": {"enable": true}},
+            "transports": {"rdma": {"pci_relaxed_ordering": 7}, "nvlink": {"enable": true}},
             "enable_runtime_queue": "1"
         }))
         .expect("ok");
         assert_eq!(notes.warnings.len(), 3, "{:?}", notes.warnings);
         assert!(notes.warnings.iter().all(|w| w.contains("has no effect in tent-rs")));
-        assert!(notes.warnings.iter().any(|w| w.contains("shared_quota_shm_path") && w.contains("/dev/shm/q")));
+        assert!(notes.warnings.iter().any(|w| w.contains("pci_relaxed_ordering") && w.contains('7')));
     }
 
     #[test]

@@ -12,6 +12,8 @@ use super::policy;
 use super::remote::Remote;
 use super::segment::LocalSegment;
 use super::unit::FailoverConfig;
+use crate::base::qos::Foreign;
+use crate::base::shared_quota::{QuotaPath, SharedQuota};
 use crate::config::{Config, MetadataSection, MetricsSection, RpcSection, Settings, keys};
 use crate::control::client::{ClientTimeouts, RpcClient};
 use crate::control::metadata::{self, StoreSettings};
@@ -91,11 +93,12 @@ pub(super) fn load_transports(
     let idle_exit = settings.engine.idle_thread_exit;
     if settings.shm.enable {
         let params = ShmParams::from_section(&settings.shm, idle_exit).with_qos(qos_params(settings));
-        transports.push(Arc::new(ShmTransport::new(params)?));
+        transports.push(Arc::new(ShmTransport::with_quota(params, shared_quota(settings, QuotaPath::Shm))?));
     }
     if settings.tcp.enable {
         let params = TcpParams::from_section(&settings.tcp, idle_exit).with_qos(qos_params(settings));
-        transports.push(Arc::new(TcpTransport::new(client.clone(), params, metrics.clone())?));
+        let quota = shared_quota(settings, QuotaPath::Tcp);
+        transports.push(Arc::new(TcpTransport::with_quota(client.clone(), params, metrics.clone(), quota)?));
     }
     // File segments: io_uring, or the plain pread/pwrite path when io_uring is unavailable or
     // disabled.
@@ -185,4 +188,11 @@ pub(super) fn start_rdma(settings: &Settings, name: &str, client: &Arc<RpcClient
 /// How the transports promote held-back work (`priority_promotion_*`).
 fn qos_params(settings: &Settings) -> crate::base::qos::QosParams {
     crate::base::qos::QosParams { promotion_timeout: settings.qos.promotion_timeout, per_entry: settings.qos.per_entry }
+}
+
+/// A slot in the host's quota file for a gate of `path`, when `shared_quota_shm_path` names
+/// one (a failure to open it is logged there and leaves the gate on its own).
+fn shared_quota(settings: &Settings, path: QuotaPath) -> Option<Arc<dyn Foreign>> {
+    let quota = SharedQuota::open(&settings.qos.shared_quota_path, path)?;
+    Some(quota)
 }

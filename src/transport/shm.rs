@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use parking_lot::Mutex;
 
 use crate::base::prefetch;
-use crate::base::qos::{self, Gate, Level, QosParams, Ticket};
+use crate::base::qos::{self, Foreign, Gate, Level, QosParams, Ticket};
 use crate::base::request::{Opcode, TransportKind};
 use crate::base::segment::{BufferDesc, BufferRef, SegmentDesc};
 use crate::base::task::Task;
@@ -459,6 +459,13 @@ impl ShmTransport {
     /// Sets up the copy threads, one set per priority level: up to `copy_threads` each,
     /// started when chunks wait and ended when idle.
     pub fn new(params: ShmParams) -> Result<ShmTransport> {
+        ShmTransport::with_quota(params, None)
+    }
+
+    /// [`ShmTransport::new`], with its gate also holding back lower-priority copies while
+    /// other processes (other gates) have higher-priority SHM work active, as `quota` tells
+    /// (`transports/rdma/shared_quota_shm_path`), and publishing its own work there.
+    pub fn with_quota(params: ShmParams, quota: Option<Arc<dyn Foreign>>) -> Result<ShmTransport> {
         let stopping = Arc::new(AtomicBool::new(false));
         let pool = |name: &str, background: bool| {
             Pool::new(name, 0, params.copy_threads, params.idle_exit, move |q: &WorkQueue<Chunk>| {
@@ -471,7 +478,7 @@ impl ShmTransport {
             })
         };
         let pools = [pool("tent-shm", false)?, pool("tent-shm-m", true)?, pool("tent-shm-l", true)?];
-        let gate = Gate::new(params.qos, None);
+        let gate = Gate::new(params.qos, quota);
         Ok(ShmTransport {
             params,
             mappings: Mutex::new(HashMap::new()),

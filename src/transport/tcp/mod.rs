@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::base::qos::{Gate, Level, QosParams, Ticket};
+use crate::base::qos::{Foreign, Gate, Level, QosParams, Ticket};
 use crate::base::request::{Opcode, TransportKind};
 use crate::base::segment::SegmentDesc;
 use crate::base::task::Task;
@@ -150,6 +150,18 @@ impl TcpTransport {
     /// each, started when chunks wait and ended when idle (the reaper of pipes no caller polls
     /// starts with the first pipe).
     pub fn new(client: Arc<RpcClient>, params: TcpParams, metrics: Arc<Metrics>) -> Result<TcpTransport> {
+        TcpTransport::with_quota(client, params, metrics, None)
+    }
+
+    /// [`TcpTransport::new`], with its gate also holding back lower-priority work while other
+    /// processes (other gates) have higher-priority TCP work active, as `quota` tells
+    /// (`transports/rdma/shared_quota_shm_path`), and publishing its own work there.
+    pub fn with_quota(
+        client: Arc<RpcClient>,
+        params: TcpParams,
+        metrics: Arc<Metrics>,
+        quota: Option<Arc<dyn Foreign>>,
+    ) -> Result<TcpTransport> {
         let stopping = Arc::new(AtomicBool::new(false));
         let pool = |name: &str, background: bool| {
             let (c, s, m) = (client.clone(), stopping.clone(), metrics.clone());
@@ -161,7 +173,7 @@ impl TcpTransport {
             })
         };
         let pools = [pool("tent-tcp", false)?, pool("tent-tcp-m", true)?, pool("tent-tcp-l", true)?];
-        let gate = Gate::new(params.qos, None);
+        let gate = Gate::new(params.qos, quota);
         let inner = Arc::new(Inner { params, client, pools, gate, stopping, carriers: Carriers::default(), metrics });
         Ok(TcpTransport { inner, staged: Mutex::new(Staged::default()) })
     }

@@ -1,0 +1,169 @@
+//! Request priorities across processes (`transports/rdma/shared_quota_shm_path`): a child
+//! process (this test binary run again) holds HIGH work active on a gate with the host's quota
+//! file; the parent's LOW work on its own gate is then rationed to one shared pass and a second
+//! piece waits, until the child is killed, after which the dead holder is ignored and LOW work
+//! runs freely. And an engine configured with the key publishes its TCP work in the file.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::engines::{buffer, engine, req, wait};
+use tent::base::qos::{Foreign, Gate, Level, QosParams};
+use tent::base::shared_quota::{QuotaPath, SharedQuota, file_for};
+use tent::engine::types::{Opcode, Permission, Status};
+
+const ROLE: &str = "TENT_SHARED_QUOTA_CHILD";
+const READY: &str = "child holds HIGH work";
+const BOUND: Duration = Duration::from_secs(30);
+
+/// A quota name of this test's own under /dev/shm; the file is removed when dropped.
+struct QuotaName(String);
+
+impl QuotaName {
+    fn new() -> QuotaName {
+        QuotaName(format!("tent-rs-test-quota-{}-{}", std::process::id(), tent::base::random_letters(8)))
+    }
+
+    fn file(&self) -> PathBuf {
+        file_for(&self.0)
+    }
+}
+
+impl Drop for QuotaName {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.file());
+    }
+}
+
+/// The child process; killed when dropped, so a failing parent leaves none behind.
+struct Holder(Child);
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// No promotion within the test: LOW work is held back only by HIGH work.
+fn params() -> QosParams {
+    QosParams { promotion_timeout: Duration::from_secs(600), per_entry: false }
+}
+
+/// The child's role: holds one HIGH task active on a TCP gate with the quota named in the
+/// environment, says so, and waits until its stdin closes (the parent kills it first).
+#[test]
+fn child_role_holds_high_work() {
+    let Ok(name) = std::env::var(ROLE) else { return };
+    let quota = SharedQuota::open(&name, QuotaPath::Tcp).expect("child opens the quota");
+    let gate = Gate::new(params(), Some(quota as Arc<dyn Foreign>));
+    let _high = gate.enter(Level::High);
+    println!("{READY}");
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+}
+
+fn spawn_holder(name: &QuotaName) -> Holder {
+    let exe = std::env::current_exe().expect("test binary");
+    let mut child = Command::new(exe)
+        .args(["--exact", "child_role_holds_high_work", "--nocapture", "--test-threads", "1"])
+        .env(ROLE, &name.0)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn the child");
+    let stdout = child.stdout.take().expect("child stdout");
+    let holder = Holder(child);
+    let ready = BufReader::new(stdout).lines().map_while(Result::ok).any(|l| l.contains(READY));
+    assert!(ready, "the child never reported its HIGH work");
+    holder
+}
+
+#[test]
+fn low_work_waits_for_high_work_of_another_process_and_not_for_a_dead_one() {
+    let name = QuotaName::new();
+    let quota = SharedQuota::open(&name.0, QuotaPath::Tcp).expect("parent opens the quota");
+    let gate = Gate::new(params(), Some(quota.clone() as Arc<dyn Foreign>));
+    assert!(!gate.would_wait(Level::Low), "nothing is active anywhere yet");
+    assert!(!gate.pace(Level::Low).shared());
+
+    let mut holder = spawn_holder(&name);
+    assert!(quota.higher_active_elsewhere(Level::Low), "the child's HIGH work shows in the file");
+    assert!(!quota.higher_active_elsewhere(Level::High));
+    assert!(gate.would_wait(Level::Low) && gate.would_wait(Level::Medium));
+    assert_eq!(gate.active(Level::High), 0, "the HIGH work is not this process's");
+    let first = gate.pace(Level::Low);
+    assert!(first.shared(), "under another process's HIGH work LOW takes the one shared pass");
+    let g2 = gate.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let second = std::thread::spawn(move || {
+        let _ = tx.send(g2.pace(Level::Low).shared());
+    });
+    let deadline = Instant::now() + BOUND;
+    while gate.waiting() == 0 && Instant::now() < deadline {
+        std::thread::yield_now();
+    }
+    assert_eq!(gate.waiting(), 1, "a second LOW piece waits");
+    assert!(!second.is_finished(), "a second LOW piece waits while the first holds the pass");
+
+    // The holder dies without releasing its slot: its HIGH count stays in the file.
+    holder.0.kill().expect("kill the child");
+    holder.0.wait().expect("reap the child");
+    // Bounded: were the dead holder still counted, the piece would wait for promotion (600 s).
+    let shared = rx.recv_timeout(BOUND).expect("the second piece goes once the holder is dead");
+    second.join().expect("second piece");
+    assert!(!shared, "with the holder dead nothing holds LOW back: a free pass, not the shared one");
+    drop(first);
+    assert!(!gate.would_wait(Level::Low));
+    assert!(!quota.higher_active_elsewhere(Level::Low), "a dead holder's counts are ignored");
+    // Its slot is claimed by the next gate that opens.
+    let next = SharedQuota::open(&name.0, QuotaPath::Tcp).expect("reopen");
+    assert!(next.slot() <= 1, "the dead holder's slot is reused, not a new one: {}", next.slot());
+}
+
+#[test]
+fn an_engine_with_the_key_publishes_its_tcp_work() {
+    let name = QuotaName::new();
+    let cfg = [
+        ("transports/shm/enable", "false"),
+        ("transports/rdma/enable", "false"),
+        ("transports/rdma/shared_quota_shm_path", name.0.as_str()),
+    ];
+    let (a, b) = (engine(&cfg), engine(&cfg));
+    assert!(name.file().exists(), "the engines created the quota file");
+    let watcher = SharedQuota::open(&name.0, QuotaPath::Tcp).expect("watcher opens the quota");
+    let len = 64usize << 20;
+    let src = buffer(&a, len, |i| i as u8, Permission::GlobalReadWrite);
+    let dst = buffer(&b, len, |_| 0, Permission::GlobalReadWrite);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let mut low = req(Opcode::Write, src.as_ptr() as u64, h, dst.as_ptr() as u64, len as u64);
+    low.priority = 2;
+    let batch = a.allocate_batch(1).expect("batch");
+    // SAFETY: `src` and `dst` outlive the batch, which is waited for below.
+    unsafe { a.submit(batch, &[low], None) }.expect("submit");
+    // The task holds its LOW ticket from submit until it ends: it shows in the file until then.
+    let mut seen = false;
+    let deadline = Instant::now() + BOUND;
+    while !seen && Instant::now() < deadline {
+        seen = watcher.active_elsewhere(Level::Low);
+        if a.task_status_list(batch).expect("status").iter().all(|(s, _)| *s != Status::Pending) {
+            break;
+        }
+    }
+    assert!(seen, "the engine's LOW write was never published in the quota file");
+    assert_eq!(wait(&a, batch, BOUND), vec![(Status::Completed, len as u64)]);
+    assert!(src == dst, "the bytes arrived");
+    // The ticket goes with the task's last reference, just after its status says it ended.
+    let deadline = Instant::now() + BOUND;
+    while watcher.active_elsewhere(Level::Low) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(!watcher.active_elsewhere(Level::Low), "an ended task leaves no count behind");
+    a.free_batch(batch).expect("free");
+}
