@@ -131,6 +131,20 @@ impl SimFabric {
         }
     }
 
+    /// Limits the path between two NICs to `bytes_per_sec` (zero or less removes the limit):
+    /// the requests of every QP on it, both directions, share the rate, each completing once
+    /// its bytes are through, as over a slower rail.
+    pub fn set_path_rate(&self, a: SimNic, b: SimNic, bytes_per_sec: f64) {
+        let key = if a.dev <= b.dev { (a.dev, b.dev) } else { (b.dev, a.dev) };
+        let mut st = self.state.lock();
+        if bytes_per_sec > 0.0 {
+            let free_at = st.path_rate.get(&key).map_or(Duration::ZERO, |r| r.free_at);
+            st.path_rate.insert(key, super::fabric::PathRate { bytes_per_sec, free_at });
+        } else {
+            st.path_rate.remove(&key);
+        }
+    }
+
     /// Makes the requests on a delayed path (`set_path_delay`) count as sent (or stops it): when
     /// their QP goes to ERR before they ran, its WRITEs still reach the responder when the delay
     /// is over, and write their bytes there if the responder's QP still accepts requests, as

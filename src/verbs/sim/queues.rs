@@ -31,6 +31,8 @@ pub(super) struct PendingSend {
     pub(super) posted_at: Duration,
     /// When the first attempt found no responder (or an RNR), for the retry deadline.
     pub(super) blocked_since: Option<Duration>,
+    /// When its bytes are through a rate-limited path (`set_path_rate`), once scheduled there.
+    pub(super) sent_at: Option<Duration>,
 }
 
 /// A WRITE whose packets were sent on a lingering path before its requester QP went to ERR:
@@ -169,6 +171,7 @@ impl FabricState {
                 signaled: wr.signaled || q.sq_sig_all,
                 posted_at: now,
                 blocked_since: None,
+                sent_at: None,
             });
             if q.state == QpState::Err {
                 // Posting in ERR is accepted and flushed.
