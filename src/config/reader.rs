@@ -19,7 +19,7 @@ pub enum Effect {
 }
 
 /// The values a key accepts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Range {
     /// An integer in `min..=max`.
     Int(i64, i64),
@@ -27,6 +27,8 @@ pub enum Range {
     Uint(u64, u64),
     /// One of these words (any case).
     OneOf(&'static [&'static str]),
+    /// A number in `min..=max`.
+    Float(f64, f64),
 }
 
 impl std::fmt::Display for Range {
@@ -36,6 +38,7 @@ impl std::fmt::Display for Range {
             Range::Int(a, b) => write!(f, "{a}..={b}"),
             Range::Uint(a, b) => write!(f, "{a}..={b}"),
             Range::OneOf(words) => f.write_str(&words.join(", ")),
+            Range::Float(a, b) => write!(f, "{a}..={b}"),
         }
     }
 }
@@ -193,6 +196,51 @@ impl<'a> Reader<'a> {
         Some(n)
     }
 
+    /// A number (a JSON number or a string holding one) in `min..=max`.
+    pub(crate) fn float(&mut self, path: &'static str, default: f64, min: f64, max: f64) -> f64 {
+        self.record(path, Value::from(default), Some(Range::Float(min, max)));
+        let Some(v) = self.lookup(path) else {
+            return default;
+        };
+        match float_of(v) {
+            Some(x) if (min..=max).contains(&x) => x,
+            Some(_) => {
+                self.fail(path, v, &format!("is outside the allowed range {min}..={max}"));
+                default
+            }
+            None => {
+                self.fail(path, v, "is not a number");
+                default
+            }
+        }
+    }
+
+    /// Exactly `N` numbers, each in `min..=max`; unset or empty gives `default`.
+    pub(crate) fn floats<const N: usize>(
+        &mut self,
+        path: &'static str,
+        default: [f64; N],
+        min: f64,
+        max: f64,
+    ) -> [f64; N] {
+        self.record(path, Value::from(default.to_vec()), Some(Range::Float(min, max)));
+        let Some(v) = self.lookup(path) else {
+            return default;
+        };
+        let items: Option<Vec<f64>> = v.as_array().and_then(|a| a.iter().map(float_of).collect());
+        if items.as_ref().is_some_and(Vec::is_empty) {
+            // Upstream's sample writes `[]` for "the built-in values".
+            return default;
+        }
+        match items.map(<[f64; N]>::try_from) {
+            Some(Ok(xs)) if xs.iter().all(|x| (min..=max).contains(x)) => xs,
+            _ => {
+                self.fail(path, v, &format!("is not an array of {N} numbers in {min}..={max}"));
+                default
+            }
+        }
+    }
+
     /// A string. Numbers and booleans give their text, because `tent_set_config` stores
     /// `"1234"` as an integer and a segment name must survive that.
     pub(crate) fn string(&mut self, path: &'static str, default: &str) -> String {
@@ -272,6 +320,15 @@ impl<'a> Reader<'a> {
             self.warnings
                 .push(format!("config key {path} is set to {} but has no effect in tent-rs: {reason}", show(v)));
         }
+    }
+}
+
+/// A number, or a string holding one.
+fn float_of(v: &Value) -> Option<f64> {
+    match v {
+        Value::Number(n) => n.as_f64(),
+        Value::String(s) => s.trim().parse::<f64>().ok().filter(|x| x.is_finite()),
+        _ => None,
     }
 }
 

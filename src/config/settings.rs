@@ -172,6 +172,20 @@ pub struct RdmaSection {
     pub rail_error_window: Duration,
     pub rail_cooldown: Duration,
     pub rail_probe_interval: Duration,
+    /// `enable_smart_scheduling`: slices go to the NIC with the least expected completion time.
+    pub smart_scheduling: bool,
+    /// `numa_penalties`: cost factors for a buffer on the NIC's node, a neighbouring one, a far one.
+    pub numa_penalties: [f64; 3],
+    /// `bandwidth_learning_rate`: the weight of one completion in a NIC's learned rate.
+    pub bandwidth_learning_rate: f64,
+    /// `ewma_min_bandwidth_multiplier`, `ewma_max_bandwidth_multiplier`: how far one
+    /// measurement may move the learned rate down or up.
+    pub ewma_min_multiplier: f64,
+    pub ewma_max_multiplier: f64,
+    /// `score_epsilon`: costs (seconds) closer than this are equal.
+    pub score_epsilon: f64,
+    /// `default_bandwidth_gbps`: the starting rate of a NIC whose port reports no speed.
+    pub default_bandwidth_gbps: f64,
 }
 
 /// Request priorities on every transport (upstream's RDMA scheduling keys, applied to all).
@@ -481,6 +495,13 @@ fn rdma(r: &mut Reader) -> RdmaSection {
         rail_error_window: Duration::from_secs(r.uint("transports/rdma/rail_error_window_secs", 10, 0, 86_400)),
         rail_cooldown: Duration::from_secs(r.uint("transports/rdma/rail_cooldown_secs", 30, 1, 86_400)),
         rail_probe_interval: ms(r.uint("transports/rdma/rail_probe_interval_ms", 250, 1, MS_MAX)),
+        smart_scheduling: r.bool("transports/rdma/enable_smart_scheduling", true),
+        numa_penalties: r.floats("transports/rdma/numa_penalties", [1.0, 5.0, 10.0], 0.0, 1e6),
+        bandwidth_learning_rate: r.float("transports/rdma/bandwidth_learning_rate", 0.01, 0.0, 1.0),
+        ewma_min_multiplier: r.float("transports/rdma/ewma_min_bandwidth_multiplier", 0.1, 1e-6, 1.0),
+        ewma_max_multiplier: r.float("transports/rdma/ewma_max_bandwidth_multiplier", 10.0, 1.0, 1e6),
+        score_epsilon: r.float("transports/rdma/score_epsilon", 1e-12, 0.0, 1.0),
+        default_bandwidth_gbps: r.float("transports/rdma/default_bandwidth_gbps", 400.0, 1e-3, 1e6),
     };
     rdma_no_effect(r);
     section
@@ -488,10 +509,13 @@ fn rdma(r: &mut Reader) -> RdmaSection {
 
 /// Upstream's RDMA keys that tent-rs does not act on, with the reason.
 fn rdma_no_effect(r: &mut Reader) {
-    const SCHED: &str = "tent-rs sprays slices round-robin over rail-aligned NIC pairs; NIC choice by load, NUMA \
-                         and priority is not built yet";
+    const JITTER: &str = "slices whose costs tie take the rails in turn by their sequence number; no random jitter";
+    const FILTER: &str = "lower priorities are held back in each lane's queues (and by the shared quota), not by \
+                          hiding NICs from them";
+    const LIMITS: &str = "a NIC's rate starts at its port speed (or default_bandwidth_gbps) and is learned from its \
+                          completions without fixed limits";
     const GPU: &str = "tent-rs registers host memory only; there is no GPUDirect path yet";
-    let keys: [(&'static str, Value, &'static str); 26] = [
+    let keys: [(&'static str, Value, &'static str); 19] = [
         (
             "transports/rdma/device/num_comp_channels",
             json!(1),
@@ -519,24 +543,17 @@ fn rdma_no_effect(r: &mut Reader) {
             "memory regions are registered without IBV_ACCESS_RELAXED_ORDERING",
         ),
         ("transports/rdma/log_slice_affinity", json!(false), "slices are not logged one by one"),
-        ("transports/rdma/enable_smart_scheduling", json!(true), SCHED),
-        ("transports/rdma/enable_priority_filtering", json!(true), SCHED),
-        ("transports/rdma/numa_penalties", json!([]), SCHED),
-        ("transports/rdma/bandwidth_learning_rate", json!(0.01), SCHED),
-        ("transports/rdma/ewma_min_bandwidth_multiplier", json!(0.1), SCHED),
-        ("transports/rdma/ewma_max_bandwidth_multiplier", json!(10.0), SCHED),
-        ("transports/rdma/score_jitter_range", json!(1e-9), SCHED),
-        ("transports/rdma/score_epsilon", json!(1e-12), SCHED),
-        ("transports/rdma/local_rotation_interval_us", json!(200), SCHED),
+        ("transports/rdma/enable_priority_filtering", json!(true), FILTER),
+        ("transports/rdma/score_jitter_range", json!(1e-9), JITTER),
+        ("transports/rdma/local_rotation_interval_us", json!(200), FILTER),
         (
             "transports/rdma/slot_rotation_interval_ms",
             json!(2),
             "nothing rotates: with shared_quota_shm_path set, each gate reads the other processes' active counts \
              and holds back its lower-priority work exactly while higher-priority work is active elsewhere",
         ),
-        ("transports/rdma/default_bandwidth_gbps", json!(400.0), SCHED),
-        ("transports/rdma/min_bandwidth_gbps", json!(10.0), SCHED),
-        ("transports/rdma/max_bandwidth_gbps", json!(800.0), SCHED),
+        ("transports/rdma/min_bandwidth_gbps", json!(10.0), LIMITS),
+        ("transports/rdma/max_bandwidth_gbps", json!(800.0), LIMITS),
         (
             "topology/priority_matrix",
             Value::Null,
