@@ -24,6 +24,10 @@ pub trait TaskSink: Send + Sync {
     fn target_buffer(&self) -> Option<BufferRef> {
         None
     }
+    /// The local RDMA NICs the matching policy's `devices` list names (empty: any).
+    fn devices(&self) -> &[String] {
+        &[]
+    }
 }
 
 /// What a transport is handed: the work and the attempt it belongs to. Reports of a stale
@@ -71,6 +75,11 @@ impl Task {
     /// [`crate::base::segment::SegmentDesc::find_buffer_from`]).
     pub fn target_buffer(&self) -> Option<BufferRef> {
         self.sink.target_buffer()
+    }
+
+    /// The local RDMA NICs a policy restricts this work to (empty: any).
+    pub fn devices(&self) -> &[String] {
+        self.sink.devices()
     }
 
     /// The attempt this task belongs to.

@@ -8,7 +8,7 @@ use super::batch::{Entry, TaskState, kind_bit};
 use super::policy::{self, Policy, SelectCtx};
 use super::segment::{BufferDesc, BufferRef, LocalSegment, SegmentDesc};
 use super::types::{Request, TransportKind, range_within};
-use super::unit::{FailoverConfig, Members, Task, Unit};
+use super::unit::{FailoverConfig, Members, Plan, Task, Unit};
 use crate::error::{Error, Result};
 use crate::transport::Transport;
 
@@ -94,6 +94,33 @@ impl Dispatcher {
         self.transport(kind).is_some()
     }
 
+    /// What the policies match request `r` to buffer `buf` of `desc` by.
+    fn select_ctx<'a>(
+        &self,
+        desc: &'a SegmentDesc,
+        buf: Option<&'a BufferDesc>,
+        r: &Request,
+        local_device: bool,
+    ) -> SelectCtx<'a> {
+        SelectCtx {
+            segment_type: &desc.kind,
+            same_machine: desc.machine_id == self.machine_id,
+            local_memory: if local_device { "cuda" } else { "cpu" },
+            remote_memory: buf.map(|b| policy::memory_kind(&b.location)).unwrap_or("cpu"),
+            size: r.length,
+            priority: r.priority,
+        }
+    }
+
+    /// The local RDMA NICs the policy matching `r` names, when a policy names any.
+    fn devices_for(&self, desc: &SegmentDesc, buf: Option<&BufferDesc>, r: &Request) -> Option<Arc<[String]>> {
+        if self.policies.iter().all(|p| p.devices.is_none()) {
+            return None;
+        }
+        let local_device = crate::device::known::device_of(r.source, r.length).is_some();
+        policy::devices(&self.policies, &self.select_ctx(desc, buf, r, local_device))
+    }
+
     /// The transports to try, in order, for `r` against buffer `buf` of segment `desc` (no
     /// buffer for a file segment): those the buffer offers, loaded here, able to reach the peer
     /// and made for the segment's type (file transports serve only file segments and the others
@@ -114,14 +141,7 @@ impl Dispatcher {
                     t.reaches(desc, &self.machine_id) && t.moves_device_memory(local_device, remote_device)
                 })
         };
-        let ctx = SelectCtx {
-            segment_type: &desc.kind,
-            same_machine: desc.machine_id == self.machine_id,
-            local_memory: if local_device { "cuda" } else { "cpu" },
-            remote_memory: buf.map(|b| policy::memory_kind(&b.location)).unwrap_or("cpu"),
-            size: r.length,
-            priority: r.priority,
-        };
+        let ctx = self.select_ctx(desc, buf, r, local_device);
         let mut list: Vec<TransportKind> =
             policy::order(&self.policies, &ctx).into_iter().filter(|k| usable(*k)).collect();
         if r.hint != TransportKind::Unspec {
@@ -289,8 +309,9 @@ impl Dispatcher {
                 }
             };
             let kind = candidates[0];
-            let unit =
-                Unit::new(dispatched, request, desc.clone(), located, members, candidates, self.failover.clone());
+            let buf = located.and_then(|at| desc.buffers.get(at.pos as usize));
+            let plan = Plan { candidates, devices: self.devices_for(desc, buf, &request) };
+            let unit = Unit::new(dispatched, request, desc.clone(), located, members, plan, self.failover.clone());
             let slot = match per_transport.iter().position(|(k, _)| *k == kind) {
                 Some(i) => i,
                 None => {

@@ -2,7 +2,10 @@
 //!
 //! Each policy may constrain the segment type, same-machine-ness, local and remote memory kinds,
 //! a size range and the request priority, and names the transports to try, in order. `devices`
-//! is accepted and ignored (it only matters for RDMA NIC choice, and fails open upstream too).
+//! names the local RDMA NICs the matching requests may use; the RDMA transport falls back to
+//! every NIC when none of them is up (it fails open, as upstream's).
+
+use std::sync::Arc;
 
 use serde_json::Value;
 
@@ -19,6 +22,8 @@ pub struct Policy {
     pub max_size: Option<u64>,
     pub priority: Option<i32>,
     pub transports: Vec<TransportKind>,
+    /// The local RDMA NICs matching requests may use (`None`: any).
+    pub devices: Option<Arc<[String]>>,
 }
 
 /// What a policy is matched against.
@@ -121,6 +126,7 @@ pub fn parse(v: Option<&Value>) -> Vec<Policy> {
             max_size: obj.get("max_size").and_then(Value::as_u64),
             priority,
             transports,
+            devices: device_list(obj.get("devices"), i),
         });
     }
     out
@@ -138,6 +144,29 @@ impl Policy {
             && self.max_size.is_none_or(|m| c.size <= m)
             && self.priority.is_none_or(|p| p == c.priority)
     }
+}
+
+/// The NIC names of a policy's `devices` entry (`None` when absent or empty); entries that are
+/// not strings are skipped with a warning.
+fn device_list(v: Option<&Value>, i: usize) -> Option<Arc<[String]>> {
+    let names: Vec<String> = v
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|d| {
+            let name = d.as_str().map(str::to_string);
+            if name.is_none() {
+                tracing::warn!("policy[{i}]: device {d} is not a name; ignored");
+            }
+            name
+        })
+        .collect();
+    (!names.is_empty()).then(|| names.into())
+}
+
+/// The `devices` list of the first policy matching a request, if it has one.
+pub fn devices(policies: &[Policy], c: &SelectCtx) -> Option<Arc<[String]>> {
+    policies.iter().find(|p| p.matches(c)).and_then(|p| p.devices.clone())
 }
 
 /// The transports to try for a request: the first matching policy's list, else the default
@@ -186,6 +215,20 @@ mod tests {
         let text = Value::String(r#"[{"segment_type":"memory","transports":["tcp"]}]"#.into());
         assert_eq!(parse(Some(&text)).len(), 1, "JSON text from tent_set_config");
         assert!(parse(Some(&Value::String("nonsense".into()))).is_empty());
+    }
+
+    #[test]
+    fn devices_belong_to_the_matching_policy() {
+        let v = serde_json::json!([
+            {"segment_type": "memory", "max_size": 4096, "transports": ["rdma"], "devices": ["mlx5_1", 7, "mlx5_3"]},
+            {"segment_type": "memory", "max_size": 8192, "transports": ["rdma"], "devices": []},
+            {"segment_type": "memory", "transports": ["rdma"]}
+        ]);
+        let p = parse(Some(&v));
+        let names = devices(&p, &ctx(100, false)).expect("a list");
+        assert_eq!(&names[..], ["mlx5_1".to_string(), "mlx5_3".to_string()], "non-names are skipped");
+        assert!(devices(&p, &ctx(5000, false)).is_none(), "an empty list restricts nothing");
+        assert!(devices(&p, &ctx(1 << 20, false)).is_none(), "no list, no restriction");
     }
 
     #[test]

@@ -63,6 +63,13 @@ impl<'a> IntoIterator for &'a Members {
     }
 }
 
+/// Where a unit may go: the transports to try, in order, and the local RDMA NICs the matching
+/// policy names (empty: any).
+pub struct Plan {
+    pub candidates: Arc<[TransportKind]>,
+    pub devices: Option<Arc<[String]>>,
+}
+
 /// One request in flight and the public tasks it completes.
 pub struct Unit {
     pub request: Request,
@@ -70,6 +77,8 @@ pub struct Unit {
     /// Where the target buffer is in `target`, when dispatch located it.
     pub target_buffer: Option<BufferRef>,
     members: Members,
+    /// The local RDMA NICs the matching policy names (empty: any).
+    devices: Option<Arc<[String]>>,
     attempt: AtomicU32,
     suspended: AtomicBool,
     route: Mutex<Route>,
@@ -127,6 +136,10 @@ impl TaskSink for Unit {
     fn target_buffer(&self) -> Option<BufferRef> {
         self.target_buffer
     }
+
+    fn devices(&self) -> &[String] {
+        self.devices.as_deref().unwrap_or(&[])
+    }
 }
 
 impl Unit {
@@ -139,15 +152,17 @@ impl Unit {
         target: Arc<SegmentDesc>,
         target_buffer: Option<BufferRef>,
         members: Members,
-        candidates: Arc<[TransportKind]>,
+        plan: Plan,
         failover: Arc<FailoverConfig>,
     ) -> Arc<Unit> {
+        let Plan { candidates, devices } = plan;
         let first = candidates.first().copied().unwrap_or(TransportKind::Unspec);
         let unit = Arc::new(Unit {
             request,
             target,
             target_buffer,
             members,
+            devices,
             attempt: AtomicU32::new(0),
             suspended: AtomicBool::new(false),
             route: Mutex::new(Route { candidates, index: 0, failovers: 0 }),
