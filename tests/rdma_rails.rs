@@ -13,7 +13,7 @@ use common::engines::{buffer, req, wait};
 use common::sim::{fabric, rdma_engine, until};
 use tent::engine::Engine;
 use tent::engine::types::{Opcode, Permission, Status};
-use tent::verbs::sim::{SimHost, SimNic};
+use tent::verbs::sim::{SimFabric, SimHost, SimNic};
 
 const BOUND: Duration = Duration::from_secs(60);
 
@@ -202,4 +202,108 @@ fn a_write_posted_again_is_not_overtaken_by_its_old_packets() {
     let wrong = (0..len).find(|&i| unsafe { (dp as *const u8).add(i).read_volatile() } != pattern(i, 3));
     assert_eq!(wrong, None, "old packets of a WRITE that was posted again overwrote newer bytes");
     std::mem::forget((src, dst));
+}
+
+/// Moves `len` bytes from `src` into `dst` of segment `h` as one WRITE, advancing the virtual
+/// clock until it ends; the virtual time it took.
+fn write_once(a: &Engine, f: &SimFabric, h: u64, src: &[u8], dst: &[u8], len: usize) -> Duration {
+    let batch = a.allocate_batch(1).expect("batch");
+    let start = f.now();
+    // SAFETY: both buffers outlive the batch, which ends before this returns.
+    unsafe { a.submit(batch, &[req(Opcode::Write, src.as_ptr() as u64, h, dst.as_ptr() as u64, len as u64)], None) }
+        .expect("submit");
+    let done = || a.task_status_list(batch).expect("status").iter().all(|(s, _)| *s != Status::Pending);
+    until(f, Duration::from_micros(100), done);
+    let took = f.now() - start;
+    let st = a.task_status_list(batch).expect("status");
+    assert_eq!(st[0].0, Status::Completed, "the WRITE completes");
+    a.free_batch(batch).expect("free");
+    took
+}
+
+/// One 16 MiB WRITE over two rails, rail 1 limited to a quarter of rail 0's rate (after a
+/// small WRITE that connects both): the share of the bytes rail 1 carried and the virtual time
+/// the WRITE took, every byte checked.
+fn write_over_unequal_rails(name: &str, smart: &str) -> (f64, f64) {
+    const LEN: usize = 16 << 20;
+    const FAST: f64 = 400e6;
+    let f = fabric(name);
+    let a = rail_engine(name, &[("transports/rdma/enable_smart_scheduling", smart)]);
+    let b = rail_engine(name, &[]);
+    f.set_path_rate(nic(&a, 0), nic(&b, 0), FAST);
+    f.set_path_rate(nic(&a, 1), nic(&b, 1), FAST / 4.0);
+    let src = buffer(&a, LEN, |i| pattern(i, 7), Permission::GlobalReadWrite);
+    let dst = buffer(&b, LEN, |_| 0, Permission::GlobalReadWrite);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    write_once(&a, &f, h, &src, &dst, 64 << 10);
+    let before = nic_bytes(&a);
+    assert!(before.iter().all(|b| *b > 0), "both rails are connected: {before:?}");
+    let took = write_once(&a, &f, h, &src, &dst, LEN).as_secs_f64();
+    // SAFETY: no transfer into `dst` is in flight any more; volatile because the NIC wrote it.
+    let wrong = (0..LEN).filter(|&i| unsafe { (dst.as_ptr().add(i)).read_volatile() } != pattern(i, 7)).count();
+    assert_eq!(wrong, 0, "every byte arrived");
+    let bytes: Vec<u64> = nic_bytes(&a).iter().zip(&before).map(|(n, b)| n - b).collect();
+    (bytes[1] as f64 / (bytes[0] + bytes[1]) as f64, took)
+}
+/// Slices go to the rail that gets them through soonest: with rail 1 at a quarter of rail 0's
+/// rate it carries about a fifth of a WRITE, which then takes about as long as the sum of the
+/// two rates allows (0.85x of it at least), where turns taken regardless of load give it half
+/// and the WRITE waits for it.
+#[test]
+fn a_slow_rail_gets_proportionally_fewer_slices() {
+    let (share, took) = write_over_unequal_rails("rails-unequal", "true");
+    let (rr_share, rr_took) = write_over_unequal_rails("rails-unequal-rr", "false");
+    let ideal = (16 << 20) as f64 / 500e6;
+    eprintln!(
+        "unequal rails: by cost {:.0}% on the slow rail in {:.1} ms, in turns {:.0}% in {:.1} ms; ideal {:.1} ms",
+        share * 100.0,
+        took * 1e3,
+        rr_share * 100.0,
+        rr_took * 1e3,
+        ideal * 1e3
+    );
+    assert!((0.1..0.3).contains(&share), "the slow rail carried {share:.2} of the bytes");
+    assert!(ideal / took >= 0.85, "the WRITE ran at {:.2}x the two rails' summed rate", ideal / took);
+    assert!((0.45..0.55).contains(&rr_share), "in turns, each rail carries half: {rr_share:.2}");
+    assert!(rr_took > took * 1.5, "taking turns waits for the slow rail");
+}
+
+/// The bytes each of `a`'s NICs carried for one 1 MiB WRITE of priority `priority` into a
+/// fresh engine, with `policy` as `a`'s policy list; every byte checked.
+fn bytes_per_nic_under(name: &str, policy: &str, priority: i32) -> Vec<u64> {
+    const LEN: usize = 1 << 20;
+    let f = fabric(name);
+    let a = rail_engine(name, &[("policy", policy)]);
+    let b = rail_engine(name, &[]);
+    let src = buffer(&a, LEN, |i| pattern(i, 3), Permission::GlobalReadWrite);
+    let dst = buffer(&b, LEN, |_| 0, Permission::GlobalReadWrite);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let batch = a.allocate_batch(1).expect("batch");
+    let mut r = req(Opcode::Write, src.as_ptr() as u64, h, dst.as_ptr() as u64, LEN as u64);
+    r.priority = priority;
+    // SAFETY: both buffers outlive the batch, which ends before they are dropped.
+    unsafe { a.submit(batch, &[r], None) }.expect("submit");
+    until(&f, Duration::from_micros(100), || {
+        a.task_status_list(batch).expect("status").iter().all(|(s, _)| *s != Status::Pending)
+    });
+    assert_eq!(a.task_status_list(batch).expect("status")[0].0, Status::Completed, "the WRITE completes");
+    a.free_batch(batch).expect("free");
+    assert!(dst == src, "every byte arrived");
+    nic_bytes(&a)
+}
+
+/// A policy's `devices` list keeps its requests on the NICs it names: HIGH requests matched by
+/// a policy naming NIC 1 leave NIC 0 idle, LOW ones (the next policy, no list) use both, and a
+/// list naming no NIC of this host fails open to every NIC.
+#[test]
+fn a_policy_devices_list_confines_its_requests_to_those_nics() {
+    let policy = r#"[{"segment_type":"memory","priority":"high","transports":["rdma"],"devices":["sim_mlx5_1"]},
+                     {"segment_type":"memory","transports":["rdma"]}]"#;
+    let high = bytes_per_nic_under("rails-devices-high", policy, 0);
+    assert_eq!(high, vec![0, 1 << 20], "HIGH requests use NIC 1 only");
+    let low = bytes_per_nic_under("rails-devices-low", policy, 2);
+    assert!(low.iter().all(|b| *b > 0), "LOW requests use both NICs: {low:?}");
+    let unknown = r#"[{"segment_type":"memory","transports":["rdma"],"devices":["mlx5_9"]}]"#;
+    let open = bytes_per_nic_under("rails-devices-unknown", unknown, 0);
+    assert!(open.iter().all(|b| *b > 0), "a list naming no NIC here fails open: {open:?}");
 }

@@ -3,9 +3,9 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 
@@ -59,37 +59,8 @@ impl WorkerParams {
     }
 }
 
-/// Load of one local NIC.
-#[derive(Default)]
-pub struct NicStats {
-    /// Bytes posted and not yet completed.
-    pub inflight: AtomicU64,
-    /// Bytes completed so far.
-    pub completed: AtomicU64,
-    /// EWMA of completed bytes per second (f64 bits).
-    pub ewma_bits: AtomicU64,
-    last: Mutex<Option<(Instant, u64)>>,
-}
-
-impl NicStats {
-    /// Folds the bytes completed since the last tick into the bandwidth EWMA, at most once
-    /// per 100 ms; the monitor calls it.
-    pub(super) fn tick(&self) {
-        let now = Instant::now();
-        let done = self.completed.load(Ordering::Relaxed);
-        let mut last = self.last.lock();
-        if let Some((t, b)) = *last {
-            let dt = now.duration_since(t).as_secs_f64();
-            if dt < 0.1 {
-                return;
-            }
-            let rate = (done.saturating_sub(b)) as f64 / dt;
-            let old = f64::from_bits(self.ewma_bits.load(Ordering::Relaxed));
-            self.ewma_bits.store((0.8 * old + 0.2 * rate).to_bits(), Ordering::Relaxed);
-        }
-        *last = Some((now, done));
-    }
-}
+pub use super::spray::NicStats;
+use super::spray::SchedParams;
 
 /// Counters tests and logs read.
 #[derive(Default)]
@@ -127,7 +98,11 @@ pub struct Core {
     pub connector: Mutex<Option<mpsc::Sender<ConnectorMsg>>>,
     pub rails: RailMonitor,
     pub stopping: AtomicBool,
-    pub nics: Vec<NicStats>,
+    pub nics: Vec<Arc<NicStats>>,
+    /// How slices pick their NIC.
+    pub sched: SchedParams,
+    /// The host's NUMA distances (empty with one node: buffers' nodes are then not looked up).
+    pub numa_distances: Vec<Vec<u32>>,
     pub counters: Counters,
     /// Notify QP number -> channel and endpoint, for notify completions.
     pub notify_index: Mutex<HashMap<u32, NotifyEntry>>,

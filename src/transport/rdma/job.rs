@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use super::Endpoint;
+use super::spray::{Charge, NicStats};
 use crate::base::task::Task;
 
 /// One task in flight on RDMA: its slices count down; the last one completes the task.
@@ -16,6 +17,10 @@ pub struct Job {
     pub lkeys: Vec<u32>,
     pub rkeys: Vec<u32>,
     pub deadline: Duration,
+    /// The NUMA node of the local buffer (-1 unknown, or a host with one node).
+    pub numa_node: i32,
+    /// The local NicIDs a policy's `devices` list allows (all when empty).
+    pub allowed_nics: Vec<usize>,
     remaining: AtomicUsize,
     done: AtomicBool,
 }
@@ -38,6 +43,8 @@ impl Job {
             lkeys,
             rkeys,
             deadline,
+            numa_node: -1,
+            allowed_nics: Vec::new(),
             remaining: AtomicUsize::new(slices),
             done: AtomicBool::new(false),
         }
@@ -88,6 +95,8 @@ pub struct Slice {
     /// provider's clock).
     pub(super) ep: Option<(Arc<Endpoint>, usize)>,
     pub(super) bound_at: Duration,
+    /// Its bytes counted on the NIC of `ep` while bound there (see `spray`).
+    pub(super) charge: Option<Charge>,
     /// A WRITE whose attempt on this (retired) endpoint did not complete: its packets may
     /// still be in the network and land at the peer later, so the slice is posted again, or
     /// its failure reported, only once the peer's side of that endpoint is retired (fenced).
@@ -97,6 +106,20 @@ pub struct Slice {
 }
 
 impl Slice {
+    /// Binds the slice to `ep` (towards remote NIC `remote`) at `now`, its bytes counted on
+    /// that endpoint's NIC instead of the one it was bound to before.
+    pub(super) fn bind(&mut self, nics: &[Arc<NicStats>], ep: Arc<Endpoint>, remote: usize, now: Duration) {
+        self.charge = nics.get(ep.nic_id).map(|n| Charge::new(n, u64::from(self.len)));
+        self.ep = Some((ep, remote));
+        self.bound_at = now;
+    }
+
+    /// Unbinds the slice: it picks an endpoint again when next posted.
+    pub(super) fn unbind(&mut self) {
+        self.ep = None;
+        self.charge = None;
+    }
+
     /// A fresh slice.
     pub fn new(job: Arc<Job>, offset: u64, len: u32, seq: u32) -> Slice {
         Slice {
@@ -110,6 +133,7 @@ impl Slice {
             detours: 0,
             ep: None,
             bound_at: Duration::ZERO,
+            charge: None,
             fence: None,
             failure: None,
         }

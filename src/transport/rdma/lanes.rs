@@ -14,6 +14,7 @@ use super::core::Core;
 use super::endpoint::EpState;
 use super::fence::FenceState;
 use super::job::{Job, Slice};
+use super::spray;
 use crate::base::qos::{self, Level, LevelQueues, Queued};
 use crate::base::request::Opcode;
 use crate::error::{Error, Result};
@@ -23,9 +24,11 @@ impl Core {
     /// Picks a (local NIC, remote NIC) pair for a slice and returns the endpoint between them
     /// (created if needed) and the remote NIC's index. See [`pair_order`] for the order; retries
     /// move along it.
-    fn endpoint_for(&self, s: &Slice) -> Result<(Arc<Endpoint>, usize)> {
+    /// `Ok(None)`: every rail the slice could take holds as much work as it should (see
+    /// [`spray::NicStats::has_room`]); the slice waits unbound for one to drain.
+    fn endpoint_for(&self, s: &Slice) -> Result<Option<(Arc<Endpoint>, usize)>> {
         let job = &s.job;
-        let enabled: Vec<usize> = self.contexts.enabled().map(|(i, _)| i).collect();
+        let enabled = self.usable_nics(job);
         let (pairs, direct) = pair_order(&enabled, &self.device_names, &job.remote_keys, s.seq as usize);
         if pairs.is_empty() {
             return Err(Error::Unavailable("no RDMA NIC is up on one side".into()));
@@ -39,6 +42,15 @@ impl Core {
         let mut preference: Vec<(usize, usize)> = Vec::with_capacity(pairs.len());
         for list in [direct_pairs, cross_pairs] {
             preference.extend((0..list.len()).map(|k| list[(start + k) % list.len()]));
+        }
+        if start == 0 && self.sched.smart {
+            // A first attempt takes the direct rail that would get it through soonest (see
+            // `spray`); retries keep the order, moving away from the rail that failed.
+            match self.cheapest(s, &preference[..direct], now) {
+                Cheapest::At(best) => preference.swap(0, best),
+                Cheapest::AllFull => return Ok(None),
+                Cheapest::NoneUsable => {}
+            }
         }
         let scan = preference.iter().map(|p| (*p, true)).chain(preference.iter().map(|p| (*p, false)));
         for ((local, remote), heed_pauses) in scan {
@@ -55,16 +67,71 @@ impl Core {
                 Endpoint::create(ctx, local, key, &self.local_server, &job.peer_rpc, &self.ep_params, notify)
             })?;
             self.track_notify(&ep);
-            return Ok((ep, remote));
+            return Ok(Some((ep, remote)));
         }
         Err(Error::Unavailable("no usable RDMA rail between the two sides".into()))
+    }
+
+    /// The local NICs a slice of `job` may use: the enabled ones, narrowed to a policy's
+    /// `devices` list unless none of those is up (the list fails open, as upstream's).
+    fn usable_nics(&self, job: &Job) -> Vec<usize> {
+        let enabled = self.contexts.enabled().map(|(i, _)| i);
+        if job.allowed_nics.is_empty() {
+            return enabled.collect();
+        }
+        let all: Vec<usize> = enabled.collect();
+        let allowed: Vec<usize> = all.iter().copied().filter(|i| job.allowed_nics.contains(i)).collect();
+        if allowed.is_empty() { all } else { allowed }
+    }
+
+    /// The position in `pairs` of the usable pair with the least expected completion time for
+    /// slice `s`: its local NIC's bound bytes plus the slice over the NIC's learned rate, times
+    /// the NUMA penalty of the slice's buffer to the NIC. Ties go to the earliest position (the
+    /// slice's turn in the rotation). When the usable pairs span several local NICs, only NICs
+    /// with room count.
+    fn cheapest(&self, s: &Slice, pairs: &[(usize, usize)], now: Duration) -> Cheapest {
+        let job = &s.job;
+        let mut best: Option<(usize, f64)> = None;
+        let mut first_local = None;
+        let mut several_locals = false;
+        let mut full = None;
+        for (k, &(local, remote)) in pairs.iter().enumerate() {
+            let usable = job.lkeys.get(local).is_some_and(|k| *k != 0)
+                && job.rkeys.get(remote).is_some_and(|k| *k != 0)
+                && self.rails.available(local, &job.remote_keys[remote], now);
+            let Some(nic) = self.nics.get(local).filter(|_| usable) else { continue };
+            several_locals |= *first_local.get_or_insert(local) != local;
+            if !nic.has_room(u64::from(s.len)) {
+                full.get_or_insert(k);
+                continue;
+            }
+            let distance = usize::try_from(job.numa_node)
+                .ok()
+                .and_then(|b| self.numa_distances.get(b)?.get(usize::try_from(nic.numa_node).ok()?).copied())
+                .unwrap_or(0);
+            let penalty = self.sched.numa_penalties[spray::numa_class(job.numa_node, nic.numa_node, distance)];
+            let c = spray::cost(nic.assigned.load(Ordering::Relaxed), u64::from(s.len), nic.rate(), penalty);
+            if best.is_none_or(|(_, b)| c + self.sched.epsilon < b) {
+                best = Some((k, c));
+            }
+        }
+        match best {
+            Some((k, _)) => Cheapest::At(k),
+            // One local NIC alone is used however much it holds: there is nothing to balance
+            // (its pairs to several peer NICs all share its cost).
+            None => match full {
+                Some(_) if several_locals => Cheapest::AllFull,
+                Some(k) => Cheapest::At(k),
+                None => Cheapest::NoneUsable,
+            },
+        }
     }
 
     /// A READY endpoint of another pair the slice may take, on a rail that is not paused, for
     /// a slice whose own endpoint is still connecting. Creates nothing and spends no probe.
     fn ready_alternative(&self, s: &Slice, current: &Arc<Endpoint>) -> Option<(Arc<Endpoint>, usize)> {
         let job = &s.job;
-        let enabled: Vec<usize> = self.contexts.enabled().map(|(i, _)| i).collect();
+        let enabled = self.usable_nics(job);
         let now = self.clock.now();
         pair_order(&enabled, &self.device_names, &job.remote_keys, s.seq as usize).0.into_iter().find_map(
             |(local, remote)| {
@@ -79,6 +146,16 @@ impl Core {
             },
         )
     }
+}
+
+/// What [`Core::cheapest`] found.
+enum Cheapest {
+    /// The position of the pair to take.
+    At(usize),
+    /// Every usable pair's NIC holds as much as it should: wait.
+    AllFull,
+    /// No pair is usable (keys, paused rails): the caller's scan decides.
+    NoneUsable,
 }
 
 /// The (local NicID, remote NicID) pairs a slice may take, in the order it prefers them, and how
@@ -368,7 +445,7 @@ impl Lane {
                 if ep.path_failed() && fatal.is_none() {
                     s.detours += 1;
                 }
-                s.ep = None;
+                s.unbind();
                 if let Some(m) = fatal.as_ref().filter(|_| peer_down) {
                     // Retrying cannot bring the process back within this task's life.
                     s.job.fail(m.clone());
@@ -386,18 +463,17 @@ impl Lane {
             // An endpoint that takes long to connect (its peer's control plane may be cut off)
             // does not hold up work that a connected rail can carry.
             if ep.state() == EpState::Handshaking && now.saturating_sub(s.bound_at) >= core.wp.connect_patience {
-                if let Some(alt) = core.ready_alternative(&s, ep) {
-                    s.ep = Some(alt);
-                    s.bound_at = now;
+                if let Some((alt, r)) = core.ready_alternative(&s, ep) {
+                    s.bind(&core.nics, alt, r, now);
                 }
             }
         }
         let (ep, remote) = match &s.ep {
             Some((ep, r)) => (ep.clone(), *r),
             None => match core.endpoint_for(&s) {
-                Ok((ep, r)) => {
-                    s.ep = Some((ep.clone(), r));
-                    s.bound_at = now;
+                Ok(None) => return Err(Some(s)),
+                Ok(Some((ep, r))) => {
+                    s.bind(&core.nics, ep.clone(), r, now);
                     (ep, r)
                 }
                 Err(e) => {
@@ -452,7 +528,7 @@ impl Lane {
         match result {
             Some(None) => {
                 if let Some(n) = core.nics.get(ep.nic_id) {
-                    n.inflight.fetch_add(u64::from(s.len), Ordering::Relaxed);
+                    n.posted(u64::from(s.len), core.clock.now());
                 }
                 self.in_flight_at[Level::of(s.job.task.request().priority).index()] += 1;
                 self.slots[slot].record = Some(Record { slice: s, ep, remote });
@@ -466,7 +542,7 @@ impl Lane {
                     tracing::debug!("posting to {} failed: {e}", ep.key);
                     ep.mark_path_failed();
                     core.retire_endpoint(&ep);
-                    s.ep = None;
+                    s.unbind();
                     if !self.spend_retry(&mut s, &format!("RDMA post failed: {e}")) {
                         return Err(None);
                     }
@@ -488,9 +564,11 @@ impl Lane {
                         0
                     }
                 };
+                // One clock read per batch: what the NICs' rate learning needs.
+                let now = if n > 0 { self.core.clock.now() } else { Duration::ZERO };
                 for i in 0..n {
                     let wc = self.wcs[i];
-                    self.on_completion(wc);
+                    self.on_completion(wc, now);
                 }
                 total += n;
                 if n < self.wcs.len() {
@@ -501,7 +579,9 @@ impl Lane {
         total
     }
 
-    fn take_record(&mut self, wr_id: u64) -> Option<Record> {
+    /// Frees the slot of `wr_id` and returns its record; `completed_at` says when its bytes
+    /// completed, if they did (what the NIC learns its rate from).
+    fn take_record(&mut self, wr_id: u64, completed_at: Option<Duration>) -> Option<Record> {
         let (lane, slot, generation) = decode_wr_id(wr_id);
         let s = self.slots.get_mut(slot).filter(|s| lane == self.id && s.generation == generation)?;
         let rec = s.record.take()?;
@@ -514,26 +594,28 @@ impl Lane {
         }
         rec.ep.completed(self.id);
         if let Some(n) = self.core.nics.get(rec.ep.nic_id) {
-            n.inflight.fetch_sub(u64::from(rec.slice.len), Ordering::Relaxed);
+            let len = u64::from(rec.slice.len);
+            match completed_at {
+                Some(now) => n.completed(len, now, &self.core.sched),
+                None => n.dropped(len),
+            }
         }
         Some(rec)
     }
 
     /// Classifies one completion: success, flush caused by our own retirement (resubmit, no
     /// penalty), or a root-cause error (retire the endpoint, mark the rail, spend a retry).
-    fn on_completion(&mut self, wc: Wc) {
+    fn on_completion(&mut self, wc: Wc, now: Duration) {
         let core = self.core.clone();
-        let Some(rec) = self.take_record(wc.wr_id) else {
+        let Some(rec) = self.take_record(wc.wr_id, (wc.status == WcStatus::Success).then_some(now)) else {
             core.counters.stale_completions.fetch_add(1, Ordering::Relaxed);
             return;
         };
         let Record { mut slice, ep, remote } = rec;
-        let remote_key = &slice.job.remote_keys[remote];
+        let keys = slice.job.remote_keys.clone();
+        let remote_key = &keys[remote];
         match wc.status {
             WcStatus::Success => {
-                if let Some(n) = core.nics.get(ep.nic_id) {
-                    n.completed.fetch_add(u64::from(slice.len), Ordering::Relaxed);
-                }
                 core.rails.mark_recovered(ep.nic_id, remote_key);
                 slice.job.slice_done();
             }
@@ -550,7 +632,7 @@ impl Lane {
                     // pair first, without charging it a retry.
                     slice.detours += 1;
                 }
-                slice.ep = None;
+                slice.unbind();
                 if slice.flushes > core.wp.flush_budget {
                     slice.job.fail("RDMA work kept being flushed by endpoint retirement".into());
                 } else {
@@ -566,7 +648,7 @@ impl Lane {
                 // Any error completion leaves the QP in ERR, so the endpoint goes either way.
                 ep.mark_path_failed();
                 core.retire_endpoint(&ep);
-                slice.ep = None;
+                slice.unbind();
                 let reason = format!("RDMA request to {remote_key} failed: {}", status.as_str());
                 if let Some(refusal) = refused(status) {
                     // The keys or bounds are wrong (the peer unregistered the memory, say): a
@@ -624,7 +706,7 @@ impl Lane {
             job.time_out("RDMA transfer timed out".into());
         }
         for id in forced {
-            if let Some(rec) = self.take_record(id) {
+            if let Some(rec) = self.take_record(id, None) {
                 core.counters.forced_records.fetch_add(1, Ordering::Relaxed);
                 rec.slice.job.fail(format!("endpoint {} was destroyed before its work completed", rec.ep.key));
             }

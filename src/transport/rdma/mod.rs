@@ -39,6 +39,8 @@ mod monitor;
 mod notify_index;
 /// cbindgen:ignore
 mod responder;
+/// cbindgen:ignore
+pub mod spray;
 
 pub use context::{BufferRegistration, ContextLimits, ContextParams, ContextSet, ContextState, CqQuota, RdmaContext};
 pub use endpoint::{ConnectError, Endpoint, EndpointParams, EpState};
@@ -158,6 +160,20 @@ impl RdmaTransport {
         let stores = (0..names.len())
             .map(|i| contexts.get(i).map(|_| EndpointStore::new(kind, cap).map(Arc::new)).transpose())
             .collect::<Result<Vec<_>>>()?;
+        let sched = spray::SchedParams::from_section(cfg);
+        // Each NIC's rate starts at its port's speed (the configured default when it reports
+        // none) and is learned from its completions from then on.
+        let nics = (0..names.len())
+            .map(|i| {
+                let ctx = contexts.get(i);
+                let speed = ctx
+                    .and_then(|c| c.device().and_then(|d| d.query_port(c.port()).ok()))
+                    .map(|a| f64::from(a.speed_gbps()) * 1e9 / 8.0)
+                    .filter(|b| *b > 0.0)
+                    .unwrap_or(sched.default_bytes_per_sec);
+                Arc::new(NicStats::new(numa_node_of(&names[i]), speed))
+            })
+            .collect();
         let (ctx_tx, ctx_rx) = mpsc::channel();
         // Bootstrap threads report back on the same channel the lanes ask on.
         let ctx_tx_for_attempts = ctx_tx.clone();
@@ -173,7 +189,9 @@ impl RdmaTransport {
             connector: Mutex::new(Some(ctx_tx)),
             rails: RailMonitor::new(RailParams::from_section(cfg)),
             stopping: AtomicBool::new(false),
-            nics: names.iter().map(|_| NicStats::default()).collect(),
+            nics,
+            sched,
+            numa_distances: spray::numa_distances(),
             counters: Default::default(),
             notify_index: Mutex::new(Default::default()),
             tent_peers: Mutex::new(Default::default()),
@@ -317,6 +335,16 @@ impl RdmaTransport {
         drop(removed);
     }
 
+    /// The local NicIDs a policy's `devices` list names (by device name, `mlx5_0`), in our
+    /// order; names this host does not have are skipped. Empty: no restriction.
+    fn allowed_nics(&self, devices: &[String]) -> Vec<usize> {
+        if devices.is_empty() {
+            return Vec::new();
+        }
+        let names = &self.core.device_names;
+        (0..names.len()).filter(|&i| devices.iter().any(|d| *d == names[i])).collect()
+    }
+
     fn lkeys_for(&self, addr: u64, len: u64) -> Option<Vec<u32>> {
         let end = addr.checked_add(len)?;
         let regs = self.regs.read();
@@ -458,7 +486,8 @@ impl Transport for RdmaTransport {
             // No zero-length slices: exactly ceil(len / block) pieces, each charged and released
             // by its own length.
             let n = r.length.div_ceil(block);
-            let job = Arc::new(Job::new(
+            let allowed = self.allowed_nics(task.devices());
+            let mut job = Job::new(
                 task,
                 target.rpc_server_addr.clone(),
                 keys.clone(),
@@ -466,7 +495,13 @@ impl Transport for RdmaTransport {
                 rkeys,
                 now + self.core.wp.max_timeout,
                 n as usize,
-            ));
+            );
+            if !self.core.numa_distances.is_empty() && self.core.sched.smart {
+                // One system call per request, and only on a host with several NUMA nodes.
+                job.numa_node = spray::node_of(r.source);
+            }
+            job.allowed_nics = allowed;
+            let job = Arc::new(job);
             // One counter spreads slices over the lanes and, through their sequence numbers,
             // over the rails, across jobs too: a batch of one-slice requests uses every rail.
             let start = self.next_lane.fetch_add(n as usize, Ordering::Relaxed);
