@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use super::engines::engine;
 use tent::engine::Engine;
 use tent::engine::types::TransportKind;
-use tent::verbs::sim::SimFabric;
+use tent::verbs::sim::{SimFabric, SimHost, SimNic};
 
 /// How long (real time) a test waits for a condition before it fails.
 pub const SIM_BOUND: Duration = Duration::from_secs(60);
@@ -44,4 +44,10 @@ pub fn until(f: &SimFabric, step: Duration, mut cond: impl FnMut() -> bool) {
         f.advance(step);
         std::thread::sleep(Duration::from_micros(200));
     }
+}
+
+/// NIC `sim_mlx5_<i>` of engine `e`'s simulated host.
+pub fn nic(e: &Engine, i: usize) -> SimNic {
+    let h = SimHost::from_provider(e.rdma().expect("rdma").provider()).expect("sim host");
+    h.nic(&format!("sim_mlx5_{i}")).expect("nic")
 }

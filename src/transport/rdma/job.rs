@@ -91,6 +91,9 @@ pub struct Slice {
     /// Moves to the next NIC pair that spent no retry: work flushed from an endpoint whose path
     /// failed, or moved off an endpoint that took too long to connect.
     pub detours: u32,
+    /// How many direct rails past its turn the first attempt's rail was (chosen by load, see
+    /// `spray`): later attempts move on from that rail.
+    pub(super) shift: u32,
     /// The endpoint it goes over and the remote NIC's index, once chosen, and since when (the
     /// provider's clock).
     pub(super) ep: Option<(Arc<Endpoint>, usize)>,
@@ -101,8 +104,9 @@ pub struct Slice {
     /// still be in the network and land at the peer later, so the slice is posted again, or
     /// its failure reported, only once the peer's side of that endpoint is retired (fenced).
     pub(super) fence: Option<Arc<Endpoint>>,
-    /// Why the slice failed for good, reported once its fence is done.
-    pub(super) failure: Option<String>,
+    /// Why the slice failed for good, reported once its fence is done (boxed: a slice stays
+    /// small enough to move by value through the lanes' queues).
+    pub(super) failure: Option<Box<str>>,
 }
 
 impl Slice {
@@ -131,6 +135,7 @@ impl Slice {
             refusals: 0,
             seq,
             detours: 0,
+            shift: 0,
             ep: None,
             bound_at: Duration::ZERO,
             charge: None,

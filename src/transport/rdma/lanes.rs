@@ -26,7 +26,7 @@ impl Core {
     /// move along it.
     /// `Ok(None)`: every rail the slice could take holds as much work as it should (see
     /// [`spray::NicStats::has_room`]); the slice waits unbound for one to drain.
-    fn endpoint_for(&self, s: &Slice) -> Result<Option<(Arc<Endpoint>, usize)>> {
+    fn endpoint_for(&self, s: &mut Slice) -> Result<Option<(Arc<Endpoint>, usize)>> {
         let job = &s.job;
         let enabled = self.usable_nics(job);
         let (pairs, direct) = pair_order(&enabled, &self.device_names, &job.remote_keys, s.seq as usize);
@@ -34,7 +34,8 @@ impl Core {
             return Err(Error::Unavailable("no RDMA NIC is up on one side".into()));
         }
         let now = self.clock.now();
-        let start = (s.retries + s.detours) as usize;
+        let first = s.retries + s.detours == 0;
+        let start = (s.retries + s.detours + s.shift) as usize;
         // Each retry moves to the next direct rail; a cross pair is taken only when no direct
         // rail is usable, and when every rail is paused there is no better alternative, so the
         // pause is ignored (second round) rather than failing the slice.
@@ -43,11 +44,17 @@ impl Core {
         for list in [direct_pairs, cross_pairs] {
             preference.extend((0..list.len()).map(|k| list[(start + k) % list.len()]));
         }
-        if start == 0 && self.sched.smart {
+        if first && self.sched.smart {
             // A first attempt takes the direct rail that would get it through soonest (see
-            // `spray`); retries keep the order, moving away from the rail that failed.
+            // `spray`); later attempts go on along the rails from that one (`shift`), away
+            // from the rail that failed.
             match self.cheapest(s, &preference[..direct], now) {
-                Cheapest::At(best) => preference.swap(0, best),
+                Cheapest::At(best) => {
+                    preference[..direct].rotate_left(best);
+                    // Relative to the slice's turn, as `start` is (a first attempt may come
+                    // here again after an unbind that cost it nothing).
+                    s.shift = ((start + best) % direct) as u32;
+                }
                 Cheapest::AllFull => return Ok(None),
                 Cheapest::NoneUsable => {}
             }
@@ -101,7 +108,7 @@ impl Core {
                 && self.rails.available(local, &job.remote_keys[remote], now);
             let Some(nic) = self.nics.get(local).filter(|_| usable) else { continue };
             several_locals |= *first_local.get_or_insert(local) != local;
-            if !nic.has_room(u64::from(s.len)) {
+            if !nic.has_room(u64::from(s.len), now) {
                 full.get_or_insert(k);
                 continue;
             }
@@ -110,7 +117,7 @@ impl Core {
                 .and_then(|b| self.numa_distances.get(b)?.get(usize::try_from(nic.numa_node).ok()?).copied())
                 .unwrap_or(0);
             let penalty = self.sched.numa_penalties[spray::numa_class(job.numa_node, nic.numa_node, distance)];
-            let c = spray::cost(nic.assigned.load(Ordering::Relaxed), u64::from(s.len), nic.rate(), penalty);
+            let c = spray::cost(nic.assigned.load(Ordering::Relaxed), u64::from(s.len), nic.rate_at(now), penalty);
             if best.is_none_or(|(_, b)| c + self.sched.epsilon < b) {
                 best = Some((k, c));
             }
@@ -338,7 +345,7 @@ impl Lane {
             if s.fence.is_some() {
                 // Reported once the peer cannot execute its old packets any more (fence.rs):
                 // a caller told FAILED may write there again at once.
-                s.failure = Some(why);
+                s.failure = Some(why.into());
                 return true;
             }
             s.job.fail(why);
@@ -432,11 +439,11 @@ impl Lane {
             s.fence = None;
             if state == FenceState::PeerGone && s.failure.is_none() {
                 // Retrying cannot bring the process back within this task's life.
-                s.failure = Some(format!("RDMA peer {} is gone", old.key));
+                s.failure = Some(format!("RDMA peer {} is gone", old.key).into());
             }
         }
         if let Some(why) = s.failure.take() {
-            s.job.fail(why);
+            s.job.fail(why.into());
             return Err(None);
         }
         if let Some((ep, _)) = &s.ep {
@@ -470,7 +477,7 @@ impl Lane {
         }
         let (ep, remote) = match &s.ep {
             Some((ep, r)) => (ep.clone(), *r),
-            None => match core.endpoint_for(&s) {
+            None => match core.endpoint_for(&mut s) {
                 Ok(None) => return Err(Some(s)),
                 Ok(Some((ep, r))) => {
                     s.bind(&core.nics, ep.clone(), r, now);

@@ -101,6 +101,11 @@ pub struct NicStats {
     pub rate_bits: AtomicU64,
     /// Whether `rate_bits` comes from a measurement yet (it starts as the port's speed).
     learned: AtomicBool,
+    /// When the rate was last measured (provider clock, ns): a measurement older than
+    /// [`STALE`] no longer counts (see [`NicStats::rate_at`]).
+    measured_at_ns: AtomicU64,
+    /// The starting rate (the port's speed), what a NIC without a current measurement counts at.
+    start_bits: u64,
     /// When the NIC last went from idle to busy (provider clock, ns).
     busy_since_ns: AtomicU64,
     learner: Mutex<RateLearner>,
@@ -112,24 +117,40 @@ pub struct NicStats {
 impl NicStats {
     /// Stats of a NIC on `numa_node` whose rate starts at `bytes_per_sec`.
     pub fn new(numa_node: i32, bytes_per_sec: f64) -> NicStats {
-        NicStats { numa_node, rate_bits: AtomicU64::new(bytes_per_sec.to_bits()), ..NicStats::default() }
+        NicStats {
+            numa_node,
+            rate_bits: AtomicU64::new(bytes_per_sec.to_bits()),
+            start_bits: bytes_per_sec.to_bits(),
+            ..NicStats::default()
+        }
     }
 
-    /// The learned rate, bytes per second.
+    /// The learned rate, bytes per second (the starting rate until a measurement).
     pub fn rate(&self) -> f64 {
         f64::from_bits(self.rate_bits.load(Ordering::Relaxed))
     }
 
-    /// Whether the NIC may take a slice of `len` more bytes while other NICs could carry it: it
-    /// holds less than [`HORIZON`] of work at its learned rate (at least [`MIN_HELD`] slices),
-    /// or less than [`FLOOR`] bytes before its first measurement.
-    pub fn has_room(&self, len: u64) -> bool {
+    /// Whether the NIC has a measurement of its rate no older than [`STALE`] at `now`.
+    fn fresh(&self, now: Duration) -> bool {
+        self.learned.load(Ordering::Relaxed)
+            && now.as_nanos() as u64 <= self.measured_at_ns.load(Ordering::Relaxed) + STALE.as_nanos() as u64
+    }
+
+    /// The rate slices are placed by at `now`: the learned one while it is fresh, else the
+    /// starting one. A NIC once measured slow (a noisy window, a passing congestion) is not
+    /// shunned for good: without new work it has nothing to be measured by, so after
+    /// [`STALE`] it counts as new and gets work again.
+    pub fn rate_at(&self, now: Duration) -> f64 {
+        if self.fresh(now) { self.rate() } else { f64::from_bits(self.start_bits) }
+    }
+
+    /// Whether the NIC may take a slice of `len` more bytes at `now` while other NICs could
+    /// carry it: it holds less than [`HORIZON`] of work at its learned rate (at least
+    /// [`MIN_HELD`] slices), or less than [`FLOOR`] bytes without a fresh measurement.
+    pub fn has_room(&self, len: u64, now: Duration) -> bool {
         let held = self.assigned.load(Ordering::Relaxed) + len;
-        let cap = if self.learned.load(Ordering::Relaxed) {
-            ((self.rate() * HORIZON.as_secs_f64()) as u64).max(MIN_HELD * len)
-        } else {
-            FLOOR
-        };
+        let cap =
+            if self.fresh(now) { ((self.rate() * HORIZON.as_secs_f64()) as u64).max(MIN_HELD * len) } else { FLOOR };
         held <= cap
     }
 
@@ -181,14 +202,17 @@ impl NicStats {
         if !elapsed.is_zero() {
             let old = self.rate();
             let measured = l.bytes as f64 / elapsed.as_secs_f64();
-            let new = if self.learned.swap(true, Ordering::Relaxed) {
+            let fresh = self.fresh(now);
+            self.learned.store(true, Ordering::Relaxed);
+            self.measured_at_ns.store(now.as_nanos() as u64, Ordering::Relaxed);
+            let new = if fresh {
                 let sample = measured.clamp(old * p.min_multiplier, old * p.max_multiplier);
                 // One weight per completion, as upstream learns per completion.
                 let weight = 1.0 - (1.0 - p.learning_rate.clamp(0.0, 1.0)).powi(l.completions as i32);
                 old + weight * (sample - old)
             } else {
-                // The starting value was the port's nominal speed, a guess: the first
-                // measurement replaces it.
+                // The starting value was the port's nominal speed, a guess, and an old
+                // measurement says little about now: this one replaces it.
                 measured
             };
             if new.is_finite() && new > 0.0 {
@@ -206,6 +230,10 @@ impl NicStats {
 /// that slows down keeps at most this much behind it, so a transfer over several rails ends at
 /// most about this much after the sum of their rates allows.
 pub const HORIZON: Duration = Duration::from_millis(2);
+
+/// How long a rate measurement counts: a NIC measured longer ago than this is placed as if
+/// new (its port speed, [`FLOOR`]), so it gets work to be measured by again.
+pub const STALE: Duration = Duration::from_millis(100);
 
 /// The bytes a NIC may hold before its rate is measured: enough to keep a fast NIC busy for
 /// the first measurement, little enough that a slow one is not given much it must then finish
@@ -318,6 +346,30 @@ mod tests {
         n.completed(1_000_000, later + Duration::from_millis(10), &p);
         let r = n.rate();
         assert!((r - 1e8).abs() < 1e6, "the idle gap was counted as busy: {r}");
+    }
+
+    #[test]
+    fn a_measurement_counts_only_while_fresh() {
+        let p = SchedParams::default();
+        let n = Arc::new(NicStats::new(0, 1e10));
+        let t0 = Duration::from_secs(1);
+        assert_eq!(n.rate_at(t0), 1e10, "unmeasured: the port's speed");
+        assert!(n.has_room(FLOOR, t0) && !n.has_room(FLOOR + 1, t0), "unmeasured: FLOOR bytes");
+        // One slow window: 1 MB in 100 ms.
+        n.posted(1_000_000, t0);
+        let t1 = t0 + Duration::from_millis(100);
+        n.completed(1_000_000, t1, &p);
+        assert_eq!(n.rate_at(t1), 1e7, "the first measurement replaces the start value");
+        let held = Charge::new(&n, MIN_HELD * 16384);
+        assert!(!n.has_room(16384, t1), "a slow NIC holds MIN_HELD slices, not 2 ms of its old guess");
+        let later = t1 + STALE + Duration::from_millis(1);
+        assert_eq!(n.rate_at(later), 1e10, "a stale measurement no longer counts");
+        assert!(n.has_room(16384, later), "a stale NIC holds FLOOR bytes again");
+        drop(held);
+        // The next measurement replaces the old one instead of moving it by the learning rate.
+        n.posted(1_000_000, later);
+        n.completed(1_000_000, later + Duration::from_millis(1), &p);
+        assert_eq!(n.rate_at(later + Duration::from_millis(1)), 1e9);
     }
 
     #[test]
