@@ -167,3 +167,102 @@ fn an_engine_with_the_key_publishes_its_tcp_work() {
     assert!(!watcher.active_elsewhere(Level::Low), "an ended task leaves no count behind");
     a.free_batch(batch).expect("free");
 }
+
+/// Bytes `a` has posted to RDMA and not yet seen complete.
+fn rdma_in_flight(a: &tent::engine::Engine) -> u64 {
+    let core = a.rdma().expect("rdma").core().clone();
+    core.nics.iter().map(|n| n.inflight.load(std::sync::atomic::Ordering::Relaxed)).sum()
+}
+
+/// A LOW WRITE of 16 slices over RDMA (virtual clock standing still, so nothing completes)
+/// while another gate of the quota file holds work of `other` active: how many bytes the
+/// engine put on the wire, and whether the WRITE then completes intact once that work ended
+/// and the clock moves.
+fn rdma_low_beside(name: &str, other: Level) -> u64 {
+    const SLICE: usize = 16384;
+    const LEN: usize = 16 * SLICE;
+    let quota = QuotaName::new();
+    let f = common::sim::fabric(name);
+    let cfg = [
+        ("transports/rdma/shared_quota_shm_path", quota.0.as_str()),
+        ("transports/rdma/priority_promotion_timeout_us", "60000000"),
+    ];
+    let a = common::sim::rdma_engine(name, &cfg);
+    let b = common::sim::rdma_engine(name, &[]);
+    // Work runs 1 ms (virtual) after posting: on the wire until the clock moves.
+    f.set_path_delay(common::sim::nic(&a, 0), common::sim::nic(&b, 0), Duration::from_millis(1));
+    // The other process: a gate of the RDMA path with its own slot in the same file.
+    let watcher = SharedQuota::open(&quota.0, QuotaPath::Rdma).expect("the other side opens the quota");
+    let other_gate = Gate::new(params(), Some(watcher as Arc<dyn Foreign>));
+    let ticket = other_gate.enter(other);
+    let src = buffer(&a, LEN, |i| (i * 7) as u8, Permission::GlobalReadWrite);
+    let dst = buffer(&b, LEN, |_| 0, Permission::GlobalReadWrite);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let mut low = req(Opcode::Write, src.as_ptr() as u64, h, dst.as_ptr() as u64, LEN as u64);
+    low.priority = 2;
+    let batch = a.allocate_batch(1).expect("batch");
+    // SAFETY: `src` and `dst` outlive the batch, which ends before they are dropped.
+    unsafe { a.submit(batch, &[low], None) }.expect("submit");
+    let deadline = Instant::now() + BOUND;
+    while rdma_in_flight(&a) == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // The lanes post within microseconds of seeing work: give them ample time to post more.
+    std::thread::sleep(Duration::from_millis(50));
+    let posted = rdma_in_flight(&a);
+    drop(ticket);
+    common::sim::until(&f, Duration::from_micros(100), || {
+        a.task_status_list(batch).expect("status").iter().all(|(s, _)| *s != Status::Pending)
+    });
+    assert_eq!(a.task_status_list(batch).expect("status")[0], (Status::Completed, LEN as u64));
+    assert!(src == dst, "the bytes arrived");
+    a.free_batch(batch).expect("free");
+    posted
+}
+
+/// RDMA lanes hold LOW work back to one slice on the wire (per lane) while another process has
+/// HIGH work active on RDMA, and post it all at once beside another process's LOW work.
+#[test]
+fn rdma_low_work_is_held_back_by_high_work_of_another_process() {
+    let held = rdma_low_beside("quota-rdma-high", Level::High);
+    // Each of the engine's two lanes holds its own allowance of one.
+    assert_eq!(held, 2 * 16384, "beside foreign HIGH work, one LOW slice per lane is on the wire");
+    let free = rdma_low_beside("quota-rdma-low", Level::Low);
+    assert_eq!(free, 16 * 16384, "beside foreign LOW work, every slice goes at once");
+}
+
+/// An RDMA task holds its level in the quota file from submit until it ends.
+#[test]
+fn an_engine_with_the_key_publishes_its_rdma_work() {
+    let quota = QuotaName::new();
+    let f = common::sim::fabric("quota-rdma-publish");
+    let cfg = [("transports/rdma/shared_quota_shm_path", quota.0.as_str())];
+    let a = common::sim::rdma_engine("quota-rdma-publish", &cfg);
+    let b = common::sim::rdma_engine("quota-rdma-publish", &[]);
+    f.set_path_delay(common::sim::nic(&a, 0), common::sim::nic(&b, 0), Duration::from_millis(1));
+    let watcher = SharedQuota::open(&quota.0, QuotaPath::Rdma).expect("watcher opens the quota");
+    let len = 1usize << 20;
+    let src = buffer(&a, len, |i| i as u8, Permission::GlobalReadWrite);
+    let dst = buffer(&b, len, |_| 0, Permission::GlobalReadWrite);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let mut medium = req(Opcode::Write, src.as_ptr() as u64, h, dst.as_ptr() as u64, len as u64);
+    medium.priority = 1;
+    let batch = a.allocate_batch(1).expect("batch");
+    // SAFETY: `src` and `dst` outlive the batch, which ends before they are dropped.
+    unsafe { a.submit(batch, &[medium], None) }.expect("submit");
+    // The virtual clock stands still and the path takes 1 ms: the task cannot end before it
+    // shows.
+    let deadline = Instant::now() + BOUND;
+    while !watcher.active_elsewhere(Level::Medium) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(watcher.active_elsewhere(Level::Medium), "the MEDIUM write shows in the quota file");
+    assert!(!watcher.active_elsewhere(Level::High));
+    common::sim::until(&f, Duration::from_micros(100), || {
+        a.task_status_list(batch).expect("status").iter().all(|(s, _)| *s != Status::Pending)
+    });
+    assert_eq!(a.task_status_list(batch).expect("status")[0], (Status::Completed, len as u64));
+    assert!(!watcher.active_elsewhere(Level::Medium), "an ended task leaves no count behind");
+    assert!(src == dst, "the bytes arrived");
+    a.free_batch(batch).expect("free");
+}

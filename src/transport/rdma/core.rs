@@ -18,7 +18,8 @@ use super::fence::Fence;
 use super::notify_index::{NotifyEntry, NotifySink};
 use super::rail::RailMonitor;
 use super::store::EndpointStore;
-use crate::base::qos::QosParams;
+use crate::base::qos::{Gate, QosParams};
+use crate::base::shared_quota::SharedQuota;
 use crate::config::RdmaSection;
 use crate::control::client::RpcClient;
 use crate::verbs::Clock;
@@ -103,6 +104,12 @@ pub struct Core {
     pub sched: SchedParams,
     /// The host's NUMA distances (empty with one node: buffers' nodes are then not looked up).
     pub numa_distances: Vec<Vec<u32>>,
+    /// This transport's slot in the host's quota file (`shared_quota_shm_path`), when set: the
+    /// lanes hold back work below a level that another process has active on RDMA.
+    pub quota: Option<Arc<SharedQuota>>,
+    /// Counts this process's active RDMA tasks per level and publishes them in `quota`'s slot
+    /// (each job holds a ticket until it ends); only with `quota`.
+    pub quota_gate: Option<Arc<Gate>>,
     pub counters: Counters,
     /// Notify QP number -> channel and endpoint, for notify completions.
     pub notify_index: Mutex<HashMap<u32, NotifyEntry>>,

@@ -4,8 +4,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use parking_lot::Mutex;
+
 use super::Endpoint;
 use super::spray::{Charge, NicStats};
+use crate::base::qos::Ticket;
 use crate::base::task::Task;
 
 /// One task in flight on RDMA: its slices count down; the last one completes the task.
@@ -23,6 +26,8 @@ pub struct Job {
     pub allowed_nics: Vec<usize>,
     remaining: AtomicUsize,
     done: AtomicBool,
+    /// Its level's count in the host's quota file while it runs (see `Core::quota_gate`).
+    ticket: Mutex<Option<Ticket>>,
 }
 
 impl Job {
@@ -47,11 +52,23 @@ impl Job {
             allowed_nics: Vec::new(),
             remaining: AtomicUsize::new(slices),
             done: AtomicBool::new(false),
+            ticket: Mutex::new(None),
         }
+    }
+
+    /// Keeps `t` until the job ends: other processes see its level active on RDMA till then.
+    pub(super) fn hold_ticket(&self, t: Ticket) {
+        *self.ticket.lock() = Some(t);
+    }
+
+    /// Ends the job's claim on its level (idempotent).
+    fn release_ticket(&self) {
+        self.ticket.lock().take();
     }
 
     pub(super) fn slice_done(&self) {
         if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 && !self.done.swap(true, Ordering::AcqRel) {
+            self.release_ticket();
             self.task.complete();
         }
     }
@@ -59,12 +76,14 @@ impl Job {
     pub(super) fn fail(&self, reason: String) {
         if !self.done.swap(true, Ordering::AcqRel) {
             tracing::debug!("rdma task failed: {reason}");
+            self.release_ticket();
             self.task.fail(reason);
         }
     }
 
     pub(super) fn time_out(&self, reason: String) {
         if !self.done.swap(true, Ordering::AcqRel) {
+            self.release_ticket();
             self.task.time_out(reason);
         }
     }

@@ -363,7 +363,8 @@ impl Lane {
     /// Posts from the pending queues, HIGH first, after promoting slices that waited too long.
     /// While HIGH work waits or is on the wire, slices below it are posted only while fewer
     /// than [`qos::ALLOWANCE`] of theirs are on the wire: a HIGH slice then waits behind at most
-    /// that one in the send queue, never behind queued background work.
+    /// that one in the send queue, never behind queued background work. Higher work another
+    /// process has active on RDMA (the shared quota) holds the lower levels back the same way.
     fn post_pending(&mut self) -> usize {
         // The lane loop passes here constantly: no clock read while nothing could be promoted.
         if self.pending.len(1) + self.pending.len(2) > 0 {
@@ -371,10 +372,17 @@ impl Lane {
         }
         let mut posted = 0;
         for q in 0..3 {
-            let capped = q > 0 && (self.pending.any_above(q) || self.in_flight_at[0] > 0);
+            let capped = q > 0 && (self.pending.any_above(q) || self.in_flight_at[0] > 0 || self.held_elsewhere(q));
             posted += self.post_queue(q, capped);
         }
         posted
+    }
+
+    /// Whether another process on this host has RDMA work above level `q` active (through the
+    /// shared quota file), while this lane has work of level `q` to post.
+    fn held_elsewhere(&self, q: usize) -> bool {
+        self.pending.len(q) > 0
+            && self.core.quota.as_ref().is_some_and(|f| f.higher_active_elsewhere(Level::from_index(q)))
     }
 
     /// Posts from the head of pending queue `q` (only while lower-level slices on the wire stay

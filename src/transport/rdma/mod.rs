@@ -56,8 +56,10 @@ use std::time::Duration;
 use parking_lot::{Mutex, RwLock};
 use serde_json::{Value, json};
 
+use crate::base::qos::{Foreign, Gate, Level};
 use crate::base::request::{Permission, TransportKind};
 use crate::base::segment::SegmentDesc;
+use crate::base::shared_quota::{QuotaPath, SharedQuota};
 use crate::base::task::Task;
 use crate::config::Settings;
 use crate::control::client::RpcClient;
@@ -174,6 +176,8 @@ impl RdmaTransport {
                 Arc::new(NicStats::new(numa_node_of(&names[i]), speed))
             })
             .collect();
+        let quota = SharedQuota::open(&settings.qos.shared_quota_path, QuotaPath::Rdma);
+        let quota_gate = quota.clone().map(|q| Gate::new(qos, Some(q as Arc<dyn Foreign>)));
         let (ctx_tx, ctx_rx) = mpsc::channel();
         // Bootstrap threads report back on the same channel the lanes ask on.
         let ctx_tx_for_attempts = ctx_tx.clone();
@@ -192,6 +196,8 @@ impl RdmaTransport {
             nics,
             sched,
             numa_distances: spray::numa_distances(),
+            quota,
+            quota_gate,
             counters: Default::default(),
             notify_index: Mutex::new(Default::default()),
             tent_peers: Mutex::new(Default::default()),
@@ -501,6 +507,9 @@ impl Transport for RdmaTransport {
                 job.numa_node = spray::node_of(r.source);
             }
             job.allowed_nics = allowed;
+            if let Some(g) = &self.core.quota_gate {
+                job.hold_ticket(g.enter(Level::of(r.priority)));
+            }
             let job = Arc::new(job);
             // One counter spreads slices over the lanes and, through their sequence numbers,
             // over the rails, across jobs too: a batch of one-slice requests uses every rail.
