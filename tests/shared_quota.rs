@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use common::engines::{buffer, engine, req, wait};
 use tent::base::qos::{Foreign, Gate, Level, QosParams};
 use tent::base::shared_quota::{QuotaPath, SharedQuota, file_for};
+use tent::engine::Engine;
 use tent::engine::types::{Opcode, Permission, Status};
 
 const ROLE: &str = "TENT_SHARED_QUOTA_CHILD";
@@ -127,6 +128,21 @@ fn low_work_waits_for_high_work_of_another_process_and_not_for_a_dead_one() {
     assert!(next.slot() <= 1, "the dead holder's slot is reused, not a new one: {}", next.slot());
 }
 
+/// A WRITE of `len` patterned bytes from a new buffer of `a` into a new one of `b`, at
+/// `priority`, submitted as a batch of one: the batch and the two buffers, which the caller
+/// keeps until the batch ended.
+fn submit_write(a: &Engine, b: &Engine, len: usize, priority: i32) -> (u64, Vec<u8>, Vec<u8>) {
+    let src = buffer(a, len, |i| (i * 7) as u8, Permission::GlobalReadWrite);
+    let dst = buffer(b, len, |_| 0, Permission::GlobalReadWrite);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let mut r = req(Opcode::Write, src.as_ptr() as u64, h, dst.as_ptr() as u64, len as u64);
+    r.priority = priority;
+    let batch = a.allocate_batch(1).expect("batch");
+    // SAFETY: the caller keeps `src` and `dst` alive until the batch ended.
+    unsafe { a.submit(batch, &[r], None) }.expect("submit");
+    (batch, src, dst)
+}
+
 #[test]
 fn an_engine_with_the_key_publishes_its_tcp_work() {
     let name = QuotaName::new();
@@ -139,14 +155,7 @@ fn an_engine_with_the_key_publishes_its_tcp_work() {
     assert!(name.file().exists(), "the engines created the quota file");
     let watcher = SharedQuota::open(&name.0, QuotaPath::Tcp).expect("watcher opens the quota");
     let len = 64usize << 20;
-    let src = buffer(&a, len, |i| i as u8, Permission::GlobalReadWrite);
-    let dst = buffer(&b, len, |_| 0, Permission::GlobalReadWrite);
-    let h = a.open_segment(b.segment_name()).expect("open");
-    let mut low = req(Opcode::Write, src.as_ptr() as u64, h, dst.as_ptr() as u64, len as u64);
-    low.priority = 2;
-    let batch = a.allocate_batch(1).expect("batch");
-    // SAFETY: `src` and `dst` outlive the batch, which is waited for below.
-    unsafe { a.submit(batch, &[low], None) }.expect("submit");
+    let (batch, src, dst) = submit_write(&a, &b, len, 2);
     // The task holds its LOW ticket from submit until it ends: it shows in the file until then.
     let mut seen = false;
     let deadline = Instant::now() + BOUND;
@@ -169,7 +178,7 @@ fn an_engine_with_the_key_publishes_its_tcp_work() {
 }
 
 /// Bytes `a` has posted to RDMA and not yet seen complete.
-fn rdma_in_flight(a: &tent::engine::Engine) -> u64 {
+fn rdma_in_flight(a: &Engine) -> u64 {
     let core = a.rdma().expect("rdma").core().clone();
     core.nics.iter().map(|n| n.inflight.load(std::sync::atomic::Ordering::Relaxed)).sum()
 }
@@ -195,14 +204,7 @@ fn rdma_low_beside(name: &str, other: Level) -> u64 {
     let watcher = SharedQuota::open(&quota.0, QuotaPath::Rdma).expect("the other side opens the quota");
     let other_gate = Gate::new(params(), Some(watcher as Arc<dyn Foreign>));
     let ticket = other_gate.enter(other);
-    let src = buffer(&a, LEN, |i| (i * 7) as u8, Permission::GlobalReadWrite);
-    let dst = buffer(&b, LEN, |_| 0, Permission::GlobalReadWrite);
-    let h = a.open_segment(b.segment_name()).expect("open");
-    let mut low = req(Opcode::Write, src.as_ptr() as u64, h, dst.as_ptr() as u64, LEN as u64);
-    low.priority = 2;
-    let batch = a.allocate_batch(1).expect("batch");
-    // SAFETY: `src` and `dst` outlive the batch, which ends before they are dropped.
-    unsafe { a.submit(batch, &[low], None) }.expect("submit");
+    let (batch, src, dst) = submit_write(&a, &b, LEN, 2);
     let deadline = Instant::now() + BOUND;
     while rdma_in_flight(&a) == 0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(1));
@@ -242,14 +244,7 @@ fn an_engine_with_the_key_publishes_its_rdma_work() {
     f.set_path_delay(common::sim::nic(&a, 0), common::sim::nic(&b, 0), Duration::from_millis(1));
     let watcher = SharedQuota::open(&quota.0, QuotaPath::Rdma).expect("watcher opens the quota");
     let len = 1usize << 20;
-    let src = buffer(&a, len, |i| i as u8, Permission::GlobalReadWrite);
-    let dst = buffer(&b, len, |_| 0, Permission::GlobalReadWrite);
-    let h = a.open_segment(b.segment_name()).expect("open");
-    let mut medium = req(Opcode::Write, src.as_ptr() as u64, h, dst.as_ptr() as u64, len as u64);
-    medium.priority = 1;
-    let batch = a.allocate_batch(1).expect("batch");
-    // SAFETY: `src` and `dst` outlive the batch, which ends before they are dropped.
-    unsafe { a.submit(batch, &[medium], None) }.expect("submit");
+    let (batch, src, dst) = submit_write(&a, &b, len, 1);
     // The virtual clock stands still and the path takes 1 ms: the task cannot end before it
     // shows.
     let deadline = Instant::now() + BOUND;

@@ -4,8 +4,6 @@ use crate::device;
 use crate::error::{Error, Result};
 
 const MPOL_PREFERRED: libc::c_int = 1;
-const MPOL_F_NODE: libc::c_ulong = 1;
-const MPOL_F_ADDR: libc::c_ulong = 2;
 
 /// Parses a location string: `cpu:N` gives `Some(N)`; `*`, empty, or any other form gives `None`.
 pub fn cpu_node(location: &str) -> Option<u32> {
@@ -174,19 +172,10 @@ pub fn prefault(addr: u64, len: u64) {
 /// The NUMA location of the page holding `addr`: `cpu:N`, or `*` when it cannot be told.
 /// The kernel may fault the page in (a read fault), which never changes its contents.
 pub fn probe_location(addr: u64) -> String {
-    let mut node: libc::c_int = -1;
-    // SAFETY: get_mempolicy with MPOL_F_NODE|MPOL_F_ADDR only writes the node number into `node`.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_get_mempolicy,
-            &mut node as *mut libc::c_int,
-            std::ptr::null_mut::<libc::c_ulong>(),
-            0usize,
-            addr as usize,
-            MPOL_F_NODE | MPOL_F_ADDR,
-        )
-    };
-    if rc == 0 && node >= 0 { format!("cpu:{node}") } else { "*".to_string() }
+    match crate::transport::rdma::spray::node_of(addr) {
+        node if node >= 0 => format!("cpu:{node}"),
+        _ => "*".to_string(),
+    }
 }
 
 /// One NIC as the descriptor's topology lists it.
