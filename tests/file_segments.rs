@@ -525,3 +525,51 @@ fn a_full_disk_fails_the_write_with_enospc() {
     drop(e);
     let _ = Command::new("umount").arg(&dir.0).status();
 }
+
+/// Priorities on io_uring: 96 LOW 1 MiB writes queued on the ring (one piece each, for a
+/// queue of 32; a gap between any two, so that none are merged), then one HIGH 2 MiB read. The read ends before half of the writes did (first
+/// in, first out it would wait behind 64 of them), and every byte is where it belongs.
+#[test]
+fn io_uring_a_high_read_overtakes_queued_low_writes() {
+    let n = 96u64;
+    let far = 2 * n * MIB;
+    let mut content = vec![0u8; (far + 2 * MIB) as usize];
+    content[far as usize..].iter_mut().enumerate().for_each(|(i, b)| *b = pattern(i, 9));
+    let dir = Scratch::new("prio");
+    let path = dir.file("prio", &content);
+    drop(content);
+    let e = engine(&[]);
+    assert!(e.loaded_transports().contains(&TransportKind::IoUring), "io_uring is on by default where it works");
+    let h = open_file(&e, &path);
+    let mut src = Mem::new(&e, n * MIB);
+    src.bytes().iter_mut().enumerate().for_each(|(i, b)| *b = pattern(i, 5));
+    let mut back = Mem::new(&e, 2 * MIB);
+    let low: Vec<Request> = (0..n)
+        .map(|i| Request { priority: 2, ..req(Opcode::Write, src.base + i * MIB, h, 2 * i * MIB, MIB) })
+        .collect();
+    let lb = e.allocate_batch(low.len()).expect("batch");
+    // SAFETY: `src` outlives the batch, which is waited for below.
+    unsafe { e.submit(lb, &low, None) }.expect("submit LOW");
+    let high = [req(Opcode::Read, back.base, h, far, 2 * MIB)];
+    let hb = e.allocate_batch(1).expect("batch");
+    // SAFETY: as above, for `back`.
+    unsafe { e.submit(hb, &high, None) }.expect("submit HIGH");
+    let st = wait(&e, hb, BOUND);
+    let low_ended = e.task_status_list(lb).expect("status").iter().filter(|(s, _)| *s != Status::Pending).count();
+    eprintln!("io_uring priorities: the HIGH read ended after {low_ended} of {n} LOW writes");
+    assert_eq!(st[0], (Status::Completed, 2 * MIB), "{:?}", e.task_error(hb, 0));
+    assert!(low_ended < low.len() / 2, "the HIGH read ended after {low_ended} of {n} queued LOW writes");
+    for (s, len) in wait(&e, lb, BOUND) {
+        assert_eq!((s, len), (Status::Completed, MIB));
+    }
+    assert!(back.bytes().iter().enumerate().all(|(i, b)| *b == pattern(i, 9)), "the HIGH read's bytes");
+    let on_disk = std::fs::read(&path).expect("read file");
+    let src = src.bytes();
+    for i in 0..n as usize {
+        let (at, from) = (2 * i * MIB as usize, i * MIB as usize);
+        assert!(on_disk[at..at + MIB as usize] == src[from..from + MIB as usize], "LOW write {i}'s bytes");
+    }
+    e.free_batch(lb).expect("free");
+    e.free_batch(hb).expect("free");
+    e.close_segment(h).expect("close");
+}

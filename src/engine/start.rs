@@ -102,7 +102,7 @@ pub(super) fn load_transports(
     }
     // File segments: io_uring, or the plain pread/pwrite path when io_uring is unavailable or
     // disabled.
-    transports.extend(crate::transport::file::load(&settings.file, idle_exit)?);
+    transports.extend(crate::transport::file::load(&settings.file, idle_exit, qos_params(settings))?);
     Ok(transports)
 }
 

@@ -68,6 +68,8 @@ pub struct FileParams {
     pub plain_threads: usize,
     /// An idle thread of the plain path ends after this long (`idle_thread_exit_ms`).
     pub idle_exit: std::time::Duration,
+    /// How the io_uring rings promote held-back work (`priority_promotion_*`).
+    pub qos: crate::base::qos::QosParams,
 }
 
 impl FileParams {
@@ -81,7 +83,13 @@ impl FileParams {
             rings: f.rings,
             plain_threads: f.bufio_threads,
             idle_exit,
+            qos: crate::base::qos::QosParams::default(),
         }
+    }
+
+    /// These parameters with priorities promoted as `qos` says.
+    pub fn with_qos(self, qos: crate::base::qos::QosParams) -> FileParams {
+        FileParams { qos, ..self }
     }
 
     /// The parameters of an empty configuration.
@@ -94,8 +102,12 @@ impl FileParams {
 /// Loads the file transports: io_uring when `transports/io_uring/enable` (default true) and the
 /// kernel lets this process set up a ring; otherwise the plain path, when
 /// `transports/bufio/enable` (default true). Never both, so a file segment has exactly one way.
-pub fn load(f: &FileSection, idle_exit: std::time::Duration) -> Result<Vec<Arc<dyn Transport>>> {
-    let params = FileParams::from_section(f, idle_exit);
+pub fn load(
+    f: &FileSection,
+    idle_exit: std::time::Duration,
+    qos: crate::base::qos::QosParams,
+) -> Result<Vec<Arc<dyn Transport>>> {
+    let params = FileParams::from_section(f, idle_exit).with_qos(qos);
     if f.io_uring_enable {
         match uring::IoUringTransport::new(params) {
             Ok(t) => return Ok(vec![Arc::new(t)]),

@@ -20,6 +20,10 @@
 //!   bell. Naps in between keep a caller with one request at a time from paying a futex wake
 //!   per request.
 //!
+//! **Priorities.** Each ring keeps its ready jobs in one queue per level and issues HIGH pieces
+//! first; beside HIGH work, lower levels keep at most `qos::ALLOWANCE` pieces in flight, and
+//! work held back past the promotion timeout counts one level higher (see `Ring::issue`).
+//!
 //! All access to the submission and completion queues happens under the ring's lock, so no
 //! completion is reaped twice or lost. Tasks are ended after the lock is released (ending one
 //! may run the caller's notification hooks). A completion the kernel cancelled because the
@@ -34,6 +38,8 @@ use std::time::Duration;
 
 use io_uring::{IoUring, opcode, squeue, types};
 use parking_lot::{Condvar, Mutex};
+
+use crate::base::qos::{self, Level, LevelQueues, Queued};
 
 use super::{AlignedBuf, FileCache, FileParams, OpenFile, Piece, Step, bounce_copy, plan_tasks};
 use crate::base::request::{Opcode, TransportKind};
@@ -66,6 +72,8 @@ struct Job {
 /// A piece in flight.
 struct InFlight {
     job: usize,
+    /// Its job's own priority level (what the cap beside HIGH work counts).
+    level: Level,
     piece: Piece,
     /// Owned until the completion arrives: the kernel writes into or reads from it.
     bounce: Option<AlignedBuf>,
@@ -83,16 +91,17 @@ struct Active {
 type Ended = (Task, Option<String>);
 
 /// Everything about a ring that changes, behind its lock.
-#[derive(Default)]
 struct State {
     jobs: Vec<Option<Active>>,
     free_jobs: Vec<usize>,
     ops: Vec<Option<InFlight>>,
     free_ops: Vec<usize>,
-    /// Jobs with pieces not yet issued, in turn.
-    ready: VecDeque<usize>,
+    /// Jobs with pieces not yet issued, one queue per priority level, each taken in turn.
+    ready: LevelQueues<usize>,
     /// File operations and syncs in flight.
     in_flight: usize,
+    /// File operations in flight by their job's own level.
+    in_flight_at: [usize; 3],
     /// Completions taken from the queue, reused between reaps.
     cqes: Vec<(u64, i32)>,
     /// Shutting down: nothing new is accepted or issued.
@@ -247,7 +256,18 @@ impl Ring {
             .map_err(|e| Error::io("io_uring setup", &e))?;
         Ok(Ring {
             uring,
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State {
+                jobs: Vec::new(),
+                free_jobs: Vec::new(),
+                ops: Vec::new(),
+                free_ops: Vec::new(),
+                ready: LevelQueues::new(params.qos),
+                in_flight: 0,
+                in_flight_at: [0; 3],
+                cqes: Vec::new(),
+                closed: false,
+                broken: None,
+            }),
             params,
             active: AtomicUsize::new(0),
             polled: AtomicUsize::new(0),
@@ -280,8 +300,9 @@ impl Ring {
                         st.jobs.len() - 1
                     }
                 };
+                let level = Level::of(job.task.request().priority);
                 st.jobs[slot] = Some(Active { job, in_flight: 0, error: None, syncing: false });
-                st.ready.push_back(slot);
+                st.ready.push(slot, level);
                 // Before `deep` is read below (both SeqCst): either this submit sees the reaper
                 // asleep and rings, or the reaper sees this job before it sleeps.
                 self.active.fetch_add(1, Ordering::SeqCst);
@@ -464,7 +485,8 @@ impl Ring {
             std::mem::forget(op.bounce);
         }
         st.in_flight = 0;
-        st.ready.clear();
+        st.in_flight_at = [0; 3];
+        st.ready.drain().for_each(drop);
         for slot in 0..st.jobs.len() {
             if let Some(a) = st.jobs[slot].as_mut() {
                 a.error.get_or_insert_with(|| reason.clone());
@@ -476,7 +498,8 @@ impl Ring {
 
     /// Drops the pieces not yet issued of every job, failing it with `reason`.
     fn fail_waiting(&self, st: &mut State, reason: &str, ended: &mut Vec<Ended>) {
-        for slot in std::mem::take(&mut st.ready) {
+        let waiting: Vec<usize> = st.ready.drain().collect();
+        for slot in waiting {
             if let Some(a) = st.jobs[slot].as_mut() {
                 a.job.pieces.clear();
                 a.error.get_or_insert_with(|| reason.to_string());
@@ -486,15 +509,28 @@ impl Ring {
     }
 
     /// Issues pieces until the queue depth is reached or nothing is ready, taking one piece from
-    /// each ready job in turn.
+    /// each ready job in turn, HIGH jobs first. While HIGH work is ready or in flight, pieces
+    /// of lower levels are issued only while fewer than [`qos::ALLOWANCE`] of theirs are in
+    /// flight: a HIGH piece waits behind at most that one in the device queue, never behind
+    /// queued background work. Work held back past the promotion timeout counts one level
+    /// higher, so it never starves.
     fn issue(&self, st: &mut State, ended: &mut Vec<Ended>) {
         // After `close` this still runs: only what remains of pieces already started (short
         // transfers) can be ready then, and they must end.
         if st.broken.is_some() {
             return;
         }
+        if st.ready.len(1) + st.ready.len(2) > 0 {
+            st.ready.promote(std::time::Instant::now());
+        }
         while st.in_flight < self.params.queue_depth as usize {
-            let Some(slot) = st.ready.pop_front() else { break };
+            let lower_capped = st.in_flight_at[1] + st.in_flight_at[2] >= qos::ALLOWANCE;
+            let eligible = |q: usize| {
+                st.ready.len(q) > 0 && (q == 0 || !lower_capped || !(st.ready.any_above(q) || st.in_flight_at[0] > 0))
+            };
+            let Some(q) = (0..3).find(|&q| eligible(q)) else { break };
+            let Some(Queued { item: slot, stamp }) = st.ready.pop(q) else { break };
+            let level = stamp.level;
             let Some(a) = st.jobs[slot].as_mut() else { continue };
             if a.job.task.cancel_requested() {
                 a.job.pieces.clear();
@@ -504,13 +540,14 @@ impl Ring {
                 self.maybe_finish(st, slot, ended);
                 continue;
             };
-            match self.push_piece(st, slot, piece) {
+            match self.push_piece(st, slot, level, piece) {
                 Ok(()) => {
                     st.in_flight += 1;
+                    st.in_flight_at[level.index()] += 1;
                     if let Some(a) = st.jobs[slot].as_mut() {
                         a.in_flight += 1;
                         if !a.job.pieces.is_empty() {
-                            st.ready.push_back(slot);
+                            st.ready.push_back(q, slot, stamp);
                         }
                     }
                 }
@@ -525,7 +562,7 @@ impl Ring {
         }
     }
 
-    fn push_piece(&self, st: &mut State, slot: usize, piece: Piece) -> Result<()> {
+    fn push_piece(&self, st: &mut State, slot: usize, level: Level, piece: Piece) -> Result<()> {
         let Some(a) = st.jobs[slot].as_ref() else { return Err(Error::Internal("job vanished".into())) };
         let (op, file) = (a.job.op, &a.job.file);
         let len = u32::try_from(piece.len).map_err(|_| Error::Internal(format!("piece of {} bytes", piece.len)))?;
@@ -561,7 +598,7 @@ impl Ring {
             st.free_ops.push(id);
             return Err(Error::Internal("io_uring submission queue full".into()));
         }
-        st.ops[id] = Some(InFlight { job: slot, piece, bounce });
+        st.ops[id] = Some(InFlight { job: slot, level, piece, bounce });
         Ok(())
     }
 
@@ -587,6 +624,7 @@ impl Ring {
             n += 1;
             st.free_ops.push(user_data as usize);
             st.in_flight = st.in_flight.saturating_sub(1);
+            st.in_flight_at[op.level.index()] = st.in_flight_at[op.level.index()].saturating_sub(1);
             self.completed(st, op, res, ended);
         }
         st.cqes = cqes;
@@ -617,7 +655,7 @@ impl Ring {
                     let queued = !a.job.pieces.is_empty();
                     a.job.pieces.push_front(rest);
                     if !queued {
-                        ready.push_back(op.job);
+                        ready.push(op.job, op.level);
                     }
                 }
             }
