@@ -526,20 +526,20 @@ fn a_full_disk_fails_the_write_with_enospc() {
     let _ = Command::new("umount").arg(&dir.0).status();
 }
 
-/// Priorities on io_uring: 96 LOW 1 MiB writes queued on the ring (one piece each, for a
-/// queue of 32; a gap between any two, so that none are merged), then one HIGH 2 MiB read. The read ends before half of the writes did (first
-/// in, first out it would wait behind 64 of them), and every byte is where it belongs.
-#[test]
-fn io_uring_a_high_read_overtakes_queued_low_writes() {
+/// Priorities on file segments, through `kind` (io_uring, or the plain path when `cfg` turns
+/// io_uring off): 96 LOW 1 MiB writes (one piece each, a gap between any two so that none are
+/// merged), then one HIGH 2 MiB read. The read ends before half of the writes did (first in,
+/// first out it waits behind nearly all of them), and every byte is where it belongs.
+fn a_high_read_overtakes_queued_low_writes(kind: TransportKind, cfg: &[(&str, &str)]) {
     let n = 96u64;
     let far = 2 * n * MIB;
     let mut content = vec![0u8; (far + 2 * MIB) as usize];
     content[far as usize..].iter_mut().enumerate().for_each(|(i, b)| *b = pattern(i, 9));
-    let dir = Scratch::new("prio");
+    let dir = Scratch::new(&format!("prio-{kind:?}"));
     let path = dir.file("prio", &content);
     drop(content);
-    let e = engine(&[]);
-    assert!(e.loaded_transports().contains(&TransportKind::IoUring), "io_uring is on by default where it works");
+    let e = engine(cfg);
+    assert!(e.loaded_transports().contains(&kind), "{kind:?} is loaded");
     let h = open_file(&e, &path);
     let mut src = Mem::new(&e, n * MIB);
     src.bytes().iter_mut().enumerate().for_each(|(i, b)| *b = pattern(i, 5));
@@ -556,7 +556,7 @@ fn io_uring_a_high_read_overtakes_queued_low_writes() {
     unsafe { e.submit(hb, &high, None) }.expect("submit HIGH");
     let st = wait(&e, hb, BOUND);
     let low_ended = e.task_status_list(lb).expect("status").iter().filter(|(s, _)| *s != Status::Pending).count();
-    eprintln!("io_uring priorities: the HIGH read ended after {low_ended} of {n} LOW writes");
+    eprintln!("{kind:?} priorities: the HIGH read ended after {low_ended} of {n} LOW writes");
     assert_eq!(st[0], (Status::Completed, 2 * MIB), "{:?}", e.task_error(hb, 0));
     assert!(low_ended < low.len() / 2, "the HIGH read ended after {low_ended} of {n} queued LOW writes");
     for (s, len) in wait(&e, lb, BOUND) {
@@ -572,4 +572,14 @@ fn io_uring_a_high_read_overtakes_queued_low_writes() {
     e.free_batch(lb).expect("free");
     e.free_batch(hb).expect("free");
     e.close_segment(h).expect("close");
+}
+
+#[test]
+fn io_uring_a_high_read_overtakes_queued_low_writes() {
+    a_high_read_overtakes_queued_low_writes(TransportKind::IoUring, &[]);
+}
+
+#[test]
+fn plain_path_a_high_read_overtakes_queued_low_writes() {
+    a_high_read_overtakes_queued_low_writes(TransportKind::BufIo, &[("transports/io_uring/enable", "false")]);
 }

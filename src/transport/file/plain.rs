@@ -2,6 +2,10 @@
 //! kernels or sandboxes where io_uring is unavailable, or when `transports/io_uring/enable` is
 //! off. It uses the same checks, splitting and direct I/O rules as the io_uring transport, so both
 //! give the same bytes; the pieces of one request run on several threads at once.
+//!
+//! Priorities (`base::qos`), as on SHM: each level has its own threads (those of MEDIUM and LOW
+//! run niced), and while HIGH work is active the pieces of lower levels each wait for one of the
+//! gate's shared passes, so a HIGH request never waits behind queued background pieces.
 
 use std::io;
 use std::sync::Arc;
@@ -10,6 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use parking_lot::Mutex;
 
 use super::{AlignedBuf, FileCache, FileParams, OpenFile, Piece, Step, bounce_copy, plan_tasks};
+use crate::base::qos::{self, Gate, Level, Ticket};
 use crate::base::request::{Opcode, TransportKind};
 use crate::base::segment::SegmentDesc;
 use crate::base::task::Task;
@@ -25,6 +30,8 @@ struct Job {
     remaining: AtomicUsize,
     error: Mutex<Option<String>>,
     sync: bool,
+    /// Its level's place in the gate until the last piece is done.
+    ticket: Ticket,
 }
 
 struct Work {
@@ -36,19 +43,30 @@ struct Work {
 pub struct PlainFileTransport {
     params: FileParams,
     files: FileCache,
-    pool: Pool<Work>,
+    /// One pool per priority level, HIGH first.
+    pools: [Pool<Work>; 3],
+    gate: Arc<Gate>,
 }
 
 impl PlainFileTransport {
-    /// Sets up the threads: up to `plain_threads`, started when work waits and ended when idle.
+    /// Sets up the threads, one set per priority level: up to `plain_threads` each, started
+    /// when work waits and ended when idle.
     pub fn new(params: FileParams) -> Result<PlainFileTransport> {
-        let pool = Pool::new("tent-bufio", 0, params.plain_threads, params.idle_exit, |q: &WorkQueue<Work>| {
-            while let Some(w) = q.pop() {
-                run(&w);
-                piece_done(&w.job);
-            }
-        })?;
-        Ok(PlainFileTransport { params, files: FileCache::default(), pool })
+        let pool = |name: &str, background: bool| {
+            Pool::new(name, 0, params.plain_threads, params.idle_exit, move |q: &WorkQueue<Work>| {
+                if background {
+                    qos::background_thread();
+                }
+                while let Some(w) = q.pop() {
+                    // Below HIGH, each piece waits for a pass while higher work is active.
+                    let _pass = (w.job.ticket.level() != Level::High).then(|| w.job.ticket.pace());
+                    run(&w);
+                    piece_done(&w.job);
+                }
+            })
+        };
+        let pools = [pool("tent-bufio", false)?, pool("tent-bufio-m", true)?, pool("tent-bufio-l", true)?];
+        Ok(PlainFileTransport { params, files: FileCache::default(), pools, gate: Gate::new(params.qos, None) })
     }
 }
 
@@ -147,9 +165,10 @@ impl Transport for PlainFileTransport {
 
     fn submit(&self, target: &Arc<SegmentDesc>, tasks: Vec<Task>) -> Result<()> {
         let (file, planned) = plan_tasks(&self.files, &self.params, target, tasks)?;
-        let mut work = Vec::new();
+        let mut work: [Vec<Work>; 3] = Default::default();
         for (task, pieces) in planned {
             let op = task.request().opcode;
+            let level = Level::of(task.request().priority);
             let job = Arc::new(Job {
                 task,
                 file: file.clone(),
@@ -157,12 +176,18 @@ impl Transport for PlainFileTransport {
                 remaining: AtomicUsize::new(pieces.len()),
                 error: Mutex::new(None),
                 sync: op == Opcode::Write && self.params.sync_writes,
+                ticket: self.gate.enter(level),
             });
-            work.extend(pieces.into_iter().map(|piece| Work { job: job.clone(), piece }));
+            work[level.index()].extend(pieces.into_iter().map(|piece| Work { job: job.clone(), piece }));
         }
-        if let Err(rest) = self.pool.push_all(work) {
-            for w in rest {
-                w.job.task.fail("file transport is shutting down".into());
+        for (pool, work) in self.pools.iter().zip(work) {
+            if work.is_empty() {
+                continue;
+            }
+            if let Err(rest) = pool.push_all(work) {
+                for w in rest {
+                    w.job.task.fail("file transport is shutting down".into());
+                }
             }
         }
         Ok(())
@@ -177,11 +202,15 @@ impl Transport for PlainFileTransport {
     }
 
     fn shutdown(&self) {
-        for w in self.pool.close() {
-            w.job.error.lock().get_or_insert_with(|| "file transport is shutting down".into());
-            piece_done(&w.job);
+        for pool in &self.pools {
+            for w in pool.close() {
+                w.job.error.lock().get_or_insert_with(|| "file transport is shutting down".into());
+                piece_done(&w.job);
+            }
         }
-        self.pool.join();
+        for pool in &self.pools {
+            pool.join();
+        }
         self.files.clear();
     }
 }
