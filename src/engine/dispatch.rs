@@ -71,13 +71,13 @@ pub struct Dispatcher {
     pub recent_route: parking_lot::Mutex<Option<RecentRoute>>,
 }
 
-/// A transport list and the descriptor and key it was worked out for. The descriptor is held
-/// weakly and compared by address: the allocation stays reserved while this refers to it, so
-/// a new descriptor never has the same address as an old one.
+/// A transport list (with its policy's NICs) and the descriptor and key it was worked out for.
+/// The descriptor is held weakly and compared by address: the allocation stays reserved while
+/// this refers to it, so a new descriptor never has the same address as an old one.
 pub struct RecentRoute {
     desc: std::sync::Weak<SegmentDesc>,
     key: CandidateKey,
-    list: Arc<[TransportKind]>,
+    list: Plan,
 }
 
 /// Units gathered for one transport, and their bytes, until they are handed over.
@@ -94,44 +94,12 @@ impl Dispatcher {
         self.transport(kind).is_some()
     }
 
-    /// What the policies match request `r` to buffer `buf` of `desc` by.
-    fn select_ctx<'a>(
-        &self,
-        desc: &'a SegmentDesc,
-        buf: Option<&'a BufferDesc>,
-        r: &Request,
-        local_device: bool,
-    ) -> SelectCtx<'a> {
-        SelectCtx {
-            segment_type: &desc.kind,
-            same_machine: desc.machine_id == self.machine_id,
-            local_memory: if local_device { "cuda" } else { "cpu" },
-            remote_memory: buf.map(|b| policy::memory_kind(&b.location)).unwrap_or("cpu"),
-            size: r.length,
-            priority: r.priority,
-        }
-    }
-
-    /// The local RDMA NICs the policy matching `r` names, when a policy names any.
-    fn devices_for(&self, desc: &SegmentDesc, buf: Option<&BufferDesc>, r: &Request) -> Option<Arc<[String]>> {
-        if self.policies.iter().all(|p| p.devices.is_none()) {
-            return None;
-        }
-        let local_device = crate::device::known::device_of(r.source, r.length).is_some();
-        policy::devices(&self.policies, &self.select_ctx(desc, buf, r, local_device))
-    }
-
     /// The transports to try, in order, for `r` against buffer `buf` of segment `desc` (no
     /// buffer for a file segment): those the buffer offers, loaded here, able to reach the peer
     /// and made for the segment's type (file transports serve only file segments and the others
     /// only memory), ordered by policy (or the default), with the hint first. An unusable hint or
-    /// an empty list is an error.
-    pub fn candidates(
-        &self,
-        desc: &SegmentDesc,
-        buf: Option<&BufferDesc>,
-        r: &Request,
-    ) -> Result<Arc<[TransportKind]>> {
+    /// an empty list is an error. With them, the local RDMA NICs the matching policy names.
+    pub fn candidates(&self, desc: &SegmentDesc, buf: Option<&BufferDesc>, r: &Request) -> Result<Plan> {
         let local_device = crate::device::known::device_of(r.source, r.length).is_some();
         let remote_device = buf.is_some_and(|b| crate::device::is_device_location(&b.location));
         let usable = |k: TransportKind| {
@@ -141,7 +109,14 @@ impl Dispatcher {
                     t.reaches(desc, &self.machine_id) && t.moves_device_memory(local_device, remote_device)
                 })
         };
-        let ctx = self.select_ctx(desc, buf, r, local_device);
+        let ctx = SelectCtx {
+            segment_type: &desc.kind,
+            same_machine: desc.machine_id == self.machine_id,
+            local_memory: if local_device { "cuda" } else { "cpu" },
+            remote_memory: buf.map(|b| policy::memory_kind(&b.location)).unwrap_or("cpu"),
+            size: r.length,
+            priority: r.priority,
+        };
         let mut list: Vec<TransportKind> =
             policy::order(&self.policies, &ctx).into_iter().filter(|k| usable(*k)).collect();
         if r.hint != TransportKind::Unspec {
@@ -176,7 +151,7 @@ impl Dispatcher {
                 ),
             }));
         }
-        Ok(list.into())
+        Ok(Plan { candidates: list.into(), devices: policy::devices(&self.policies, &ctx) })
     }
 
     /// Groups adjacent requests (same opcode and hint, contiguous on both sides, inside one
@@ -255,7 +230,7 @@ impl Dispatcher {
         // The blocks of a KV batch all go to one peer buffer with the same size and priority,
         // so their transport list is the same: worked out once (a quarter of the dispatch cost
         // per request), not per block.
-        let mut last: Option<(CandidateKey, Arc<[TransportKind]>)> = match &*self.recent_route.lock() {
+        let mut last: Option<(CandidateKey, Plan)> = match &*self.recent_route.lock() {
             Some(r) if std::ptr::eq(r.desc.as_ptr(), Arc::as_ptr(desc)) => Some((r.key, r.list.clone())),
             _ => None,
         };
@@ -298,8 +273,8 @@ impl Dispatcher {
                     }
                 })
             };
-            let candidates = match candidates {
-                Ok(c) => c,
+            let plan = match candidates {
+                Ok(p) => p,
                 Err(e) => {
                     tracing::debug!("transfer to {} failed: {e}", desc.name);
                     for m in &members {
@@ -308,9 +283,7 @@ impl Dispatcher {
                     continue;
                 }
             };
-            let kind = candidates[0];
-            let buf = located.and_then(|at| desc.buffers.get(at.pos as usize));
-            let plan = Plan { candidates, devices: self.devices_for(desc, buf, &request) };
+            let kind = plan.candidates[0];
             let unit = Unit::new(dispatched, request, desc.clone(), located, members, plan, self.failover.clone());
             let slot = match per_transport.iter().position(|(k, _)| *k == kind) {
                 Some(i) => i,
@@ -344,7 +317,7 @@ impl Dispatcher {
     /// The transports for a request to a file segment. Only a segment this engine described from
     /// its own file qualifies (a file descriptor from a peer never does), and the local memory
     /// must be registered, since the kernel or a bounce copy touches it after submit returns.
-    fn file_candidates(&self, desc: &SegmentDesc, r: &Request) -> Result<Arc<[TransportKind]>> {
+    fn file_candidates(&self, desc: &SegmentDesc, r: &Request) -> Result<Plan> {
         if desc.file.is_none() {
             return Err(Error::PermissionDenied(format!(
                 "segment {} is a file segment of another engine; file segments are never served to peers",

@@ -65,6 +65,7 @@ impl<'a> IntoIterator for &'a Members {
 
 /// Where a unit may go: the transports to try, in order, and the local RDMA NICs the matching
 /// policy names (empty: any).
+#[derive(Clone)]
 pub struct Plan {
     pub candidates: Arc<[TransportKind]>,
     pub devices: Option<Arc<[String]>>,

@@ -88,6 +88,11 @@ impl Job {
         }
     }
 
+    /// Whether both sides registered the memory with a key on (local NicID, remote NicID).
+    pub(super) fn keyed(&self, local: usize, remote: usize) -> bool {
+        self.lkeys.get(local).is_some_and(|k| *k != 0) && self.rkeys.get(remote).is_some_and(|k| *k != 0)
+    }
+
     /// Ended (resolved, or cancelled by the caller): remaining slices are not posted.
     pub(super) fn is_done(&self) -> bool {
         self.done.load(Ordering::Acquire) || self.task.cancel_requested()

@@ -61,8 +61,7 @@ impl Core {
         }
         let scan = preference.iter().map(|p| (*p, true)).chain(preference.iter().map(|p| (*p, false)));
         for ((local, remote), heed_pauses) in scan {
-            let usable = job.lkeys.get(local).is_some_and(|k| *k != 0)
-                && job.rkeys.get(remote).is_some_and(|k| *k != 0)
+            let usable = job.keyed(local, remote)
                 && (!heed_pauses || self.rails.available(local, &job.remote_keys[remote], now));
             if !usable {
                 continue;
@@ -82,13 +81,9 @@ impl Core {
     /// The local NICs a slice of `job` may use: the enabled ones, narrowed to a policy's
     /// `devices` list unless none of those is up (the list fails open, as upstream's).
     fn usable_nics(&self, job: &Job) -> Vec<usize> {
-        let enabled = self.contexts.enabled().map(|(i, _)| i);
-        if job.allowed_nics.is_empty() {
-            return enabled.collect();
-        }
-        let all: Vec<usize> = enabled.collect();
-        let allowed: Vec<usize> = all.iter().copied().filter(|i| job.allowed_nics.contains(i)).collect();
-        if allowed.is_empty() { all } else { allowed }
+        let enabled: Vec<usize> = self.contexts.enabled().map(|(i, _)| i).collect();
+        let allowed: Vec<usize> = enabled.iter().copied().filter(|i| job.allowed_nics.contains(i)).collect();
+        if allowed.is_empty() { enabled } else { allowed }
     }
 
     /// The position in `pairs` of the usable pair with the least expected completion time for
@@ -103,9 +98,7 @@ impl Core {
         let mut several_locals = false;
         let mut full = None;
         for (k, &(local, remote)) in pairs.iter().enumerate() {
-            let usable = job.lkeys.get(local).is_some_and(|k| *k != 0)
-                && job.rkeys.get(remote).is_some_and(|k| *k != 0)
-                && self.rails.available(local, &job.remote_keys[remote], now);
+            let usable = job.keyed(local, remote) && self.rails.available(local, &job.remote_keys[remote], now);
             let Some(nic) = self.nics.get(local).filter(|_| usable) else { continue };
             several_locals |= *first_local.get_or_insert(local) != local;
             if !nic.has_room(u64::from(s.len), now) {
@@ -143,9 +136,7 @@ impl Core {
         pair_order(&enabled, &self.device_names, &job.remote_keys, s.seq as usize).0.into_iter().find_map(
             |(local, remote)| {
                 let key = job.remote_keys.get(remote)?;
-                let keyed =
-                    job.lkeys.get(local).is_some_and(|k| *k != 0) && job.rkeys.get(remote).is_some_and(|k| *k != 0);
-                if !keyed || self.rails.is_paused(local, key, now) {
+                if !job.keyed(local, remote) || self.rails.is_paused(local, key, now) {
                     return None;
                 }
                 let ep = self.store(local)?.get(key)?;
@@ -543,7 +534,7 @@ impl Lane {
         match result {
             Some(None) => {
                 if let Some(n) = core.nics.get(ep.nic_id) {
-                    n.posted(u64::from(s.len), core.clock.now());
+                    n.posted(u64::from(s.len), || core.clock.now());
                 }
                 self.in_flight_at[Level::of(s.job.task.request().priority).index()] += 1;
                 self.slots[slot].record = Some(Record { slice: s, ep, remote });

@@ -276,7 +276,7 @@ impl RdmaTransport {
                 let attr = ctx.and_then(|c| c.device()).and_then(|d| d.query_port(port).ok());
                 NicLink {
                     device: name.clone(),
-                    numa_node: numa_node_of(name),
+                    numa_node: self.core.nics.get(i).map_or(-1, |n| n.numa_node),
                     pci_bus_id: pci_bus_id_of(name),
                     gid: gid.as_ref().map(|g| g.gid.to_wire_string()).unwrap_or_default(),
                     gid_index: gid.map(|g| g.index as i32).unwrap_or(-1),

@@ -11,7 +11,7 @@
 //! along the rails in order (see `lanes::pair_order`), away from the one that failed.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -99,10 +99,9 @@ pub struct NicStats {
     pub ewma_bits: AtomicU64,
     /// The learned rate while busy, bytes per second (f64 bits); what slices are placed by.
     pub rate_bits: AtomicU64,
-    /// Whether `rate_bits` comes from a measurement yet (it starts as the port's speed).
-    learned: AtomicBool,
-    /// When the rate was last measured (provider clock, ns): a measurement older than
-    /// [`STALE`] no longer counts (see [`NicStats::rate_at`]).
+    /// When the rate was last measured (provider clock, ns; 0: never, `rate_bits` is then the
+    /// port's speed): a measurement older than [`STALE`] no longer counts (see
+    /// [`NicStats::rate_at`]). A measurement spans a non-empty stretch, so it is never at 0.
     measured_at_ns: AtomicU64,
     /// The starting rate (the port's speed), what a NIC without a current measurement counts at.
     start_bits: u64,
@@ -132,8 +131,8 @@ impl NicStats {
 
     /// Whether the NIC has a measurement of its rate no older than [`STALE`] at `now`.
     fn fresh(&self, now: Duration) -> bool {
-        self.learned.load(Ordering::Relaxed)
-            && now.as_nanos() as u64 <= self.measured_at_ns.load(Ordering::Relaxed) + STALE.as_nanos() as u64
+        let at = self.measured_at_ns.load(Ordering::Relaxed);
+        at != 0 && now.as_nanos() as u64 <= at + STALE.as_nanos() as u64
     }
 
     /// The rate slices are placed by at `now`: the learned one while it is fresh, else the
@@ -172,10 +171,11 @@ impl NicStats {
         *last = Some((now, done));
     }
 
-    /// Counts `len` bytes posted at `now`.
-    pub(super) fn posted(&self, len: u64, now: Duration) {
+    /// Counts `len` bytes posted; `now` is asked for only when the NIC goes from idle to busy
+    /// (the post path reads no clock otherwise).
+    pub(super) fn posted(&self, len: u64, now: impl FnOnce() -> Duration) {
         if self.inflight.fetch_add(len, Ordering::Relaxed) == 0 {
-            self.busy_since_ns.store(now.as_nanos() as u64, Ordering::Relaxed);
+            self.busy_since_ns.store(now().as_nanos() as u64, Ordering::Relaxed);
         }
     }
 
@@ -203,7 +203,6 @@ impl NicStats {
             let old = self.rate();
             let measured = l.bytes as f64 / elapsed.as_secs_f64();
             let fresh = self.fresh(now);
-            self.learned.store(true, Ordering::Relaxed);
             self.measured_at_ns.store(now.as_nanos() as u64, Ordering::Relaxed);
             let new = if fresh {
                 let sample = measured.clamp(old * p.min_multiplier, old * p.max_multiplier);
@@ -327,22 +326,22 @@ mod tests {
         let n = NicStats::new(0, 1e9);
         // 1 MB every 10 ms while never idle: 100 MB/s. Each window may move the rate by at most
         // 10x, so it gets there in steps.
-        n.posted(1_000_000, Duration::ZERO);
+        n.posted(1_000_000, || Duration::ZERO);
         let mut t = Duration::ZERO;
         for _ in 0..40 {
-            n.posted(1_000_000, t);
+            n.posted(1_000_000, || t);
             t += Duration::from_millis(10);
             n.completed(1_000_000, t, &p);
         }
         let r = n.rate();
         assert!((r - 1e8).abs() < 1e6, "learned {r}");
-        // The last one completes; after 5 s idle, one more 1 MB in 10 ms: the idle time is not
-        // counted as busy, so the rate stays.
+        // The last one completes; after 5 s idle, one more 1 MB in 10 ms: only the busy 10 ms
+        // count (5 s counted as busy would give 0.2 MB/s).
         t += Duration::from_millis(10);
         n.completed(1_000_000, t, &p);
         assert_eq!(n.inflight.load(Ordering::Relaxed), 0);
         let later = t + Duration::from_secs(5);
-        n.posted(1_000_000, later);
+        n.posted(1_000_000, || later);
         n.completed(1_000_000, later + Duration::from_millis(10), &p);
         let r = n.rate();
         assert!((r - 1e8).abs() < 1e6, "the idle gap was counted as busy: {r}");
@@ -356,7 +355,7 @@ mod tests {
         assert_eq!(n.rate_at(t0), 1e10, "unmeasured: the port's speed");
         assert!(n.has_room(FLOOR, t0) && !n.has_room(FLOOR + 1, t0), "unmeasured: FLOOR bytes");
         // One slow window: 1 MB in 100 ms.
-        n.posted(1_000_000, t0);
+        n.posted(1_000_000, || t0);
         let t1 = t0 + Duration::from_millis(100);
         n.completed(1_000_000, t1, &p);
         assert_eq!(n.rate_at(t1), 1e7, "the first measurement replaces the start value");
@@ -367,7 +366,7 @@ mod tests {
         assert!(n.has_room(16384, later), "a stale NIC holds FLOOR bytes again");
         drop(held);
         // The next measurement replaces the old one instead of moving it by the learning rate.
-        n.posted(1_000_000, later);
+        n.posted(1_000_000, || later);
         n.completed(1_000_000, later + Duration::from_millis(1), &p);
         assert_eq!(n.rate_at(later + Duration::from_millis(1)), 1e9);
     }
