@@ -72,6 +72,7 @@ impl Path {
             target_offset: self.remote + at as u64,
             length: len as u64,
             priority,
+            deadline_ns: 0,
             hint: self.hint,
         }
     }

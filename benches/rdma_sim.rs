@@ -61,6 +61,7 @@ fn pass(e: &Engine, h: u64, op: Opcode, local: u64, remote: u64, len: usize) -> 
         target_offset: remote,
         length: len as u64,
         priority: 0,
+        deadline_ns: 0,
         hint: TransportKind::Rdma,
     };
     let (start, cpu) = (Instant::now(), cpu_seconds());

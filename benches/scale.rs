@@ -149,6 +149,7 @@ impl Setup {
                 target_offset: self.base + t as u64 * BUF,
                 length: BUF,
                 priority: 0,
+                deadline_ns: 0,
                 hint: self.hint,
             })
             .collect();

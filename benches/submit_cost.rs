@@ -43,6 +43,7 @@ fn main() {
                 target_offset: remote + 2 * i * REQ,
                 length: REQ,
                 priority: 0,
+                deadline_ns: 0,
                 hint: TransportKind::Shm,
             })
             .collect();

@@ -45,6 +45,7 @@ static void all_calls_fail(tent_engine_t e, const char *what) {
     CHECK_EQ(tent_free_batch(e, 1), -1);
     CHECK_EQ(tent_submit(e, 1, &r, 1), -1);
     CHECK_EQ(tent_submit_notif(e, 1, &r, 1, "n", "m"), -1);
+    CHECK_EQ(tent_submit_with_deadlines(e, 1, &r, 1, NULL, NULL, NULL), -1);
     CHECK_EQ(tent_send_notifs(e, 0, "n", "m"), -1);
     CHECK_EQ(tent_recv_notifs(e, &ni), -1);
     CHECK_EQ(tent_task_status(e, 1, 0, &st), -1);
@@ -174,6 +175,12 @@ int main(void) {
     CHECK_EQ(tent_submit(e, b, &r, SIZE_MAX), -1);
     CHECK_EQ(tent_submit_notif(e, b, &r, 0, NULL, "m"), -1);
     CHECK_EQ(tent_submit_notif(e, b, &r, 0, "n", NULL), -1);
+    uint64_t dl = 1;
+    CHECK_EQ(tent_submit_with_deadlines(e, b, NULL, 0, &dl, NULL, NULL), -1);
+    CHECK_EQ(tent_submit_with_deadlines(e, b, &r, 0, &dl, "n", NULL), -1);
+    CHECK_EQ(tent_submit_with_deadlines(e, b, &r, 0, &dl, NULL, "m"), -1);
+    CHECK_EQ(tent_submit_with_deadlines(e, b, &r, 0, NULL, NULL, NULL), 0);
+    CHECK_EQ(tent_submit_with_deadlines(e, b, &r, 0, &dl, "n", "m"), 0);
     CHECK_EQ(tent_task_status(e, b, 0, &st), -1); /* no task yet */
     CHECK_EQ(tent_task_status(e, b, 0, NULL), -1);
     CHECK_EQ(tent_overall_status(e, b, NULL), -1);

@@ -14,7 +14,7 @@ mod settings;
 pub use reader::{Effect, KeySpec, Range};
 pub use settings::{
     EndpointSection, EngineSection, FileSection, MetadataSection, MetricsSection, Notes, RdmaSection, RpcSection,
-    Settings, ShmSection, SimSection, TcpSection, TopologySection,
+    RuntimeQueueSection, Settings, ShmSection, SimSection, TcpSection, TopologySection,
 };
 
 /// The paths of the keys that code outside this module writes (the classic API builds its

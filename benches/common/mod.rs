@@ -50,6 +50,7 @@ pub fn pass(
             target_offset: remote + (i * req) as u64,
             length: req as u64,
             priority: 0,
+            deadline_ns: 0,
             hint,
         })
         .collect();

@@ -165,6 +165,7 @@ fn request(op: Opcode, source: u64, handle: u64, target: u64, len: u64) -> Reque
         target_offset: target,
         length: len,
         priority: 0,
+        deadline_ns: 0,
         hint: TransportKind::Unspec,
     }
 }

@@ -409,6 +409,25 @@ int tent_submit_notif(tent_engine_t engine,
                       const char *message);
 
 /**
+ * tent-rs addition: `tent_submit`, each request with a deadline, and optionally the
+ * notification of `tent_submit_notif`. `deadlines_ns` is NULL (no deadlines) or holds `count`
+ * times in nanoseconds of `CLOCK_MONOTONIC` (C++'s `steady_clock`), 0 meaning none: upstream's
+ * `Request.deadline_ns`, which its C struct has no field for. The admission queue
+ * (`enable_runtime_queue`) orders by them and drops work that cannot meet them. `name` and
+ * `message` are both NULL (no notification) or both strings.
+ *
+ * # Safety
+ * As `tent_submit_notif`; `deadlines_ns` is NULL or points to `count` values.
+ */
+int tent_submit_with_deadlines(tent_engine_t engine,
+                               tent_batch_id_t batch_id,
+                               tent_request_t *entries,
+                               size_t count,
+                               const uint64_t *deadlines_ns,
+                               const char *name,
+                               const char *message);
+
+/**
  * Sends a notification to the owner of segment `handle` (0 = this engine).
  *
  * # Safety

@@ -199,6 +199,19 @@ pub struct Request {
     pub priority: i32,
     /// `TransportKind::Unspec` when the caller gave no (or an out-of-range) hint.
     pub hint: TransportKind,
+    /// When the request should have ended, in nanoseconds of `CLOCK_MONOTONIC` (upstream's
+    /// `Request.deadline_ns`, a steady-clock time); 0 for none. The admission queue orders and
+    /// drops by it (`runtime_queue/*`); otherwise it is only measured against.
+    pub deadline_ns: u64,
+}
+
+/// Now, in nanoseconds of `CLOCK_MONOTONIC`: the clock of [`Request::deadline_ns`] (C++'s
+/// `std::chrono::steady_clock` and Python's `time.monotonic_ns()` on Linux).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid timespec to write; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
 }
 
 /// A notification: a name and a message, plus the sender's segment handle when known.

@@ -29,6 +29,39 @@ pub struct EngineSection {
     pub idle_thread_exit: Duration,
     /// `policy`: the transport-selection rules, as given (parsed by the engine's policy module).
     pub policy: Option<Value>,
+    /// `enable_runtime_queue` and `runtime_queue/*`: the admission queue, when enabled.
+    pub runtime_queue: Option<RuntimeQueueSection>,
+}
+
+/// The runtime admission queue (`enable_runtime_queue`, `runtime_queue/*`): how much work may
+/// wait in it, how much it lets out to the transports at once, and how it orders and drops work
+/// that carries a deadline.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuntimeQueueSection {
+    /// `max_outstanding_owners`: requests queued or moving at once; more fail the submit.
+    pub max_outstanding_owners: u64,
+    /// `max_outstanding_bytes`: their bytes.
+    pub max_outstanding_bytes: u64,
+    /// `staging_owner_reserve`: of `max_outstanding_owners`, the part kept from callers.
+    pub staging_owner_reserve: u64,
+    /// `staging_byte_reserve`: of `max_outstanding_bytes`, the part kept from callers.
+    pub staging_byte_reserve: u64,
+    /// `deadline_aware`: within a priority, requests with a deadline leave earliest deadline
+    /// first, ahead of those without one (otherwise in submit order).
+    pub deadline_aware: bool,
+    /// `mlu_local_threshold`: a request whose predicted time over the time left to its
+    /// deadline reaches this ends CANCELED without moving (0: never).
+    pub mlu_local_threshold: f64,
+    /// `promotion_slack_ns`: a request this close to its deadline leaves before the rest of its
+    /// priority, late ones included (0: off).
+    pub promotion_slack: Duration,
+    /// `max_dispatch_owners`: requests handed to the transports and not yet ended, at most.
+    pub max_dispatch_owners: u64,
+    /// `max_dispatch_bytes`: their bytes; a larger single request fails its submit.
+    pub max_dispatch_bytes: u64,
+    /// `progress_fallback_interval_us`: how often queued work is checked against its deadline
+    /// when nothing ends (0: only when something ends or is submitted).
+    pub fallback_interval: Duration,
 }
 
 /// Where segment descriptors live and what this engine is called.
@@ -319,24 +352,8 @@ fn engine(r: &mut Reader) -> EngineSection {
         enable_progress_worker: r.bool("enable_progress_worker", false),
         idle_thread_exit: ms(r.uint("idle_thread_exit_ms", 2000, 1, MS_MAX)),
         policy: r.raw("policy", json!([])),
+        runtime_queue: runtime_queue(r),
     };
-    const QUEUE: &str =
-        "the runtime admission queue is not built in tent-rs yet: requests go to their transport at submit";
-    r.no_effect("enable_runtime_queue", json!(false), QUEUE);
-    for (key, default) in [
-        ("runtime_queue/max_outstanding_owners", json!(1024)),
-        ("runtime_queue/max_outstanding_bytes", json!(1_073_741_824u64)),
-        ("runtime_queue/staging_owner_reserve", json!(0)),
-        ("runtime_queue/staging_byte_reserve", json!(0)),
-        ("runtime_queue/deadline_aware", json!(false)),
-        ("runtime_queue/mlu_local_threshold", json!(0.0)),
-        ("runtime_queue/promotion_slack_ns", json!(0)),
-        ("runtime_queue/max_dispatch_owners", json!(64)),
-        ("runtime_queue/max_dispatch_bytes", json!(67_108_864u64)),
-        ("runtime_queue/progress_fallback_interval_us", json!(50_000)),
-    ] {
-        r.no_effect(key, default, QUEUE);
-    }
     r.no_effect(
         "use_legacy_transport_selection",
         json!(false),
@@ -515,7 +532,12 @@ fn rdma_no_effect(r: &mut Reader) {
     const LIMITS: &str = "a NIC's rate starts at its port speed (or default_bandwidth_gbps) and is learned from its \
                           completions without fixed limits";
     const GPU: &str = "tent-rs registers host memory only; there is no GPUDirect path yet";
-    let keys: [(&'static str, Value, &'static str); 19] = [
+    let keys: [(&'static str, Value, &'static str); 20] = [
+        (
+            "transports/rdma/deadline_bw_arbitration",
+            json!(false),
+            "lanes do not reorder slices by deadline; deadlines act in the admission queue (enable_runtime_queue)",
+        ),
         (
             "transports/rdma/device/num_comp_channels",
             json!(1),
@@ -593,6 +615,47 @@ fn qos(r: &mut Reader) -> QosSection {
         per_entry: r.bool("transports/rdma/priority_promotion_per_entry", false),
         shared_quota_path: r.string("transports/rdma/shared_quota_shm_path", ""),
     }
+}
+
+fn runtime_queue(r: &mut Reader) -> Option<RuntimeQueueSection> {
+    const BIG: u64 = 1 << 50;
+    let enabled = r.bool("enable_runtime_queue", false);
+    let q = RuntimeQueueSection {
+        max_outstanding_owners: r.uint("runtime_queue/max_outstanding_owners", 1024, 0, 1 << 24),
+        max_outstanding_bytes: r.uint("runtime_queue/max_outstanding_bytes", 1 << 30, 0, BIG),
+        staging_owner_reserve: r.uint("runtime_queue/staging_owner_reserve", 0, 0, 1 << 24),
+        staging_byte_reserve: r.uint("runtime_queue/staging_byte_reserve", 0, 0, BIG),
+        deadline_aware: r.bool("runtime_queue/deadline_aware", false),
+        mlu_local_threshold: r.float("runtime_queue/mlu_local_threshold", 0.0, 0.0, 1e6),
+        promotion_slack: Duration::from_nanos(r.uint("runtime_queue/promotion_slack_ns", 0, 0, BIG)),
+        max_dispatch_owners: r.uint("runtime_queue/max_dispatch_owners", 64, 0, 1 << 24),
+        max_dispatch_bytes: r.uint("runtime_queue/max_dispatch_bytes", 64 << 20, 0, BIG),
+        fallback_interval: Duration::from_micros(r.uint(
+            "runtime_queue/progress_fallback_interval_us",
+            50_000,
+            0,
+            60_000_000,
+        )),
+    };
+    if !enabled {
+        return None;
+    }
+    // As upstream, these are checked only when the queue is on: its default-off keys load.
+    if q.max_dispatch_owners == 0 || q.max_dispatch_bytes == 0 {
+        r.errors.push(
+            "config keys runtime_queue/max_dispatch_owners and max_dispatch_bytes must both be above 0 \
+             when enable_runtime_queue is on: nothing could leave the queue"
+                .into(),
+        );
+    }
+    if q.staging_owner_reserve > q.max_outstanding_owners || q.staging_byte_reserve > q.max_outstanding_bytes {
+        r.errors.push(
+            "config keys runtime_queue/staging_owner_reserve and staging_byte_reserve must not exceed \
+             max_outstanding_owners and max_outstanding_bytes"
+                .into(),
+        );
+    }
+    Some(q)
 }
 
 fn topology(r: &mut Reader) -> TopologySection {
@@ -712,9 +775,29 @@ mod tests {
             "enable_runtime_queue": "1"
         }))
         .expect("ok");
-        assert_eq!(notes.warnings.len(), 3, "{:?}", notes.warnings);
+        assert_eq!(notes.warnings.len(), 2, "{:?}", notes.warnings);
         assert!(notes.warnings.iter().all(|w| w.contains("has no effect in tent-rs")));
         assert!(notes.warnings.iter().any(|w| w.contains("pci_relaxed_ordering") && w.contains('7')));
+    }
+
+    #[test]
+    fn the_runtime_queue_is_read_only_when_enabled_and_its_windows_must_be_open() {
+        let (s, _) = parse(json!({"runtime_queue": {"max_dispatch_owners": 0}})).expect("off: not checked");
+        assert_eq!(s.engine.runtime_queue, None);
+        let (s, _) = parse(json!({"enable_runtime_queue": true, "runtime_queue": {"deadline_aware": "on"}}))
+            .expect("defaults are valid");
+        let q = s.engine.runtime_queue.expect("on");
+        assert!(q.deadline_aware);
+        assert_eq!((q.max_dispatch_owners, q.max_dispatch_bytes), (64, 64 << 20));
+        for bad in [
+            json!({"max_dispatch_owners": 0}),
+            json!({"max_dispatch_bytes": 0}),
+            json!({"staging_owner_reserve": 2000}),
+            json!({"staging_byte_reserve": 2u64 << 30}),
+        ] {
+            let err = parse(json!({"enable_runtime_queue": 1, "runtime_queue": bad.clone()})).expect_err("refused");
+            assert!(err.contains("runtime_queue/"), "{bad}: {err}");
+        }
     }
 
     #[test]

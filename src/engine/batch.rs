@@ -127,6 +127,11 @@ pub struct TaskState {
     error: Mutex<Option<String>>,
     life: Arc<BatchLife>,
     hook: Option<Arc<NotifyHook>>,
+    /// Its place in the admission queue, when the queue is on: told when the task ends.
+    ticket: Option<Arc<super::admission::Ticket>>,
+    /// Nanoseconds from submit to the request's deadline (0: none, or already passed), for the
+    /// deadline metric.
+    deadline_window_ns: u64,
     /// The unit of work carrying this task (set when it is dispatched to a transport).
     /// Held until the task ends (then released, breaking the unit <-> task reference cycle), so
     /// a parked task can always reach its unit for the failover decision.
@@ -238,6 +243,9 @@ impl TaskState {
         if let Some(h) = &self.hook {
             h.task_ended(status);
         }
+        if let Some(t) = &self.ticket {
+            t.ended(status);
+        }
         if self.life.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.life.wake_waiters();
         }
@@ -267,6 +275,9 @@ impl TaskState {
                 let bytes = if completed { u.request.length } else { 0 };
                 let stages = if completed { u.stages(queue_wait, end) } else { None };
                 let latency = queue_wait + std::time::Duration::from_nanos(end);
+                if completed && self.deadline_window_ns > 0 {
+                    metrics.deadline_mlu(u.transport(), latency.as_nanos() as f64 / self.deadline_window_ns as f64);
+                }
                 metrics.request_ended(u.transport(), op, status, bytes, latency, stages);
             }
             None => {
@@ -315,6 +326,17 @@ impl Batch {
     /// Appends tasks for `requests` atomically (all or none); fails when the capacity would be
     /// exceeded or the batch is being freed. Returns the new tasks and the id of the first.
     pub fn append(&self, requests: &[Request], hook: Option<Arc<NotifyHook>>) -> Result<(usize, Vec<Entry>)> {
+        self.append_queued(requests, hook, Vec::new())
+    }
+
+    /// As [`Batch::append`], the task of `requests[i]` holding admission ticket `tickets[i]`
+    /// (none where `tickets` is shorter).
+    pub fn append_queued(
+        &self,
+        requests: &[Request],
+        hook: Option<Arc<NotifyHook>>,
+        tickets: Vec<Option<Arc<super::admission::Ticket>>>,
+    ) -> Result<(usize, Vec<Entry>)> {
         let mut tasks = self.tasks.write();
         if self.life.free_requested.load(Ordering::SeqCst) {
             return Err(Error::InvalidArgument("batch is being freed".into()));
@@ -331,8 +353,18 @@ impl Batch {
         let mut out = Vec::with_capacity(requests.len());
         // One clock read for the whole submit: its tasks were all submitted at this moment.
         let submitted = Instant::now();
+        // The deadline clock is read only for a submit that carries deadlines.
+        let mono = match requests.iter().any(|r| r.deadline_ns != 0) {
+            true => super::types::monotonic_ns(),
+            false => 0,
+        };
         self.life.pending.fetch_add(requests.len(), Ordering::SeqCst);
+        let mut tickets = tickets.into_iter();
         for r in requests {
+            if r.deadline_ns != 0 && r.deadline_ns <= mono {
+                let kind = r.hint;
+                self.life.metrics.deadline_infeasible(kind);
+            }
             let t = Entry {
                 request: *r,
                 state: Arc::new(TaskState {
@@ -346,6 +378,8 @@ impl Batch {
                     error: Mutex::new(None),
                     life: self.life.clone(),
                     hook: hook.clone(),
+                    ticket: tickets.next().flatten(),
+                    deadline_window_ns: r.deadline_ns.saturating_sub(mono),
                     unit: Mutex::new(None),
                 }),
             };
@@ -604,6 +638,7 @@ mod tests {
             target_offset: 0,
             length: 8,
             priority: 0,
+            deadline_ns: 0,
             hint: TransportKind::Unspec,
         }
     }

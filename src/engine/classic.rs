@@ -323,6 +323,7 @@ pub fn checked_requests(e: &Engine, reqs: &[ClassicRequest], hint: TransportKind
                 target_offset: r.target_offset,
                 length: r.length,
                 priority: 0,
+                deadline_ns: 0,
                 hint,
             })
         })

@@ -1,9 +1,11 @@
 //! The engine: identity, segments, memory, batches, transfers and notifications.
 
+pub mod admission;
 pub mod background;
 pub mod batch;
 pub mod classic;
 pub mod dispatch;
+pub mod launch;
 pub mod memory;
 pub mod peers;
 pub mod policy;
@@ -34,7 +36,7 @@ use crate::transport::Transport;
 use crate::transport::rdma::RdmaTransport;
 use crate::transport::shm;
 use background::{ProgressPool, Published, Publisher};
-use batch::{Batch, BatchTable, Entry, HookSink, NotifyHook};
+use batch::{Batch, BatchTable, HookSink, NotifyHook};
 use dispatch::Dispatcher;
 use peers::{Fetcher, HookLanes, PeerLanes};
 use remote::Remote;
@@ -45,7 +47,7 @@ use start::{
     attach_rdma, client_timeouts, load_transports, metadata_settings, segment_name_for, server_params,
     start_metrics_server,
 };
-use types::{Notification, Opcode, Permission, Request, Status, TransportKind};
+use types::{Notification, Permission, Request, Status, TransportKind};
 
 /// Pending polls of one batch answered with a yield; later ones wait for the batch's end.
 const YIELDING_POLLS: u32 = 8;
@@ -159,8 +161,10 @@ pub struct Engine {
     progress: Option<ProgressPool>,
     /// Work for one peer at a time (descriptor fetches, notifications, update announcements).
     lanes: Arc<PeerLanes>,
-    /// Starts remote tasks once their segment's descriptor is known.
-    fetcher: Arc<Fetcher>,
+    /// Starts tasks: copies within the own segment, and remote ones through the fetcher.
+    launcher: Arc<launch::Launcher>,
+    /// The runtime admission queue (`enable_runtime_queue`), which tasks wait in when on.
+    admission: Option<Arc<admission::Admission>>,
     /// Where submit-with-notification hooks send their notification.
     hooks: Arc<HookLanes>,
     /// Writes the descriptor and tells subscribers after the buffer list changed.
@@ -257,6 +261,15 @@ impl Engine {
         };
         let publisher = Publisher::start(publication.clone(), remote.clone(), lanes.clone())?;
         let metrics_server = start_metrics_server(&settings.metrics, &metrics);
+        let launcher = Arc::new(launch::Launcher { local: local.clone(), fetcher, metrics: metrics.clone() });
+        let admission = match &settings.engine.runtime_queue {
+            Some(q) => {
+                let l = launcher.clone();
+                let start: admission::Start = Box::new(move |tasks| l.start(tasks, None));
+                Some(admission::Admission::start(q.clone(), start::qos_params(&settings), start)?)
+            }
+            None => None,
+        };
         published.keep();
         let engine = Arc::new(Engine {
             config,
@@ -275,7 +288,8 @@ impl Engine {
             server,
             progress: progress.map(|p| p.0),
             lanes,
-            fetcher,
+            launcher,
+            admission,
             hooks,
             publisher: Mutex::new(Some(publisher)),
             publication,
@@ -629,6 +643,11 @@ impl Engine {
         self.batches.free(id)
     }
 
+    /// The admission queue's tasks, `(queued, moving)`, when `enable_runtime_queue` is on.
+    pub fn admission_counts(&self) -> Option<(u64, u64)> {
+        self.admission.as_ref().map(|q| q.counts())
+    }
+
     /// Number of batches not yet reclaimed.
     pub fn live_batches(&self) -> usize {
         self.batches.live()
@@ -670,89 +689,13 @@ impl Engine {
             // Nothing to run and no target to notify.
             return Ok(());
         }
+        if let Some(q) = &self.admission {
+            return q.submit(requests, |tickets| batch.append_queued(requests, hook, tickets).map(|(_, t)| t));
+        }
         let (_, tasks) = batch.append(requests, hook)?;
-        self.dispatch(tasks);
+        let at = tasks.first().map(|t| t.state.submitted());
+        self.launcher.start(tasks, at);
         Ok(())
-    }
-
-    /// Starts tasks: local-segment ones are copied here; remote ones go to a transport.
-    fn dispatch(&self, tasks: Vec<Entry>) {
-        // The usual submit: every task to the same peer, all well-formed. They go on as they
-        // are, without being sorted into per-target lists (two allocations per submit).
-        let one_peer = tasks.first().map(|t| t.request.target_id).filter(|&h| h != 0);
-        if let Some(h) = one_peer {
-            if tasks.iter().all(|t| t.request.target_id == h && self.precheck(&t.request).is_ok()) {
-                self.fetcher.dispatch(h, tasks);
-                return;
-            }
-        }
-        let mut remote: Vec<(u64, Vec<Entry>)> = Vec::new();
-        for t in tasks {
-            let r = t.request;
-            if let Err(e) = self.precheck(&r) {
-                t.state.fail(e.to_string());
-                continue;
-            }
-            if r.target_id != 0 {
-                match remote.iter_mut().find(|(h, _)| *h == r.target_id) {
-                    Some((_, v)) => v.push(t),
-                    None => remote.push((r.target_id, vec![t])),
-                }
-                continue;
-            }
-            // The copy is this engine's own transport attempt, as a same-process transfer is one
-            // on upstream's SHM transport.
-            let started = std::time::Instant::now();
-            self.metrics.attempt_started(crate::metrics::LOCAL_COPY_TRANSPORT, r.opcode);
-            let copied = self.copy_local(&r);
-            self.metrics.attempt_finished(
-                crate::metrics::LOCAL_COPY_TRANSPORT,
-                r.opcode,
-                copied.is_err(),
-                started.elapsed(),
-            );
-            match copied {
-                Ok(()) => {
-                    t.state.complete();
-                }
-                Err(e) => {
-                    tracing::debug!("local transfer failed: {e}");
-                    t.state.fail(e.to_string());
-                }
-            }
-        }
-        for (target, tasks) in remote {
-            self.fetcher.dispatch(target, tasks);
-        }
-    }
-
-    fn precheck(&self, r: &Request) -> Result<()> {
-        if r.source.checked_add(r.length).is_none() || r.target_offset.checked_add(r.length).is_none() {
-            return Err(Error::InvalidArgument(format!("request of {} bytes overflows the address space", r.length)));
-        }
-        if r.source == 0 && r.length > 0 {
-            return Err(Error::InvalidArgument("request source is NULL".into()));
-        }
-        Ok(())
-    }
-
-    /// The memcpy path for the local segment: both ranges must be registered, and the target's
-    /// permission must allow the operation.
-    fn copy_local(&self, r: &Request) -> Result<()> {
-        if r.length == 0 {
-            return Ok(());
-        }
-        let (src, dst) = match r.opcode {
-            Opcode::Write => (r.source, r.target_offset),
-            Opcode::Read => (r.target_offset, r.source),
-        };
-        let ranges = [(r.source, r.length, None), (r.target_offset, r.length, Some((r.opcode, false)))];
-        self.local.with_ranges(&ranges, || {
-            // SAFETY: both ranges lie inside memory registered with this engine (checked under
-            // the gate, so no unregister can run meanwhile); device memory is copied by its
-            // platform, host memory with `copy`, which allows overlap.
-            unsafe { device::copy_any(dst, src, r.length as usize) }
-        })?
     }
 
     /// Status of one task. A task parked after a failed attempt fails over first when polling
@@ -937,6 +880,10 @@ impl Drop for Engine {
         // The client is the engine's, shared by the transports and the peer lanes: aborting it
         // first ends every call blocked on a slow peer, so the joins below are quick.
         self.remote.client.abort_all();
+        if let Some(q) = &self.admission {
+            // Before the transports stop: nothing may leave the queue for a stopped one.
+            q.close();
+        }
         self.dispatcher.shutdown();
         if let Some(p) = &self.progress {
             // Units still queued are dropped; their transports already ended them at shutdown.

@@ -143,16 +143,16 @@ impl Fetcher {
     /// Sends tasks for segment handle `target` to the dispatcher. A file segment's descriptor
     /// (a local `stat`) and a cached one are used on the caller's thread. A missing descriptor,
     /// or one that lacks a target range (the peer may have registered it since), is fetched on
-    /// the segment's lane, and the tasks start from there.
-    pub fn dispatch(self: &Arc<Self>, target: u64, tasks: Vec<Entry>) {
+    /// the segment's lane, and the tasks start from there. `at`: when the tasks were submitted,
+    /// if they start right away (see `Dispatcher::dispatch_at`); `None` after a wait.
+    pub fn dispatch(self: &Arc<Self>, target: u64, tasks: Vec<Entry>, at: Option<std::time::Instant>) {
         // A cached descriptor that holds every range (a file segment's always does) is used
         // without the segment's name: looking that up copies it, and a lone small request
         // (the latency case) would pay for the copy on every submit.
         let cached = self.remote.cached(target);
         if let Some(d) = &cached {
             if d.is_file() || !lacks_range(d, &tasks) {
-                let submitted = tasks.first().map(|t| t.state.submitted());
-                return self.dispatcher.dispatch_at(d, tasks, submitted);
+                return self.dispatcher.dispatch_at(d, tasks, at);
             }
         }
         let Some(name) = self.remote.segments.name_of(target) else {

@@ -186,7 +186,7 @@ pub(super) fn start_rdma(settings: &Settings, name: &str, client: &Arc<RpcClient
 }
 
 /// How the transports promote held-back work (`priority_promotion_*`).
-fn qos_params(settings: &Settings) -> crate::base::qos::QosParams {
+pub(super) fn qos_params(settings: &Settings) -> crate::base::qos::QosParams {
     crate::base::qos::QosParams { promotion_timeout: settings.qos.promotion_timeout, per_entry: settings.qos.per_entry }
 }
 

@@ -60,6 +60,7 @@ fn request_from_c(r: &tent_request) -> Result<Request> {
         target_offset: r.target_offset,
         length: r.length,
         priority: r.priority,
+        deadline_ns: 0,
         hint: TransportKind::from_i32(r.transport_hint).unwrap_or(TransportKind::Unspec),
     })
 }
@@ -458,6 +459,57 @@ pub unsafe extern "C" fn tent_submit_notif(
         let msg = unsafe { c_str(message, "message") }?;
         // SAFETY: the C caller's contract: the memory stays valid while the engine may use it.
         unsafe { e.submit(batch_id, &reqs, Some((name, msg))) }?;
+        Ok(0)
+    })
+}
+
+/// tent-rs addition: `tent_submit`, each request with a deadline, and optionally the
+/// notification of `tent_submit_notif`. `deadlines_ns` is NULL (no deadlines) or holds `count`
+/// times in nanoseconds of `CLOCK_MONOTONIC` (C++'s `steady_clock`), 0 meaning none: upstream's
+/// `Request.deadline_ns`, which its C struct has no field for. The admission queue
+/// (`enable_runtime_queue`) orders by them and drops work that cannot meet them. `name` and
+/// `message` are both NULL (no notification) or both strings.
+///
+/// # Safety
+/// As `tent_submit_notif`; `deadlines_ns` is NULL or points to `count` values.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_submit_with_deadlines(
+    engine: tent_engine_t,
+    batch_id: tent_batch_id_t,
+    entries: *mut tent_request_t,
+    count: usize,
+    deadlines_ns: *const u64,
+    name: *const c_char,
+    message: *const c_char,
+) -> c_int {
+    guard!("tent_submit_with_deadlines", -1, {
+        let e = super::engine(engine)?;
+        // SAFETY: forwarded contract.
+        let mut reqs = unsafe { requests(entries, count) }?;
+        if !deadlines_ns.is_null() {
+            // SAFETY: the caller's contract: `count` values (`requests` bounded `count`).
+            let deadlines = unsafe { std::slice::from_raw_parts(deadlines_ns, count) };
+            for (r, d) in reqs.iter_mut().zip(deadlines) {
+                r.deadline_ns = *d;
+            }
+        }
+        let notify = match (name.is_null(), message.is_null()) {
+            (true, true) => None,
+            (false, false) => {
+                // SAFETY: forwarded contract.
+                let name = unsafe { c_str(name, "name") }?;
+                // SAFETY: forwarded contract.
+                let msg = unsafe { c_str(message, "message") }?;
+                Some((name, msg))
+            }
+            _ => {
+                return Err(Error::InvalidArgument(
+                    "name and message must both be NULL (no notification) or both be strings".into(),
+                ));
+            }
+        };
+        // SAFETY: the C caller's contract: the memory stays valid while the engine may use it.
+        unsafe { e.submit(batch_id, &reqs, notify) }?;
         Ok(0)
     })
 }

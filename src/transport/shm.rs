@@ -932,6 +932,7 @@ mod tests {
             target_offset: 0x10_0000,
             length: 4096,
             priority: 0,
+            deadline_ns: 0,
             hint: TransportKind::Unspec,
         });
         let t = ShmTransport::new({

@@ -38,6 +38,7 @@ pub fn req(op: Opcode, source: u64, target: u64, offset: u64, len: u64) -> Reque
         target_offset: offset,
         length: len,
         priority: 0,
+        deadline_ns: 0,
         hint: TransportKind::Unspec,
     }
 }

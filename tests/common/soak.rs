@@ -175,6 +175,7 @@ pub fn run_soak(setup: &SoakSetup) {
                                     target_offset: base + i * block,
                                     length: block,
                                     priority: 0,
+                                    deadline_ns: 0,
                                     hint: TransportKind::Unspec,
                                 })
                                 .collect()

@@ -574,6 +574,7 @@ mod tests {
             target_offset: offset,
             length,
             priority: 0,
+            deadline_ns: 0,
             hint: TransportKind::Unspec,
         }
     }

@@ -740,6 +740,7 @@ mod tests {
             target_offset: 0,
             length: dst.len() as u64,
             priority: 0,
+            deadline_ns: 0,
             hint: TransportKind::Unspec,
         };
         let pieces = file.plan(&request, params.chunk_size, None).expect("plan");

@@ -609,6 +609,7 @@ mod tests {
             target_offset: 0x2000,
             length: len,
             priority: 0,
+            deadline_ns: 0,
             hint: TransportKind::Unspec,
         };
         let job = Arc::new(Job {
