@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -177,12 +178,59 @@ void configFileConstructor() {
     CHECK(defaults.available());
 }
 
+// Request::deadline_ns reaches the engine: with the admission queue on and dropping late work,
+// a request whose steady_clock deadline passed ends CANCELED without moving a byte; one with a
+// deadline ahead completes, also when submitted with a notification.
+void deadlines() {
+    auto config = loopbackConfig();
+    config->set("enable_runtime_queue", true);
+    config->set("runtime_queue/deadline_aware", true);
+    config->set("runtime_queue/mlu_local_threshold", 1.0);
+    TransferEngine engine(config);
+    CHECK(engine.available());
+    if (!engine.available()) return;
+    std::vector<char> src(2 * kPart, 's'), dst(2 * kPart, 0);
+    CHECK(engine.registerLocalMemory({src.data(), dst.data()}, {src.size(), dst.size()}).ok());
+    const uint64_t now = static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+            .count());
+    Request late{.opcode = Request::WRITE,
+                 .source = src.data(),
+                 .target_id = LOCAL_SEGMENT_ID,
+                 .target_offset = reinterpret_cast<uint64_t>(dst.data()),
+                 .length = kPart};
+    late.deadline_ns = now - 1000000;
+    Request on_time = late;
+    on_time.source = src.data() + kPart;
+    on_time.target_offset += kPart;
+    on_time.deadline_ns = now + 600000000000ull;
+    BatchID batch = engine.allocateBatch(3);
+    CHECK(engine.submitTransfer(batch, {late, on_time}).ok());
+    awaitBatch(engine, batch);
+    TransferStatus a{PENDING, 0}, b{PENDING, 0};
+    CHECK(engine.getTransferStatus(batch, 0, a).ok() && a.s == CANCELED);
+    CHECK(engine.getTransferStatus(batch, 1, b).ok() && b.s == COMPLETED);
+    CHECK(dst[0] == 0 && dst[kPart] == 's');
+    std::vector<Request> notified{on_time};
+    CHECK(engine.submitTransfer(batch, notified, Notification{"deadline", "met"}).ok());
+    TransferStatus c{PENDING, 0};
+    for (int i = 0; i < 60000 && c.s == PENDING; ++i) {
+        if (!engine.getTransferStatus(batch, 2, c).ok()) break;
+        if (c.s == PENDING) usleep(1000);
+    }
+    CHECK_EQ(c.s, COMPLETED);
+    CHECK(has(awaitNotifications(engine, 1), "deadline", "met"));
+    CHECK(engine.freeBatch(batch).ok());
+    CHECK(engine.unregisterLocalMemory({src.data(), dst.data()}).ok());
+}
+
 }  // namespace
 
 int main() {
     statusBasics();
     configBasics();
     configFileConstructor();
+    deadlines();
 
     int up[2], down[2];
     CHECK(pipe(up) == 0 && pipe(down) == 0);

@@ -14,7 +14,9 @@
  *  - exportLocalSegment / importRemoteSegment return NotImplemented, as upstream's do.
  *  - progressBatch is getTransferStatus(batch, overall): tent-rs's status polls already drive
  *    progress and failover.
- *  - Request::policy_name, deadline_ns and intent_type are accepted and ignored.
+ *  - Request::deadline_ns reaches the engine through tent_submit_with_deadlines (a tent-rs
+ *    symbol: the C struct has no such field); policy_name and intent_type are accepted and
+ *    ignored.
  *  - The engine copies its Config when it is constructed; later changes to that Config do not
  *    reach it.
  */
@@ -222,12 +224,20 @@ class TransferEngine {
      * FAILED task; the call itself fails for a dead batch, exceeded capacity or bad input. */
     Status submitTransfer(BatchID batch_id, const std::vector<Request>& request_list) {
         tent_request_t* raw = ToC(request_list);
+        const uint64_t* deadlines = Deadlines(request_list);
+        if (deadlines != nullptr)
+            return Check(tent_submit_with_deadlines(engine_, batch_id, raw, request_list.size(), deadlines, nullptr,
+                                                    nullptr));
         return Check(tent_submit(engine_, batch_id, raw, request_list.size()));
     }
 
     /* As above; once every task of this submit completed, `notifi` goes to every target. */
     Status submitTransfer(BatchID batch_id, const std::vector<Request>& request_list, const Notification& notifi) {
         tent_request_t* raw = ToC(request_list);
+        const uint64_t* deadlines = Deadlines(request_list);
+        if (deadlines != nullptr)
+            return Check(tent_submit_with_deadlines(engine_, batch_id, raw, request_list.size(), deadlines,
+                                                    notifi.name.c_str(), notifi.msg.c_str()));
         return Check(tent_submit_notif(engine_, batch_id, raw, request_list.size(), notifi.name.c_str(),
                                        notifi.msg.c_str()));
     }
@@ -369,6 +379,18 @@ class TransferEngine {
             c.transport_hint = static_cast<int>(r.transport_hint);
         }
         return raw.data();
+    }
+
+    /* The requests' deadlines in this thread's scratch buffer, or NULL when none has one (the
+     * plain submit then serves). */
+    static const uint64_t* Deadlines(const std::vector<Request>& list) {
+        bool any = false;
+        for (const Request& r : list) any = any || r.deadline_ns != 0;
+        if (!any) return nullptr;
+        std::vector<uint64_t>& d = Scratch<uint64_t>();
+        d.resize(list.size());
+        for (size_t i = 0; i < list.size(); ++i) d[i] = list[i].deadline_ns;
+        return d.data();
     }
 
     static Status ToC(const MemoryOptions& o, tent_memory_options_t& raw) {

@@ -198,7 +198,8 @@ pub struct Request {
     pub transport_hint: TransportType,
     /// Kept for upstream's callers; the engine's policy is chosen by config.
     pub policy_name: Option<String>,
-    /// Kept for upstream's callers; deadlines come from the transfer timeouts of the config.
+    /// When the request should have ended, in `time.monotonic_ns()` nanoseconds (0: none); the
+    /// admission queue (`enable_runtime_queue`) orders and drops work by it.
     pub deadline_ns: u64,
     pub intent_type: IntentType,
 }
@@ -264,6 +265,7 @@ impl Request {
             target_offset: self.target_offset,
             length: self.length,
             priority: self.priority,
+            deadline_ns: self.deadline_ns,
             hint: self.transport_hint.engine(),
         }
     }

@@ -3,6 +3,7 @@ notifications and errors."""
 
 import ctypes
 import json
+import time
 
 import pytest
 
@@ -174,3 +175,38 @@ def test_module_surface():
     s = tent.TransferStatus()
     assert s.state == tent.INITIAL and s.bytes == 0
     assert issubclass(tent.RpcServiceError, tent.TentException)
+
+
+def test_deadlines_reach_the_admission_queue(tmp_path):
+    """Request.deadline_ns, in time.monotonic_ns(): a request whose deadline passed ends
+    CANCELED without moving, one with time left completes."""
+    cfg = json.loads(CONFIG)
+    cfg.update({"enable_runtime_queue": True,
+                "runtime_queue": {"deadline_aware": True, "mlu_local_threshold": 1.0}})
+    path = tmp_path / "queue.json"
+    path.write_text(json.dumps(cfg))
+    a, b = tent.TransferEngine(str(path)), tent.TransferEngine(str(path))
+    try:
+        src = a.allocate_local_memory(2 * MiB)
+        dst = b.allocate_local_memory(2 * MiB, tent.kWildcardLocation)
+        a.register_local_memory(src, 2 * MiB)
+        b.register_local_memory(dst, 2 * MiB, tent.Permission.GlobalReadWrite)
+        ctypes.memset(src, 7, 2 * MiB)
+        ctypes.memset(dst, 0, 2 * MiB)
+        h = a.open_segment(b.get_segment_name())
+        now = time.monotonic_ns()
+        late = tent.Request(tent.WRITE, src, h, dst, MiB, deadline_ns=now - 1_000_000)
+        on_time = tent.Request(tent.WRITE, src + MiB, h, dst + MiB, MiB, deadline_ns=now + 600_000_000_000)
+        batch = a.allocate_transfer_batch(2)
+        a.submit_transfer(batch, [late, on_time])
+        wait(a, batch)
+        assert [s.state for s in a.get_transfer_status_list(batch)] == [tent.CANCELED, tent.COMPLETED]
+        assert ctypes.string_at(dst, 1) == b"\0" and ctypes.string_at(dst + MiB, 1) == b"\x07"
+        a.free_transfer_batch(batch)
+        a.unregister_local_memory(src)
+        b.unregister_local_memory(dst)
+        a.free_local_memory(src)
+        b.free_local_memory(dst)
+    finally:
+        a.close()
+        b.close()

@@ -114,7 +114,7 @@ struct Request {
     int priority = PRIO_HIGH;
     std::optional<std::string> policy_name = std::nullopt; /* accepted, not used by tent-rs */
     TransportType transport_hint = UNSPEC;  /* UNSPEC: the engine chooses */
-    uint64_t deadline_ns = 0;               /* accepted, not used by tent-rs */
+    uint64_t deadline_ns = 0;               /* steady_clock ns; 0: none (see enable_runtime_queue) */
     IntentType intent_type = IntentType::INTENT_UNSPEC;
 };
 

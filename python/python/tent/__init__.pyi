@@ -104,7 +104,7 @@ class Request:
     priority: int
     transport_hint: TransportType
     policy_name: Optional[str]
-    deadline_ns: int
+    deadline_ns: int  # time.monotonic_ns() by which it should end; 0: none (enable_runtime_queue)
     intent_type: IntentType
     def __init__(
         self, opcode: OpCode = ..., source: Optional[Address] = None, target_id: int = 0, target_offset: int = 0,
