@@ -816,6 +816,58 @@ fn host_dies_and_comes_back() {
     assert_eq!(end_b[4] + end_c[4], 0, "no round moved a wrong byte");
 }
 
+/// A slowed rail (issue 36): A's NIC on rail 1 sends through `tc tbf` at 2 MB/s, a fraction of
+/// what rail 0 moves here. A 16 MiB WRITE placed by load (`enable_smart_scheduling`, the
+/// default) puts clearly fewer of its bytes on the slow rail than the half that taking turns
+/// puts there, and both runs land intact. The times of both are printed, not asserted.
+///
+/// Both runs wait up to 17 s for an ACK (`endpoint/send_timeout` 22): with the default 67 ms,
+/// taking turns queues seconds of work on the slow rail, its QPs give up and the rail monitor
+/// pauses it, so that run would measure the retries rather than the placement.
+#[test]
+fn a_slowed_rail_gets_fewer_slices() {
+    let Some(c) = Cluster::connect() else { return };
+    assert!(c.rails >= 2, "this scenario needs two rails");
+    heal(&c);
+    const LEN: usize = 16 << 20;
+    let (na, nb) = (&c.nodes[0], &c.nodes[1]);
+    // A queue long enough that tbf delays rather than drops: rxe on this kernel mishandles a
+    // packet its own host refuses (see docs/rdma-cluster.md).
+    na.ok("tc qdisc add dev eth1 root tbf rate 16mbit burst 64kb limit 64mb");
+    let cf = |extra: &str| conf_with_timeout(Duration::from_secs(120), extra);
+    let mut b = Peer::start(nb, &c, LEN, LEN, &cf(""));
+    let mut run = |smart: bool, seed: u8| {
+        let keys = format!(r#""enable_smart_scheduling":{smart},"endpoint":{{"send_timeout":22}}"#);
+        let mut a = Peer::start(na, &c, LEN, LEN, &cf(&keys));
+        let h = a.open(&b);
+        // Endpoints up on both rails before the timed WRITE.
+        a.xfer("write", h, 0, 1 << 20, 1, 1 << 20, seed).assert_all(1, "warm-up WRITE");
+        let before = a.stats();
+        let d = a.xfer("write", h, 0, LEN, 1, LEN, seed);
+        d.assert_all(1, &format!("16 MiB WRITE (smart scheduling {smart})"));
+        assert_eq!(b.cmd(&format!("CHECK 0 {LEN} {seed}")), "OK", "the WRITE landed intact (smart {smart})");
+        let after = a.stats();
+        let moved: Vec<u64> = after.nic.iter().zip(&before.nic).map(|(x, y)| x - y).collect();
+        let share = moved[1] as f64 / moved.iter().sum::<u64>().max(1) as f64;
+        let errors = ["retry_exceeded", "trips"].map(|k| after.get(k) - before.get(k));
+        a.kill();
+        assert_eq!(errors, [0, 0], "no QP gave up and no rail was paused (smart {smart}): the placement decided");
+        (share, d.mb_per_s(LEN), moved)
+    };
+    let (turns_share, turns_rate, turns_moved) = run(false, 61);
+    let (smart_share, smart_rate, smart_moved) = run(true, 62);
+    na.ok("tc qdisc del dev eth1 root");
+    eprintln!(
+        "rail 1 at 2 MB/s (tbf): 16 MiB WRITE placed by load {smart_rate:.1} MB/s, slow rail's share {:.0}% \
+         ({smart_moved:?}); taking turns {turns_rate:.1} MB/s, share {:.0}% ({turns_moved:?}); {:.2}x",
+        smart_share * 100.0,
+        turns_share * 100.0,
+        smart_rate / turns_rate
+    );
+    assert!(turns_share > 0.4, "taking turns puts about half on each rail: {turns_moved:?}");
+    assert!(smart_share < 0.3, "placed by load, the slow rail carries clearly less than half: {smart_moved:?}");
+}
+
 /// A lossy fabric: 0.5% of the packets every NIC of A and B sends are lost while A writes 16 MiB
 /// into B and B reads 16 MiB from A, at the same time; every byte arrives intact.
 ///
