@@ -9,6 +9,10 @@
 //! - the LOW streams' throughput alone (the path's capacity), and under a HIGH load of half
 //!   that capacity in 1 MiB writes.
 //!
+//! - two processes on the host: HIGH 4 KiB reads in this one while a second process (this
+//!   program started again) runs the LOW streams to the same peer, with the processes sharing
+//!   a quota file (`transports/rdma/shared_quota_shm_path`) and without it.
+//!
 //! It prints p50 and p99 of each latency case with its ratio to idle, and the throughputs with
 //! their ratio to capacity. Under `cargo test` it runs each phase briefly as a smoke test.
 //! Options: `--seconds N` per phase (default 3), `--streams N` (8), `--promotion-us N` (the
@@ -16,6 +20,8 @@
 
 mod common;
 
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -54,7 +60,6 @@ fn one(e: &Engine, req: Request, spin: bool) -> Duration {
 
 struct Path {
     initiator: Arc<Engine>,
-    target: Arc<Engine>,
     h: u64,
     hint: TransportKind,
     local: Vec<u8>,
@@ -156,6 +161,64 @@ impl Path {
     }
 }
 
+/// The second process of the two-process phase (`--child-low NAME REMOTE STREAMS QUOTA SHM`):
+/// an engine of its own runs `STREAMS` LOW 4 MiB write streams to segment `NAME` at address
+/// `REMOTE`, with quota file `QUOTA` (`-`: none), until its standard input closes. It says
+/// `READY` once its first write completed.
+fn child_low(args: &[String]) {
+    let [name, remote, streams, quota, shm] = args else { panic!("--child-low NAME REMOTE STREAMS QUOTA SHM") };
+    let (remote, streams) = (remote.parse::<u64>().expect("REMOTE"), streams.parse::<usize>().expect("STREAMS"));
+    let shm = shm == "1";
+    let mut keys = vec![("transports/shm/enable", if shm { "true" } else { "false" })];
+    if quota != "-" {
+        keys.push(("transports/rdma/shared_quota_shm_path", quota));
+    }
+    let initiator = engine(&keys);
+    let size = (1 << 20) + (streams + 1) * STREAM_BLOCK;
+    let local = registered(&initiator, size);
+    let h = initiator.open_segment(name).expect("open the peer's segment");
+    let hint = if shm { TransportKind::Shm } else { TransportKind::Tcp };
+    let path = Path { initiator, h, hint, local, remote, streams };
+    one(&path.initiator, path.req(Opcode::Write, 1 << 20, STREAM_BLOCK, LOW), false);
+    println!("READY");
+    let stop = AtomicBool::new(false);
+    let moved = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        path.start_streams(s, &stop, &moved, LOW);
+        // Until the parent closes standard input (or ends).
+        let _ = std::io::stdin().read_to_end(&mut Vec::new());
+        stop.store(true, Ordering::Relaxed);
+    });
+}
+
+/// HIGH 4 KiB read latencies of `path` for `for_` while a second process runs `streams` LOW
+/// write streams to the same peer (segment `peer`), that process using quota file `quota` when given.
+fn beside_another_process(path: &Path, peer: &str, quota: Option<&str>, shm: bool, for_: Duration) -> Vec<f64> {
+    let exe = std::env::current_exe().expect("this program's path");
+    let mut child = Command::new(exe)
+        .arg("--child-low")
+        .arg(peer)
+        .arg(path.remote.to_string())
+        .arg(path.streams.to_string())
+        .arg(quota.unwrap_or("-"))
+        .arg(if shm { "1" } else { "0" })
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("the second process starts");
+    let mut lines = BufReader::new(child.stdout.take().expect("its output"));
+    let mut ready = String::new();
+    lines.read_line(&mut ready).expect("its first line");
+    assert_eq!(ready.trim(), "READY", "the second process started its streams");
+    // Let its streams fill the path first.
+    std::thread::sleep(for_ / 4);
+    let out = path.probe(4 << 10, HIGH, for_);
+    drop(child.stdin.take());
+    let status = child.wait().expect("the second process ends");
+    assert!(status.success(), "the second process failed: {status}");
+    out
+}
+
 fn pct(v: &[f64], p: f64) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(|a, b| a.total_cmp(b));
@@ -163,6 +226,10 @@ fn pct(v: &[f64], p: f64) -> f64 {
 }
 
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--child-low") {
+        return child_low(&args[i + 1..]);
+    }
     let bench = benching();
     let shm = std::env::args().any(|a| a == "--shm");
     let phase =
@@ -190,7 +257,7 @@ fn main() {
     };
     let local = registered(&initiator, size);
     let h = initiator.open_segment(target.segment_name()).expect("open");
-    let path = Path { initiator, target, h, hint, local, remote, streams };
+    let path = Path { initiator, h, hint, local, remote, streams };
     // Warm-up: connections, page faults.
     path.latencies(None, phase / 4);
     let idle = path.latencies(None, phase);
@@ -220,6 +287,34 @@ fn main() {
         low / capacity,
         mb(high)
     );
-    drop(path.target);
+    // Two processes: this one's HIGH reads beside another one's LOW streams, through a
+    // quota file both use, and without one (each process orders only its own work).
+    let quota = format!("tent-bench-quota-{}", std::process::id());
+    let mut keys = extra.clone();
+    keys.push(("transports/rdma/shared_quota_shm_path", &quota));
+    let initiator = engine(&keys);
+    let local = registered(&initiator, size);
+    let h = initiator.open_segment(target.segment_name()).expect("open");
+    let shared = Path { initiator, h, hint, local, remote, streams };
+    shared.latencies(None, phase / 4);
+    let idle = shared.probe(4 << 10, HIGH, phase);
+    let with = beside_another_process(&shared, target.segment_name(), Some(&quota), shm, phase);
+    let without = beside_another_process(&path, target.segment_name(), None, shm, phase);
+    let _ = std::fs::remove_file(format!("/dev/shm/{quota}.tent-rs-v1"));
+    let (i50, i99) = (pct(&idle, 0.5), pct(&idle, 0.99));
+    println!("  two processes, HIGH 4 KiB reads here, {streams} LOW streams in the other, to the same peer:");
+    println!("    idle:                       p50 {i50:8.1} us  p99 {i99:8.1} us  ({} reads)", idle.len());
+    for (label, v) in [("sharing the quota file", &with), ("no quota file          ", &without)] {
+        let (p50, p99) = (pct(v, 0.5), pct(v, 0.99));
+        println!(
+            "    {label}: p50 {p50:8.1} us  p99 {p99:8.1} us  = {:.2}x / {:.2}x idle  ({} reads)",
+            p50 / i50,
+            p99 / i99,
+            v.len()
+        );
+    }
+    // The initiators before the target, the target before its memory.
+    drop((shared, path));
+    drop(target);
     drop(heap);
 }
