@@ -89,9 +89,10 @@ pub trait Foreign: Send + Sync {
     fn publish(&self, level: Level, count: u32);
 }
 
-/// How long a waiter held back only by other processes' work sleeps before it looks again:
-/// no other process can wake it.
-const FOREIGN_RECHECK: Duration = Duration::from_micros(200);
+/// How long a waiter held back by higher-level work sleeps before it looks again. Nothing wakes
+/// it when that work ends: another process cannot, and a foreground task of this process does
+/// not, so that it never takes the waiters' lock (see [`Gate::leave`]).
+const RECHECK: Duration = Duration::from_micros(200);
 
 /// Pieces of lower levels that may move at once while a higher level is active. One keeps the
 /// path busy where foreground work leaves room: with none, LOW work under a HIGH load of half a
@@ -246,17 +247,14 @@ impl Gate {
         if level != Level::Low && lower_active {
             self.ended[level.index()].store(self.now_ns(), Ordering::Release);
         }
-        let n = self.active[level.index()].fetch_sub(1, Ordering::SeqCst) - 1;
+        self.active[level.index()].fetch_sub(1, Ordering::SeqCst);
         self.publish(level);
-        if n == 0 && level != Level::Low && self.waiting.load(Ordering::Acquire) > 0 {
-            // Waiters wake by themselves once the linger has passed (see `pace`); a gate
-            // without linger wakes them now. Taking the lock orders this wake-up after a
-            // waiter's check of the counts.
-            let _w = self.waiters.lock();
-            for cv in &self.wake {
-                cv.notify_all();
-            }
-        }
+        // No wake-up of the waiters: they look again every RECHECK by themselves, and would
+        // find the linger holding them anyway. Waking them took the waiters' lock at the end of
+        // every foreground task, and the woken background movers took it in turn: a niced mover
+        // preempted while holding it held the next foreground task behind it, and a HIGH 4 KiB
+        // read under 8 LOW streams of the same process had a p99 of 9x idle on 2 vCPUs, against
+        // 1x with the LOW streams in another process (`benches/priorities.rs`).
     }
 
     /// The instant until which a level above `level` that is no longer active still holds it
@@ -277,36 +275,29 @@ impl Gate {
     }
 
     /// Whether work of a level above `level` is active, here or (through the shared quota) in
-    /// another process; the second says which of the two held it back.
-    fn held_back(&self, level: Level) -> (bool, bool) {
-        let mut foreign = false;
-        for l in 0..level.index() {
-            if self.active[l].load(Ordering::Acquire) > 0 {
-                return (true, false);
-            }
-            if self.foreign.as_ref().is_some_and(|f| f.active(Level::from_index(l))) {
-                foreign = true;
-            }
-        }
-        (foreign, foreign)
+    /// another process.
+    fn held_back(&self, level: Level) -> bool {
+        (0..level.index()).any(|l| {
+            self.active[l].load(Ordering::Acquire) > 0
+                || self.foreign.as_ref().is_some_and(|f| f.active(Level::from_index(l)))
+        })
     }
 
     /// [`Gate::held_back`], counting a higher level that ended less than [`LINGER`] ago; with
     /// the instant the linger ends, for a waiter to wake at.
-    fn held_back_or_lingering(&self, level: Level) -> (bool, bool, Option<Instant>) {
-        let (held, only_foreign) = self.held_back(level);
-        if held {
-            return (true, only_foreign, None);
+    fn held_back_or_lingering(&self, level: Level) -> (bool, Option<Instant>) {
+        if self.held_back(level) {
+            return (true, None);
         }
         match self.lingering(level) {
-            Some(until) => (true, false, Some(until)),
-            None => (false, false, None),
+            Some(until) => (true, Some(until)),
+            None => (false, None),
         }
     }
 
     /// Whether higher-level work is active now (no promotion or linger counted).
     pub fn would_wait(&self, level: Level) -> bool {
-        self.held_back(level).0
+        self.held_back(level)
     }
 
     /// A pass for one piece of work of `level`: at once when no higher level is active (or
@@ -327,7 +318,7 @@ impl Gate {
             let now = Instant::now();
             let (waited_from, steps) = self.promotion(&mut w.since[level.index()], id, start, now);
             let effective = Level::from_index(level.index().saturating_sub(steps));
-            let (held, only_foreign, linger_end) = self.held_back_or_lingering(effective);
+            let (held, linger_end) = self.held_back_or_lingering(effective);
             if effective == Level::High || !held {
                 break false;
             }
@@ -338,7 +329,7 @@ impl Gate {
                 break true;
             }
             let next_step = waited_from + timeout * (steps as u32 + 1);
-            let mut until = if only_foreign { next_step.min(now + FOREIGN_RECHECK) } else { next_step };
+            let mut until = next_step.min(now + RECHECK);
             if let Some(t) = linger_end {
                 until = until.min(t);
             }
