@@ -189,11 +189,13 @@ fn child_low(args: &[String]) {
         let _ = std::io::stdin().read_to_end(&mut Vec::new());
         stop.store(true, Ordering::Relaxed);
     });
+    println!("MOVED {}", moved.load(Ordering::Relaxed));
 }
 
 /// HIGH 4 KiB read latencies of `path` for `for_` while a second process runs `streams` LOW
-/// write streams to the same peer (segment `peer`), that process using quota file `quota` when given.
-fn beside_another_process(path: &Path, peer: &str, quota: Option<&str>, shm: bool, for_: Duration) -> Vec<f64> {
+/// write streams to the same peer (segment `peer`), that process using quota file `quota` when
+/// given; and the bytes per second that process moved meanwhile.
+fn beside_another_process(path: &Path, peer: &str, quota: Option<&str>, shm: bool, for_: Duration) -> (Vec<f64>, f64) {
     let exe = std::env::current_exe().expect("this program's path");
     let mut child = Command::new(exe)
         .arg("--child-low")
@@ -210,13 +212,19 @@ fn beside_another_process(path: &Path, peer: &str, quota: Option<&str>, shm: boo
     let mut ready = String::new();
     lines.read_line(&mut ready).expect("its first line");
     assert_eq!(ready.trim(), "READY", "the second process started its streams");
+    let started = Instant::now();
     // Let its streams fill the path first.
     std::thread::sleep(for_ / 4);
     let out = path.probe(4 << 10, HIGH, for_);
     drop(child.stdin.take());
+    let mut moved = String::new();
+    lines.read_line(&mut moved).expect("its last line");
+    // Its streams ran from READY until it read the end of its input.
+    let rate = moved.trim().strip_prefix("MOVED ").and_then(|n| n.parse::<f64>().ok()).expect("MOVED N")
+        / started.elapsed().as_secs_f64();
     let status = child.wait().expect("the second process ends");
     assert!(status.success(), "the second process failed: {status}");
-    out
+    (out, rate)
 }
 
 fn pct(v: &[f64], p: f64) -> f64 {
@@ -304,13 +312,15 @@ fn main() {
     let (i50, i99) = (pct(&idle, 0.5), pct(&idle, 0.99));
     println!("  two processes, HIGH 4 KiB reads here, {streams} LOW streams in the other, to the same peer:");
     println!("    idle:                       p50 {i50:8.1} us  p99 {i99:8.1} us  ({} reads)", idle.len());
-    for (label, v) in [("sharing the quota file", &with), ("no quota file          ", &without)] {
+    for (label, (v, rate)) in [("sharing the quota file", &with), ("no quota file          ", &without)] {
         let (p50, p99) = (pct(v, 0.5), pct(v, 0.99));
         println!(
-            "    {label}: p50 {p50:8.1} us  p99 {p99:8.1} us  = {:.2}x / {:.2}x idle  ({} reads)",
+            "    {label}: p50 {p50:8.1} us  p99 {p99:8.1} us  = {:.2}x / {:.2}x idle  ({} reads); the LOW process \
+             moved {:.0} MB/s",
             p50 / i50,
             p99 / i99,
-            v.len()
+            v.len(),
+            mb(*rate)
         );
     }
     // The initiators before the target, the target before its memory.
