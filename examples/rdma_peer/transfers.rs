@@ -18,6 +18,12 @@
 //!   the segment's descriptor again (the peer may have restarted) before the next. At the end:
 //!   `EV <id> END <rounds> <ok> <failed> <timed out> <bad>`. `STOP <id>` answers `OK` once it
 //!   ended.
+//! - `PRIO <0|1|2>`: the priority (HIGH, MEDIUM, LOW) of the requests of later `XFER`,
+//!   `STREAM` and `PROBE` commands (HIGH until set). `OK`.
+//! - `PROBE <read|write> <handle> <remote offset> <len> <count>`: `count` requests of `len`
+//!   bytes one after another, each polled without sleeping until it ends (a latency probe; the
+//!   bytes are not checked). `LAT <microseconds of each, comma-separated>`, or `ERR <why>` at
+//!   the first that did not complete.
 //! - `STATS`: `STATS` and `key=value` pairs: this host's realtime clock (`now_ns`), bytes
 //!   completed per local NIC (`nic_bytes`, by NicID), bootstraps sent and served, stale READY endpoints retired, root-cause errors and
 //!   retry-exceeded completions among them, flush resubmits, timeouts, paused rails and rail
@@ -157,14 +163,14 @@ fn remote_base(engine: &Engine, handle: u64) -> Result<u64, String> {
     info.buffers.first().map(|b| b.base).ok_or_else(|| "the segment has no buffer".to_string())
 }
 
-fn request(op: Opcode, source: u64, handle: u64, target: u64, len: u64) -> Request {
+fn request(op: Opcode, source: u64, handle: u64, target: u64, len: u64, priority: i32) -> Request {
     Request {
         opcode: op,
         source,
         target_id: handle,
         target_offset: target,
         length: len,
-        priority: 0,
+        priority,
         deadline_ns: 0,
         hint: TransportKind::Unspec,
     }
@@ -197,6 +203,7 @@ struct StreamSpec {
     len: usize,
     rounds: u64,
     work_off: usize,
+    priority: i32,
 }
 
 /// The peer's transfers and streams.
@@ -205,6 +212,8 @@ pub struct Transfers {
     work: Arc<Work>,
     out: Out,
     streams: HashMap<String, Stream>,
+    /// The priority of the requests of later commands (`PRIO`).
+    priority: i32,
 }
 
 /// This host's realtime clock in ns since the epoch.
@@ -221,7 +230,7 @@ impl Transfers {
         let opts = MemoryOptions { permission: Permission::LocalReadWrite, internal: true, ..MemoryOptions::default() };
         // SAFETY: the engine owns the allocation and frees it when it is destroyed.
         unsafe { engine.register_memory(&[(base, len as u64)], &opts) }.map_err(|e| format!("register work: {e}"))?;
-        Ok(Transfers { engine, work: Arc::new(Work { base, len }), out, streams: HashMap::new() })
+        Ok(Transfers { engine, work: Arc::new(Work { base, len }), out, streams: HashMap::new(), priority: 0 })
     }
 
     /// Carries out one command (see the module's documentation) and returns the reply.
@@ -260,6 +269,7 @@ impl Transfers {
                         len: len as usize,
                         rounds,
                         work_off: woff as usize,
+                        priority: self.priority,
                     };
                     self.stream(spec)
                 }
@@ -273,6 +283,19 @@ impl Transfers {
                     "OK".into()
                 }
                 None => format!("ERR no stream {}", words[1]),
+            },
+            "PRIO" => match num(1) {
+                Some(p @ 0..=2) => {
+                    self.priority = p as i32;
+                    "OK".into()
+                }
+                _ => "ERR usage: PRIO <0|1|2>".into(),
+            },
+            "PROBE" => match (words.get(1), num(2), num(3), num(4), num(5)) {
+                (Some(op), Some(h), Some(roff), Some(len), Some(count)) => {
+                    self.probe(op, h, roff as usize, len as usize, count as usize)
+                }
+                _ => "ERR usage: PROBE <read|write> <handle> <remote offset> <len> <count>".into(),
             },
             "STATS" => self.stats(),
             other => format!("ERR unknown command {other}"),
@@ -320,7 +343,7 @@ impl Transfers {
         let reqs: Vec<Request> = (0..count)
             .map(|i| {
                 let (l, r) = (self.work.base + (woff + i * stride) as u64, base + (roff + i * stride) as u64);
-                request(op, l, h, r, block as u64)
+                request(op, l, h, r, block as u64, self.priority)
             })
             .collect();
         let o = run_batch(&self.engine, &reqs);
@@ -347,6 +370,54 @@ impl Transfers {
                 .unwrap_or_else(|| "-".into()),
         };
         format!("DONE {} {} {} {} {wrong} {error}", o.completed, o.failed, o.timed_out, o.took.as_micros())
+    }
+
+    /// `PROBE`: one request at a time from the start of the work buffer, each polled with a
+    /// yield until it ends; their times.
+    fn probe(&self, op: &str, h: u64, roff: usize, len: usize, count: usize) -> String {
+        let op = match op {
+            "write" => Opcode::Write,
+            "read" => Opcode::Read,
+            other => return format!("ERR unknown opcode {other}"),
+        };
+        if len == 0 || !self.work.fits(0, len) {
+            return format!("ERR {len} bytes do not fit the work buffer");
+        }
+        let base = match remote_base(&self.engine, h) {
+            Ok(b) => b,
+            Err(e) => return format!("ERR {e}"),
+        };
+        let req = request(op, self.work.base, h, base + roff as u64, len as u64, self.priority);
+        let mut times = Vec::with_capacity(count);
+        for _ in 0..count {
+            let start = Instant::now();
+            let b = match self.engine.allocate_batch(1) {
+                Ok(b) => b,
+                Err(e) => return format!("ERR allocate_batch: {}", field(&e.to_string())),
+            };
+            // SAFETY: the request names the work buffer, which outlives the batch.
+            if let Err(e) = unsafe { self.engine.submit(b, &[req], None) } {
+                let _ = self.engine.free_batch(b);
+                return format!("ERR submit: {}", field(&e.to_string()));
+            }
+            let status = loop {
+                match self.engine.overall_status(b) {
+                    Ok((Status::Pending, _)) if start.elapsed() < STUCK => std::thread::yield_now(),
+                    Ok((s, _)) => break s,
+                    Err(e) => {
+                        let _ = self.engine.free_batch(b);
+                        return format!("ERR status: {}", field(&e.to_string()));
+                    }
+                }
+            };
+            let took = start.elapsed();
+            let _ = self.engine.free_batch(b);
+            if status != Status::Completed {
+                return format!("ERR probe {} ended {status:?}", times.len());
+            }
+            times.push(took.as_micros().to_string());
+        }
+        format!("LAT {}", times.join(","))
     }
 
     fn stream(&mut self, spec: StreamSpec) -> String {
@@ -414,15 +485,17 @@ fn run_stream(engine: &Engine, work: &Work, out: &Out, stop: &AtomicBool, s: &St
                     work.fill(src, s.len, s.remote_off, seed);
                     let w = run_batch(
                         engine,
-                        &[request(Opcode::Write, work.base + src as u64, s.handle, remote, s.len as u64)],
+                        &[request(Opcode::Write, work.base + src as u64, s.handle, remote, s.len as u64, s.priority)],
                     );
                     check_outcome(&w)?;
                     seed
                 }
                 Mode::Read(seed) => seed,
             };
-            let r =
-                run_batch(engine, &[request(Opcode::Read, work.base + back as u64, s.handle, remote, s.len as u64)]);
+            let r = run_batch(
+                engine,
+                &[request(Opcode::Read, work.base + back as u64, s.handle, remote, s.len as u64, s.priority)],
+            );
             check_outcome(&r)?;
             match work.wrong(back, s.len, s.remote_off, expect) {
                 0 => Ok(()),
