@@ -16,7 +16,8 @@
 //! reports, else 4 KiB). A request is therefore split into an unaligned head, an aligned middle
 //! and an unaligned tail: the middle goes through the direct descriptor (through an aligned
 //! bounce buffer when the caller's memory is not aligned), the head and tail, each smaller than
-//! one block, through the buffered descriptor. Letting the page cache handle sub-block pieces
+//! one block, through the buffered descriptor. The block is at least a page, so that no page is
+//! written both ways at once (see `OpenFile::open`). Letting the page cache handle sub-block pieces
 //! avoids read-modify-write of shared blocks, which would lose updates when two requests in
 //! flight touch the same block, and never grows the file past what was written. Linux keeps the
 //! two descriptors coherent: a direct write invalidates cached pages of its range and a direct
@@ -223,6 +224,15 @@ fn fstat(fd: RawFd) -> io::Result<libc::stat> {
     Ok(st)
 }
 
+/// The size of a page of the page cache (4 KiB where the system does not say).
+fn page_size() -> u64 {
+    // SAFETY: sysconf takes no pointers.
+    match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        n if n > 0 => n as u64,
+        _ => 4096,
+    }
+}
+
 /// The direct I/O alignment `statx` reports for `fd`: `Some((offset, memory))`, `Some((0, _))`
 /// when the file system says it cannot do direct I/O, `None` when the kernel does not say.
 fn dio_alignment(fd: RawFd) -> Option<(u64, u64)> {
@@ -278,7 +288,13 @@ impl OpenFile {
                 }
                 reported => {
                     if let Some((off, mem)) = reported {
-                        (align, mem_align) = (off.max(1), mem.max(1));
+                        // Direct pieces start and end on page boundaries even where the file
+                        // system takes 512-byte blocks: a buffered edge writes its whole page
+                        // through the page cache (reading the rest of it first), so a direct
+                        // write of the rest of that page, in flight at the same time, left the
+                        // cached page stale, and its writeback or a later read brought back the
+                        // old bytes (an unaligned WRITE read back wrong under load).
+                        (align, mem_align) = (off.max(page_size()), mem.max(1));
                     }
                     match open_path(path, mode | libc::O_DIRECT) {
                         Ok(fd) if fstat(fd.as_raw_fd()).is_ok_and(|s| (s.st_dev, s.st_ino) == (dev, ino)) => Some(fd),
@@ -616,6 +632,28 @@ mod tests {
         assert!(f.plan(&req(Opcode::Write, 1 << 30, 1 << 20, 20), 1 << 20, None).is_ok());
         assert!(f.plan(&req(Opcode::Write, 1 << 30, u64::MAX - 1, 20), 1 << 20, None).is_err());
         assert!(f.plan(&req(Opcode::Read, 1 << 30, 0, 0), 1 << 20, None).expect("empty").is_empty());
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+
+    #[test]
+    fn buffered_edges_never_share_a_page_with_the_direct_middle() {
+        let dir = std::env::temp_dir().join(format!("tent-file-pages-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let p = dir.join("f");
+        std::fs::write(&p, vec![0u8; 4 << 20]).expect("write");
+        let f = OpenFile::open(&target(&p), true).expect("open");
+        let page = page_size();
+        // The unaligned request of c_tests/file_segment.c, and edges at every small offset.
+        for (offset, len) in [(12345, (1 << 20) + 77), (512, 8192), (100, 3 * page), (page - 1, 2 * page + 2)] {
+            let pieces = f.plan(&req(Opcode::Write, (1 << 30) + 1, offset, len), 64 << 10, None).expect("plan");
+            let pages = |q: &Piece| (q.offset / page)..(q.offset + q.len).div_ceil(page);
+            for d in pieces.iter().filter(|q| q.direct) {
+                for b in pieces.iter().filter(|q| !q.direct) {
+                    let (dp, bp) = (pages(d), pages(b));
+                    assert!(dp.end <= bp.start || bp.end <= dp.start, "{offset}+{len}: {d:?} and {b:?} share a page");
+                }
+            }
+        }
         std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 
