@@ -253,8 +253,8 @@ impl Gate {
         // find the linger holding them anyway. Waking them took the waiters' lock at the end of
         // every foreground task, and the woken background movers took it in turn: a niced mover
         // preempted while holding it held the next foreground task behind it, and a HIGH 4 KiB
-        // read under 8 LOW streams of the same process had a p99 of 9x idle on 2 vCPUs, against
-        // 1x with the LOW streams in another process (`benches/priorities.rs`).
+        // read under 8 LOW streams of the same process had a p99 of 9-15x idle on 2 vCPUs, and
+        // 5x since (`benches/priorities.rs`).
     }
 
     /// The instant until which a level above `level` that is no longer active still holds it
