@@ -112,18 +112,22 @@ impl Path {
     }
 
     /// Probe latencies (4 KiB, 64 KiB) with the streams running at `stream_priority`, or idle.
-    fn latencies(&self, loaded: Option<(i32, i32)>, for_: Duration) -> [Vec<f64>; 2] {
+    fn latencies(&self, loaded: Option<(i32, i32)>, for_: Duration) -> ([Vec<f64>; 2], f64) {
         let Some((stream_priority, probe_priority)) = loaded else {
-            return [self.probe(4 << 10, HIGH, for_), self.probe(64 << 10, HIGH, for_)];
+            return ([self.probe(4 << 10, HIGH, for_), self.probe(64 << 10, HIGH, for_)], 0.0);
         };
         let (stop, moved) = (AtomicBool::new(false), AtomicU64::new(0));
         std::thread::scope(|s| {
             self.start_streams(s, &stop, &moved, stream_priority);
             // Let the streams fill the path first.
             std::thread::sleep(for_ / 4);
-            let out = [self.probe(4 << 10, probe_priority, for_), self.probe(64 << 10, probe_priority, for_)];
+            // What the streams moved during the 4 KiB probes, to set beside the probes' times.
+            let (m0, t0) = (moved.load(Ordering::Relaxed), Instant::now());
+            let small = self.probe(4 << 10, probe_priority, for_);
+            let rate = (moved.load(Ordering::Relaxed) - m0) as f64 / t0.elapsed().as_secs_f64();
+            let out = [small, self.probe(64 << 10, probe_priority, for_)];
             stop.store(true, Ordering::Relaxed);
-            out
+            (out, rate)
         })
     }
 
@@ -268,9 +272,9 @@ fn main() {
     let path = Path { initiator, h, hint, local, remote, streams };
     // Warm-up: connections, page faults.
     path.latencies(None, phase / 4);
-    let idle = path.latencies(None, phase);
-    let with = path.latencies(Some((LOW, HIGH)), phase);
-    let without = path.latencies(Some((LOW, LOW)), phase);
+    let (idle, _) = path.latencies(None, phase);
+    let (with, with_moved) = path.latencies(Some((LOW, HIGH)), phase);
+    let (without, _) = path.latencies(Some((LOW, LOW)), phase);
     println!("priorities over {name}: {streams} LOW streams of 4 MiB writes, probes one at a time");
     for (i, size) in ["4 KiB", "64 KiB"].iter().enumerate() {
         let (i50, i99) = (pct(&idle[i], 0.5), pct(&idle[i], 0.99));
@@ -289,6 +293,7 @@ fn main() {
     let (low, high) = path.throughput(capacity / 2.0, phase);
     let mb = |b: f64| b / 1e6;
     println!("  LOW streams alone: {:.0} MB/s (the path's capacity)", mb(capacity));
+    println!("  LOW streams beside the HIGH 4 KiB reads above: {:.0} MB/s", mb(with_moved));
     println!(
         "  LOW under HIGH 1 MiB writes at half capacity: LOW {:.0} MB/s = {:.2}x capacity (HIGH reached {:.0} MB/s)",
         mb(low),
