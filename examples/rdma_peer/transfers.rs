@@ -107,8 +107,14 @@ impl Outcome {
     }
 }
 
-/// Submits `reqs` as one batch and waits until every task ended (or [`STUCK`] passed).
+/// Submits `reqs` as one batch and waits until every task ended (or [`STUCK`] passed),
+/// sleeping 200 us between polls.
 fn run_batch(engine: &Engine, reqs: &[Request]) -> Outcome {
+    run_batch_polled(engine, reqs, false)
+}
+
+/// [`run_batch`]; `spin`: yield between polls instead of sleeping (a latency probe).
+fn run_batch_polled(engine: &Engine, reqs: &[Request], spin: bool) -> Outcome {
     let start = Instant::now();
     let mut o = Outcome { completed: 0, failed: 0, timed_out: 0, stuck: false, error: None, took: Duration::ZERO };
     let b = match engine.allocate_batch(reqs.len()) {
@@ -127,6 +133,16 @@ fn run_batch(engine: &Engine, reqs: &[Request]) -> Outcome {
         return o;
     }
     let statuses = loop {
+        if spin {
+            // The overall status, which waits for the batch's end after a few polls (the
+            // guest's one CPU is then free for the kernel's RDMA work); the list once it ended.
+            if let Ok((Status::Pending, _)) = engine.overall_status(b) {
+                if start.elapsed() <= STUCK {
+                    std::thread::yield_now();
+                    continue;
+                }
+            }
+        }
         match engine.task_status_list(b) {
             Ok(st) if st.iter().all(|(s, _)| *s != Status::Pending) => break st,
             Ok(st) if start.elapsed() > STUCK => {
@@ -373,7 +389,7 @@ impl Transfers {
     }
 
     /// `PROBE`: one request at a time from the start of the work buffer, each polled with a
-    /// yield until it ends; their times.
+    /// yield until it ends ([`run_batch_polled`]); their times.
     fn probe(&self, op: &str, h: u64, roff: usize, len: usize, count: usize) -> String {
         let op = match op {
             "write" => Opcode::Write,
@@ -390,32 +406,12 @@ impl Transfers {
         let req = request(op, self.work.base, h, base + roff as u64, len as u64, self.priority);
         let mut times = Vec::with_capacity(count);
         for _ in 0..count {
-            let start = Instant::now();
-            let b = match self.engine.allocate_batch(1) {
-                Ok(b) => b,
-                Err(e) => return format!("ERR allocate_batch: {}", field(&e.to_string())),
-            };
-            // SAFETY: the request names the work buffer, which outlives the batch.
-            if let Err(e) = unsafe { self.engine.submit(b, &[req], None) } {
-                let _ = self.engine.free_batch(b);
-                return format!("ERR submit: {}", field(&e.to_string()));
+            let o = run_batch_polled(&self.engine, &[req], true);
+            if !o.all_completed() {
+                let why = o.error.unwrap_or_else(|| "stuck".into());
+                return format!("ERR probe {}: {}", times.len(), field(&why));
             }
-            let status = loop {
-                match self.engine.overall_status(b) {
-                    Ok((Status::Pending, _)) if start.elapsed() < STUCK => std::thread::yield_now(),
-                    Ok((s, _)) => break s,
-                    Err(e) => {
-                        let _ = self.engine.free_batch(b);
-                        return format!("ERR status: {}", field(&e.to_string()));
-                    }
-                }
-            };
-            let took = start.elapsed();
-            let _ = self.engine.free_batch(b);
-            if status != Status::Completed {
-                return format!("ERR probe {} ended {status:?}", times.len());
-            }
-            times.push(took.as_micros().to_string());
+            times.push(o.took.as_micros().to_string());
         }
         format!("LAT {}", times.join(","))
     }

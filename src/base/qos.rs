@@ -121,7 +121,7 @@ pub struct Gate {
     /// When the last task of each level ended (ns since `epoch`), for [`LINGER`].
     ended: [AtomicU64; 3],
     epoch: Instant,
-    /// Waiters in `pace` right now (read without the lock by ending tickets).
+    /// Waiters in `pace` right now (read without the lock by [`Gate::waiting`]).
     waiting: AtomicUsize,
     waiters: Mutex<Waiters>,
     /// Wakes the waiters of each level: a freed pass wakes one waiter, not every one (eight

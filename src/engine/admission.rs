@@ -217,12 +217,11 @@ impl Admission {
                     })
                 })
                 .collect();
-            let keep = tickets.clone();
             let entries = append(tickets)?;
             st.outstanding.0 += owners;
             st.outstanding.1 += bytes;
-            for (entry, ticket) in entries.into_iter().zip(keep) {
-                match ticket {
+            for entry in entries {
+                match entry.state.ticket().cloned() {
                     Some(ticket) => {
                         let key = ticket.key;
                         st.oldest[key.level].insert(key.seq, key);

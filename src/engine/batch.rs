@@ -156,6 +156,11 @@ impl TaskState {
         self.submitted
     }
 
+    /// Its place in the admission queue, when it was given one.
+    pub(super) fn ticket(&self) -> Option<&Arc<super::admission::Ticket>> {
+        self.ticket.as_ref()
+    }
+
     /// The task's own length.
     pub fn length(&self) -> u64 {
         self.length
@@ -362,8 +367,7 @@ impl Batch {
         let mut tickets = tickets.into_iter();
         for r in requests {
             if r.deadline_ns != 0 && r.deadline_ns <= mono {
-                let kind = r.hint;
-                self.life.metrics.deadline_infeasible(kind);
+                self.life.metrics.deadline_infeasible(r.hint);
             }
             let t = Entry {
                 request: *r,
