@@ -817,14 +817,16 @@ fn host_dies_and_comes_back() {
 }
 
 /// Request priorities on real verbs (issue 36): while A runs 2 LOW streams of 4 MiB writes
-/// (each read back and checked) to B, A's HIGH 4 KiB reads are not queued behind the LOW
-/// slices: their median stays within 3x of the same reads on the idle path (1.0-1.1x in the
-/// runs of docs/rdma-cluster.md), every probe completes and every stream round moves its bytes
-/// intact. The tail is printed, not asserted: under this load the emulated hosts drop packets,
-/// and each loss costs a read caught in it rxe's go-back-N retransmission timeout (seconds),
-/// whatever its priority; the same reads sent LOW are printed beside them.
+/// (each read back and checked) to B, A's 4 KiB reads go one at a time, HIGH and then LOW,
+/// through the same lanes. Every probe completes and every stream round moves its bytes intact.
+/// The latencies are printed against the same reads on the idle path, not asserted: on these
+/// emulated hosts a single read's time is set by packet loss and rxe's go-back-N timeouts
+/// (seconds, whatever the priority) more than by the lanes' order, and over eight runs neither
+/// the HIGH median within 3x idle (4.8x once) nor HIGH before LOW (LOW's median was the lower
+/// once) held every time. The lanes' order is asserted on the sim
+/// (`tests/rdma_transport.rs`, `a_high_slice_overtakes_queued_low_slices`).
 #[test]
-fn high_reads_overtake_low_streams() {
+fn reads_of_each_priority_beside_low_streams() {
     let Some(c) = Cluster::connect() else { return };
     heal(&c);
     const BLOCK: usize = 4 << 20;
@@ -890,12 +892,6 @@ fn high_reads_overtake_low_streams() {
         assert_eq!(e[2] + e[3] + e[4], 0, "every LOW round completed intact: {ends:?}");
     }
     assert!(ends.iter().all(|e| e[1] > 0), "every LOW stream moved data: {ends:?}");
-    assert!(
-        pct(&high, 0.5) < 3.0 * pct(&idle, 0.5),
-        "HIGH reads are not queued behind the LOW streams: {} (idle p50 {:.0} us)",
-        show(&high),
-        pct(&idle, 0.5)
-    );
 }
 
 /// A slowed rail (issue 36): A's NIC on rail 1 sends through `tc tbf` at 2 MB/s, a fraction of
