@@ -362,3 +362,53 @@ fn small_requests_end_without_a_single_status_poll() {
         assert!(peer[2 * i * block..(2 * i + 1) * block] == src[i * block..(i + 1) * block], "block {i}");
     }
 }
+
+/// Small requests submitted on one thread and polled on another end with their bytes intact,
+/// whether the submitting thread ended or still polls a batch of its own meanwhile (its pipes
+/// are then left to it).
+#[test]
+fn small_requests_polled_on_another_thread_end() {
+    let a = engine(&[]);
+    let b = engine(&[]);
+    let (block, n) = (4usize << 10, 16usize);
+    let peer = buffer(&b, 2 * n * block, pattern, Permission::GlobalReadWrite);
+    let mut back = vec![0u8; n * block];
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let base = peer.as_ptr() as u64;
+    let reads: Vec<_> = (0..n)
+        .map(|i| {
+            req(Opcode::Read, back.as_mut_ptr() as u64 + (i * block) as u64, h, base + (i * block) as u64, block as u64)
+        })
+        .collect();
+    // Pooled connections first, so the submits below go out on pipes.
+    assert!(run(&a, &reads, BOUND).iter().all(|(s, _)| *s == Status::Completed));
+    for round in 0..20 {
+        back.iter_mut().for_each(|b| *b = 0);
+        let batch = a.allocate_batch(n).expect("batch");
+        let polls_too = round % 2 == 1;
+        std::thread::scope(|s| {
+            let (a, reads) = (&a, &reads);
+            s.spawn(move || {
+                // SAFETY: `back` outlives the batch, which is waited for below.
+                unsafe { a.submit(batch, reads, None) }.expect("submit");
+                if polls_too {
+                    // This thread polls a batch of its own for a while: the other thread's
+                    // polls leave this thread's pipes to it.
+                    let st = run(a, &reads[..1], BOUND);
+                    assert_eq!(st[0].0, Status::Completed);
+                }
+            });
+        });
+        let start = Instant::now();
+        loop {
+            let (s, _) = a.overall_status(batch).expect("status");
+            if s == Status::Completed {
+                break;
+            }
+            assert_eq!(s, Status::Pending, "round {round}");
+            assert!(start.elapsed() < BOUND, "round {round}: the batch never ended");
+        }
+        a.free_batch(batch).expect("free");
+        assert!(back[..] == peer[..n * block], "round {round}: read-back differs");
+    }
+}

@@ -5,6 +5,12 @@
 //! blocked in a read). No worker thread is woken on the way, so a request costs the wake-ups a
 //! plain socket request/response costs.
 //!
+//! A status poll drives the pipes its own thread submitted, and another thread's only while
+//! that thread is not polling them (see [`ADOPT_AFTER`]): a thread polling its own LOW batch
+//! that took a HIGH request's pipe, and was preempted holding it, kept that request waiting
+//! for the scheduler (the p99 of HIGH 4 KiB reads beside LOW streams of the same engine was
+//! 3-6x idle; with pipes left to their polling owners, 0.7x).
+//!
 //! A caller that does not poll still sees its work end: the reaper thread drives every pipe
 //! nobody drove for [`REAP_TICK`], and gives up on one whose peer sent nothing for the request
 //! timeout. A pipe whose connection breaks hands its unanswered chunks to the workers, which
@@ -32,6 +38,10 @@ const REAP_TICK: Duration = Duration::from_millis(1);
 const REAP_LINGER: Duration = Duration::from_millis(100);
 /// At most this many of a caller's pipes are waited for in one poll(2).
 const MAX_WAIT_FDS: usize = 16;
+/// Another thread's status poll drives a pipe whose submitting thread polls it only once that
+/// thread has not for this long (it waits in poll(2) for at most the engine's pending wait,
+/// 20 us, between polls, so this means it stopped polling or is not running).
+const ADOPT_AFTER: Duration = Duration::from_micros(200);
 
 /// A pipe as the transport tracks it while its requests are out.
 pub(super) struct Carrier {
@@ -40,6 +50,9 @@ pub(super) struct Carrier {
     fd: RawFd,
     /// The thread that submitted it: its status polls wait on this pipe's socket.
     owner: ThreadId,
+    /// When the owner's status poll last drove it or waited on it (ns since
+    /// `Carriers::epoch`, plus one; 0: never, as when one thread submits and another polls).
+    owner_polled: AtomicU64,
     wants_write: AtomicBool,
     /// When it was last driven, and when bytes last moved (ns since `Carriers::epoch`).
     driven: AtomicU64,
@@ -164,6 +177,7 @@ impl Inner {
             fd: pipe.fd(),
             pipe: Mutex::new(Some(pipe)),
             owner: std::thread::current().id(),
+            owner_polled: AtomicU64::new(0),
             wants_write: AtomicBool::new(true),
             driven: AtomicU64::new(now),
             progress: AtomicU64::new(now),
@@ -295,9 +309,11 @@ impl Inner {
         moved
     }
 
-    /// Drives every pipe (a caller's status poll): true when bytes moved.
+    /// Drives the pipes a caller's status poll may drive (see [`Carrier::polled_here`]): true
+    /// when bytes moved.
     pub(super) fn drive_all(&self) -> bool {
-        self.carriers.snapshot().iter().fold(false, |moved, c| self.drive(c) | moved)
+        let (me, now) = (std::thread::current().id(), self.carriers.now());
+        self.carriers.snapshot().iter().filter(|c| c.polled_here(me, now)).fold(false, |moved, c| self.drive(c) | moved)
     }
 
     /// Waits, at most `limit`, for the sockets of the pipes this thread submitted to become
@@ -309,6 +325,10 @@ impl Inner {
             self.carriers.snapshot().into_iter().filter(|c| c.owner == me).take(MAX_WAIT_FDS).collect();
         if own.is_empty() {
             return false;
+        }
+        let now = self.carriers.now();
+        for c in &own {
+            c.owner_polled.store(now + 1, Ordering::Relaxed);
         }
         let mut fds: Vec<libc::pollfd> = own
             .iter()
@@ -329,6 +349,20 @@ impl Inner {
             }
         }
         true
+    }
+}
+
+impl Carrier {
+    /// Whether a status poll on thread `me` at `now` drives this pipe: always on the thread
+    /// that submitted it (and marks it polled there), on another only while that thread does not
+    /// poll it (it never did, or not for [`ADOPT_AFTER`]).
+    fn polled_here(&self, me: ThreadId, now: u64) -> bool {
+        if self.owner == me {
+            self.owner_polled.store(now + 1, Ordering::Relaxed);
+            return true;
+        }
+        let last = self.owner_polled.load(Ordering::Relaxed);
+        last == 0 || Duration::from_nanos(now.saturating_sub(last - 1)) >= ADOPT_AFTER
     }
 }
 
@@ -369,5 +403,42 @@ pub(super) fn reap(inner: &Inner) {
             return;
         }
         c.wake.wait_for(&mut r, REAP_TICK);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn carrier(owner: ThreadId) -> Carrier {
+        Carrier {
+            pipe: Mutex::new(None),
+            fd: -1,
+            owner,
+            owner_polled: AtomicU64::new(0),
+            wants_write: AtomicBool::new(false),
+            driven: AtomicU64::new(0),
+            progress: AtomicU64::new(0),
+        }
+    }
+
+    #[test]
+    fn another_thread_drives_a_pipe_only_while_its_owner_does_not_poll_it() {
+        let owner = std::thread::current().id();
+        let other = std::thread::spawn(|| std::thread::current().id()).join().expect("thread");
+        let c = carrier(owner);
+        let us = |n: u64| n * 1000;
+        // Submitted here and polled elsewhere: the other thread drives it from the start.
+        assert!(c.polled_here(other, us(10)));
+        // The owner polls it: from then on it is the owner's.
+        assert!(c.polled_here(owner, us(20)));
+        assert!(!c.polled_here(other, us(21)));
+        assert!(!c.polled_here(other, us(20) + ADOPT_AFTER.as_nanos() as u64 - 1));
+        // The owner stopped polling (or is not running): the other thread takes over.
+        assert!(c.polled_here(other, us(20) + ADOPT_AFTER.as_nanos() as u64));
+        // A poll at the epoch itself still counts as a poll.
+        let c = carrier(owner);
+        assert!(c.polled_here(owner, 0));
+        assert!(!c.polled_here(other, 1));
     }
 }
