@@ -932,6 +932,77 @@ fn read_only_buffer_refuses_writes_with_rdma_as_transport() {
     }
 }
 
+/// While HIGH work is active, background slices on the wire stay at the allowance over all
+/// lanes, and background work promoted past its timeouts goes after a HIGH request submitted
+/// later: a second HIGH write ends after at most a few of the 64 queued LOW writes, though
+/// every LOW write waited past both promotion timeouts before it came.
+#[test]
+fn high_work_goes_before_background_promoted_past_its_timeouts() {
+    let name = "prio-promoted";
+    let f = fabric(name);
+    let cfg = [
+        ("transports/rdma/num_lanes", "4"),
+        // Every LOW slice reaches the HIGH queue within a few milliseconds.
+        ("transports/rdma/priority_promotion_timeout_us", "500"),
+        ("merge_requests", "false"),
+    ];
+    let a = rdma_engine(name, &cfg);
+    let b = rdma_engine(name, &cfg);
+    write_read(&a, &b, 64 << 10, 1);
+    // The link moves one 16 KiB write per virtual millisecond: nothing moves until the test
+    // advances the clock.
+    let (na, nb) = (host(&a).nic("sim_mlx5_0").expect("nic"), host(&b).nic("sim_mlx5_0").expect("nic"));
+    f.set_path_rate(na, nb, 16384e3);
+    let (n, piece) = (64usize, 16usize << 10);
+    let src = buffer(&a, (n + 2) * piece, |i| pattern(i) ^ 5, Permission::GlobalReadWrite);
+    let dst = buffer(&b, (n + 2) * piece, |_| 0, Permission::GlobalReadWrite);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let write = |i: usize, priority: i32| {
+        let at = (i * piece) as u64;
+        let mut r = req(Opcode::Write, src.as_ptr() as u64 + at, h, dst.as_ptr() as u64 + at, piece as u64);
+        r.priority = priority;
+        r
+    };
+    let submit = |reqs: &[tent::engine::types::Request]| {
+        let batch = a.allocate_batch(reqs.len()).expect("batch");
+        // SAFETY: `src` and `dst` outlive the batches, which are waited for below.
+        unsafe { a.submit(batch, reqs, None) }.expect("submit");
+        batch
+    };
+    let first = submit(&[write(n, 0)]);
+    // The first HIGH write is on the wire (a submit may reach the lanes from another thread).
+    let core = a.rdma().expect("rdma").core().clone();
+    let start = Instant::now();
+    while core.nics[0].inflight.load(Ordering::Relaxed) == 0 {
+        assert!(start.elapsed() < BOUND, "the first HIGH write was never posted");
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    let low: Vec<_> = (0..n).map(|i| write(i, 2)).collect();
+    let lb = submit(&low);
+    // Past both promotion timeouts (real time, as upstream's promotion counts it).
+    std::thread::sleep(Duration::from_millis(20));
+    let second = submit(&[write(n + 1, 0)]);
+    // Both HIGH writes and the one LOW write allowed beside them are on the wire.
+    let start = Instant::now();
+    while core.nics[0].inflight.load(Ordering::Relaxed) < 3 * piece as u64 {
+        assert!(start.elapsed() < BOUND, "the second HIGH write was never posted");
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    let low_ended = || a.task_status_list(lb).expect("status").iter().filter(|(s, _)| *s != Status::Pending).count();
+    until(&f, Duration::from_millis(1), || a.task_status(second, 0).expect("status").0 != Status::Pending);
+    assert_eq!(a.task_status(second, 0).expect("status").0, Status::Completed);
+    let ended = low_ended();
+    assert!(ended <= 4, "the second HIGH write ended after {ended} of {n} promoted LOW writes");
+    until(&f, Duration::from_millis(1), || low_ended() == n);
+    for batch in [first, lb, second] {
+        for (s, len) in wait(&a, batch, BOUND) {
+            assert_eq!((s, len), (Status::Completed, piece as u64));
+        }
+        a.free_batch(batch).expect("free");
+    }
+    assert!(dst == src, "every write's bytes");
+}
+
 /// Priorities on the RDMA lanes: with the send queue full of LOW writes and more LOW work queued
 /// behind them, a HIGH write submitted last is posted as soon as a slot frees, and LOW work
 /// keeps one write on the wire beside it, so the HIGH write ends long before the LOW queue.

@@ -222,13 +222,14 @@ fn rdma_low_beside(name: &str, other: Level) -> u64 {
     posted
 }
 
-/// RDMA lanes hold LOW work back to one slice on the wire (per lane) while another process has
-/// HIGH work active on RDMA, and post it all at once beside another process's LOW work.
+/// RDMA lanes hold LOW work back to one slice on the wire (per NIC, over all lanes) while
+/// another process has HIGH work active on RDMA, and post it all at once beside another
+/// process's LOW work.
 #[test]
 fn rdma_low_work_is_held_back_by_high_work_of_another_process() {
     let held = rdma_low_beside("quota-rdma-high", Level::High);
-    // Each of the engine's two lanes holds its own allowance of one.
-    assert_eq!(held, 2 * 16384, "beside foreign HIGH work, one LOW slice per lane is on the wire");
+    // The engine's two lanes share the allowance of its one NIC.
+    assert_eq!(held, 16384, "beside foreign HIGH work, one LOW slice is on the wire");
     let free = rdma_low_beside("quota-rdma-low", Level::Low);
     assert_eq!(free, 16 * 16384, "beside foreign LOW work, every slice goes at once");
 }

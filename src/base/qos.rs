@@ -258,15 +258,16 @@ impl Gate {
     }
 
     /// The instant until which a level above `level` that is no longer active still holds it
-    /// back ([`LINGER`]), if that is in the future.
-    fn lingering(&self, level: Level) -> Option<Instant> {
-        let now = self.now_ns();
+    /// back (`linger`: [`LINGER`] for passes), if that is in the future.
+    fn lingering(&self, level: Level, linger: Duration) -> Option<Instant> {
         let until = (0..level.index())
             .map(|l| self.ended[l].load(Ordering::Acquire))
             .filter(|&t| t != 0)
-            .map(|t| t + LINGER.as_nanos() as u64)
+            .map(|t| t + linger.as_nanos() as u64)
             .max()?;
-        (until > now).then(|| self.epoch + Duration::from_nanos(until))
+        // The clock is read only once higher work ended beside lower work: an RDMA lane asks
+        // on every pass with work pending.
+        (until > self.now_ns()).then(|| self.epoch + Duration::from_nanos(until))
     }
 
     /// Tasks of `level` active in this process.
@@ -289,10 +290,18 @@ impl Gate {
         if self.held_back(level) {
             return (true, None);
         }
-        match self.lingering(level) {
+        match self.lingering(level, LINGER) {
             Some(until) => (true, Some(until)),
             None => (false, None),
         }
+    }
+
+    /// Whether work of `level` is held back now: a higher level is active here or (through the
+    /// shared quota) in another process, or ended here less than `linger` ago (work that
+    /// cannot be paused once started, as a posted RDMA slice, wants a longer one than
+    /// [`LINGER`]).
+    pub fn holds_back(&self, level: Level, linger: Duration) -> bool {
+        level != Level::High && (self.held_back(level) || self.lingering(level, linger).is_some())
     }
 
     /// Whether higher-level work is active now (no promotion or linger counted).
@@ -405,8 +414,16 @@ impl Drop for Pass {
 /// workers do: head-only, a queue whose head waited its timeout moves up as a whole; per entry,
 /// each entry that did. An entry counts one timeout per level it rose, from when it was queued,
 /// so LOW work reaches the HIGH queue after two timeouts.
+///
+/// Work promoted into the HIGH queue stays behind HIGH work of its own, even HIGH work queued
+/// after it: upstream appends it to the HIGH queue, where a steady background load (more than
+/// the path moves, so its oldest entry is always past the timeout) ends up ahead of every new
+/// foreground request, and a HIGH read on the simulated fabric waited 12 ms behind it. It
+/// still goes before anything below HIGH.
 pub struct LevelQueues<T> {
     queues: [VecDeque<Queued<T>>; 3],
+    /// Work promoted into the HIGH queue (`queues[0]` holds HIGH work of its own).
+    promoted: VecDeque<Queued<T>>,
     params: QosParams,
     last_promotion: Option<Instant>,
 }
@@ -433,7 +450,7 @@ const PROMOTION_CHECK: Duration = Duration::from_millis(1);
 impl<T> LevelQueues<T> {
     /// Empty queues promoted as `params` says.
     pub fn new(params: QosParams) -> LevelQueues<T> {
-        LevelQueues { queues: Default::default(), params, last_promotion: None }
+        LevelQueues { queues: Default::default(), promoted: VecDeque::new(), params, last_promotion: None }
     }
 
     /// Queues new work of `level` at the tail of its level's queue.
@@ -444,32 +461,43 @@ impl<T> LevelQueues<T> {
     /// Puts an entry taken with [`LevelQueues::pop`] back at the tail of queue `queue`, keeping
     /// its wait (`stamp`).
     pub fn push_back(&mut self, queue: usize, item: T, stamp: Stamp) {
-        self.queues[queue.min(2)].push_back(Queued { item, stamp });
+        let e = Queued { item, stamp };
+        match queue.min(2) {
+            0 if stamp.level != Level::High => self.promoted.push_back(e),
+            q => self.queues[q].push_back(e),
+        }
     }
 
-    /// Takes the head of queue `queue` (0 HIGH, 1 MEDIUM, 2 LOW).
+    /// Takes the head of queue `queue` (0 HIGH, 1 MEDIUM, 2 LOW); in the HIGH queue, HIGH work
+    /// of its own before promoted work.
     pub fn pop(&mut self, queue: usize) -> Option<Queued<T>> {
-        self.queues.get_mut(queue)?.pop_front()
+        match queue {
+            0 => self.queues[0].pop_front().or_else(|| self.promoted.pop_front()),
+            q => self.queues.get_mut(q)?.pop_front(),
+        }
     }
 
-    /// Entries in queue `queue`.
+    /// Entries in queue `queue` (the HIGH queue counts its promoted work).
     pub fn len(&self, queue: usize) -> usize {
-        self.queues.get(queue).map_or(0, VecDeque::len)
+        match queue {
+            0 => self.queues[0].len() + self.promoted.len(),
+            q => self.queues.get(q).map_or(0, VecDeque::len),
+        }
     }
 
     /// Whether every queue is empty.
     pub fn is_empty(&self) -> bool {
-        self.queues.iter().all(VecDeque::is_empty)
+        self.queues.iter().all(VecDeque::is_empty) && self.promoted.is_empty()
     }
 
     /// Whether a queue above `queue` holds work.
     pub fn any_above(&self, queue: usize) -> bool {
-        self.queues[..queue.min(3)].iter().any(|q| !q.is_empty())
+        (0..queue.min(3)).any(|q| self.len(q) > 0)
     }
 
     /// Takes every entry of every queue.
     pub fn drain(&mut self) -> impl Iterator<Item = T> + '_ {
-        self.queues.iter_mut().flat_map(|q| q.drain(..)).map(|e| e.item)
+        self.queues.iter_mut().chain(std::iter::once(&mut self.promoted)).flat_map(|q| q.drain(..)).map(|e| e.item)
     }
 
     /// Moves waiting work up as the promotion parameters say; looks at most once per
@@ -493,12 +521,17 @@ impl<T> LevelQueues<T> {
                     if due(&e, q) { up.push(e) } else { stay.push_back(e) }
                 }
                 self.queues[q] = stay;
-                self.queues[q - 1].extend(up);
+                self.raise(q, up);
             } else if self.queues[q].front().is_some_and(|e| due(e, q)) {
                 let moved = std::mem::take(&mut self.queues[q]);
-                self.queues[q - 1].extend(moved);
+                self.raise(q, moved);
             }
         }
+    }
+
+    /// Appends `entries`, promoted out of queue `from`, to the queue above it.
+    fn raise(&mut self, from: usize, entries: impl IntoIterator<Item = Queued<T>>) {
+        if from == 1 { self.promoted.extend(entries) } else { self.queues[from - 1].extend(entries) }
     }
 }
 
@@ -691,6 +724,29 @@ mod tests {
             assert_eq!(q.drain().count(), 1);
             assert!(q.is_empty());
         }
+    }
+
+    #[test]
+    fn promoted_work_stays_behind_high_work_queued_after_it() {
+        let mut q = LevelQueues::new(QosParams { promotion_timeout: Duration::from_millis(10), per_entry: true });
+        q.push("low", Level::Low);
+        let since = q.queues[2][0].stamp.since;
+        q.promote(since + Duration::from_millis(11));
+        q.promote(since + Duration::from_millis(22));
+        assert_eq!((q.len(0), q.len(1), q.len(2)), (1, 0, 0), "LOW reached the HIGH queue");
+        q.push("high", Level::High);
+        assert_eq!(q.len(0), 2);
+        assert!(q.any_above(1));
+        let e = q.pop(0).expect("an entry");
+        assert_eq!((e.item, e.stamp.level), ("high", Level::High), "HIGH work of its own goes first");
+        let e = q.pop(0).expect("an entry");
+        assert_eq!((e.item, e.stamp.level), ("low", Level::Low));
+        // Put back, promoted work stays behind HIGH work again.
+        q.push_back(0, e.item, e.stamp);
+        q.push("later", Level::High);
+        assert_eq!(q.pop(0).map(|e| e.item), Some("later"));
+        assert_eq!(q.pop(0).map(|e| e.item), Some("low"));
+        assert!(q.is_empty() && q.pop(0).is_none());
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -107,9 +107,13 @@ pub struct Core {
     /// This transport's slot in the host's quota file (`shared_quota_shm_path`), when set: the
     /// lanes hold back work below a level that another process has active on RDMA.
     pub quota: Option<Arc<SharedQuota>>,
-    /// Counts this process's active RDMA tasks per level and publishes them in `quota`'s slot
-    /// (each job holds a ticket until it ends); only with `quota`.
-    pub quota_gate: Option<Arc<Gate>>,
+    /// Counts this transport's active tasks per level (each job holds a ticket until it ends),
+    /// so every lane sees HIGH work that another lane moves; publishes them in `quota`'s slot
+    /// when there is one.
+    pub gate: Arc<Gate>,
+    /// Slices below HIGH posted and not yet completed, over every lane: while HIGH work is
+    /// active (or just ended), the lanes keep at most [`crate::base::qos::ALLOWANCE`] per NIC.
+    pub background_on_wire: AtomicUsize,
     pub counters: Counters,
     /// Notify QP number -> channel and endpoint, for notify completions.
     pub notify_index: Mutex<HashMap<u32, NotifyEntry>>,
@@ -123,6 +127,14 @@ pub struct Core {
 }
 
 impl Core {
+    /// Counts one more background slice on the wire if fewer than `limit` are (see
+    /// `background_on_wire`); false when the limit is reached.
+    pub(super) fn take_wire_place(&self, limit: usize) -> bool {
+        self.background_on_wire
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| (n < limit).then_some(n + 1))
+            .is_ok()
+    }
+
     /// The endpoint events and store occupancy, in the metrics' terms.
     pub fn metrics_snapshot(&self) -> crate::metrics::RdmaSnapshot {
         use std::sync::atomic::Ordering::Relaxed;

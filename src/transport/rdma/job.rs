@@ -26,7 +26,7 @@ pub struct Job {
     pub allowed_nics: Vec<usize>,
     remaining: AtomicUsize,
     done: AtomicBool,
-    /// Its level's count in the host's quota file while it runs (see `Core::quota_gate`).
+    /// Its level counted active on the transport's gate while it runs (see `Core::gate`).
     ticket: Mutex<Option<Ticket>>,
 }
 
@@ -56,7 +56,8 @@ impl Job {
         }
     }
 
-    /// Keeps `t` until the job ends: other processes see its level active on RDMA till then.
+    /// Keeps `t` until the job ends: the lanes (and, through the quota file, other processes)
+    /// see its level active on RDMA till then.
     pub(super) fn hold_ticket(&self, t: Ticket) {
         *self.ticket.lock() = Some(t);
     }

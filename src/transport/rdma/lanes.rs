@@ -228,6 +228,16 @@ pub fn decode_wr_id(id: u64) -> (usize, usize, u32) {
 /// was resolved or dropped.
 type Posting = std::result::Result<(), Option<Slice>>;
 
+/// How long after the last HIGH task ended the lanes still keep background work at the
+/// allowance on the wire. A posted slice cannot be taken back, so a gap between two HIGH
+/// requests that lets the background fill the send queues costs the second one the whole
+/// backlog (a HIGH write on the simulated fabric waited behind all 64 LOW writes that went in
+/// such a gap, under load, with the gate's 200 us); TCP and SHM pause background pieces where
+/// they are and need less. Longer costs background throughput in the gaps, where it moves one
+/// slice at a time: under HIGH writes at half a 1 GB/s sim link, LOW moved 0.44x of the link
+/// with 1 ms and 0.37x with 2 ms (`benches/priorities.rs --sim`).
+const BACKGROUND_LINGER: Duration = Duration::from_millis(1);
+
 /// A message to a lane.
 pub enum LaneMsg {
     Submit(Vec<Slice>),
@@ -352,44 +362,72 @@ impl Lane {
     }
 
     /// Posts from the pending queues, HIGH first, after promoting slices that waited too long.
-    /// While HIGH work waits or is on the wire, slices below it are posted only while fewer
-    /// than [`qos::ALLOWANCE`] of theirs are on the wire: a HIGH slice then waits behind at most
-    /// that one in the send queue, never behind queued background work. Higher work another
-    /// process has active on RDMA (the shared quota) holds the lower levels back the same way.
+    /// While HIGH work is active on the transport (in any lane, or ended less than the gate's
+    /// linger ago), slices below it are posted only while fewer than [`qos::ALLOWANCE`] per NIC
+    /// of theirs are on the wire, over all lanes: a HIGH slice then waits behind at most that
+    /// many on the link, never behind queued background work. The linger matters most here: a
+    /// posted slice cannot be taken back, so HIGH requests that follow one another find the
+    /// background's share of the send queues already small. Higher work another process has
+    /// active on RDMA (the shared quota) holds the lower levels back the same way.
+    ///
+    /// Background work promoted into the HIGH queue (it waited past the promotion timeouts)
+    /// goes after HIGH work of its own and, while that is active, takes at most one more
+    /// allowance on the wire: promotion bounds how long background work waits, but a steady
+    /// background load is always past the timeout, and posted all at once it stood ahead of
+    /// every HIGH slice in the send queues again.
     fn post_pending(&mut self) -> usize {
         // The lane loop passes here constantly: no clock read while nothing could be promoted.
         if self.pending.len(1) + self.pending.len(2) > 0 {
             self.pending.promote(Instant::now());
         }
+        let allowance = qos::ALLOWANCE * self.core.nics.len().max(1);
         let mut posted = 0;
         for q in 0..3 {
-            let capped = q > 0 && (self.pending.any_above(q) || self.in_flight_at[0] > 0 || self.held_elsewhere(q));
-            posted += self.post_queue(q, capped);
+            let held = self.pending.len(q) > 0
+                && (self.in_flight_at[0] > 0
+                    || self.core.gate.holds_back(Level::from_index(q.max(1)), BACKGROUND_LINGER)
+                    || self.held_elsewhere(q.max(1)));
+            let limit = match q {
+                0 => held.then_some(allowance),
+                _ => (held || self.pending.any_above(q)).then_some(allowance),
+            };
+            posted += self.post_queue(q, limit);
         }
         posted
     }
 
     /// Whether another process on this host has RDMA work above level `q` active (through the
-    /// shared quota file), while this lane has work of level `q` to post.
+    /// shared quota file).
     fn held_elsewhere(&self, q: usize) -> bool {
-        self.pending.len(q) > 0
-            && self.core.quota.as_ref().is_some_and(|f| f.higher_active_elsewhere(Level::from_index(q)))
+        self.core.quota.as_ref().is_some_and(|f| f.higher_active_elsewhere(Level::from_index(q)))
     }
 
-    /// Posts from the head of pending queue `q` (only while lower-level slices on the wire stay
-    /// under the allowance, when `capped`). A pass stops after a run of slices that could not
-    /// be posted (queues full, endpoint connecting), so a long queue costs O(1) per pass; the
-    /// held-back slices rotate to the tail, so every slice is visited (and its deadline
-    /// checked) within a few passes.
-    fn post_queue(&mut self, q: usize, capped: bool) -> usize {
+    /// Posts from the head of pending queue `q`; with a `limit`, background slices (below HIGH
+    /// by their own priority) only while fewer than that many are on the wire over all lanes.
+    /// A pass stops after a run of slices that could not be posted (queues full, endpoint
+    /// connecting), so a long queue costs O(1) per pass; the held-back slices rotate to the
+    /// tail, so every slice is visited (and its deadline checked) within a few passes.
+    fn post_queue(&mut self, q: usize, limit: Option<usize>) -> usize {
         const MAX_HELD_IN_A_ROW: usize = 32;
         let (mut posted, mut held) = (0, 0);
         for _ in 0..self.pending.len(q) {
-            if capped && self.in_flight_at[1] + self.in_flight_at[2] >= qos::ALLOWANCE {
+            if q > 0 && limit.is_some_and(|n| self.core.background_on_wire.load(Ordering::Relaxed) >= n) {
                 break;
             }
             let Some(Queued { item, stamp }) = self.pending.pop(q) else { break };
-            match self.try_post(item) {
+            // A background slice takes its place on the wire before it is posted, so lanes
+            // posting at once never go past the limit together. In the HIGH queue only
+            // promoted work counts against it; it comes last there.
+            let background = Level::of(item.job.task.request().priority) != Level::High;
+            if background && !self.core.take_wire_place(limit.unwrap_or(usize::MAX)) {
+                self.pending.push_back(q, item, stamp);
+                break;
+            }
+            let result = self.try_post(item);
+            if background && result.is_err() {
+                self.core.background_on_wire.fetch_sub(1, Ordering::AcqRel);
+            }
+            match result {
                 Ok(()) => {
                     posted += 1;
                     held = 0;
@@ -536,6 +574,7 @@ impl Lane {
                 if let Some(n) = core.nics.get(ep.nic_id) {
                     n.posted(u64::from(s.len), || core.clock.now());
                 }
+                // (`background_on_wire` was counted by `post_queue`.)
                 self.in_flight_at[Level::of(s.job.task.request().priority).index()] += 1;
                 self.slots[slot].record = Some(Record { slice: s, ep, remote });
                 self.in_flight += 1;
@@ -594,7 +633,11 @@ impl Lane {
         s.generation = s.generation.wrapping_add(1).max(1);
         self.free.push(slot);
         self.in_flight -= 1;
-        self.in_flight_at[Level::of(rec.slice.job.task.request().priority).index()] -= 1;
+        let level = Level::of(rec.slice.job.task.request().priority);
+        self.in_flight_at[level.index()] -= 1;
+        if level != Level::High {
+            self.core.background_on_wire.fetch_sub(1, Ordering::AcqRel);
+        }
         if let Some(q) = rec.ep.context().cq_quota(self.id) {
             q.release(1);
         }

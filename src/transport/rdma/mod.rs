@@ -177,7 +177,7 @@ impl RdmaTransport {
             })
             .collect();
         let quota = SharedQuota::open(&settings.qos.shared_quota_path, QuotaPath::Rdma);
-        let quota_gate = quota.clone().map(|q| Gate::new(qos, Some(q as Arc<dyn Foreign>)));
+        let gate = Gate::new(qos, quota.clone().map(|q| q as Arc<dyn Foreign>));
         let (ctx_tx, ctx_rx) = mpsc::channel();
         // Bootstrap threads report back on the same channel the lanes ask on.
         let ctx_tx_for_attempts = ctx_tx.clone();
@@ -197,7 +197,8 @@ impl RdmaTransport {
             sched,
             numa_distances: spray::numa_distances(),
             quota,
-            quota_gate,
+            gate,
+            background_on_wire: AtomicUsize::new(0),
             counters: Default::default(),
             notify_index: Mutex::new(Default::default()),
             tent_peers: Mutex::new(Default::default()),
@@ -507,9 +508,7 @@ impl Transport for RdmaTransport {
                 job.numa_node = spray::node_of(r.source);
             }
             job.allowed_nics = allowed;
-            if let Some(g) = &self.core.quota_gate {
-                job.hold_ticket(g.enter(Level::of(r.priority)));
-            }
+            job.hold_ticket(self.core.gate.enter(Level::of(r.priority)));
             let job = Arc::new(job);
             // One counter spreads slices over the lanes and, through their sequence numbers,
             // over the rails, across jobs too: a batch of one-slice requests uses every rail.
