@@ -1,7 +1,7 @@
-//! Request priorities under load, between two engines on 127.0.0.1, over TCP (default) or SHM
-//! (`--shm`).
+//! Request priorities under load, between two engines on 127.0.0.1, over TCP (default), SHM
+//! (`--shm`) or RDMA on the simulated fabric (`--sim`).
 //!
-//! `cargo bench --bench priorities [-- --shm]` measures, in one run:
+//! `cargo bench --bench priorities [-- --shm|--sim]` measures, in one run:
 //! - HIGH reads of 4 KiB and 64 KiB, one at a time, on an idle path;
 //! - the same reads while 8 LOW streams of 4 MiB writes saturate the path to the same peer,
 //!   with priorities (reads HIGH, streams LOW) and without (everything LOW, which is what
@@ -12,6 +12,12 @@
 //! - two processes on the host: HIGH 4 KiB reads in this one while a second process (this
 //!   program started again) runs the LOW streams to the same peer, with the processes sharing
 //!   a quota file (`transports/rdma/shared_quota_shm_path`) and without it.
+//!
+//! With `--sim` the two engines' NICs are joined by a link of the simulated fabric limited to
+//! `--sim-mbps` MB/s (1000 by default), in real time: the link, not the CPU, is what the LOW
+//! streams saturate, as on a NIC, and a request waits there behind the ones its queue pair and
+//! the other queue pairs sent before it. The sim fabric lives in one process, so the
+//! two-process phase is left out.
 //!
 //! It prints p50 and p99 of each latency case with its ratio to idle, and the throughputs with
 //! their ratio to capacity. Under `cargo test` it runs each phase briefly as a smoke test.
@@ -29,6 +35,7 @@ use std::time::{Duration, Instant};
 use common::{arg, benching, engine, registered};
 use tent::engine::types::{Opcode, Request, Status, TransportKind};
 use tent::engine::{Engine, MemoryOptions};
+use tent::verbs::sim::{SimFabric, SimHost};
 
 const HIGH: i32 = 0;
 const LOW: i32 = 2;
@@ -244,13 +251,27 @@ fn main() {
     }
     let bench = benching();
     let shm = std::env::args().any(|a| a == "--shm");
+    let sim = std::env::args().any(|a| a == "--sim");
     let phase =
         Duration::from_millis(arg("--seconds").map(|s| s as u64 * 1000).unwrap_or(if bench { 3000 } else { 200 }));
     let streams = arg("--streams").unwrap_or(8).max(1);
-    let (hint, name) = if shm { (TransportKind::Shm, "shm") } else { (TransportKind::Tcp, "tcp") };
+    let (hint, name) = match (shm, sim) {
+        (true, _) => (TransportKind::Shm, "shm"),
+        (_, true) => (TransportKind::Rdma, "rdma on the simulated fabric"),
+        _ => (TransportKind::Tcp, "tcp"),
+    };
     let promotion = arg("--promotion-us").map(|us| us.to_string());
     let mut extra: Vec<(&str, &str)> = Vec::new();
     extra.push(("transports/shm/enable", if shm { "true" } else { "false" }));
+    // The fabric outlives the engines on it (dropped last).
+    let fabric = sim.then(|| {
+        let f = SimFabric::new_realtime();
+        f.register_as("priorities-bench");
+        f
+    });
+    if sim {
+        extra.extend([("transports/rdma/provider", "sim"), ("transports/rdma/sim/fabric", "priorities-bench")]);
+    }
     if let Some(us) = &promotion {
         extra.push(("transports/rdma/priority_promotion_timeout_us", us));
     }
@@ -269,6 +290,14 @@ fn main() {
     };
     let local = registered(&initiator, size);
     let h = initiator.open_segment(target.segment_name()).expect("open");
+    if let Some(f) = &fabric {
+        let nic = |e: &Engine| {
+            let host = SimHost::from_provider(e.rdma().expect("rdma").provider()).expect("a sim host");
+            host.nic("sim_mlx5_0").expect("its NIC")
+        };
+        let rate = arg("--sim-mbps").unwrap_or(1000).max(1) as f64 * 1e6;
+        f.set_path_rate(nic(&initiator), nic(&target), rate);
+    }
     let path = Path { initiator, h, hint, local, remote, streams };
     // Warm-up: connections, page faults.
     path.latencies(None, phase / 4);
@@ -300,6 +329,14 @@ fn main() {
         low / capacity,
         mb(high)
     );
+    if sim {
+        println!("  two processes: left out (the simulated fabric lives in one process)");
+        drop(path);
+        drop(target);
+        drop(heap);
+        drop(fabric);
+        return;
+    }
     // Two processes: this one's HIGH reads beside another one's LOW streams, through a
     // quota file both use, and without one (each process orders only its own work).
     let quota = format!("tent-bench-quota-{}", std::process::id());
