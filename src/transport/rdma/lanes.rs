@@ -371,10 +371,10 @@ impl Lane {
     /// active on RDMA (the shared quota) holds the lower levels back the same way.
     ///
     /// Background work promoted into the HIGH queue (it waited past the promotion timeouts)
-    /// goes after HIGH work of its own and, while that is active, takes at most one more
-    /// allowance on the wire: promotion bounds how long background work waits, but a steady
-    /// background load is always past the timeout, and posted all at once it stood ahead of
-    /// every HIGH slice in the send queues again.
+    /// goes after HIGH work of its own and, while that is active, counts against the same
+    /// allowance: promotion bounds how long background work waits (the allowance always moves
+    /// some), but a steady background load is always past the timeout, and posted all at once
+    /// it stood ahead of every HIGH slice in the send queues again.
     fn post_pending(&mut self) -> usize {
         // The lane loop passes here constantly: no clock read while nothing could be promoted.
         if self.pending.len(1) + self.pending.len(2) > 0 {
