@@ -1065,3 +1065,76 @@ fn engines_can_join_a_named_virtual_fabric_and_tests_reach_their_hosts() {
     drop(fabric);
     assert!(SimFabric::lookup(&name).is_none(), "the name lapses with the fabric");
 }
+
+/// Two connected QP pairs between the same two NICs of a virtual-clock fabric whose link moves
+/// 4096 bytes per millisecond. Sim-only: it needs the virtual clock and the injected rate.
+fn rate_limited_pairs() -> (Arc<SimFabric>, [(Side, Side); 2]) {
+    let fabric = SimFabric::new_virtual();
+    let (ha, hb) = (fabric.add_host(HostSpec::with_devices(1)), fabric.add_host(HostSpec::with_devices(1)));
+    let pair = || {
+        let a = side_on(&ha.provider(), "sim_mlx5_0", 64, all_access());
+        let b = side_on(&hb.provider(), "sim_mlx5_0", 64, all_access());
+        connect(&a, &b);
+        (a, b)
+    };
+    let pairs = [pair(), pair()];
+    fabric.set_path_rate(ha.nic("sim_mlx5_0").expect("nic"), hb.nic("sim_mlx5_0").expect("nic"), 4096e3);
+    (fabric, pairs)
+}
+
+/// Posts a WRITE of `len` bytes from `a` to `b` (signaled, `wr_id`).
+fn post_write(a: &Side, b: &Side, len: u32, wr_id: u64) {
+    let sg = [sge(a, 0, len)];
+    a.qp.post_send(&[write_wr(&sg, wr_id, b.mr.addr(), b.mr.rkey())]).expect("post");
+}
+
+/// The QPs on a rate-limited link take equal shares of it, as a NIC serves its send queues a
+/// packet from each in turn: a small WRITE on one QP is not held until a large one on another
+/// has gone out (before, the link sent whole requests one after the other), while the requests
+/// of one QP still go in order.
+#[test]
+fn qps_on_a_rate_limited_link_share_it() {
+    let (f, [(a1, b1), (a2, b2)]) = rate_limited_pairs();
+    let us = Duration::from_micros;
+    // 4096 bytes on QP 1, then 256 on QP 2: at half the rate each, the small one is through
+    // after 125 us, the large one after (4096 + 256) bytes at the full rate, 1062.5 us.
+    post_write(&a1, &b1, 4096, 1);
+    post_write(&a2, &b2, 256, 2);
+    f.advance(us(120));
+    assert!(poll_all(&a2.cq).is_empty(), "the small WRITE needs its half of the link for 125 us");
+    f.advance(us(10));
+    assert_eq!(poll_all(&a2.cq).iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![2]);
+    f.advance(us(920));
+    assert!(poll_all(&a1.cq).is_empty(), "the large WRITE shared the link for 125 us");
+    f.advance(us(20));
+    assert_eq!(poll_all(&a1.cq).iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![1]);
+    // On one QP, the small WRITE waits for the large one posted before it: through after
+    // 1000 us and 1062.5 us.
+    post_write(&a1, &b1, 4096, 3);
+    post_write(&a1, &b1, 256, 4);
+    f.advance(us(990));
+    assert!(poll_all(&a1.cq).is_empty(), "nothing is through before 1000 us");
+    f.advance(us(20));
+    assert_eq!(poll_all(&a1.cq).iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![3]);
+    f.advance(us(40));
+    assert!(poll_all(&a1.cq).is_empty(), "the small WRITE went out after the large one");
+    f.advance(us(20));
+    assert_eq!(poll_all(&a1.cq).iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![4]);
+}
+
+/// However late the fabric is pumped, a link never idles while a request was posted to it: two
+/// WRITEs of 4096 bytes posted together on one QP are through after 1 ms and 2 ms, even when
+/// the clock jumps past the first one's end before anything looks.
+#[test]
+fn a_rate_limited_link_never_idles_while_requests_wait() {
+    let (f, [(a1, b1), _]) = rate_limited_pairs();
+    let us = Duration::from_micros;
+    post_write(&a1, &b1, 4096, 1);
+    post_write(&a1, &b1, 4096, 2);
+    f.advance(us(1500));
+    assert_eq!(poll_all(&a1.cq).iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![1]);
+    f.advance(us(490));
+    assert!(poll_all(&a1.cq).is_empty(), "the second WRITE started at 1 ms, not when the clock was read");
+    f.advance(us(20));
+    assert_eq!(poll_all(&a1.cq).iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![2]);
+}

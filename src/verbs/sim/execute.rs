@@ -199,7 +199,7 @@ impl FabricState {
         let op = w.op;
         let sges = w.sges.clone();
         let since = w.blocked_since;
-        let posted_at = w.posted_at;
+        let (posted_at, seq) = (w.posted_at, w.seq);
         let total: u64 = sges.iter().map(|s| u64::from(s.length)).sum();
         let local_need = match op {
             SendOp::RdmaRead { .. } => Access::LOCAL_WRITE,
@@ -216,24 +216,9 @@ impl FabricState {
                 return Outcome::Blocked;
             }
         }
-        if let Some(link) = self.path_rate.get_mut(&path) {
-            let sent_at = match self.qps.get(&qpn).and_then(|q| q.sq.front()).and_then(|w| w.sent_at) {
-                Some(t) => t,
-                None => {
-                    // The link takes requests in the order their QPs reach it, each as soon as
-                    // it is free and the request is posted: however late the fabric is pumped
-                    // (a virtual clock jumps), a backlogged link never idles.
-                    let t = link.free_at.max(posted_at) + Duration::from_secs_f64(total as f64 / link.bytes_per_sec);
-                    link.free_at = t;
-                    if let Some(w) = self.qps.get_mut(&qpn).and_then(|q| q.sq.front_mut()) {
-                        w.sent_at = Some(t);
-                    }
-                    t
-                }
-            };
-            if now < sent_at {
-                return Outcome::Blocked;
-            }
+        // On a rate-limited link the request runs once its bytes are through (see `link`).
+        if self.path_rate.contains_key(&path) && self.through_link(path, qpn, seq, now).is_none_or(|t| now < t) {
+            return Outcome::Blocked;
         }
         let r = &self.qps[&rqpn];
         let x = Exchange {

@@ -34,7 +34,7 @@ pub(super) struct FabricState {
     /// Injected one-way latency per NIC pair: a request runs no earlier than this after posting.
     pub path_delay: HashMap<(u32, u32), Duration>,
     /// Injected rate limits per NIC pair: see `SimFabric::set_path_rate`.
-    pub path_rate: HashMap<(u32, u32), PathRate>,
+    pub path_rate: HashMap<(u32, u32), super::link::PathRate>,
     /// Delayed paths whose requests count as sent: see `SimFabric::set_path_lingering`.
     pub lingering_paths: HashSet<(u32, u32)>,
     /// WRITEs still on the wire after their requester QP went to ERR, by due time.
@@ -43,15 +43,6 @@ pub(super) struct FabricState {
     pub(super) busy: BTreeSet<u32>,
     pub fail_nth: HashMap<u32, (u64, WcStatus)>,
     pub purge_on_destroy: bool,
-}
-
-/// A rate-limited link between two NICs: requests in both directions share it, one after the
-/// other, each taking its length over the rate.
-#[derive(Debug, Clone, Copy)]
-pub struct PathRate {
-    pub bytes_per_sec: f64,
-    /// When the link has sent everything given to it so far.
-    pub free_at: Duration,
 }
 
 pub(super) fn enodev(op: &'static str) -> VerbsError {

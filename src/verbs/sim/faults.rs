@@ -132,14 +132,22 @@ impl SimFabric {
     }
 
     /// Limits the path between two NICs to `bytes_per_sec` (zero or less removes the limit):
-    /// the requests of every QP on it, both directions, share the rate, each completing once
-    /// its bytes are through, as over a slower rail.
+    /// the requests of every QP on it, both directions, share the rate, the head request of
+    /// each QP with work an equal part (see `link`), each completing once its bytes are
+    /// through, as over a slower rail.
     pub fn set_path_rate(&self, a: SimNic, b: SimNic, bytes_per_sec: f64) {
         let key = if a.dev <= b.dev { (a.dev, b.dev) } else { (b.dev, a.dev) };
+        let now = self.now();
         let mut st = self.state.lock();
         if bytes_per_sec > 0.0 {
-            let free_at = st.path_rate.get(&key).map_or(Duration::ZERO, |r| r.free_at);
-            st.path_rate.insert(key, super::fabric::PathRate { bytes_per_sec, free_at });
+            // What went out so far went at the old rate.
+            st.share_link(key, now);
+            match st.path_rate.get_mut(&key) {
+                Some(link) => link.bytes_per_sec = bytes_per_sec,
+                None => {
+                    st.path_rate.insert(key, super::link::PathRate::new(bytes_per_sec));
+                }
+            }
         } else {
             st.path_rate.remove(&key);
         }

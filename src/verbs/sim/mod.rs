@@ -16,6 +16,7 @@ mod devices;
 mod execute;
 mod fabric;
 mod faults;
+mod link;
 mod memory;
 mod objects;
 mod qp;

@@ -31,7 +31,7 @@ pub(super) struct PendingSend {
     pub(super) posted_at: Duration,
     /// When the first attempt found no responder (or an RNR), for the retry deadline.
     pub(super) blocked_since: Option<Duration>,
-    /// When its bytes are through a rate-limited path (`set_path_rate`), once scheduled there.
+    /// When its bytes were through a rate-limited path (`set_path_rate`), once they are.
     pub(super) sent_at: Option<Duration>,
 }
 

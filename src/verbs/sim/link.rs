@@ -1,0 +1,120 @@
+//! Rate-limited links between two NICs (`SimFabric::set_path_rate`): the requests of every QP on
+//! the link, both directions, share its rate, the head request of each QP with work taking an
+//! equal share at every moment. That is how a NIC serves its send queues, a packet from each in
+//! turn, so a small request on one QP is not held until a large one on another has gone out;
+//! the requests of one QP still go one after the other. The shares are worked out lazily, when
+//! the fabric is pumped: however late that is (a virtual clock jumps), the link never idles
+//! while a request was posted to it.
+
+use std::time::Duration;
+
+use super::fabric::FabricState;
+use crate::verbs::types::QpState;
+
+/// A rate-limited link: its rate, how far its sharing has been worked out, and the requests
+/// going out on it.
+#[derive(Debug, Clone)]
+pub struct PathRate {
+    pub bytes_per_sec: f64,
+    /// The time up to which `flows` have been given their shares.
+    clock: Duration,
+    flows: Vec<Flow>,
+}
+
+/// The head request of one QP while it goes out on a link.
+#[derive(Debug, Clone, Copy)]
+struct Flow {
+    qpn: u32,
+    /// The request's send-queue sequence number.
+    seq: u64,
+    /// Bytes still to send.
+    left: f64,
+}
+
+impl PathRate {
+    /// An idle link of `bytes_per_sec`.
+    pub fn new(bytes_per_sec: f64) -> PathRate {
+        PathRate { bytes_per_sec, clock: Duration::ZERO, flows: Vec::new() }
+    }
+}
+
+/// The bytes request `seq` of `qpn` moves over the link: its scatter-gather list's total.
+fn request_bytes(st: &FabricState, qpn: u32, seq: u64) -> u64 {
+    let w = st.qps.get(&qpn).and_then(|q| q.sq.iter().find(|w| w.seq == seq));
+    w.map_or(0, |w| w.sges.iter().map(|s| u64::from(s.length)).sum())
+}
+
+impl FabricState {
+    /// Works out link `path`'s sharing up to `now` (see the module documentation) and returns
+    /// when the request `seq` of `qpn` is through, if it is; a request not yet on the link
+    /// joins it now.
+    pub(super) fn through_link(&mut self, path: (u32, u32), qpn: u32, seq: u64, now: Duration) -> Option<Duration> {
+        self.share_link(path, now);
+        let sent = self.qps.get(&qpn).and_then(|q| q.sq.iter().find(|w| w.seq == seq)).and_then(|w| w.sent_at);
+        if sent.is_some() {
+            return sent;
+        }
+        let bytes = request_bytes(self, qpn, seq);
+        let link = self.path_rate.get_mut(&path)?;
+        if !link.flows.iter().any(|f| f.qpn == qpn && f.seq == seq) {
+            link.flows.push(Flow { qpn, seq, left: bytes as f64 });
+        }
+        None
+    }
+
+    /// Gives the link's requests their shares from its clock up to `now`. A request whose
+    /// bytes are through is stamped with the time (`sent_at`), and the next request of its QP,
+    /// if posted by then, takes its place at that moment.
+    pub(super) fn share_link(&mut self, path: (u32, u32), now: Duration) {
+        // Requests of QPs that left RTS (flushed, destroyed) no longer take a share.
+        let Some(flows) = self.path_rate.get(&path).map(|l| l.flows.clone()) else { return };
+        let live: Vec<Flow> = flows
+            .into_iter()
+            .filter(|f| {
+                self.qps.get(&f.qpn).is_some_and(|q| q.state == QpState::Rts && q.sq.iter().any(|w| w.seq == f.seq))
+            })
+            .collect();
+        let Some(link) = self.path_rate.get_mut(&path) else { return };
+        link.flows = live;
+        loop {
+            let Some(link) = self.path_rate.get_mut(&path) else { return };
+            if link.flows.is_empty() {
+                link.clock = link.clock.max(now);
+                return;
+            }
+            let n = link.flows.len() as f64;
+            let least = link.flows.iter().map(|f| f.left).fold(f64::INFINITY, f64::min);
+            let first_done = link.clock + Duration::from_secs_f64(least * n / link.bytes_per_sec);
+            if first_done > now {
+                let share = now.saturating_sub(link.clock).as_secs_f64() * link.bytes_per_sec / n;
+                link.flows.iter_mut().for_each(|f| f.left = (f.left - share).max(f64::MIN_POSITIVE));
+                link.clock = link.clock.max(now);
+                return;
+            }
+            link.clock = first_done;
+            link.flows.iter_mut().for_each(|f| f.left -= least);
+            let (done, going): (Vec<Flow>, Vec<Flow>) = link.flows.iter().partition(|f| f.left <= 0.0);
+            link.flows = going;
+            for f in done {
+                self.request_through(path, f, first_done);
+            }
+        }
+    }
+
+    /// Stamps request `f` as through at `at` and puts its QP's next request, if it was posted
+    /// by then, on the link.
+    fn request_through(&mut self, path: (u32, u32), f: Flow, at: Duration) {
+        let Some(q) = self.qps.get_mut(&f.qpn) else { return };
+        let mut after = q.sq.iter_mut().skip_while(|w| w.seq != f.seq);
+        if let Some(w) = after.next() {
+            w.sent_at = Some(at);
+        }
+        let next = after.next().filter(|w| w.sent_at.is_none() && w.posted_at <= at).map(|w| w.seq);
+        if let Some(seq) = next {
+            let bytes = request_bytes(self, f.qpn, seq);
+            if let Some(link) = self.path_rate.get_mut(&path) {
+                link.flows.push(Flow { qpn: f.qpn, seq, left: bytes as f64 });
+            }
+        }
+    }
+}
