@@ -233,9 +233,10 @@ type Posting = std::result::Result<(), Option<Slice>>;
 /// requests that lets the background fill the send queues costs the second one the whole
 /// backlog (a HIGH write on the simulated fabric waited behind all 64 LOW writes that went in
 /// such a gap, under load, with the gate's 200 us); TCP and SHM pause background pieces where
-/// they are and need less. Longer costs background throughput in the gaps, where it moves one
-/// slice at a time: under HIGH writes at half a 1 GB/s sim link, LOW moved 0.44x of the link
-/// with 1 ms and 0.37x with 2 ms (`benches/priorities.rs --sim`).
+/// they are and need less. Longer costs background throughput in the gaps: under HIGH writes
+/// at half a 1 GB/s sim link, LOW moved 0.44x of the link with 1 ms and 0.37x with 2 ms, one
+/// slice at a time in the linger; two at a time there, 0.44-0.47x with 1 ms, where one gave
+/// 0.38-0.41x once the sim link shared itself between QPs (`benches/priorities.rs --sim`).
 const BACKGROUND_LINGER: Duration = Duration::from_millis(1);
 
 /// A message to a lane.
@@ -362,13 +363,14 @@ impl Lane {
     }
 
     /// Posts from the pending queues, HIGH first, after promoting slices that waited too long.
-    /// While HIGH work is active on the transport (in any lane, or ended less than the gate's
-    /// linger ago), slices below it are posted only while fewer than [`qos::ALLOWANCE`] per NIC
-    /// of theirs are on the wire, over all lanes: a HIGH slice then waits behind at most that
-    /// many on the link, never behind queued background work. The linger matters most here: a
-    /// posted slice cannot be taken back, so HIGH requests that follow one another find the
-    /// background's share of the send queues already small. Higher work another process has
-    /// active on RDMA (the shared quota) holds the lower levels back the same way.
+    /// While HIGH work is active on the transport (in any lane), slices below it are posted only
+    /// while fewer than [`qos::ALLOWANCE`] per NIC of theirs are on the wire, over all lanes: a
+    /// HIGH slice then shares the link with at most that many, never waits behind queued
+    /// background work. For [`BACKGROUND_LINGER`] after the last HIGH task ended, twice that
+    /// many: a posted slice cannot be taken back, so HIGH requests that follow one another find
+    /// the background's share of the send queues still small, while the background keeps the
+    /// link busier in the gaps than one slice at a time does. Higher work another process has
+    /// active on RDMA (the shared quota) holds the lower levels back as this process's does.
     ///
     /// Background work promoted into the HIGH queue (it waited past the promotion timeouts)
     /// goes after HIGH work of its own and, while that is active, counts against the same
@@ -383,13 +385,17 @@ impl Lane {
         let allowance = qos::ALLOWANCE * self.core.nics.len().max(1);
         let mut posted = 0;
         for q in 0..3 {
-            let held = self.pending.len(q) > 0
-                && (self.in_flight_at[0] > 0
-                    || self.core.gate.holds_back(Level::from_index(q.max(1)), BACKGROUND_LINGER)
-                    || self.held_elsewhere(q.max(1)));
-            let limit = match q {
-                0 => held.then_some(allowance),
-                _ => (held || self.pending.any_above(q)).then_some(allowance),
+            let level = Level::from_index(q.max(1));
+            let waiting = self.pending.len(q) > 0;
+            let active = waiting
+                && (self.in_flight_at[0] > 0 || self.core.gate.would_wait(level) || self.held_elsewhere(q.max(1)));
+            let lingering = waiting && !active && self.core.gate.holds_back(level, BACKGROUND_LINGER);
+            let limit = if active || (q > 0 && self.pending.any_above(q)) {
+                Some(allowance)
+            } else if lingering {
+                Some(2 * allowance)
+            } else {
+                None
             };
             posted += self.post_queue(q, limit);
         }
