@@ -380,6 +380,10 @@ fn small_requests_polled_on_another_thread_end() {
             req(Opcode::Read, back.as_mut_ptr() as u64 + (i * block) as u64, h, base + (i * block) as u64, block as u64)
         })
         .collect();
+    // The submitting thread's own batch: a block past those the batch reads, into a buffer
+    // of its own.
+    let mut own = vec![0u8; block];
+    let own_read = req(Opcode::Read, own.as_mut_ptr() as u64, h, base + (n * block) as u64, block as u64);
     // Pooled connections first, so the submits below go out on pipes.
     assert!(run(&a, &reads, BOUND).iter().all(|(s, _)| *s == Status::Completed));
     for round in 0..20 {
@@ -387,14 +391,14 @@ fn small_requests_polled_on_another_thread_end() {
         let batch = a.allocate_batch(n).expect("batch");
         let polls_too = round % 2 == 1;
         std::thread::scope(|s| {
-            let (a, reads) = (&a, &reads);
+            let (a, reads, own_read) = (&a, &reads, &own_read);
             s.spawn(move || {
                 // SAFETY: `back` outlives the batch, which is waited for below.
                 unsafe { a.submit(batch, reads, None) }.expect("submit");
                 if polls_too {
                     // This thread polls a batch of its own for a while: the other thread's
                     // polls leave this thread's pipes to it.
-                    let st = run(a, &reads[..1], BOUND);
+                    let st = run(a, std::slice::from_ref(own_read), BOUND);
                     assert_eq!(st[0].0, Status::Completed);
                 }
             });
@@ -411,4 +415,5 @@ fn small_requests_polled_on_another_thread_end() {
         a.free_batch(batch).expect("free");
         assert!(back[..] == peer[..n * block], "round {round}: read-back differs");
     }
+    assert!(own[..] == peer[n * block..(n + 1) * block], "the submitting thread's own read");
 }

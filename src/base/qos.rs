@@ -284,13 +284,13 @@ impl Gate {
         })
     }
 
-    /// [`Gate::held_back`], counting a higher level that ended less than [`LINGER`] ago; with
+    /// [`Gate::held_back`], counting a higher level that ended less than `linger` ago; with
     /// the instant the linger ends, for a waiter to wake at.
-    fn held_back_or_lingering(&self, level: Level) -> (bool, Option<Instant>) {
+    fn held_back_or_lingering(&self, level: Level, linger: Duration) -> (bool, Option<Instant>) {
         if self.held_back(level) {
             return (true, None);
         }
-        match self.lingering(level, LINGER) {
+        match self.lingering(level, linger) {
             Some(until) => (true, Some(until)),
             None => (false, None),
         }
@@ -301,7 +301,7 @@ impl Gate {
     /// cannot be paused once started, as a posted RDMA slice, wants a longer one than
     /// [`LINGER`]).
     pub fn holds_back(&self, level: Level, linger: Duration) -> bool {
-        level != Level::High && (self.held_back(level) || self.lingering(level, linger).is_some())
+        level != Level::High && self.held_back_or_lingering(level, linger).0
     }
 
     /// Whether higher-level work is active now (no promotion or linger counted).
@@ -313,7 +313,7 @@ impl Gate {
     /// lingering) and for HIGH; otherwise one of the [`ALLOWANCE`] shared passes, waiting for
     /// one to be free or for promotion to lift the piece to a level nothing holds back.
     pub fn pace(self: &Arc<Gate>, level: Level) -> Pass {
-        if level == Level::High || !self.held_back_or_lingering(level).0 {
+        if level == Level::High || !self.held_back_or_lingering(level, LINGER).0 {
             return Pass { gate: None };
         }
         let timeout = self.params.promotion_timeout;
@@ -327,7 +327,7 @@ impl Gate {
             let now = Instant::now();
             let (waited_from, steps) = self.promotion(&mut w.since[level.index()], id, start, now);
             let effective = Level::from_index(level.index().saturating_sub(steps));
-            let (held, linger_end) = self.held_back_or_lingering(effective);
+            let (held, linger_end) = self.held_back_or_lingering(effective, LINGER);
             if effective == Level::High || !held {
                 break false;
             }

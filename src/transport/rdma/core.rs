@@ -19,7 +19,6 @@ use super::notify_index::{NotifyEntry, NotifySink};
 use super::rail::RailMonitor;
 use super::store::EndpointStore;
 use crate::base::qos::{Gate, QosParams};
-use crate::base::shared_quota::SharedQuota;
 use crate::config::RdmaSection;
 use crate::control::client::RpcClient;
 use crate::verbs::Clock;
@@ -104,12 +103,10 @@ pub struct Core {
     pub sched: SchedParams,
     /// The host's NUMA distances (empty with one node: buffers' nodes are then not looked up).
     pub numa_distances: Vec<Vec<u32>>,
-    /// This transport's slot in the host's quota file (`shared_quota_shm_path`), when set: the
-    /// lanes hold back work below a level that another process has active on RDMA.
-    pub quota: Option<Arc<SharedQuota>>,
     /// Counts this transport's active tasks per level (each job holds a ticket until it ends),
-    /// so every lane sees HIGH work that another lane moves; publishes them in `quota`'s slot
-    /// when there is one.
+    /// so every lane sees HIGH work that another lane moves. With a quota file
+    /// (`shared_quota_shm_path`) it publishes them in this transport's slot there, and counts
+    /// other processes' RDMA work like its own.
     pub gate: Arc<Gate>,
     /// Slices below HIGH posted and not yet completed, over every lane: while HIGH work is
     /// active (or just ended), the lanes keep at most [`crate::base::qos::ALLOWANCE`] per NIC.

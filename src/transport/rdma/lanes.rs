@@ -254,9 +254,6 @@ pub struct Lane {
     slots: Vec<Slot>,
     free: Vec<usize>,
     in_flight: usize,
-    /// Slices on the wire by their own priority level: while HIGH work waits or is on the
-    /// wire, lower levels keep at most [`qos::ALLOWANCE`] of theirs there.
-    in_flight_at: [usize; 3],
     cqs: Vec<(usize, Arc<Cq>)>,
     last_scan: Instant,
     wcs: Vec<Wc>,
@@ -275,7 +272,6 @@ impl Lane {
             slots: Vec::new(),
             free: Vec::new(),
             in_flight: 0,
-            in_flight_at: [0; 3],
             cqs,
             last_scan: Instant::now(),
             wcs: vec![Wc::EMPTY; 64],
@@ -387,8 +383,9 @@ impl Lane {
         for q in 0..3 {
             let level = Level::from_index(q.max(1));
             let waiting = self.pending.len(q) > 0;
-            let active = waiting
-                && (self.in_flight_at[0] > 0 || self.core.gate.would_wait(level) || self.held_elsewhere(q.max(1)));
+            // The gate counts every HIGH task of the transport, in any lane, and (through the
+            // quota file) of other processes.
+            let active = waiting && self.core.gate.would_wait(level);
             let lingering = waiting && !active && self.core.gate.holds_back(level, BACKGROUND_LINGER);
             let limit = if active || (q > 0 && self.pending.any_above(q)) {
                 Some(allowance)
@@ -400,12 +397,6 @@ impl Lane {
             posted += self.post_queue(q, limit);
         }
         posted
-    }
-
-    /// Whether another process on this host has RDMA work above level `q` active (through the
-    /// shared quota file).
-    fn held_elsewhere(&self, q: usize) -> bool {
-        self.core.quota.as_ref().is_some_and(|f| f.higher_active_elsewhere(Level::from_index(q)))
     }
 
     /// Posts from the head of pending queue `q`; with a `limit`, background slices (below HIGH
@@ -581,7 +572,6 @@ impl Lane {
                     n.posted(u64::from(s.len), || core.clock.now());
                 }
                 // (`background_on_wire` was counted by `post_queue`.)
-                self.in_flight_at[Level::of(s.job.task.request().priority).index()] += 1;
                 self.slots[slot].record = Some(Record { slice: s, ep, remote });
                 self.in_flight += 1;
                 Ok(())
@@ -639,9 +629,7 @@ impl Lane {
         s.generation = s.generation.wrapping_add(1).max(1);
         self.free.push(slot);
         self.in_flight -= 1;
-        let level = Level::of(rec.slice.job.task.request().priority);
-        self.in_flight_at[level.index()] -= 1;
-        if level != Level::High {
+        if Level::of(rec.slice.job.task.request().priority) != Level::High {
             self.core.background_on_wire.fetch_sub(1, Ordering::AcqRel);
         }
         if let Some(q) = rec.ep.context().cq_quota(self.id) {

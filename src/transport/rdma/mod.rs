@@ -177,7 +177,7 @@ impl RdmaTransport {
             })
             .collect();
         let quota = SharedQuota::open(&settings.qos.shared_quota_path, QuotaPath::Rdma);
-        let gate = Gate::new(qos, quota.clone().map(|q| q as Arc<dyn Foreign>));
+        let gate = Gate::new(qos, quota.map(|q| q as Arc<dyn Foreign>));
         let (ctx_tx, ctx_rx) = mpsc::channel();
         // Bootstrap threads report back on the same channel the lanes ask on.
         let ctx_tx_for_attempts = ctx_tx.clone();
@@ -196,7 +196,6 @@ impl RdmaTransport {
             nics,
             sched,
             numa_distances: spray::numa_distances(),
-            quota,
             gate,
             background_on_wire: AtomicUsize::new(0),
             counters: Default::default(),

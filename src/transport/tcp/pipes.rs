@@ -312,8 +312,13 @@ impl Inner {
     /// Drives the pipes a caller's status poll may drive (see [`Carrier::polled_here`]): true
     /// when bytes moved.
     pub(super) fn drive_all(&self) -> bool {
+        let pipes = self.carriers.snapshot();
+        if pipes.is_empty() {
+            // Every status poll of every transport's batch passes here: no clock read for none.
+            return false;
+        }
         let (me, now) = (std::thread::current().id(), self.carriers.now());
-        self.carriers.snapshot().iter().filter(|c| c.polled_here(me, now)).fold(false, |moved, c| self.drive(c) | moved)
+        pipes.iter().filter(|c| c.polled_here(me, now)).fold(false, |moved, c| self.drive(c) | moved)
     }
 
     /// Waits, at most `limit`, for the sockets of the pipes this thread submitted to become

@@ -67,15 +67,11 @@ impl FabricState {
     /// if posted by then, takes its place at that moment.
     pub(super) fn share_link(&mut self, path: (u32, u32), now: Duration) {
         // Requests of QPs that left RTS (flushed, destroyed) no longer take a share.
-        let Some(flows) = self.path_rate.get(&path).map(|l| l.flows.clone()) else { return };
-        let live: Vec<Flow> = flows
-            .into_iter()
-            .filter(|f| {
-                self.qps.get(&f.qpn).is_some_and(|q| q.state == QpState::Rts && q.sq.iter().any(|w| w.seq == f.seq))
-            })
-            .collect();
+        let qps = &self.qps;
         let Some(link) = self.path_rate.get_mut(&path) else { return };
-        link.flows = live;
+        link.flows.retain(|f| {
+            qps.get(&f.qpn).is_some_and(|q| q.state == QpState::Rts && q.sq.iter().any(|w| w.seq == f.seq))
+        });
         loop {
             let Some(link) = self.path_rate.get_mut(&path) else { return };
             if link.flows.is_empty() {
