@@ -184,17 +184,17 @@ fn rdma_in_flight(a: &Engine) -> u64 {
 }
 
 /// A LOW WRITE of 16 slices over RDMA (virtual clock standing still, so nothing completes)
-/// while another gate of the quota file holds work of `other` active: how many bytes the
-/// engine put on the wire, and whether the WRITE then completes intact once that work ended
-/// and the clock moves.
-fn rdma_low_beside(name: &str, other: Level) -> u64 {
+/// while another gate of the quota file holds work of `other` active, with
+/// `priority_promotion_timeout_us` `promotion_us`: how many bytes the engine put on the wire,
+/// and whether the WRITE then completes intact once that work ended and the clock moves.
+fn rdma_low_beside(name: &str, other: Level, promotion_us: &str) -> u64 {
     const SLICE: usize = 16384;
     const LEN: usize = 16 * SLICE;
     let quota = QuotaName::new();
     let f = common::sim::fabric(name);
     let cfg = [
         ("transports/rdma/shared_quota_shm_path", quota.0.as_str()),
-        ("transports/rdma/priority_promotion_timeout_us", "60000000"),
+        ("transports/rdma/priority_promotion_timeout_us", promotion_us),
     ];
     let a = common::sim::rdma_engine(name, &cfg);
     let b = common::sim::rdma_engine(name, &[]);
@@ -227,11 +227,19 @@ fn rdma_low_beside(name: &str, other: Level) -> u64 {
 /// process's LOW work.
 #[test]
 fn rdma_low_work_is_held_back_by_high_work_of_another_process() {
-    let held = rdma_low_beside("quota-rdma-high", Level::High);
+    let held = rdma_low_beside("quota-rdma-high", Level::High, "60000000");
     // The engine's two lanes share the allowance of its one NIC.
     assert_eq!(held, 16384, "beside foreign HIGH work, one LOW slice is on the wire");
-    let free = rdma_low_beside("quota-rdma-low", Level::Low);
+    let free = rdma_low_beside("quota-rdma-low", Level::Low, "60000000");
     assert_eq!(free, 16 * 16384, "beside foreign LOW work, every slice goes at once");
+}
+
+/// A promotion timeout of 0 turns holding back off on the RDMA lanes too: beside another
+/// process's HIGH work every LOW slice goes at once.
+#[test]
+fn rdma_low_work_is_not_held_back_with_a_zero_promotion_timeout() {
+    let free = rdma_low_beside("quota-rdma-zero", Level::High, "0");
+    assert_eq!(free, 16 * 16384, "with timeout 0, every slice goes at once");
 }
 
 /// An RDMA task holds its level in the quota file from submit until it ends.

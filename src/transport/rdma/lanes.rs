@@ -373,21 +373,25 @@ impl Lane {
     /// allowance: promotion bounds how long background work waits (the allowance always moves
     /// some), but a steady background load is always past the timeout, and posted all at once
     /// it stood ahead of every HIGH slice in the send queues again.
+    ///
+    /// A promotion timeout of 0 turns holding back off, as on the other paths: the levels keep
+    /// their queues and order, and nothing waits for a place on the wire.
     fn post_pending(&mut self) -> usize {
         // The lane loop passes here constantly: no clock read while nothing could be promoted.
         if self.pending.len(1) + self.pending.len(2) > 0 {
             self.pending.promote(Instant::now());
         }
         let allowance = qos::ALLOWANCE * self.core.nics.len().max(1);
+        let holds_back = !self.core.wp.qos.promotion_timeout.is_zero();
         let mut posted = 0;
         for q in 0..3 {
             let level = Level::from_index(q.max(1));
-            let waiting = self.pending.len(q) > 0;
+            let waiting = holds_back && self.pending.len(q) > 0;
             // The gate counts every HIGH task of the transport, in any lane, and (through the
             // quota file) of other processes.
             let active = waiting && self.core.gate.would_wait(level);
             let lingering = waiting && !active && self.core.gate.holds_back(level, BACKGROUND_LINGER);
-            let limit = if active || (q > 0 && self.pending.any_above(q)) {
+            let limit = if active || (holds_back && q > 0 && self.pending.any_above(q)) {
                 Some(allowance)
             } else if lingering {
                 Some(2 * allowance)
