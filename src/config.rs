@@ -13,8 +13,8 @@ mod settings;
 
 pub use reader::{Effect, KeySpec, Range};
 pub use settings::{
-    EndpointSection, EngineSection, FileSection, MetadataSection, MetricsSection, Notes, RdmaSection, RpcSection,
-    RuntimeQueueSection, Settings, ShmSection, SimSection, TcpSection, TopologySection,
+    EndpointSection, EngineSection, FileSection, MetadataSection, MetricsSection, Notes, QosSection, RdmaSection,
+    RpcSection, RuntimeQueueSection, Settings, ShmSection, SimSection, TcpSection, TopologySection,
 };
 
 /// The paths of the keys that code outside this module writes (the classic API builds its
@@ -35,6 +35,19 @@ pub mod keys {
     pub const RPC_SERVER_PORT: &str = "rpc_server_port";
     /// Load the RDMA transport.
     pub const RDMA_ENABLE: &str = "transports/rdma/enable";
+    /// The verbs provider of the RDMA transport: `ibverbs` (default) or `sim`.
+    pub const RDMA_PROVIDER: &str = "transports/rdma/provider";
+    /// NICs of the simulated host an engine gets with the `sim` provider (default 1).
+    pub const SIM_DEVICES: &str = "transports/rdma/sim/devices";
+    /// The name of a registered simulated fabric to put the engine's host on (empty: the
+    /// process-wide real-time fabric).
+    pub const SIM_FABRIC: &str = "transports/rdma/sim/fabric";
+    /// Every N-th request executed by the simulated host fails (0 = never).
+    pub const SIM_FAIL_EVERY_NTH_WR: &str = "transports/rdma/sim/fail_every_nth_wr";
+    /// The completion status of those failures (default `RETRY_EXC_ERR`).
+    pub const SIM_FAIL_STATUS: &str = "transports/rdma/sim/fail_status";
+    /// The RDMA NICs to use (all when empty).
+    pub const RDMA_WHITELIST: &str = "topology/rdma_whitelist";
     /// The identity keys that an explicit caller config keeps over the environment
     /// when the engine starts: it writes them back after applying the environment.
     pub const IDENTITY_KEYS: [&str; 5] =

@@ -8,6 +8,7 @@ use serde_json::json;
 use tent::config::{Config, RdmaSection, Settings};
 use tent::engine::types::Permission;
 use tent::transport::rdma::context::*;
+use tent::transport::rdma::provider::provider_from_config;
 use tent::verbs::sim::{DeviceSpec, GidSpec, HostSpec, SimFabric, SimHost};
 use tent::verbs::*;
 
@@ -24,8 +25,12 @@ fn lanes_from_config(cfg: &Config) -> Result<usize, String> {
     settings(cfg).map(|s| s.rdma.num_lanes)
 }
 
-fn params(lanes: usize) -> ContextParams {
-    ContextParams { num_lanes: lanes, ..ContextParams::default() }
+fn section(lanes: usize) -> RdmaSection {
+    RdmaSection { num_lanes: lanes, ..Settings::default().rdma }
+}
+
+fn params(lanes: usize) -> Arc<RdmaSection> {
+    Arc::new(section(lanes))
 }
 
 fn host(n: usize) -> (Arc<SimFabric>, SimHost) {
@@ -92,18 +97,23 @@ fn lane_knobs_follow_precedence_and_must_agree() {
 }
 
 #[test]
-fn context_params_read_config_and_reject_bad_values() {
-    let p = ContextParams::from_section(&Settings::default().rdma, false);
-    assert_eq!(p, ContextParams::default());
+fn context_settings_read_config_and_reject_bad_values() {
+    let p = Settings::default().rdma;
+    assert_eq!(
+        (p.num_lanes, p.port, p.gid_index, p.max_cqe, Mtu::from_config_bytes(p.endpoint.path_mtu)),
+        (6, 1, -1, 4096, Mtu::Mtu4096)
+    );
+    assert_eq!((p.endpoint.max_sge, p.endpoint.max_qp_wr), (4, 256));
     let c = Config::from_value(json!({"transports":{"rdma":{
         "num_lanes": 2,
         "device": {"port": 1, "gid_index": 3, "max_cqe": 128},
         "endpoint": {"path_mtu": 1000, "max_sge": 2, "max_qp_wr": 64}}}}));
-    let p = ContextParams::from_section(&settings(&c).unwrap().rdma, false);
+    let p = settings(&c).unwrap().rdma;
     assert_eq!(
-        (p.num_lanes, p.gid_index, p.max_cqe, p.path_mtu, p.max_sge, p.max_qp_wr),
-        (2, 3, 128, Mtu::Mtu512, 2, 64)
+        (p.num_lanes, p.gid_index, p.max_cqe, Mtu::from_config_bytes(p.endpoint.path_mtu)),
+        (2, 3, 128, Mtu::Mtu512)
     );
+    assert_eq!((p.endpoint.max_sge, p.endpoint.max_qp_wr), (2, 64));
     let bad = Config::from_value(json!({"transports":{"rdma":{"device":{"port": 0}}}}));
     assert!(settings(&bad).unwrap_err().contains("transports/rdma/device/port"));
 }
@@ -133,7 +143,7 @@ fn clamps_are_per_device_and_leave_params_alone() {
     });
     let p = h.provider();
     let prm = params(2);
-    let set = ContextSet::open(&p, &names(&["small_0", "big_0"]), &prm).unwrap();
+    let set = ContextSet::open(&p, &names(&["small_0", "big_0"]), &prm, false).unwrap();
     let small = set.get(0).unwrap().limits().unwrap();
     let big = set.get(1).unwrap().limits().unwrap();
     assert_eq!((small.max_cqe, small.path_mtu, small.max_sge, small.max_qp_wr), (100, Mtu::Mtu1024, 2, 64));
@@ -141,7 +151,7 @@ fn clamps_are_per_device_and_leave_params_alone() {
     // Two lanes and the notify CQ share the small NIC's single completion vector.
     assert_eq!((small.num_comp_vectors, small.max_rd_atomic, small.max_dest_rd_atomic), (1, 4, 4));
     assert_eq!((big.num_comp_vectors, big.max_rd_atomic, big.max_dest_rd_atomic), (4, 16, 16));
-    assert_eq!(set.get(0).unwrap().params(), &prm, "shared parameters are not mutated");
+    assert_eq!(*prm, section(2), "the shared settings are not mutated");
     assert!(set.get(0).unwrap().cq(0).unwrap().capacity() >= 100);
 }
 
@@ -152,15 +162,15 @@ fn open_fails_on_missing_device_bad_port_or_too_few_cqs() {
         devices: vec![DeviceSpec { max_cq: 3, ..DeviceSpec::roce("tiny_0", Ipv4Addr::new(192, 168, 8, 1), "eth0") }],
     });
     let p = h.provider();
-    let e = RdmaContext::open(&p, "mlx5_7", &params(1)).err().unwrap();
+    let e = RdmaContext::open(&p, "mlx5_7", &params(1), false).err().unwrap();
     assert!(e.to_string().contains("No matched device"), "{e}");
-    let e = RdmaContext::open(&p, "tiny_0", &ContextParams { port: 2, ..params(1) }).err().unwrap();
+    let e = RdmaContext::open(&p, "tiny_0", &Arc::new(RdmaSection { port: 2, ..section(1) }), false).err().unwrap();
     assert!(e.to_string().contains("port 2"), "{e}");
     // 3 lanes + the notification CQ need 4 CQs.
-    assert!(RdmaContext::open(&p, "tiny_0", &params(3)).is_err());
-    assert!(RdmaContext::open(&p, "tiny_0", &params(2)).is_ok());
+    assert!(RdmaContext::open(&p, "tiny_0", &params(3), false).is_err());
+    assert!(RdmaContext::open(&p, "tiny_0", &params(2), false).is_ok());
     let (_f, empty) = host(0);
-    let e = RdmaContext::open(&empty.provider(), "x", &params(1)).err().unwrap();
+    let e = RdmaContext::open(&empty.provider(), "x", &params(1), false).err().unwrap();
     assert!(e.to_string().contains("No RDMA devices"), "{e}");
 }
 
@@ -223,16 +233,22 @@ fn context_picks_or_checks_the_gid_index() {
     nic.gids[4] = Some(GidSpec { gid: v4(10, 1, 1, 1), gid_type: GidType::RoceV2, netdev: Some("eth0".into()) });
     let h = f.add_host(HostSpec { devices: vec![nic] });
     let p = h.provider();
-    let auto = RdmaContext::open(&p, "g_0", &params(1)).unwrap();
+    let auto = RdmaContext::open(&p, "g_0", &params(1), false).unwrap();
     assert_eq!(auto.gid().unwrap().index, 3);
-    let fixed = RdmaContext::open(&p, "g_0", &ContextParams { gid_index: 1, ..params(1) }).unwrap();
+    let fixed = RdmaContext::open(&p, "g_0", &Arc::new(RdmaSection { gid_index: 1, ..section(1) }), false).unwrap();
     assert_eq!(fixed.gid().unwrap().index, 1, "a user choice is kept, with warnings only");
-    assert!(RdmaContext::open(&p, "g_0", &ContextParams { gid_index: 6, ..params(1) }).is_err(), "empty slot");
-    assert!(RdmaContext::open(&p, "g_0", &ContextParams { gid_index: 8, ..params(1) }).is_err(), "past the table");
+    assert!(
+        RdmaContext::open(&p, "g_0", &Arc::new(RdmaSection { gid_index: 6, ..section(1) }), false).is_err(),
+        "empty slot"
+    );
+    assert!(
+        RdmaContext::open(&p, "g_0", &Arc::new(RdmaSection { gid_index: 8, ..section(1) }), false).is_err(),
+        "past the table"
+    );
     let empty_table =
         DeviceSpec { gids: vec![None, None], ..DeviceSpec::roce("e_0", Ipv4Addr::new(192, 168, 9, 2), "eth0") };
     let h2 = f.add_host(HostSpec { devices: vec![empty_table] });
-    let e = RdmaContext::open(&h2.provider(), "e_0", &params(1)).err().unwrap();
+    let e = RdmaContext::open(&h2.provider(), "e_0", &params(1), false).err().unwrap();
     assert!(e.to_string().contains("GID_NOT_FOUND"), "{e}");
 }
 
@@ -242,7 +258,7 @@ fn context_picks_or_checks_the_gid_index() {
 fn states_follow_the_port_and_disable_releases_resources() {
     let (_f, h) = host(1);
     let p = h.provider();
-    let ctx = RdmaContext::open(&p, "sim_mlx5_0", &params(3)).unwrap();
+    let ctx = RdmaContext::open(&p, "sim_mlx5_0", &params(3), false).unwrap();
     assert_eq!(ctx.state(), ContextState::Enabled);
     assert!((0..3).all(|l| ctx.cq(l).is_some()) && ctx.cq(3).is_none());
     let notify = ctx.notify_cq().unwrap();
@@ -271,7 +287,7 @@ fn states_follow_the_port_and_disable_releases_resources() {
 
     // A context opened while its port is down starts PAUSED.
     h.set_port_active("sim_mlx5_0", false).unwrap();
-    let paused = RdmaContext::open(&p, "sim_mlx5_0", &params(1)).unwrap();
+    let paused = RdmaContext::open(&p, "sim_mlx5_0", &params(1), false).unwrap();
     assert_eq!(paused.state(), ContextState::Paused);
 }
 
@@ -288,7 +304,9 @@ fn cq_quota_never_overshoots() {
     assert_eq!(q.used(), 0);
 
     let (_f, h) = host(1);
-    let ctx = RdmaContext::open(&h.provider(), "sim_mlx5_0", &ContextParams { max_cqe: 50, ..params(2) }).unwrap();
+    let ctx =
+        RdmaContext::open(&h.provider(), "sim_mlx5_0", &Arc::new(RdmaSection { max_cqe: 50, ..section(2) }), false)
+            .unwrap();
     assert_eq!(ctx.cq_quota(1).unwrap().limit(), 50);
     assert!(ctx.cq_quota(2).is_none());
 }
@@ -300,7 +318,8 @@ fn registration_covers_every_enabled_nic_with_nic_indexed_keys() {
     let (f, h) = host(3);
     let p = h.provider();
     // NicID 1 names a NIC this host does not have: its slot stays empty.
-    let set = ContextSet::open(&p, &names(&["sim_mlx5_0", "missing", "sim_mlx5_1", "sim_mlx5_2"]), &params(1)).unwrap();
+    let set = ContextSet::open(&p, &names(&["sim_mlx5_0", "missing", "sim_mlx5_1", "sim_mlx5_2"]), &params(1), false)
+        .unwrap();
     assert_eq!(set.len(), 4);
     assert!(set.get(1).is_none());
     assert_eq!(set.nic_id("sim_mlx5_2"), Some(3));
@@ -320,7 +339,7 @@ fn registration_covers_every_enabled_nic_with_nic_indexed_keys() {
     // The keys work: a peer host WRITEs into the buffer through NIC 3's rkey.
     let peer = f.add_host(HostSpec::with_devices(1));
     let pp = peer.provider();
-    let pctx = RdmaContext::open(&pp, "sim_mlx5_0", &params(1)).unwrap();
+    let pctx = RdmaContext::open(&pp, "sim_mlx5_0", &params(1), false).unwrap();
     let mut src = *b"registered!";
     // SAFETY: `src` outlives `smr`, dropped before the end of the test.
     let smr = unsafe { pctx.register(src.as_mut_ptr(), src.len(), Access::LOCAL_WRITE) }.unwrap();
@@ -389,7 +408,7 @@ fn registration_covers_every_enabled_nic_with_nic_indexed_keys() {
 fn partial_registration_failure_rolls_back() {
     let (_f, h) = host(3);
     let p = h.provider();
-    let set = ContextSet::open(&p, &names(&["sim_mlx5_0", "sim_mlx5_1", "sim_mlx5_2"]), &params(1)).unwrap();
+    let set = ContextSet::open(&p, &names(&["sim_mlx5_0", "sim_mlx5_1", "sim_mlx5_2"]), &params(1), false).unwrap();
     h.set_reg_mr_fails("sim_mlx5_2", true).unwrap();
     let mut buf = vec![0u8; 256];
     // SAFETY: `buf` outlives the attempt; nothing stays registered after it fails.
@@ -408,7 +427,7 @@ fn partial_registration_failure_rolls_back() {
 #[test]
 fn a_set_with_no_usable_device_is_an_error() {
     let (_f, h) = host(1);
-    let e = ContextSet::open(&h.provider(), &names(&["a", "b"]), &params(1)).err().unwrap();
+    let e = ContextSet::open(&h.provider(), &names(&["a", "b"]), &params(1), false).err().unwrap();
     assert!(e.to_string().contains("device not found"), "{e}");
 }
 
@@ -418,11 +437,11 @@ fn contexts_from_the_config_provider_reach_each_other() {
     cfg.set("transports/rdma/provider", json!("sim"));
     cfg.set("transports/rdma/sim/devices", json!(2));
     cfg.set("transports/rdma/num_lanes", json!(2));
-    let prm = ContextParams::from_section(&settings(&cfg).unwrap().rdma, false);
+    let prm = Arc::new(settings(&cfg).unwrap().rdma);
     let pa = provider_from_config(&cfg).unwrap();
     let pb = provider_from_config(&cfg).unwrap();
-    let sa = ContextSet::open(&pa, &select_devices(&pa, &topo(&cfg), 1).unwrap(), &prm).unwrap();
-    let sb = ContextSet::open(&pb, &select_devices(&pb, &topo(&cfg), 1).unwrap(), &prm).unwrap();
+    let sa = ContextSet::open(&pa, &select_devices(&pa, &topo(&cfg), 1).unwrap(), &prm, false).unwrap();
+    let sb = ContextSet::open(&pb, &select_devices(&pb, &topo(&cfg), 1).unwrap(), &prm, false).unwrap();
     assert_eq!((sa.enabled().count(), sb.enabled().count()), (2, 2));
     assert_ne!(sa.get(0).unwrap().gid().unwrap().gid, sb.get(0).unwrap().gid().unwrap().gid);
 }
@@ -430,7 +449,7 @@ fn contexts_from_the_config_provider_reach_each_other() {
 #[test]
 fn refresh_follows_contexts_that_come_and_go() {
     let (_f, h) = host(2);
-    let set = ContextSet::open(&h.provider(), &names(&["sim_mlx5_0", "sim_mlx5_1"]), &params(1)).unwrap();
+    let set = ContextSet::open(&h.provider(), &names(&["sim_mlx5_0", "sim_mlx5_1"]), &params(1), false).unwrap();
     set.get(1).unwrap().disable();
     let mut buf = vec![0u8; 128];
     let (addr, len) = (buf.as_mut_ptr(), buf.len());
@@ -464,17 +483,17 @@ fn refresh_follows_contexts_that_come_and_go() {
 #[test]
 fn endpoints_on_small_nics_clamp_and_exchange_psns() {
     use std::time::Duration;
-    use tent::transport::rdma::{Endpoint, EndpointParams, EpState};
+    use tent::transport::rdma::{Endpoint, EpState};
     let f = SimFabric::new_virtual();
     let side = |name: &str, ip: [u8; 4]| {
         let h = f.add_host(HostSpec { devices: vec![small_nic(name, ip)] });
-        let set = ContextSet::open(&h.provider(), &names(&[name]), &params(2)).expect("context on a small NIC");
+        let set = ContextSet::open(&h.provider(), &names(&[name]), &params(2), false).expect("context on a small NIC");
         (h, set)
     };
     let (_ha, sa) = side("small_a", [10, 9, 0, 1]);
     let (_hb, sb) = side("small_b", [10, 9, 0, 2]);
-    let prm = Arc::new(EndpointParams::from_section(&RdmaSection { num_lanes: 2, ..Settings::default().rdma }));
-    assert_eq!(prm.max_rd_atomic, 16, "the configured value is above the NICs' 4");
+    let prm = Arc::new(RdmaSection { num_lanes: 2, ..Settings::default().rdma });
+    assert_eq!(prm.endpoint.max_rd_atomic, 16, "the configured value is above the NICs' 4");
     let now = Duration::ZERO;
     let a = Endpoint::create(sa.get(0).unwrap(), 0, "b:1@small_b", "a:1", "", &prm, false).expect("a");
     let b = Endpoint::create(sb.get(0).unwrap(), 0, "a:1@small_a", "b:1", "", &prm, false).expect("b");

@@ -11,8 +11,8 @@ use proptest::prelude::*;
 
 use tent::config::{RdmaSection, Settings};
 use tent::transport::rdma::bootstrap::{BootstrapDesc, BootstrapResult};
-use tent::transport::rdma::context::{ContextParams, ContextSet};
-use tent::transport::rdma::{Endpoint, EndpointParams, EndpointStore, EpState, StoreKind};
+use tent::transport::rdma::context::ContextSet;
+use tent::transport::rdma::{Endpoint, EndpointStore, EpState, StoreKind};
 use tent::verbs::sim::{HostSpec, SimFabric, SimHost};
 
 /// What one step of an interleaving does, after the clock moved on.
@@ -54,7 +54,7 @@ struct Side {
     _host: SimHost,
     ctxs: ContextSet,
     store: EndpointStore,
-    params: Arc<EndpointParams>,
+    params: Arc<RdmaSection>,
     seen: Vec<(Arc<Endpoint>, EpState)>,
 }
 
@@ -62,15 +62,14 @@ impl Side {
     fn new(f: &Arc<SimFabric>, name: &str, kind: StoreKind, cap: usize) -> Side {
         let host = f.add_host(HostSpec::with_devices(1));
         let p = host.provider();
-        let ctxs =
-            ContextSet::open(&p, &["sim_mlx5_0".to_string()], &ContextParams { num_lanes: 2, ..Default::default() })
-                .expect("context");
+        let params = Arc::new(RdmaSection { num_lanes: 2, ..Settings::default().rdma });
+        let ctxs = ContextSet::open(&p, &["sim_mlx5_0".to_string()], &params, false).expect("context");
         Side {
             name: name.into(),
             _host: host,
             ctxs,
             store: EndpointStore::new(kind, cap).expect("store"),
-            params: Arc::new(EndpointParams::from_section(&RdmaSection { num_lanes: 2, ..Settings::default().rdma })),
+            params,
             seen: Vec::new(),
         }
     }

@@ -26,7 +26,7 @@ fn rail_engine(name: &str, extra: &[(&str, &str)]) -> Arc<Engine> {
 
 /// Bytes completed so far over each of `e`'s NICs.
 fn nic_bytes(e: &Engine) -> Vec<u64> {
-    e.rdma().expect("rdma").core().nics.iter().map(|n| n.completed.load(Ordering::Relaxed)).collect()
+    e.rdma().expect("rdma").core().nics().stats().iter().map(|n| n.completed.load(Ordering::Relaxed)).collect()
 }
 
 fn pattern(i: usize, round: usize) -> u8 {
@@ -119,7 +119,7 @@ fn blip_on_one_rail_moves_work_to_the_other_and_back() {
     }
     let during = nic_bytes(&a);
     assert!(stream.good() > good + 2, "rounds completed during the blip, over rail 1");
-    assert!(core.counters.retry_exceeded.load(Ordering::Relaxed) > 0, "rail 0's QPs reported retry-exceeded");
+    assert!(core.counters().retry_exceeded.load(Ordering::Relaxed) > 0, "rail 0's QPs reported retry-exceeded");
     f.set_path_dropped(nic(&a, 0), nic(&b, 0), false);
     let at_end = nic_bytes(&a);
     until(&f, Duration::from_millis(10), || nic_bytes(&a)[0] > at_end[0]);
@@ -187,7 +187,7 @@ fn a_write_posted_again_is_not_overtaken_by_its_old_packets() {
     let st = wait(&a, batch, BOUND);
     a.free_batch(batch).expect("free");
     assert_eq!(st[0].0, Status::Completed, "{st:?}");
-    assert!(core.counters.fenced_slices.load(Ordering::Relaxed) > 0, "a slice waited for its fence");
+    assert!(core.counters().fenced_slices.load(Ordering::Relaxed) > 0, "a slice waited for its fence");
     // B's owner writes new bytes there (as a caller told COMPLETED may have another engine do).
     for i in 0..len {
         // SAFETY: `dst` is B's registered buffer, which no transfer touches now.

@@ -250,7 +250,7 @@ fn notifications_cross_the_notify_qp_both_ways() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(got.contains("a-to-b=hello b"), "b received: {got}");
-    let sent = a.rdma().expect("rdma").core().counters.notifications_sent.load(Ordering::Relaxed);
+    let sent = a.rdma().expect("rdma").core().counters().notifications_sent.load(Ordering::Relaxed);
     assert!(sent >= 1, "the notification went over the notify QP, not the RPC");
 
     assert_eq!(b.cmd(&format!("NOTIFY {} hello a", a.segment_name())), "OK");
@@ -347,12 +347,12 @@ fn killed_peer_fails_its_work_and_a_restarted_one_is_reached_again() {
     // The peer comes back 1 s after its work failed, at the same address.
     std::thread::sleep((failed_at + Duration::from_secs(1)).saturating_duration_since(Instant::now()));
     let mut b2 = Peer::start(port, 1 << 20, 0);
-    let bootstraps = a.rdma().expect("rdma").core().counters.bootstraps_sent.load(Ordering::Relaxed);
+    let bootstraps = a.rdma().expect("rdma").core().counters().bootstraps_sent.load(Ordering::Relaxed);
     a.refresh_segment(hb).expect("learn the restarted peer's buffer");
     let resumed = write_until_it_works(&a, hb, local, b2.addr, 1 << 20);
     let since_failure = failed_at.elapsed();
     assert_eq!(b2.cmd("CHECK 0 1048576 9"), "OK", "the restarted peer got intact bytes");
-    let bootstraps = a.rdma().expect("rdma").core().counters.bootstraps_sent.load(Ordering::Relaxed) - bootstraps;
+    let bootstraps = a.rdma().expect("rdma").core().counters().bootstraps_sent.load(Ordering::Relaxed) - bootstraps;
     eprintln!(
         "killed peer: in-flight work ended {:.2} s after the kill; restarted 1 s later, reached {:.2} s after \
          it was up ({:.2} s after the failure, its start included), with {bootstraps} bootstrap(s)",

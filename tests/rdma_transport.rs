@@ -85,8 +85,8 @@ fn two_engines_write_and_read_over_rdma() {
     write_read(&a, &b, 100_003, 2);
     assert!(a.units_submitted(TransportKind::Rdma) >= 4);
     let ca = a.rdma().expect("rdma").core();
-    assert_eq!(ca.counters.root_errors.load(Ordering::Relaxed), 0);
-    assert_eq!(ca.counters.bootstraps_sent.load(Ordering::Relaxed), 1, "one handshake for the pair");
+    assert_eq!(ca.counters().root_errors.load(Ordering::Relaxed), 0);
+    assert_eq!(ca.counters().bootstraps_sent.load(Ordering::Relaxed), 1, "one handshake for the pair");
     let desc = a.local_segment().descriptor();
     assert_eq!(desc.devices.len(), 1);
 }
@@ -97,8 +97,8 @@ fn endpoints(e: &Engine) -> (Vec<Arc<tent::transport::rdma::Endpoint>>, usize) {
     (store.endpoints(), store.waiting_len())
 }
 
-fn counter(e: &Engine, f: impl Fn(&tent::transport::rdma::workers::Counters) -> &std::sync::atomic::AtomicU64) -> u64 {
-    f(&e.rdma().expect("rdma").core().counters).load(Ordering::Relaxed)
+fn counter(e: &Engine, f: impl Fn(&tent::transport::rdma::Counters) -> &std::sync::atomic::AtomicU64) -> u64 {
+    f(e.rdma().expect("rdma").core().counters()).load(Ordering::Relaxed)
 }
 
 /// Scenario 1: the stale accept. A (store capacity 1) evicts its endpoint to B by talking to C;
@@ -171,7 +171,7 @@ fn remote_access_error_fails_without_retries_or_rail_trips() {
     let h = a.open_segment(b.segment_name()).expect("open");
     let st = run(&a, &[req(Opcode::Write, src.as_ptr() as u64, h, dst.as_ptr() as u64, src.len() as u64)], BOUND);
     assert_eq!(st[0].0, Status::Failed, "{st:?}");
-    assert_eq!(a.rdma().expect("rdma").core().rails.trips(), 0, "a refused request is not the rail's fault");
+    assert_eq!(a.rdma().expect("rdma").core().rails().trips(), 0, "a refused request is not the rail's fault");
     write_read(&a, &b, 64 << 10, 3);
 }
 
@@ -424,11 +424,11 @@ fn scenario07_port_down_then_up() {
     let a = rdma_engine(name, &two);
     let b = rdma_engine(name, &two);
     let core = a.rdma().expect("rdma").core().clone();
-    let done = |i: usize| core.nics[i].completed.load(Ordering::Relaxed);
+    let done = |i: usize| core.nics().stats()[i].completed.load(Ordering::Relaxed);
     write_read(&a, &b, 512 << 10, 1);
     assert!(done(0) > 0 && done(1) > 0, "both NICs carry traffic");
     host(&a).set_port_active("sim_mlx5_0", false).expect("port down");
-    let ctx0 = core.contexts.get(0).expect("ctx").clone();
+    let ctx0 = core.nics().context(0).expect("ctx").clone();
     until(&f, Duration::ZERO, || ctx0.state() == tent::transport::rdma::ContextState::Paused);
     let before = done(0);
     write_read(&a, &b, 512 << 10, 2);
@@ -532,8 +532,8 @@ fn scenario06_eviction_while_busy() {
     let core = a.rdma().expect("rdma").core().clone();
     let store = core.store(0).expect("store");
     until(&f, Duration::ZERO, || store.len() == 256);
-    assert_eq!(core.rails.trips(), 0, "no rail was paused");
-    assert_eq!(core.rails.paused_count(f.now()), 0);
+    assert_eq!(core.rails().trips(), 0, "no rail was paused");
+    assert_eq!(core.rails().paused_count(f.now()), 0);
     assert_eq!(counter(&a, |c| &c.root_errors), 0, "evictions caused no root-cause failure");
     std::mem::forget((src, dsts));
 }
@@ -657,7 +657,7 @@ fn preempt_busy_endpoint(name: &str, store_type: &str) {
     assert!(counter(&a, |c| &c.flush_resubmits) >= 1, "flushed work was resubmitted");
     assert_eq!(counter(&a, |c| &c.root_errors), 0, "a preemption is not a failure");
     assert!(counter(&b, |c| &c.retired_on_mismatch) >= 1, "B retired the endpoint A gave up");
-    assert_eq!(a.rdma().expect("rdma").core().rails.trips(), 0, "no rail was paused");
+    assert_eq!(a.rdma().expect("rdma").core().rails().trips(), 0, "no rail was paused");
     until(&f, Duration::from_millis(1), || store.len() == 1 && store.waiting_len() == 0);
     b.free_batch(b_batch).expect("free");
     std::mem::forget((b_src, a_dst));
@@ -875,11 +875,11 @@ fn upstream_notify_offer_is_taken_and_tent_offer_declined() {
     let a = rdma_engine(name, &[]);
     let b = rdma_engine(name, &[]);
     let core = a.rdma().expect("rdma").core().clone();
-    let ctx = core.contexts.get(0).expect("context").clone();
+    let ctx = core.nics().context(0).expect("context").clone();
     let b_path = format!("{}@sim_mlx5_0", b.segment_name());
     let offer = |server: &str, upstream: bool| {
-        let ep = tent::transport::rdma::Endpoint::create(&ctx, 0, &b_path, server, "", &core.ep_params, true)
-            .expect("endpoint");
+        let ep =
+            tent::transport::rdma::Endpoint::create(&ctx, 0, &b_path, server, "", core.cfg(), true).expect("endpoint");
         let mut req = ep.local_desc(&b_path);
         assert_ne!(req.notify_qp_num, 0);
         if upstream {
@@ -973,7 +973,7 @@ fn high_work_goes_before_background_promoted_past_its_timeouts() {
     // The first HIGH write is on the wire (a submit may reach the lanes from another thread).
     let core = a.rdma().expect("rdma").core().clone();
     let start = Instant::now();
-    while core.nics[0].inflight.load(Ordering::Relaxed) == 0 {
+    while core.nics().stats()[0].inflight.load(Ordering::Relaxed) == 0 {
         assert!(start.elapsed() < BOUND, "the first HIGH write was never posted");
         std::thread::sleep(Duration::from_micros(100));
     }
@@ -984,7 +984,7 @@ fn high_work_goes_before_background_promoted_past_its_timeouts() {
     let second = submit(&[write(n + 1, 0)]);
     // Both HIGH writes and the one LOW write allowed beside them are on the wire.
     let start = Instant::now();
-    while core.nics[0].inflight.load(Ordering::Relaxed) < 3 * piece as u64 {
+    while core.nics().stats()[0].inflight.load(Ordering::Relaxed) < 3 * piece as u64 {
         assert!(start.elapsed() < BOUND, "the second HIGH write was never posted");
         std::thread::sleep(Duration::from_micros(100));
     }

@@ -180,7 +180,7 @@ fn an_engine_with_the_key_publishes_its_tcp_work() {
 /// Bytes `a` has posted to RDMA and not yet seen complete.
 fn rdma_in_flight(a: &Engine) -> u64 {
     let core = a.rdma().expect("rdma").core().clone();
-    core.nics.iter().map(|n| n.inflight.load(std::sync::atomic::Ordering::Relaxed)).sum()
+    core.nics().stats().iter().map(|n| n.inflight.load(std::sync::atomic::Ordering::Relaxed)).sum()
 }
 
 /// A LOW WRITE of 16 slices over RDMA (virtual clock standing still, so nothing completes)

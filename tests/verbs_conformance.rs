@@ -8,6 +8,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tent::config::keys;
+use tent::transport::rdma::provider::provider_from_config;
 use tent::verbs::sim::{HostSpec, SimFabric, SimHost};
 use tent::verbs::*;
 
@@ -853,8 +855,8 @@ fn realtime_fabric_times_out_on_the_wall_clock() {
 #[test]
 fn provider_from_config_builds_sim_hosts() {
     let mut cfg = tent::config::Config::new();
-    cfg.set(KEY_PROVIDER, serde_json::json!("sim"));
-    cfg.set(KEY_SIM_DEVICES, serde_json::json!(3));
+    cfg.set(keys::RDMA_PROVIDER, serde_json::json!("sim"));
+    cfg.set(keys::SIM_DEVICES, serde_json::json!(3));
     let p = provider_from_config(&cfg).expect("sim provider");
     assert_eq!(p.name(), "sim");
     assert_eq!(p.device_names().unwrap().len(), 3);
@@ -862,10 +864,10 @@ fn provider_from_config_builds_sim_hosts() {
     let g1 = Device::open(&p, "sim_mlx5_0").unwrap().query_gid(1, 3).unwrap().gid;
     let g2 = Device::open(&q, "sim_mlx5_0").unwrap().query_gid(1, 3).unwrap().gid;
     assert_ne!(g1, g2, "each engine gets its own host");
-    cfg.set(KEY_PROVIDER, serde_json::json!("rxe"));
+    cfg.set(keys::RDMA_PROVIDER, serde_json::json!("rxe"));
     assert!(provider_from_config(&cfg).is_err());
-    cfg.set(KEY_PROVIDER, serde_json::json!("sim"));
-    cfg.set(KEY_SIM_FAIL_STATUS, serde_json::json!("NOT_A_STATUS"));
+    cfg.set(keys::RDMA_PROVIDER, serde_json::json!("sim"));
+    cfg.set(keys::SIM_FAIL_STATUS, serde_json::json!("NOT_A_STATUS"));
     assert!(provider_from_config(&cfg).is_err());
 }
 
@@ -873,11 +875,11 @@ fn provider_from_config_builds_sim_hosts() {
 #[test]
 fn fail_every_nth_wr_config_knob_reaches_the_host() {
     let mut cfg = tent::config::Config::new();
-    cfg.set(KEY_PROVIDER, serde_json::json!("sim"));
-    cfg.set(KEY_SIM_FAIL_EVERY_NTH_WR, serde_json::json!(2));
-    cfg.set(KEY_SIM_FAIL_STATUS, serde_json::json!("REM_OP_ERR"));
+    cfg.set(keys::RDMA_PROVIDER, serde_json::json!("sim"));
+    cfg.set(keys::SIM_FAIL_EVERY_NTH_WR, serde_json::json!(2));
+    cfg.set(keys::SIM_FAIL_STATUS, serde_json::json!("REM_OP_ERR"));
     let pa = provider_from_config(&cfg).unwrap();
-    cfg.set(KEY_SIM_FAIL_EVERY_NTH_WR, serde_json::json!(0));
+    cfg.set(keys::SIM_FAIL_EVERY_NTH_WR, serde_json::json!(0));
     let pb = provider_from_config(&cfg).unwrap();
     let a = side_on(&pa, "sim_mlx5_0", 64, all_access());
     let b = side_on(&pb, "sim_mlx5_0", 64, all_access());
@@ -1043,8 +1045,8 @@ fn engines_can_join_a_named_virtual_fabric_and_tests_reach_their_hosts() {
     let name = format!("conformance-{}", std::process::id());
     fabric.register_as(&name);
     let mut cfg = tent::config::Config::new();
-    cfg.set(KEY_PROVIDER, serde_json::json!("sim"));
-    cfg.set(KEY_SIM_FABRIC, serde_json::json!(name));
+    cfg.set(keys::RDMA_PROVIDER, serde_json::json!("sim"));
+    cfg.set(keys::SIM_FABRIC, serde_json::json!(name));
     let pa = provider_from_config(&cfg).unwrap();
     let pb = provider_from_config(&cfg).unwrap();
     let ha = SimHost::from_provider(&pa).expect("a sim provider");
@@ -1059,7 +1061,7 @@ fn engines_can_join_a_named_virtual_fabric_and_tests_reach_their_hosts() {
     assert_eq!(poll_all(&a.cq)[0].status, WcStatus::RetryExcErr, "virtual time drove the timeout");
     assert_eq!(pa.clock().now(), fabric.now());
 
-    cfg.set(KEY_SIM_FABRIC, serde_json::json!("no-such-fabric"));
+    cfg.set(keys::SIM_FABRIC, serde_json::json!("no-such-fabric"));
     assert!(provider_from_config(&cfg).is_err());
     drop((a, b, pa, pb, ha));
     drop(fabric);

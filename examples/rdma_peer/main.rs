@@ -125,7 +125,7 @@ impl Peer {
             }
             "RDMA_NOTIFS" => match self.engine.rdma() {
                 Some(r) => {
-                    let c = &r.core().counters;
+                    let c = r.core().counters();
                     format!(
                         "RDMA_NOTIFS {} {}",
                         c.notifications_sent.load(Ordering::Relaxed),

@@ -434,16 +434,16 @@ impl Transfers {
     fn stats(&self) -> String {
         let Some(rdma) = self.engine.rdma() else { return "ERR no RDMA transport".into() };
         let core = rdma.core();
-        let c = &core.counters;
+        let c = core.counters();
         let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-        let nic_bytes: Vec<String> = core.nics.iter().map(|n| load(&n.completed).to_string()).collect();
+        let nic_bytes: Vec<String> = core.nics().stats().iter().map(|n| load(&n.completed).to_string()).collect();
         let (mut created, mut evicted, mut reclaimed) = (0, 0, 0);
-        for s in core.stores.iter().flatten() {
+        for s in core.nics().stores() {
             created += load(&s.stats.created);
             evicted += load(&s.stats.evicted);
             reclaimed += load(&s.stats.reclaimed);
         }
-        let now = core.clock.now();
+        let now = core.clock().now();
         format!(
             "STATS now_ns={} nic_bytes={} boot_sent={} boot_served={} stale_retired={} root_errors={} retry_exceeded={} \
              flush_resubmits={} timeouts={} paused={} trips={} created={created} evicted={evicted} \
@@ -457,9 +457,9 @@ impl Transfers {
             load(&c.retry_exceeded),
             load(&c.flush_resubmits),
             load(&c.timeouts),
-            core.rails.paused_count(now),
-            core.rails.trips(),
-            core.rails.probes(),
+            core.rails().paused_count(now),
+            core.rails().trips(),
+            core.rails().probes(),
             load(&c.fenced_slices),
         )
     }

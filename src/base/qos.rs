@@ -79,6 +79,14 @@ impl Default for QosParams {
     }
 }
 
+impl From<&crate::config::QosSection> for QosParams {
+    /// How the priority keys of the config (`transports/rdma/priority_promotion_*`) promote
+    /// held-back work, on every transport.
+    fn from(q: &crate::config::QosSection) -> QosParams {
+        QosParams { promotion_timeout: q.promotion_timeout, per_entry: q.per_entry }
+    }
+}
+
 /// Where a gate learns of other processes' work: the shared quota file
 /// ([`SharedQuota`](super::shared_quota::SharedQuota)).
 pub trait Foreign: Send + Sync {

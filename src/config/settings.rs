@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::Config;
 use super::reader::{KeySpec, Reader, unknown_keys};
+use super::{Config, keys};
 
 /// Engine-wide behaviour.
 #[derive(Debug, Clone, PartialEq)]
@@ -365,19 +365,19 @@ fn engine(r: &mut Reader) -> EngineSection {
 
 fn metadata(r: &mut Reader) -> MetadataSection {
     MetadataSection {
-        kind: r.choice("metadata_type", "p2p", &["p2p", "etcd", "redis", "http"]),
-        servers: r.string("metadata_servers", ""),
+        kind: r.choice(keys::METADATA_TYPE, "p2p", &["p2p", "etcd", "redis", "http"]),
+        servers: r.string(keys::METADATA_SERVERS, ""),
         ttl: Duration::from_secs(r.uint("metadata_ttl_secs", 30, 1, 86_400)),
         timeout: ms(r.uint("metadata_timeout_ms", 3000, 1, MS_MAX)),
-        local_segment_name: r.string("local_segment_name", ""),
-        p2p_segment_host: r.string("p2p_segment_host", ""),
+        local_segment_name: r.string(keys::LOCAL_SEGMENT_NAME, ""),
+        p2p_segment_host: r.string(keys::P2P_SEGMENT_HOST, ""),
     }
 }
 
 fn rpc(r: &mut Reader) -> RpcSection {
     RpcSection {
-        hostname: r.string("rpc_server_hostname", ""),
-        port: r.int("rpc_server_port", 0, 0, 65535) as u16,
+        hostname: r.string(keys::RPC_SERVER_HOSTNAME, ""),
+        port: r.int(keys::RPC_SERVER_PORT, 0, 0, 65535) as u16,
         threads: r.int("rpc_server_threads", 1, 1, 1024) as usize,
         data_threads: r.int("rpc_server_data_threads", 4, 1, 1024) as usize,
         connect_timeout: ms(r.uint("rpc_connect_timeout_ms", 5000, 1, MS_MAX)),
@@ -488,13 +488,13 @@ fn endpoint(r: &mut Reader) -> EndpointSection {
 
 fn rdma(r: &mut Reader) -> RdmaSection {
     let section = RdmaSection {
-        enable: r.bool("transports/rdma/enable", true),
-        provider: r.choice("transports/rdma/provider", "ibverbs", &["ibverbs", "sim"]),
+        enable: r.bool(keys::RDMA_ENABLE, true),
+        provider: r.choice(keys::RDMA_PROVIDER, "ibverbs", &["ibverbs", "sim"]),
         sim: SimSection {
-            devices: r.int("transports/rdma/sim/devices", 1, 0, 15) as usize,
-            fabric: r.string("transports/rdma/sim/fabric", ""),
-            fail_every_nth_wr: r.uint("transports/rdma/sim/fail_every_nth_wr", 0, 0, u64::MAX),
-            fail_status: r.string("transports/rdma/sim/fail_status", "RETRY_EXC_ERR"),
+            devices: r.int(keys::SIM_DEVICES, 1, 0, 15) as usize,
+            fabric: r.string(keys::SIM_FABRIC, ""),
+            fail_every_nth_wr: r.uint(keys::SIM_FAIL_EVERY_NTH_WR, 0, 0, u64::MAX),
+            fail_status: r.string(keys::SIM_FAIL_STATUS, "RETRY_EXC_ERR"),
         },
         num_lanes: lanes(r),
         port: r.int("transports/rdma/device/port", 1, 1, 255) as u8,
@@ -660,7 +660,7 @@ fn runtime_queue(r: &mut Reader) -> Option<RuntimeQueueSection> {
 
 fn topology(r: &mut Reader) -> TopologySection {
     TopologySection {
-        rdma_whitelist: r.str_list("topology/rdma_whitelist"),
+        rdma_whitelist: r.str_list(keys::RDMA_WHITELIST),
         rdma_blacklist: r.str_list("topology/rdma_blacklist"),
     }
 }

@@ -142,7 +142,7 @@ pub fn classic_config(
 pub fn start(conn: &str, local_server_name: &str, ip_or_host_name: &str, devices: &[String]) -> Result<Arc<Engine>> {
     let mut cfg = classic_config(conn, local_server_name, ip_or_host_name, &|k| std::env::var(k).ok());
     if !devices.is_empty() {
-        cfg.set("topology/rdma_whitelist", serde_json::json!(devices));
+        cfg.set(keys::RDMA_WHITELIST, serde_json::json!(devices));
     }
     Engine::new(super::effective_config(cfg))
 }

@@ -174,7 +174,7 @@ pub(super) fn start_rdma(settings: &Settings, name: &str, client: &Arc<RpcClient
     if !settings.rdma.enable {
         return None;
     }
-    let started = crate::verbs::provider_from_settings(&settings.rdma)
+    let started = crate::transport::rdma::provider::open_provider(&settings.rdma)
         .and_then(|p| RdmaTransport::new(settings, p, name, client.clone()));
     match started {
         Ok(t) => Some(Arc::new(t)),

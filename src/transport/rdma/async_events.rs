@@ -9,7 +9,7 @@ use crate::verbs::{AsyncEventKind, EventElement};
 /// pauses the context (and retires its endpoints so their work moves to other NICs), port active
 /// resumes it.
 pub fn drain_async_events(core: &Core) {
-    for (nic, ctx) in core.contexts.live() {
+    for (nic, ctx) in core.nics().contexts().live() {
         loop {
             let ev = match ctx.poll_async_event() {
                 Ok(Some(ev)) => ev,
@@ -19,13 +19,13 @@ pub fn drain_async_events(core: &Core) {
                     break;
                 }
             };
-            let now = core.clock.now();
+            let now = core.clock().now();
             match (ev.kind, ev.element) {
                 (
                     AsyncEventKind::QpFatal | AsyncEventKind::QpReqErr | AsyncEventKind::QpAccessErr,
                     EventElement::Qp(qpn),
                 ) => {
-                    if let Some(store) = core.store(nic) {
+                    if let Some(store) = core.nics().store(nic) {
                         for ep in store.endpoints() {
                             if ep.qp_numbers().contains(&qpn) {
                                 tracing::warn!("{}: QP {qpn} fatal, retiring the endpoint", ep.key);
@@ -40,7 +40,7 @@ pub fn drain_async_events(core: &Core) {
                 (AsyncEventKind::PortErr | AsyncEventKind::DeviceFatal, _) => {
                     tracing::warn!("{}: {:?}, pausing the NIC", ctx.name(), ev.kind);
                     ctx.pause();
-                    if let Some(store) = core.store(nic) {
+                    if let Some(store) = core.nics().store(nic) {
                         store.retire_all(now);
                     }
                 }
@@ -49,7 +49,7 @@ pub fn drain_async_events(core: &Core) {
                     ctx.resume();
                 }
                 (AsyncEventKind::CqErr, _) => {
-                    core.counters.cq_errors.fetch_add(1, Ordering::Relaxed);
+                    core.counters().cq_errors.fetch_add(1, Ordering::Relaxed);
                     tracing::error!("{}: CQ overrun reported", ctx.name());
                 }
                 _ => tracing::debug!("{}: async event {:?}", ctx.name(), ev.kind),

@@ -18,59 +18,6 @@ use crate::config::{RdmaSection, TopologySection};
 use crate::error::{Error, Result};
 use crate::verbs::{Access, AsyncEvent, Cq, Device, GidEntry, GidType, Mr, Mtu, Pd, PortAttr, PortState, Provider};
 
-/// The context parameters read from `transports/rdma/...`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ContextParams {
-    /// Lanes: one data CQ per lane on every context.
-    pub num_lanes: usize,
-    /// Port number, from 1.
-    pub port: u8,
-    /// GID index; negative means pick the best automatically.
-    pub gid_index: i32,
-    /// CQ size asked for.
-    pub max_cqe: u32,
-    /// Path MTU asked for.
-    pub path_mtu: Mtu,
-    /// SGEs per request asked for.
-    pub max_sge: u32,
-    /// Queue depth per QP asked for.
-    pub max_qp_wr: u32,
-    /// Log the GID table on open.
-    pub verbose: bool,
-}
-
-impl Default for ContextParams {
-    fn default() -> Self {
-        ContextParams {
-            num_lanes: 6,
-            port: 1,
-            gid_index: -1,
-            max_cqe: 4096,
-            path_mtu: Mtu::Mtu4096,
-            max_sge: 4,
-            max_qp_wr: 256,
-            verbose: false,
-        }
-    }
-}
-
-impl ContextParams {
-    /// The parameters of an RDMA section (ranges are checked when the config is parsed);
-    /// `verbose` logs the GID table on open.
-    pub fn from_section(r: &RdmaSection, verbose: bool) -> ContextParams {
-        ContextParams {
-            num_lanes: r.num_lanes,
-            port: r.port,
-            gid_index: r.gid_index,
-            max_cqe: r.max_cqe,
-            path_mtu: Mtu::from_config_bytes(r.endpoint.path_mtu),
-            max_sge: r.endpoint.max_sge,
-            max_qp_wr: r.endpoint.max_qp_wr,
-            verbose,
-        }
-    }
-}
-
 /// The parameters after clamping to one device's limits, kept per context.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContextLimits {
@@ -93,22 +40,22 @@ pub struct ContextLimits {
     pub max_retry_cnt: u8,
 }
 
-/// Clamps `p` to the device and port: fails when the device has fewer CQs than the lanes plus
-/// the notification CQ.
-pub fn clamp_to_device(p: &ContextParams, dev: &crate::verbs::DeviceAttr, port: &PortAttr) -> Result<ContextLimits> {
-    if p.num_lanes as u64 + 1 > u64::from(dev.max_cq) {
+/// Clamps what RDMA section `cfg` asks for to the device and port: fails when the device has
+/// fewer CQs than the lanes plus the notification CQ.
+pub fn clamp_to_device(cfg: &RdmaSection, dev: &crate::verbs::DeviceAttr, port: &PortAttr) -> Result<ContextLimits> {
+    if cfg.num_lanes as u64 + 1 > u64::from(dev.max_cq) {
         return Err(Error::InvalidArgument(format!(
             "{} lanes need {} CQs but the device has {}",
-            p.num_lanes,
-            p.num_lanes + 1,
+            cfg.num_lanes,
+            cfg.num_lanes + 1,
             dev.max_cq
         )));
     }
     Ok(ContextLimits {
-        max_cqe: p.max_cqe.min(dev.max_cqe),
-        path_mtu: p.path_mtu.min(port.active_mtu),
-        max_sge: p.max_sge.min(dev.max_sge),
-        max_qp_wr: p.max_qp_wr.min(dev.max_qp_wr),
+        max_cqe: cfg.max_cqe.min(dev.max_cqe),
+        path_mtu: Mtu::from_config_bytes(cfg.endpoint.path_mtu).min(port.active_mtu),
+        max_sge: cfg.endpoint.max_sge.min(dev.max_sge),
+        max_qp_wr: cfg.endpoint.max_qp_wr.min(dev.max_qp_wr),
         // A device reporting 0 still takes 1 outstanding READ; the u8 attribute caps at 255.
         max_dest_rd_atomic: dev.max_qp_rd_atom.clamp(1, 255) as u8,
         max_rd_atomic: dev.max_qp_init_rd_atom.clamp(1, 255) as u8,
@@ -276,19 +223,29 @@ struct Resources {
 pub struct RdmaContext {
     name: String,
     provider: Arc<dyn Provider>,
-    params: ContextParams,
+    /// What it was opened with: `num_lanes`, `port`, `gid_index`, `max_cqe` and the endpoint
+    /// sizes it clamps (`transports/rdma/...`).
+    cfg: Arc<RdmaSection>,
+    /// Log the GID table on open (`verbose`).
+    verbose: bool,
     state: AtomicU8,
     res: RwLock<Option<Resources>>,
 }
 
 impl RdmaContext {
-    /// Constructs a context for device `name` (UNINIT -> DISABLED) and enables it. The whole
-    /// open fails when enabling fails.
-    pub fn open(provider: &Arc<dyn Provider>, name: &str, params: &ContextParams) -> Result<Arc<RdmaContext>> {
+    /// Constructs a context for device `name` (UNINIT -> DISABLED) as RDMA section `cfg` says
+    /// and enables it; `verbose` logs its GID table. The whole open fails when enabling fails.
+    pub fn open(
+        provider: &Arc<dyn Provider>,
+        name: &str,
+        cfg: &Arc<RdmaSection>,
+        verbose: bool,
+    ) -> Result<Arc<RdmaContext>> {
         let ctx = Arc::new(RdmaContext {
             name: name.to_string(),
             provider: provider.clone(),
-            params: params.clone(),
+            cfg: cfg.clone(),
+            verbose,
             state: AtomicU8::new(ContextState::Uninit as u8),
             res: RwLock::new(None),
         });
@@ -307,11 +264,6 @@ impl RdmaContext {
         ContextState::from_u8(self.state.load(Ordering::Acquire))
     }
 
-    /// The parameters as configured (before clamping).
-    pub fn params(&self) -> &ContextParams {
-        &self.params
-    }
-
     /// Opens the device and creates the PD and CQs (DISABLED -> ENABLED, or PAUSED when the
     /// port is not ACTIVE). Does nothing when already enabled or paused. On failure everything
     /// created is released and the context stays DISABLED.
@@ -325,7 +277,7 @@ impl RdmaContext {
             ContextState::Disabled => {}
         }
         let r = self.create_resources()?;
-        let active = r.device.query_port(self.params.port).map(|p| p.state == PortState::Active).unwrap_or(false);
+        let active = r.device.query_port(self.cfg.port).map(|p| p.state == PortState::Active).unwrap_or(false);
         *res = Some(r);
         let st = if active { ContextState::Enabled } else { ContextState::Paused };
         self.state.store(st as u8, Ordering::Release);
@@ -333,7 +285,7 @@ impl RdmaContext {
     }
 
     fn create_resources(&self) -> Result<Resources> {
-        let p = &self.params;
+        let p = &self.cfg;
         let names = self.provider.device_names().map_err(Error::from)?;
         if names.is_empty() {
             return Err(Error::Unavailable("No RDMA devices found".into()));
@@ -351,7 +303,7 @@ impl RdmaContext {
         }
         let port = device.query_port(p.port)?;
         let limits = clamp_to_device(p, &dev_attr, &port)?;
-        if p.verbose {
+        if self.verbose {
             for e in device.gid_table(p.port)? {
                 tracing::info!(
                     "{} port {} GID[{}] {:?} {:?} netdev {:?}",
@@ -379,7 +331,7 @@ impl RdmaContext {
     }
 
     fn choose_gid(&self, device: &Device, port: &PortAttr) -> Result<GidEntry> {
-        let p = &self.params;
+        let p = &self.cfg;
         if p.gid_index < 0 {
             let table = device.gid_table(p.port)?;
             let idx = pick_best_gid(&table)
@@ -485,7 +437,7 @@ impl RdmaContext {
 
     /// Number of lanes (data CQs).
     pub fn num_lanes(&self) -> usize {
-        self.params.num_lanes
+        self.cfg.num_lanes
     }
 
     /// The GID entry in use.
@@ -500,7 +452,7 @@ impl RdmaContext {
 
     /// The port in use.
     pub fn port(&self) -> u8 {
-        self.params.port
+        self.cfg.port
     }
 
     /// The parameters clamped to this device.
@@ -519,7 +471,7 @@ impl RdmaContext {
     /// Re-reads the port and moves ENABLED <-> PAUSED to match it; returns the new state.
     pub fn refresh_port_state(&self) -> ContextState {
         if let Some(d) = self.device() {
-            match d.query_port(self.params.port) {
+            match d.query_port(self.cfg.port) {
                 Ok(p) if p.state == PortState::Active => {
                     self.resume();
                 }
@@ -588,12 +540,18 @@ impl BufferRegistration {
 }
 
 impl ContextSet {
-    /// Opens one context per name (NicID = position). Failures are logged and leave an empty
-    /// slot; it is an error only when no context came up.
-    pub fn open(provider: &Arc<dyn Provider>, names: &[String], params: &ContextParams) -> Result<ContextSet> {
+    /// Opens one context per name (NicID = position) as RDMA section `cfg` says (`verbose`:
+    /// log their GID tables). Failures are logged and leave an empty slot; it is an error only
+    /// when no context came up.
+    pub fn open(
+        provider: &Arc<dyn Provider>,
+        names: &[String],
+        cfg: &Arc<RdmaSection>,
+        verbose: bool,
+    ) -> Result<ContextSet> {
         let slots: Vec<Option<Arc<RdmaContext>>> = names
             .iter()
-            .map(|n| match RdmaContext::open(provider, n, params) {
+            .map(|n| match RdmaContext::open(provider, n, cfg, verbose) {
                 Ok(c) => Some(c),
                 Err(e) => {
                     tracing::warn!("RDMA device {n} is not used: {e}");

@@ -1,135 +1,205 @@
-//! What every thread of the RDMA transport shares: the contexts and endpoint stores, the lane
-//! tunables, per-NIC load, counters, and the few operations on them that every part uses.
+//! What every thread of the RDMA transport shares: the owners of its state (the local NICs,
+//! the rail monitor, the fences, the notify index, the connector, the priority gate and the
+//! counters), and the few operations that combine them.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use parking_lot::Mutex;
-
-use super::Endpoint;
-use super::bootstrap::split_nic_path;
-use super::connector::ConnectorMsg;
-use super::context::ContextSet;
-use super::endpoint::EndpointParams;
-use super::fence::Fence;
-use super::notify_index::{NotifyEntry, NotifySink};
+use super::connector::{Connector, ConnectorInbox};
+use super::counters::Counters;
+use super::endpoint::{Endpoint, EpState};
+use super::fence::Fences;
+use super::nics::Nics;
+use super::notify_index::NotifyIndex;
 use super::rail::RailMonitor;
-use super::store::EndpointStore;
-use crate::base::qos::{Gate, QosParams};
-use crate::config::RdmaSection;
+use crate::base::qos::{Foreign, Gate, QosParams};
+use crate::base::shared_quota::{QuotaPath, SharedQuota};
+use crate::config::{QosSection, RdmaSection, TopologySection};
 use crate::control::client::RpcClient;
-use crate::verbs::Clock;
+use crate::error::Result;
+use crate::verbs::{Clock, Provider};
 
-/// Lane tunables (`transports/rdma/workers/*`, `transports/rdma/max_timeout_ns`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WorkerParams {
-    /// Attempts per slice over root-cause failures.
-    pub max_retry_count: u32,
-    /// Slicing unit.
-    pub block_size: u64,
-    /// Every task ends within this time after submission, whatever its slices' state.
-    pub max_timeout: Duration,
-    /// Resubmissions after flushes caused by our own retirement (these spend no retries).
-    pub flush_budget: u32,
-    /// How long a slice waits for its endpoint to connect before it takes another pair's
-    /// connected endpoint instead.
-    pub connect_patience: Duration,
-    /// How long one bootstrap RPC waits for the peer's answer before it is sent again on a new
-    /// connection.
-    pub bootstrap_timeout: Duration,
-    /// How the lanes promote slices held back by higher-priority work.
-    pub qos: QosParams,
-}
-
-impl WorkerParams {
-    /// The lane tunables of an RDMA section.
-    pub fn from_section(r: &RdmaSection) -> WorkerParams {
-        WorkerParams {
-            max_retry_count: r.max_retry_count,
-            block_size: r.block_size,
-            max_timeout: r.max_timeout,
-            flush_budget: r.flush_budget,
-            connect_patience: r.connect_patience,
-            bootstrap_timeout: r.endpoint.bootstrap_timeout,
-            qos: QosParams::default(),
-        }
-    }
-}
-
-pub use super::spray::NicStats;
-use super::spray::SchedParams;
-
-/// Counters tests and logs read.
+/// Slices below HIGH posted and not yet completed, over every lane: while HIGH work is active
+/// (or just ended), the lanes keep at most [`crate::base::qos::ALLOWANCE`] per NIC of them on
+/// the wire.
 #[derive(Default)]
-pub struct Counters {
-    pub bootstraps_sent: AtomicU64,
-    pub bootstraps_served: AtomicU64,
-    pub retired_on_mismatch: AtomicU64,
-    pub root_errors: AtomicU64,
-    /// Root-cause errors that were retry-exceeded completions: no answer from the peer's QP
-    /// (a link down, a lossy path, a peer host gone).
-    pub retry_exceeded: AtomicU64,
-    pub flush_resubmits: AtomicU64,
-    pub timeouts: AtomicU64,
-    pub stale_completions: AtomicU64,
-    pub forced_records: AtomicU64,
-    /// WRITE slices that waited for the peer to retire an endpoint they had been posted on.
-    pub fenced_slices: AtomicU64,
-    pub cq_errors: AtomicU64,
-    pub notifications_sent: AtomicU64,
-    pub notifications_received: AtomicU64,
+pub struct WirePlaces {
+    taken: AtomicUsize,
+}
+
+impl WirePlaces {
+    /// Counts one more background slice on the wire if fewer than `limit` are; false when
+    /// the limit is reached.
+    pub fn take(&self, limit: usize) -> bool {
+        self.taken.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| (n < limit).then_some(n + 1)).is_ok()
+    }
+
+    /// Gives back a place [`WirePlaces::take`] counted.
+    pub fn release(&self) {
+        self.taken.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// How many background slices are on the wire.
+    pub fn taken(&self) -> usize {
+        self.taken.load(Ordering::Relaxed)
+    }
 }
 
 /// What every thread of the transport shares.
 pub struct Core {
-    pub contexts: ContextSet,
-    /// Device names by NicID (also for slots whose context failed to open).
-    pub device_names: Vec<String>,
-    pub stores: Vec<Option<Arc<EndpointStore>>>,
-    pub ep_params: Arc<EndpointParams>,
-    pub wp: WorkerParams,
-    pub clock: Arc<dyn Clock>,
-    /// Our NIC paths' server part (the segment name).
-    pub local_server: String,
-    pub client: Arc<RpcClient>,
-    pub connector: Mutex<Option<mpsc::Sender<ConnectorMsg>>>,
-    pub rails: RailMonitor,
-    pub stopping: AtomicBool,
-    pub nics: Vec<Arc<NicStats>>,
-    /// How slices pick their NIC.
-    pub sched: SchedParams,
-    /// The host's NUMA distances (empty with one node: buffers' nodes are then not looked up).
-    pub numa_distances: Vec<Vec<u32>>,
+    /// `transports/rdma/*`.
+    cfg: Arc<RdmaSection>,
+    /// How the lanes promote slices held back by higher-priority work.
+    qos: QosParams,
+    clock: Arc<dyn Clock>,
+    nics: Arc<Nics>,
+    rails: Arc<RailMonitor>,
+    fences: Arc<Fences>,
+    notify: NotifyIndex,
+    connector: Arc<Connector>,
     /// Counts this transport's active tasks per level (each job holds a ticket until it ends),
     /// so every lane sees HIGH work that another lane moves. With a quota file
     /// (`shared_quota_shm_path`) it publishes them in this transport's slot there, and counts
     /// other processes' RDMA work like its own.
-    pub gate: Arc<Gate>,
-    /// Slices below HIGH posted and not yet completed, over every lane: while HIGH work is
-    /// active (or just ended), the lanes keep at most [`crate::base::qos::ALLOWANCE`] per NIC.
-    pub background_on_wire: AtomicUsize,
-    pub counters: Counters,
-    /// Notify QP number -> channel and endpoint, for notify completions.
-    pub notify_index: Mutex<HashMap<u32, NotifyEntry>>,
-    /// Servers known to be tent-rs engines (their bootstraps carry a nonce). They connect a
-    /// notify QP when one is first used, so new endpoints to them are made without one.
-    pub tent_peers: Mutex<HashSet<String>>,
-    pub notify_sink: Mutex<Option<NotifySink>>,
-    /// When a bootstrap last settled the peer's side of each (local NicID, peer NIC path): see
-    /// `fence.rs`.
-    pub fences: Mutex<HashMap<(usize, String), Fence>>,
+    gate: Arc<Gate>,
+    wire: WirePlaces,
+    counters: Arc<Counters>,
+    stopping: AtomicBool,
 }
 
 impl Core {
-    /// Counts one more background slice on the wire if fewer than `limit` are (see
-    /// `background_on_wire`); false when the limit is reached.
-    pub(super) fn take_wire_place(&self, limit: usize) -> bool {
-        self.background_on_wire
-            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| (n < limit).then_some(n + 1))
-            .is_ok()
+    /// Opens the NICs of `provider` (see [`Nics::open`]) and builds the state every thread
+    /// shares; the connector's thread is to be run with the inbox returned beside it.
+    pub fn start(
+        provider: &Arc<dyn Provider>,
+        cfg: &Arc<RdmaSection>,
+        qos: &QosSection,
+        topology: &TopologySection,
+        verbose: bool,
+        local_server: &str,
+        client: Arc<RpcClient>,
+    ) -> Result<(Arc<Core>, ConnectorInbox)> {
+        let clock = provider.clock();
+        let nics = Arc::new(Nics::open(provider, cfg, topology, verbose, local_server)?);
+        let rails = Arc::new(RailMonitor::new(cfg));
+        let fences = Arc::new(Fences::default());
+        let counters = Arc::new(Counters::default());
+        let (connector, inbox) =
+            Connector::new(cfg, client, nics.clone(), fences.clone(), rails.clone(), counters.clone(), clock.clone());
+        let qos_params = QosParams::from(qos);
+        let quota = SharedQuota::open(&qos.shared_quota_path, QuotaPath::Rdma);
+        let core = Core {
+            cfg: cfg.clone(),
+            qos: qos_params,
+            clock,
+            nics,
+            rails,
+            fences,
+            notify: NotifyIndex::default(),
+            connector: Arc::new(connector),
+            gate: Gate::new(qos_params, quota.map(|q| q as Arc<dyn Foreign>)),
+            wire: WirePlaces::default(),
+            counters,
+            stopping: AtomicBool::new(false),
+        };
+        Ok((Arc::new(core), inbox))
+    }
+
+    /// The RDMA settings the transport runs with.
+    pub fn cfg(&self) -> &Arc<RdmaSection> {
+        &self.cfg
+    }
+
+    /// How held-back work is promoted.
+    pub fn qos(&self) -> QosParams {
+        self.qos
+    }
+
+    /// The provider's clock (virtual on a test fabric).
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// The local NICs.
+    pub fn nics(&self) -> &Nics {
+        &self.nics
+    }
+
+    /// Which NIC pairs may carry traffic.
+    pub fn rails(&self) -> &RailMonitor {
+        &self.rails
+    }
+
+    /// The fences of retired endpoints' NIC pairs.
+    pub fn fences(&self) -> &Fences {
+        &self.fences
+    }
+
+    /// The notify channels and where notifications go.
+    pub fn notify(&self) -> &NotifyIndex {
+        &self.notify
+    }
+
+    /// The connector.
+    pub fn connector(&self) -> &Arc<Connector> {
+        &self.connector
+    }
+
+    /// The priority gate of RDMA tasks.
+    pub fn gate(&self) -> &Arc<Gate> {
+        &self.gate
+    }
+
+    /// Background slices on the wire.
+    pub fn wire(&self) -> &WirePlaces {
+        &self.wire
+    }
+
+    /// What the transport counts.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// The endpoint store of NIC `nic_id` (a shorthand for tests and diagnostics).
+    pub fn store(&self, nic_id: usize) -> Option<&Arc<super::store::EndpointStore>> {
+        self.nics.store(nic_id)
+    }
+
+    /// Whether the transport is shutting down.
+    pub fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
+    }
+
+    /// Tells every thread to end; the connector stops taking requests.
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::Release);
+        self.connector.stop();
+    }
+
+    /// Takes `ep` out of its store and retires it (its QPs flush).
+    pub fn retire_endpoint(&self, ep: &Arc<Endpoint>) {
+        self.nics.retire(ep);
+    }
+
+    /// The endpoint of NIC `nic` towards peer NIC path `key` (whose RPC server is `peer_rpc`),
+    /// created when there is none: with a notify QP when the peer is offered one, its notify
+    /// channel tracked. `Ok(None)` when the NIC has no context.
+    pub fn endpoint(&self, nic: usize, key: &str, peer_rpc: &str) -> Result<Option<Arc<Endpoint>>> {
+        let ep = self.nics.endpoint(nic, key, peer_rpc, || self.connector.offers_notify(key))?;
+        if let Some(ep) = &ep {
+            self.notify.track(ep);
+        }
+        Ok(ep)
+    }
+
+    /// Makes sure a newer endpoint for `old`'s NIC pair exists and is connecting, so that its
+    /// bootstrap fences `old` (`peer_rpc`: where the peer's RPC server is; see `fence.rs`).
+    pub fn start_fence(&self, old: &Arc<Endpoint>, peer_rpc: &str) {
+        match self.endpoint(old.nic_id, &old.key, peer_rpc) {
+            Ok(Some(ep)) if ep.state() == EpState::Handshaking => self.connector.request_connect(&ep, peer_rpc),
+            Ok(_) => {}
+            Err(e) => tracing::debug!("cannot make an endpoint to fence {}: {e}", old.key),
+        }
     }
 
     /// The endpoint events and store occupancy, in the metrics' terms.
@@ -137,51 +207,15 @@ impl Core {
         use std::sync::atomic::Ordering::Relaxed;
         let mut snap = crate::metrics::RdmaSnapshot::default();
         snap.events[1] = self.counters.retired_on_mismatch.load(Relaxed);
-        for (i, store) in self.stores.iter().enumerate() {
-            let Some(store) = store else { continue };
+        for (i, name) in self.nics.names().iter().enumerate() {
+            let Some(store) = self.nics.store(i) else { continue };
             snap.events[0] += store.stats.created.load(Relaxed);
             snap.events[2] += store.stats.evicted.load(Relaxed);
             snap.events[3] += store.stats.reclaimed.load(Relaxed);
             snap.events[4] += store.stats.forced.load(Relaxed);
             snap.events[5] += store.stats.evicted_busy.load(Relaxed);
-            let nic = self.device_names.get(i).cloned().unwrap_or_else(|| format!("nic{i}"));
-            snap.occupancy.push((nic, store.len() as u64));
+            snap.occupancy.push((name.clone(), store.len() as u64));
         }
         snap
-    }
-
-    /// The store of NIC `nic_id`.
-    pub fn store(&self, nic_id: usize) -> Option<&Arc<EndpointStore>> {
-        self.stores.get(nic_id).and_then(Option::as_ref)
-    }
-
-    /// Takes `ep` out of its store and retires it (its QPs flush).
-    pub fn retire_endpoint(&self, ep: &Arc<Endpoint>) {
-        let now = self.clock.now();
-        match self.store(ep.nic_id) {
-            Some(s) if s.remove(ep, now) => {}
-            _ => {
-                ep.retire(now);
-            }
-        }
-    }
-
-    /// Whether a new endpoint towards `key` (`server@nic`) should come with a notify QP. An
-    /// upstream peer connects its notify QP only in the first bootstrap and sends notifications
-    /// over it unannounced, so it is offered one; a tent-rs peer declines the offer and both
-    /// sides connect one when it is first used.
-    pub fn offers_notify(&self, key: &str) -> bool {
-        let server = split_nic_path(key).map_or(key, |(s, _)| s);
-        self.ep_params.notify && !self.tent_peers.lock().contains(server)
-    }
-
-    /// Remembers that the server of NIC path `path` is a tent-rs engine.
-    pub(super) fn learn_tent_peer(&self, path: &str) {
-        if let Some((server, _)) = split_nic_path(path) {
-            let mut peers = self.tent_peers.lock();
-            if !peers.contains(server) {
-                peers.insert(server.to_string());
-            }
-        }
     }
 }

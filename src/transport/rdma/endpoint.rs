@@ -58,67 +58,6 @@ impl EpState {
     }
 }
 
-/// The RC attributes and sizes of data QPs (`transports/rdma/endpoint/*`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EndpointParams {
-    pub num_lanes: usize,
-    pub max_qp_wr: u32,
-    pub max_sge: u32,
-    pub max_inline_bytes: u32,
-    pub path_mtu: Mtu,
-    pub pkey_index: u16,
-    pub hop_limit: u8,
-    pub flow_label: u32,
-    pub traffic_class: u8,
-    pub service_level: u8,
-    pub src_path_bits: u8,
-    pub static_rate: u8,
-    pub rq_psn: u32,
-    pub max_dest_rd_atomic: u8,
-    pub min_rnr_timer: u8,
-    pub sq_psn: u32,
-    pub send_timeout: u8,
-    pub send_retry_count: u8,
-    pub send_rnr_count: u8,
-    pub max_rd_atomic: u8,
-    /// How long a retired endpoint may wait for its flushes before it is destroyed anyway.
-    pub drain_timeout: Duration,
-    /// Give each endpoint a notify QP (`transports/rdma/notify/enable`).
-    pub notify: bool,
-}
-
-impl EndpointParams {
-    /// The endpoint parameters of an RDMA section (upstream's defaults; ranges are checked
-    /// when the config is parsed).
-    pub fn from_section(r: &RdmaSection) -> EndpointParams {
-        let e = &r.endpoint;
-        EndpointParams {
-            num_lanes: r.num_lanes,
-            max_qp_wr: e.max_qp_wr,
-            max_sge: e.max_sge,
-            max_inline_bytes: e.max_inline_bytes,
-            path_mtu: Mtu::from_config_bytes(e.path_mtu),
-            pkey_index: e.pkey_index,
-            hop_limit: e.hop_limit,
-            flow_label: e.flow_label,
-            traffic_class: e.traffic_class,
-            service_level: e.service_level,
-            src_path_bits: e.src_path_bits,
-            static_rate: e.static_rate,
-            rq_psn: e.rq_psn,
-            max_dest_rd_atomic: e.max_dest_rd_atomic,
-            min_rnr_timer: e.min_rnr_timer,
-            sq_psn: e.sq_psn,
-            send_timeout: e.send_timeout,
-            send_retry_count: e.send_retry_count,
-            send_rnr_count: e.send_rnr_count,
-            max_rd_atomic: e.max_rd_atomic,
-            drain_timeout: e.drain_timeout,
-            notify: r.notify,
-        }
-    }
-}
-
 /// Who the endpoint is connected to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Peer {
@@ -172,7 +111,9 @@ pub struct Endpoint {
     pub peer_rpc: String,
     local_path: String,
     ctx: Arc<RdmaContext>,
-    params: Arc<EndpointParams>,
+    /// The QP attributes and sizes (`transports/rdma/endpoint/*`), `num_lanes` and
+    /// `notify/enable`.
+    cfg: Arc<RdmaSection>,
     nonce: u64,
     /// The first PSN our data QPs send with when the peer takes random PSNs.
     psn: u32,
@@ -222,18 +163,20 @@ pub fn random_nonce() -> u64 {
 }
 
 impl Endpoint {
-    /// Creates an endpoint towards `key` on context `ctx` (UNINIT -> HANDSHAKING): one RC QP per
-    /// lane on the lane's CQ, moved to INIT, and a notify QP with its buffers only when
-    /// `with_notify` (the notification path asks for it, so data-only endpoints pin nothing).
+    /// Creates an endpoint towards `key` on context `ctx` (UNINIT -> HANDSHAKING), as RDMA
+    /// section `cfg` says: one RC QP per lane on the lane's CQ, moved to INIT, and a notify QP
+    /// with its buffers only when `with_notify` (the notification path asks for it, so
+    /// data-only endpoints pin nothing).
     pub fn create(
         ctx: &Arc<RdmaContext>,
         nic_id: usize,
         key: &str,
         local_server: &str,
         peer_rpc: &str,
-        params: &Arc<EndpointParams>,
+        cfg: &Arc<RdmaSection>,
         with_notify: bool,
     ) -> Result<Arc<Endpoint>> {
+        let params = &cfg.endpoint;
         let pd = ctx.pd().ok_or_else(|| Error::Unavailable(format!("RDMA context {} is disabled", ctx.name())))?;
         let limits = ctx.limits().ok_or_else(|| Error::Unavailable(format!("RDMA context {} is down", ctx.name())))?;
         let depth = params.max_qp_wr.min(limits.max_qp_wr).max(1);
@@ -247,8 +190,8 @@ impl Endpoint {
             },
             sq_sig_all: false,
         };
-        let mut qps = Vec::with_capacity(params.num_lanes);
-        for lane in 0..params.num_lanes {
+        let mut qps = Vec::with_capacity(cfg.num_lanes);
+        for lane in 0..cfg.num_lanes {
             let cq = ctx.cq(lane).ok_or_else(|| Error::Unavailable(format!("no CQ for lane {lane}")))?;
             let qp = match Qp::create(&pd, &cq, &cq, &init) {
                 // Devices do not report their inline limit; one that refuses the size asked for
@@ -274,7 +217,7 @@ impl Endpoint {
         }
         // A provider may grant less than asked; the lanes must never post past what it gave.
         let depth = qps.iter().map(|q| q.caps().max_send_wr).min().unwrap_or(depth).clamp(1, depth);
-        let notify = if params.notify && with_notify {
+        let notify = if cfg.notify && with_notify {
             NotifyChannel::create(ctx, params.pkey_index)
                 .inspect_err(|e| tracing::warn!("{key}: no notify QP: {e}"))
                 .ok()
@@ -288,7 +231,7 @@ impl Endpoint {
             peer_rpc: peer_rpc.to_string(),
             local_path: nic_path(local_server, ctx.name()),
             ctx: ctx.clone(),
-            params: params.clone(),
+            cfg: cfg.clone(),
             nonce: random_nonce(),
             psn: (random_nonce() >> 8) as u32 & 0x00ff_ffff,
             depth,
@@ -297,11 +240,11 @@ impl Endpoint {
                 peer: None,
                 destroy_start: None,
                 retire_stamp: None,
-                mtu: params.path_mtu.min(limits.path_mtu),
+                mtu: Mtu::from_config_bytes(params.path_mtu).min(limits.path_mtu),
             }),
             qps: RwLock::new(qps),
             notify: RwLock::new(notify),
-            outstanding: (0..params.num_lanes).map(|_| AtomicU32::new(0)).collect(),
+            outstanding: (0..cfg.num_lanes).map(|_| AtomicU32::new(0)).collect(),
             connecting: AtomicBool::new(false),
             connect_failures: AtomicU32::new(0),
             met_retirement: AtomicBool::new(false),
@@ -346,12 +289,12 @@ impl Endpoint {
     /// connected yet). `None` when notifications are disabled, the endpoint is retired, or the
     /// channel cannot be created.
     fn ensure_notify_channel(&self) -> Option<Arc<NotifyChannel>> {
-        if !self.params.notify || !self.state().is_live() {
+        if !self.cfg.notify || !self.state().is_live() {
             return None;
         }
         let mut slot = self.notify.write();
         if slot.is_none() {
-            *slot = NotifyChannel::create(&self.ctx, self.params.pkey_index)
+            *slot = NotifyChannel::create(&self.ctx, self.cfg.endpoint.pkey_index)
                 .inspect_err(|e| tracing::warn!("{}: no notify QP: {e}", self.key))
                 .ok()
                 .map(Arc::new);
@@ -480,7 +423,7 @@ impl Endpoint {
         })?;
         let peer_mtu = peer.mtu.and_then(|b| Mtu::from_ibv(mtu_code(b))).unwrap_or(inner.mtu);
         inner.mtu = inner.mtu.min(peer_mtu);
-        let p = &self.params;
+        let p = &self.cfg.endpoint;
         // Random first PSNs keep packets of an earlier QP with the same number (a restarted
         // peer) from being taken as ours; an upstream peer sends none and uses the configured
         // ones, so then we do too.
@@ -533,7 +476,7 @@ impl Endpoint {
 
     /// The path to the peer's NIC, the same for the data QPs and the notify QP.
     fn address_vector(&self, dlid: u16, dgid: Gid) -> AddressVector {
-        let p = &self.params;
+        let p = &self.cfg.endpoint;
         AddressVector {
             dlid,
             sl: p.service_level,
@@ -567,10 +510,10 @@ impl Endpoint {
             dest_qpn: remote,
             rq_psn: 0,
             max_dest_rd_atomic: 1,
-            min_rnr_timer: self.params.min_rnr_timer,
+            min_rnr_timer: self.cfg.endpoint.min_rnr_timer,
         };
         let rts = QpTransition::ToRts {
-            timeout: self.params.send_timeout,
+            timeout: self.cfg.endpoint.send_timeout,
             retry_cnt: self.ctx.limits().map_or(7, |l| l.max_retry_cnt),
             rnr_retry: 7,
             sq_psn: 0,
@@ -834,7 +777,7 @@ impl Endpoint {
         }
         let mut qps = self.qps.write();
         let drained = self.outstanding_total() == 0;
-        let expired = inner.destroy_start.is_some_and(|t| now.saturating_sub(t) >= self.params.drain_timeout);
+        let expired = inner.destroy_start.is_some_and(|t| now.saturating_sub(t) >= self.cfg.endpoint.drain_timeout);
         if !drained && !expired {
             return false;
         }

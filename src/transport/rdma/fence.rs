@@ -17,15 +17,16 @@
 //! nothing extra; only when the control plane cannot reach the peer does the WRITE wait, at
 //! most until its task's deadline.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::Endpoint;
-use super::core::Core;
-use super::endpoint::{EpState, fence_stamp};
+use parking_lot::Mutex;
+
+use super::endpoint::{Endpoint, fence_stamp};
 
 /// The latest fence of one NIC pair.
 #[derive(Debug, Clone, Copy)]
-pub struct Fence {
+struct Fence {
     /// Its place in the order of retirements and fences (`fence_stamp`).
     stamp: u64,
     /// It was set because the peer's process is gone (its RPC server refused us).
@@ -43,43 +44,30 @@ pub enum FenceState {
     PeerGone,
 }
 
-impl Core {
+/// When a bootstrap last settled the peer's side of each (local NicID, peer NIC path).
+#[derive(Default)]
+pub struct Fences {
+    latest: Mutex<HashMap<(usize, String), Fence>>,
+}
+
+impl Fences {
     /// Records that the peer's side of every endpoint of (local NIC `nic_id`, peer NIC path
     /// `key`) retired before now is retired too (`peer_gone`: because its process is gone).
-    pub(super) fn record_fence(&self, nic_id: usize, key: &str, peer_gone: bool) {
+    pub fn record(&self, nic_id: usize, key: &str, peer_gone: bool) {
         let fence = Fence { stamp: fence_stamp(), peer_gone };
-        self.fences.lock().insert((nic_id, key.to_string()), fence);
+        self.latest.lock().insert((nic_id, key.to_string()), fence);
     }
 
     /// Whether the peer can still execute packets of `old`, a retired endpoint.
-    pub(super) fn fence_state(&self, old: &Arc<Endpoint>) -> FenceState {
+    pub fn state(&self, old: &Arc<Endpoint>) -> FenceState {
         if old.peer_down() {
             return FenceState::PeerGone;
         }
         let Some(retired) = old.retire_stamp() else { return FenceState::Open };
-        match self.fences.lock().get(&(old.nic_id, old.key.clone())) {
+        match self.latest.lock().get(&(old.nic_id, old.key.clone())) {
             Some(f) if f.stamp > retired && f.peer_gone => FenceState::PeerGone,
             Some(f) if f.stamp > retired => FenceState::Closed,
             _ => FenceState::Open,
-        }
-    }
-
-    /// Makes sure a newer endpoint for `old`'s NIC pair exists and is connecting, so that its
-    /// bootstrap fences `old` (`peer_rpc`: where the peer's RPC server is).
-    pub(super) fn start_fence(&self, old: &Arc<Endpoint>, peer_rpc: &str) {
-        let (Some(ctx), Some(store)) = (self.contexts.get(old.nic_id), self.store(old.nic_id)) else { return };
-        let now = self.clock.now();
-        let made = store.get_or_insert(&old.key, now, || {
-            let notify = self.offers_notify(&old.key);
-            Endpoint::create(ctx, old.nic_id, &old.key, &self.local_server, peer_rpc, &self.ep_params, notify)
-        });
-        match made {
-            Ok(ep) if ep.state() == EpState::Handshaking => {
-                self.track_notify(&ep);
-                self.request_connect(&ep, peer_rpc);
-            }
-            Ok(_) => {}
-            Err(e) => tracing::debug!("cannot make an endpoint to fence {}: {e}", old.key),
         }
     }
 }

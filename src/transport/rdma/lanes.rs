@@ -20,132 +20,6 @@ use crate::base::request::Opcode;
 use crate::error::{Error, Result};
 use crate::verbs::{Cq, SendOp, SendWr, Sge, Wc, WcStatus};
 
-impl Core {
-    /// Picks a (local NIC, remote NIC) pair for a slice and returns the endpoint between them
-    /// (created if needed) and the remote NIC's index. See [`pair_order`] for the order; retries
-    /// move along it.
-    /// `Ok(None)`: every rail the slice could take holds as much work as it should (see
-    /// [`spray::NicStats::has_room`]); the slice waits unbound for one to drain.
-    fn endpoint_for(&self, s: &mut Slice) -> Result<Option<(Arc<Endpoint>, usize)>> {
-        let job = &s.job;
-        let enabled = self.usable_nics(job);
-        let (pairs, direct) = pair_order(&enabled, &self.device_names, &job.remote_keys, s.seq as usize);
-        if pairs.is_empty() {
-            return Err(Error::Unavailable("no RDMA NIC is up on one side".into()));
-        }
-        let now = self.clock.now();
-        let first = s.retries + s.detours == 0;
-        let start = (s.retries + s.detours + s.shift) as usize;
-        // Each retry moves to the next direct rail; a cross pair is taken only when no direct
-        // rail is usable, and when every rail is paused there is no better alternative, so the
-        // pause is ignored (second round) rather than failing the slice.
-        let (direct_pairs, cross_pairs) = pairs.split_at(direct);
-        let mut preference: Vec<(usize, usize)> = Vec::with_capacity(pairs.len());
-        for list in [direct_pairs, cross_pairs] {
-            preference.extend((0..list.len()).map(|k| list[(start + k) % list.len()]));
-        }
-        if first && self.sched.smart {
-            // A first attempt takes the direct rail that would get it through soonest (see
-            // `spray`); later attempts go on along the rails from that one (`shift`), away
-            // from the rail that failed.
-            match self.cheapest(s, &preference[..direct], now) {
-                Cheapest::At(best) => {
-                    preference[..direct].rotate_left(best);
-                    // Relative to the slice's turn, as `start` is (a first attempt may come
-                    // here again after an unbind that cost it nothing).
-                    s.shift = ((start + best) % direct) as u32;
-                }
-                Cheapest::AllFull => return Ok(None),
-                Cheapest::NoneUsable => {}
-            }
-        }
-        let scan = preference.iter().map(|p| (*p, true)).chain(preference.iter().map(|p| (*p, false)));
-        for ((local, remote), heed_pauses) in scan {
-            let usable = job.keyed(local, remote)
-                && (!heed_pauses || self.rails.available(local, &job.remote_keys[remote], now));
-            if !usable {
-                continue;
-            }
-            let (Some(ctx), Some(store)) = (self.contexts.get(local), self.store(local)) else { continue };
-            let key = &job.remote_keys[remote];
-            let ep = store.get_or_insert(key, now, || {
-                let notify = self.offers_notify(key);
-                Endpoint::create(ctx, local, key, &self.local_server, &job.peer_rpc, &self.ep_params, notify)
-            })?;
-            self.track_notify(&ep);
-            return Ok(Some((ep, remote)));
-        }
-        Err(Error::Unavailable("no usable RDMA rail between the two sides".into()))
-    }
-
-    /// The local NICs a slice of `job` may use: the enabled ones, narrowed to a policy's
-    /// `devices` list unless none of those is up (the list fails open, as upstream's).
-    fn usable_nics(&self, job: &Job) -> Vec<usize> {
-        let enabled: Vec<usize> = self.contexts.enabled().map(|(i, _)| i).collect();
-        let allowed: Vec<usize> = enabled.iter().copied().filter(|i| job.allowed_nics.contains(i)).collect();
-        if allowed.is_empty() { enabled } else { allowed }
-    }
-
-    /// The position in `pairs` of the usable pair with the least expected completion time for
-    /// slice `s`: its local NIC's bound bytes plus the slice over the NIC's learned rate, times
-    /// the NUMA penalty of the slice's buffer to the NIC. Ties go to the earliest position (the
-    /// slice's turn in the rotation). When the usable pairs span several local NICs, only NICs
-    /// with room count.
-    fn cheapest(&self, s: &Slice, pairs: &[(usize, usize)], now: Duration) -> Cheapest {
-        let job = &s.job;
-        let mut best: Option<(usize, f64)> = None;
-        let mut first_local = None;
-        let mut several_locals = false;
-        let mut full = None;
-        for (k, &(local, remote)) in pairs.iter().enumerate() {
-            let usable = job.keyed(local, remote) && self.rails.available(local, &job.remote_keys[remote], now);
-            let Some(nic) = self.nics.get(local).filter(|_| usable) else { continue };
-            several_locals |= *first_local.get_or_insert(local) != local;
-            if !nic.has_room(u64::from(s.len), now) {
-                full.get_or_insert(k);
-                continue;
-            }
-            let distance = usize::try_from(job.numa_node)
-                .ok()
-                .and_then(|b| self.numa_distances.get(b)?.get(usize::try_from(nic.numa_node).ok()?).copied())
-                .unwrap_or(0);
-            let penalty = self.sched.numa_penalties[spray::numa_class(job.numa_node, nic.numa_node, distance)];
-            let c = spray::cost(nic.assigned.load(Ordering::Relaxed), u64::from(s.len), nic.rate_at(now), penalty);
-            if best.is_none_or(|(_, b)| c + self.sched.epsilon < b) {
-                best = Some((k, c));
-            }
-        }
-        match best {
-            Some((k, _)) => Cheapest::At(k),
-            // One local NIC alone is used however much it holds: there is nothing to balance
-            // (its pairs to several peer NICs all share its cost).
-            None => match full {
-                Some(_) if several_locals => Cheapest::AllFull,
-                Some(k) => Cheapest::At(k),
-                None => Cheapest::NoneUsable,
-            },
-        }
-    }
-
-    /// A READY endpoint of another pair the slice may take, on a rail that is not paused, for
-    /// a slice whose own endpoint is still connecting. Creates nothing and spends no probe.
-    fn ready_alternative(&self, s: &Slice, current: &Arc<Endpoint>) -> Option<(Arc<Endpoint>, usize)> {
-        let job = &s.job;
-        let enabled = self.usable_nics(job);
-        let now = self.clock.now();
-        pair_order(&enabled, &self.device_names, &job.remote_keys, s.seq as usize).0.into_iter().find_map(
-            |(local, remote)| {
-                let key = job.remote_keys.get(remote)?;
-                if !job.keyed(local, remote) || self.rails.is_paused(local, key, now) {
-                    return None;
-                }
-                let ep = self.store(local)?.get(key)?;
-                (ep.state() == EpState::Ready && !Arc::ptr_eq(&ep, current)).then_some((ep, remote))
-            },
-        )
-    }
-}
-
 /// What [`Core::cheapest`] found.
 enum Cheapest {
     /// The position of the pair to take.
@@ -262,8 +136,8 @@ pub struct Lane {
 impl Lane {
     /// A lane over the CQs of `core`'s contexts.
     pub fn new(id: usize, core: Arc<Core>, rx: mpsc::Receiver<LaneMsg>) -> Lane {
-        let cqs = core.contexts.live().filter_map(|(i, c)| c.cq(id).map(|cq| (i, cq))).collect();
-        let qos = core.wp.qos;
+        let cqs = core.nics().contexts().live().filter_map(|(i, c)| c.cq(id).map(|cq| (i, cq))).collect();
+        let qos = core.qos();
         Lane {
             id,
             core,
@@ -283,7 +157,7 @@ impl Lane {
     pub fn run(mut self) {
         let mut idle_passes = 0u32;
         loop {
-            if self.core.stopping.load(Ordering::Acquire) {
+            if self.core.stopping() {
                 break;
             }
             let waiting = self.pending.is_empty() && self.in_flight == 0;
@@ -308,7 +182,7 @@ impl Lane {
             // changes) and check deadlines against the provider's clock.
             if self.last_scan.elapsed() >= Duration::from_millis(1) {
                 self.last_scan = Instant::now();
-                self.scan(self.core.clock.now());
+                self.scan(self.core.clock().now());
             }
             if posted + polled > 0 {
                 idle_passes = 0;
@@ -335,10 +209,132 @@ impl Lane {
         }
     }
 
+    /// Picks a (local NIC, remote NIC) pair for a slice and returns the endpoint between them
+    /// (created if needed) and the remote NIC's index. See [`pair_order`] for the order; retries
+    /// move along it.
+    /// `Ok(None)`: every rail the slice could take holds as much work as it should (see
+    /// [`spray::NicStats::has_room`]); the slice waits unbound for one to drain.
+    fn endpoint_for(&self, s: &mut Slice) -> Result<Option<(Arc<Endpoint>, usize)>> {
+        let core = &self.core;
+        let job = &s.job;
+        let enabled = self.usable_nics(job);
+        let (pairs, direct) = pair_order(&enabled, core.nics().names(), &job.remote_keys, s.seq as usize);
+        if pairs.is_empty() {
+            return Err(Error::Unavailable("no RDMA NIC is up on one side".into()));
+        }
+        let now = core.clock().now();
+        let first = s.retries + s.detours == 0;
+        let start = (s.retries + s.detours + s.shift) as usize;
+        // Each retry moves to the next direct rail; a cross pair is taken only when no direct
+        // rail is usable, and when every rail is paused there is no better alternative, so the
+        // pause is ignored (second round) rather than failing the slice.
+        let (direct_pairs, cross_pairs) = pairs.split_at(direct);
+        let mut preference: Vec<(usize, usize)> = Vec::with_capacity(pairs.len());
+        for list in [direct_pairs, cross_pairs] {
+            preference.extend((0..list.len()).map(|k| list[(start + k) % list.len()]));
+        }
+        if first && core.cfg().smart_scheduling {
+            // A first attempt takes the direct rail that would get it through soonest (see
+            // `spray`); later attempts go on along the rails from that one (`shift`), away
+            // from the rail that failed.
+            match self.cheapest(s, &preference[..direct], now) {
+                Cheapest::At(best) => {
+                    preference[..direct].rotate_left(best);
+                    // Relative to the slice's turn, as `start` is (a first attempt may come
+                    // here again after an unbind that cost it nothing).
+                    s.shift = ((start + best) % direct) as u32;
+                }
+                Cheapest::AllFull => return Ok(None),
+                Cheapest::NoneUsable => {}
+            }
+        }
+        let scan = preference.iter().map(|p| (*p, true)).chain(preference.iter().map(|p| (*p, false)));
+        for ((local, remote), heed_pauses) in scan {
+            let usable = job.keyed(local, remote)
+                && (!heed_pauses || core.rails().available(local, &job.remote_keys[remote], now));
+            if !usable {
+                continue;
+            }
+            if let Some(ep) = core.endpoint(local, &job.remote_keys[remote], &job.peer_rpc)? {
+                return Ok(Some((ep, remote)));
+            }
+        }
+        Err(Error::Unavailable("no usable RDMA rail between the two sides".into()))
+    }
+
+    /// The local NICs a slice of `job` may use: the enabled ones, narrowed to a policy's
+    /// `devices` list unless none of those is up (the list fails open, as upstream's).
+    fn usable_nics(&self, job: &Job) -> Vec<usize> {
+        let enabled: Vec<usize> = self.core.nics().contexts().enabled().map(|(i, _)| i).collect();
+        let allowed: Vec<usize> = enabled.iter().copied().filter(|i| job.allowed_nics.contains(i)).collect();
+        if allowed.is_empty() { enabled } else { allowed }
+    }
+
+    /// The position in `pairs` of the usable pair with the least expected completion time for
+    /// slice `s`: its local NIC's bound bytes plus the slice over the NIC's learned rate, times
+    /// the NUMA penalty of the slice's buffer to the NIC. Ties go to the earliest position (the
+    /// slice's turn in the rotation). When the usable pairs span several local NICs, only NICs
+    /// with room count.
+    fn cheapest(&self, s: &Slice, pairs: &[(usize, usize)], now: Duration) -> Cheapest {
+        let (core, job) = (&self.core, &s.job);
+        let cfg = core.cfg();
+        let nics = core.nics();
+        let mut best: Option<(usize, f64)> = None;
+        let mut first_local = None;
+        let mut several_locals = false;
+        let mut full = None;
+        for (k, &(local, remote)) in pairs.iter().enumerate() {
+            let usable = job.keyed(local, remote) && core.rails().available(local, &job.remote_keys[remote], now);
+            let Some(nic) = nics.stats().get(local).filter(|_| usable) else { continue };
+            several_locals |= *first_local.get_or_insert(local) != local;
+            if !nic.has_room(u64::from(s.len), now) {
+                full.get_or_insert(k);
+                continue;
+            }
+            let distance = usize::try_from(job.numa_node)
+                .ok()
+                .and_then(|b| nics.numa_distances().get(b)?.get(usize::try_from(nic.numa_node).ok()?).copied())
+                .unwrap_or(0);
+            let penalty = cfg.numa_penalties[spray::numa_class(job.numa_node, nic.numa_node, distance)];
+            let c = spray::cost(nic.assigned.load(Ordering::Relaxed), u64::from(s.len), nic.rate_at(now), penalty);
+            if best.is_none_or(|(_, b)| c + cfg.score_epsilon < b) {
+                best = Some((k, c));
+            }
+        }
+        match best {
+            Some((k, _)) => Cheapest::At(k),
+            // One local NIC alone is used however much it holds: there is nothing to balance
+            // (its pairs to several peer NICs all share its cost).
+            None => match full {
+                Some(_) if several_locals => Cheapest::AllFull,
+                Some(k) => Cheapest::At(k),
+                None => Cheapest::NoneUsable,
+            },
+        }
+    }
+
+    /// A READY endpoint of another pair the slice may take, on a rail that is not paused, for
+    /// a slice whose own endpoint is still connecting. Creates nothing and spends no probe.
+    fn ready_alternative(&self, s: &Slice, current: &Arc<Endpoint>) -> Option<(Arc<Endpoint>, usize)> {
+        let (core, job) = (&self.core, &s.job);
+        let enabled = self.usable_nics(job);
+        let now = core.clock().now();
+        pair_order(&enabled, core.nics().names(), &job.remote_keys, s.seq as usize).0.into_iter().find_map(
+            |(local, remote)| {
+                let key = job.remote_keys.get(remote)?;
+                if !job.keyed(local, remote) || core.rails().is_paused(local, key, now) {
+                    return None;
+                }
+                let ep = core.nics().store(local)?.get(key)?;
+                (ep.state() == EpState::Ready && !Arc::ptr_eq(&ep, current)).then_some((ep, remote))
+            },
+        )
+    }
+
     /// Spends one retry of `s`; false (and the job failed) when the budget is used up.
     fn spend_retry(&self, s: &mut Slice, reason: &str) -> bool {
         s.retries += 1;
-        if s.retries >= self.core.wp.max_retry_count {
+        if s.retries >= self.core.cfg().max_retry_count {
             let why = format!("{reason} (after {} attempts)", s.retries);
             if s.fence.is_some() {
                 // Reported once the peer cannot execute its old packets any more (fence.rs):
@@ -381,16 +377,16 @@ impl Lane {
         if self.pending.len(1) + self.pending.len(2) > 0 {
             self.pending.promote(Instant::now());
         }
-        let allowance = qos::ALLOWANCE * self.core.nics.len().max(1);
-        let holds_back = !self.core.wp.qos.promotion_timeout.is_zero();
+        let allowance = qos::ALLOWANCE * self.core.nics().stats().len().max(1);
+        let holds_back = !self.core.qos().promotion_timeout.is_zero();
         let mut posted = 0;
         for q in 0..3 {
             let level = Level::from_index(q.max(1));
             let waiting = holds_back && self.pending.len(q) > 0;
             // The gate counts every HIGH task of the transport, in any lane, and (through the
             // quota file) of other processes.
-            let active = waiting && self.core.gate.would_wait(level);
-            let lingering = waiting && !active && self.core.gate.holds_back(level, BACKGROUND_LINGER);
+            let active = waiting && self.core.gate().would_wait(level);
+            let lingering = waiting && !active && self.core.gate().holds_back(level, BACKGROUND_LINGER);
             let limit = if active || (holds_back && q > 0 && self.pending.any_above(q)) {
                 Some(allowance)
             } else if lingering {
@@ -412,7 +408,7 @@ impl Lane {
         const MAX_HELD_IN_A_ROW: usize = 32;
         let (mut posted, mut held) = (0, 0);
         for _ in 0..self.pending.len(q) {
-            if q > 0 && limit.is_some_and(|n| self.core.background_on_wire.load(Ordering::Relaxed) >= n) {
+            if q > 0 && limit.is_some_and(|n| self.core.wire().taken() >= n) {
                 break;
             }
             let Some(Queued { item, stamp }) = self.pending.pop(q) else { break };
@@ -420,13 +416,13 @@ impl Lane {
             // posting at once never go past the limit together. In the HIGH queue only
             // promoted work counts against it; it comes last there.
             let background = Level::of(item.job.task.request().priority) != Level::High;
-            if background && !self.core.take_wire_place(limit.unwrap_or(usize::MAX)) {
+            if background && !self.core.wire().take(limit.unwrap_or(usize::MAX)) {
                 self.pending.push_back(q, item, stamp);
                 break;
             }
             let result = self.try_post(item);
             if background && result.is_err() {
-                self.core.background_on_wire.fetch_sub(1, Ordering::AcqRel);
+                self.core.wire().release();
             }
             match result {
                 Ok(()) => {
@@ -462,18 +458,18 @@ impl Lane {
         if s.job.is_done() {
             return Err(None);
         }
-        if core.clock.now() >= s.job.deadline {
-            core.counters.timeouts.fetch_add(1, Ordering::Relaxed);
+        if core.clock().now() >= s.job.deadline {
+            core.counters().timeouts.fetch_add(1, Ordering::Relaxed);
             s.job.time_out("RDMA transfer timed out before it could be posted".into());
             return Err(None);
         }
         if let Some(old) = s.fence.clone() {
-            let state = core.fence_state(&old);
+            let state = core.fences().state(&old);
             if state == FenceState::Open {
                 core.start_fence(&old, &s.job.peer_rpc);
                 return Err(Some(s));
             }
-            core.counters.fenced_slices.fetch_add(1, Ordering::Relaxed);
+            core.counters().fenced_slices.fetch_add(1, Ordering::Relaxed);
             s.fence = None;
             if state == FenceState::PeerGone && s.failure.is_none() {
                 // Retrying cannot bring the process back within this task's life.
@@ -503,22 +499,22 @@ impl Lane {
                 }
             }
         }
-        let now = core.clock.now();
+        let now = core.clock().now();
         if let Some((ep, _)) = &s.ep {
             // An endpoint that takes long to connect (its peer's control plane may be cut off)
             // does not hold up work that a connected rail can carry.
-            if ep.state() == EpState::Handshaking && now.saturating_sub(s.bound_at) >= core.wp.connect_patience {
-                if let Some((alt, r)) = core.ready_alternative(&s, ep) {
-                    s.bind(&core.nics, alt, r, now);
+            if ep.state() == EpState::Handshaking && now.saturating_sub(s.bound_at) >= core.cfg().connect_patience {
+                if let Some((alt, r)) = self.ready_alternative(&s, ep) {
+                    s.bind(core.nics().stats(), alt, r, now);
                 }
             }
         }
         let (ep, remote) = match &s.ep {
             Some((ep, r)) => (ep.clone(), *r),
-            None => match core.endpoint_for(&mut s) {
+            None => match self.endpoint_for(&mut s) {
                 Ok(None) => return Err(Some(s)),
                 Ok(Some((ep, r))) => {
-                    s.bind(&core.nics, ep.clone(), r, now);
+                    s.bind(core.nics().stats(), ep.clone(), r, now);
                     (ep, r)
                 }
                 Err(e) => {
@@ -535,7 +531,7 @@ impl Lane {
         match ep.state() {
             EpState::Ready => {}
             EpState::Handshaking => {
-                self.core.request_connect(ep, &s.job.peer_rpc);
+                self.core.connector().request_connect(ep, &s.job.peer_rpc);
                 return false;
             }
             _ => return false,
@@ -572,8 +568,8 @@ impl Lane {
         let result = ep.with_ready_qp(self.id, |qp| qp.post_send(&wr).map_err(|e| Some(e.to_string())).map(|_| None));
         match result {
             Some(None) => {
-                if let Some(n) = core.nics.get(ep.nic_id) {
-                    n.posted(u64::from(s.len), || core.clock.now());
+                if let Some(n) = core.nics().stats().get(ep.nic_id) {
+                    n.posted(u64::from(s.len), || core.clock().now());
                 }
                 // (`background_on_wire` was counted by `post_queue`.)
                 self.slots[slot].record = Some(Record { slice: s, ep, remote });
@@ -610,7 +606,7 @@ impl Lane {
                     }
                 };
                 // One clock read per batch: what the NICs' rate learning needs.
-                let now = if n > 0 { self.core.clock.now() } else { Duration::ZERO };
+                let now = if n > 0 { self.core.clock().now() } else { Duration::ZERO };
                 for i in 0..n {
                     let wc = self.wcs[i];
                     self.on_completion(wc, now);
@@ -634,16 +630,16 @@ impl Lane {
         self.free.push(slot);
         self.in_flight -= 1;
         if Level::of(rec.slice.job.task.request().priority) != Level::High {
-            self.core.background_on_wire.fetch_sub(1, Ordering::AcqRel);
+            self.core.wire().release();
         }
         if let Some(q) = rec.ep.context().cq_quota(self.id) {
             q.release(1);
         }
         rec.ep.completed(self.id);
-        if let Some(n) = self.core.nics.get(rec.ep.nic_id) {
+        if let Some(n) = self.core.nics().stats().get(rec.ep.nic_id) {
             let len = u64::from(rec.slice.len);
             match completed_at {
-                Some(now) => n.completed(len, now, &self.core.sched),
+                Some(now) => n.completed(len, now, self.core.cfg()),
                 None => n.dropped(len),
             }
         }
@@ -655,7 +651,7 @@ impl Lane {
     fn on_completion(&mut self, wc: Wc, now: Duration) {
         let core = self.core.clone();
         let Some(rec) = self.take_record(wc.wr_id, (wc.status == WcStatus::Success).then_some(now)) else {
-            core.counters.stale_completions.fetch_add(1, Ordering::Relaxed);
+            core.counters().stale_completions.fetch_add(1, Ordering::Relaxed);
             return;
         };
         let Record { mut slice, ep, remote } = rec;
@@ -663,12 +659,12 @@ impl Lane {
         let remote_key = &keys[remote];
         match wc.status {
             WcStatus::Success => {
-                core.rails.mark_recovered(ep.nic_id, remote_key);
+                core.rails().mark_recovered(ep.nic_id, remote_key);
                 slice.job.slice_done();
             }
             _ if slice.job.is_done() => {}
             WcStatus::WrFlushErr if !ep.state().is_live() => {
-                core.counters.flush_resubmits.fetch_add(1, Ordering::Relaxed);
+                core.counters().flush_resubmits.fetch_add(1, Ordering::Relaxed);
                 slice.flushes += 1;
                 if slice.job.task.request().opcode == Opcode::Write {
                     // Flushed after some of it may have been sent: see fence.rs.
@@ -680,16 +676,16 @@ impl Lane {
                     slice.detours += 1;
                 }
                 slice.unbind();
-                if slice.flushes > core.wp.flush_budget {
+                if slice.flushes > core.cfg().flush_budget {
                     slice.job.fail("RDMA work kept being flushed by endpoint retirement".into());
                 } else {
                     self.queue(slice);
                 }
             }
             status => {
-                core.counters.root_errors.fetch_add(1, Ordering::Relaxed);
+                core.counters().root_errors.fetch_add(1, Ordering::Relaxed);
                 if status == WcStatus::RetryExcErr {
-                    core.counters.retry_exceeded.fetch_add(1, Ordering::Relaxed);
+                    core.counters().retry_exceeded.fetch_add(1, Ordering::Relaxed);
                 }
                 tracing::debug!("RDMA request on {} failed: {}", ep.key, status.as_str());
                 // Any error completion leaves the QP in ERR, so the endpoint goes either way.
@@ -711,7 +707,7 @@ impl Lane {
                     self.queue(slice);
                     return;
                 }
-                core.rails.mark_failed(ep.nic_id, remote_key, core.clock.now());
+                core.rails().mark_failed(ep.nic_id, remote_key, core.clock().now());
                 if slice.job.task.request().opcode == Opcode::Write && !nak(status) {
                     // No answer from the peer: what was sent may still arrive (fence.rs).
                     slice.fence = Some(ep.clone());
@@ -749,12 +745,12 @@ impl Lane {
             core.retire_endpoint(ep);
         }
         for (_, job) in expired {
-            core.counters.timeouts.fetch_add(1, Ordering::Relaxed);
+            core.counters().timeouts.fetch_add(1, Ordering::Relaxed);
             job.time_out("RDMA transfer timed out".into());
         }
         for id in forced {
             if let Some(rec) = self.take_record(id, None) {
-                core.counters.forced_records.fetch_add(1, Ordering::Relaxed);
+                core.counters().forced_records.fetch_add(1, Ordering::Relaxed);
                 rec.slice.job.fail(format!("endpoint {} was destroyed before its work completed", rec.ep.key));
             }
         }

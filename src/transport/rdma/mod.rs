@@ -17,18 +17,22 @@ pub mod notify;
 pub mod rail;
 /// cbindgen:ignore
 pub mod store;
-/// cbindgen:ignore
-pub mod workers;
 
-// The parts of the worker machinery, each re-exported through `workers`.
+// The transport's threads and what they share: `core` holds the owners of the shared state
+// (`nics`, `rail`, `fence`, `notify_index`, `connector`, `counters`); the lanes (`lanes`, with
+// the work they carry in `job` and NIC placement in `spray`) move slices; the connector thread
+// bootstraps endpoints; `responder` answers peers' bootstraps; the monitor (`monitor`,
+// `async_events`) reclaims endpoints, handles NIC events and polls notifications.
 /// cbindgen:ignore
 mod async_events;
 /// cbindgen:ignore
-mod connector;
+pub mod connector;
 /// cbindgen:ignore
-mod core;
+pub mod core;
 /// cbindgen:ignore
-mod fence;
+pub mod counters;
+/// cbindgen:ignore
+pub mod fence;
 /// cbindgen:ignore
 mod job;
 /// cbindgen:ignore
@@ -36,14 +40,22 @@ mod lanes;
 /// cbindgen:ignore
 mod monitor;
 /// cbindgen:ignore
-mod notify_index;
+pub mod nics;
+/// cbindgen:ignore
+pub mod notify_index;
+/// cbindgen:ignore
+pub mod provider;
 /// cbindgen:ignore
 mod responder;
 /// cbindgen:ignore
 pub mod spray;
 
-pub use context::{BufferRegistration, ContextLimits, ContextParams, ContextSet, ContextState, CqQuota, RdmaContext};
-pub use endpoint::{ConnectError, Endpoint, EndpointParams, EpState};
+pub use context::{BufferRegistration, ContextLimits, ContextSet, ContextState, CqQuota, RdmaContext};
+pub use core::Core;
+pub use counters::Counters;
+pub use endpoint::{ConnectError, Endpoint, EpState};
+pub use lanes::{decode_wr_id, encode_wr_id};
+pub use notify_index::NotifySink;
 pub use store::{EndpointStore, StoreKind};
 
 use std::collections::BTreeMap;
@@ -56,18 +68,17 @@ use std::time::Duration;
 use parking_lot::{Mutex, RwLock};
 use serde_json::{Value, json};
 
-use crate::base::qos::{Foreign, Gate, Level};
+use crate::base::qos::Level;
 use crate::base::request::{Permission, TransportKind};
 use crate::base::segment::SegmentDesc;
-use crate::base::shared_quota::{QuotaPath, SharedQuota};
 use crate::base::task::Task;
 use crate::config::Settings;
 use crate::control::client::RpcClient;
 use crate::error::{Error, Result};
 use crate::transport::Transport;
 use crate::verbs::Provider;
-use rail::{RailMonitor, RailParams};
-use workers::{Core, Job, Lane, LaneMsg, NicStats, Slice, WorkerParams};
+use job::{Job, Slice};
+use lanes::{Lane, LaneMsg};
 
 /// Per-NIC load, for `tent_get_nic_load_stats`.
 #[derive(Debug, Clone, PartialEq)]
@@ -103,15 +114,6 @@ pub struct NicLink {
     pub speed_gbps: u32,
 }
 
-/// The NUMA node sysfs gives for verbs device `name` (-1 for devices sysfs does not know, such
-/// as the simulated ones).
-fn numa_node_of(name: &str) -> i32 {
-    std::fs::read_to_string(format!("/sys/class/infiniband/{name}/device/numa_node"))
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(-1)
-}
-
 /// The bus address of verbs device `name` as upstream's topology names it: the last part of the
 /// device's sysfs folder two levels up (`0000:3b:00.0` for a PCI NIC, `virtual` for soft-RoCE),
 /// or "" when sysfs does not know the device (the simulated ones).
@@ -145,83 +147,34 @@ impl RdmaTransport {
         local_server: &str,
         client: Arc<RpcClient>,
     ) -> Result<Self> {
-        let cfg = &settings.rdma;
-        let params = ContextParams::from_section(cfg, settings.engine.verbose);
-        let ep_params = Arc::new(EndpointParams::from_section(cfg));
-        let qos = crate::base::qos::QosParams {
-            promotion_timeout: settings.qos.promotion_timeout,
-            per_entry: settings.qos.per_entry,
-        };
-        let wp = WorkerParams { qos, ..WorkerParams::from_section(cfg) };
-        let (kind, cap) = store::store_config(&cfg.endpoint);
-        let names = context::select_devices(&provider, &settings.topology, params.port)?;
-        if names.is_empty() {
-            return Err(Error::Unavailable("no RDMA devices".into()));
-        }
-        let contexts = ContextSet::open(&provider, &names, &params)?;
-        let stores = (0..names.len())
-            .map(|i| contexts.get(i).map(|_| EndpointStore::new(kind, cap).map(Arc::new)).transpose())
-            .collect::<Result<Vec<_>>>()?;
-        let sched = spray::SchedParams::from_section(cfg);
-        // Each NIC's rate starts at its port's speed (the configured default when it reports
-        // none) and is learned from its completions from then on.
-        let nics = (0..names.len())
-            .map(|i| {
-                let ctx = contexts.get(i);
-                let speed = ctx
-                    .and_then(|c| c.device().and_then(|d| d.query_port(c.port()).ok()))
-                    .map(|a| f64::from(a.speed_gbps()) * 1e9 / 8.0)
-                    .filter(|b| *b > 0.0)
-                    .unwrap_or(sched.default_bytes_per_sec);
-                Arc::new(NicStats::new(numa_node_of(&names[i]), speed))
-            })
-            .collect();
-        let quota = SharedQuota::open(&settings.qos.shared_quota_path, QuotaPath::Rdma);
-        let gate = Gate::new(qos, quota.map(|q| q as Arc<dyn Foreign>));
-        let (ctx_tx, ctx_rx) = mpsc::channel();
-        // Bootstrap threads report back on the same channel the lanes ask on.
-        let ctx_tx_for_attempts = ctx_tx.clone();
-        let core = Arc::new(Core {
-            contexts,
-            device_names: names.clone(),
-            stores,
-            ep_params,
-            wp,
-            clock: provider.clock(),
-            local_server: local_server.to_string(),
+        let cfg = Arc::new(settings.rdma.clone());
+        let (core, inbox) = Core::start(
+            &provider,
+            &cfg,
+            &settings.qos,
+            &settings.topology,
+            settings.engine.verbose,
+            local_server,
             client,
-            connector: Mutex::new(Some(ctx_tx)),
-            rails: RailMonitor::new(RailParams::from_section(cfg)),
-            stopping: AtomicBool::new(false),
-            nics,
-            sched,
-            numa_distances: spray::numa_distances(),
-            gate,
-            background_on_wire: AtomicUsize::new(0),
-            counters: Default::default(),
-            notify_index: Mutex::new(Default::default()),
-            tent_peers: Mutex::new(Default::default()),
-            notify_sink: Mutex::new(None),
-            fences: Mutex::new(Default::default()),
-        });
+        )?;
         let mut threads = Vec::new();
         let mut lanes = Vec::new();
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| std::thread::Builder::new().name(name).spawn(f);
         let result = (|| -> std::io::Result<()> {
-            for i in 0..params.num_lanes {
+            for i in 0..cfg.num_lanes {
                 let (tx, rx) = mpsc::channel();
                 let lane = Lane::new(i, core.clone(), rx);
                 threads.push(spawn(format!("tent-rdma-lane{i}"), Box::new(move || lane.run()))?);
                 lanes.push(tx);
             }
-            let c = core.clone();
-            let back = ctx_tx_for_attempts.clone();
-            threads.push(spawn("tent-rdma-connect".into(), Box::new(move || workers::run_connector(c, ctx_rx, back)))?);
+            let connector = core.connector().clone();
+            threads.push(spawn("tent-rdma-connect".into(), Box::new(move || connector.run(inbox)))?);
             let c = core.clone();
             let tick = cfg.monitor_tick;
-            threads.push(spawn("tent-rdma-monitor".into(), Box::new(move || workers::run_monitor(c, tick)))?);
+            threads.push(spawn("tent-rdma-monitor".into(), Box::new(move || monitor::run_monitor(c, tick)))?);
             Ok(())
         })();
+        let names = core.nics().names().to_vec();
         let t = RdmaTransport {
             core,
             provider,
@@ -232,7 +185,7 @@ impl RdmaTransport {
             stopped: AtomicBool::new(false),
         };
         result.map_err(Error::from)?;
-        tracing::info!("RDMA transport up on {:?} with {} lanes", names, params.num_lanes);
+        tracing::info!("RDMA transport up on {:?} with {} lanes", names, cfg.num_lanes);
         Ok(t)
     }
 
@@ -265,18 +218,18 @@ impl RdmaTransport {
 
     /// What diagnostics report of each opened NIC, in NicID order.
     pub fn links(&self) -> Vec<NicLink> {
-        self.core
-            .device_names
+        let nics = self.core.nics();
+        nics.names()
             .iter()
             .enumerate()
             .map(|(i, name)| {
-                let ctx = self.core.contexts.get(i);
+                let ctx = nics.context(i);
                 let gid = ctx.and_then(|c| c.gid());
                 let port = ctx.map(|c| c.port()).unwrap_or(0);
                 let attr = ctx.and_then(|c| c.device()).and_then(|d| d.query_port(port).ok());
                 NicLink {
                     device: name.clone(),
-                    numa_node: self.core.nics.get(i).map_or(-1, |n| n.numa_node),
+                    numa_node: nics.stats().get(i).map_or(-1, |n| n.numa_node),
                     pci_bus_id: pci_bus_id_of(name),
                     gid: gid.as_ref().map(|g| g.gid.to_wire_string()).unwrap_or_default(),
                     gid_index: gid.map(|g| g.index as i32).unwrap_or(-1),
@@ -302,7 +255,7 @@ impl RdmaTransport {
         // lock, so submits (which look up local keys) and other registrations go on meanwhile.
         let access = context::access_for(perm, false);
         // SAFETY: forwarded from this function's contract.
-        let reg = unsafe { self.core.contexts.register(addr as *mut u8, len as usize, access)? };
+        let reg = unsafe { self.core.nics().contexts().register(addr as *mut u8, len as usize, access)? };
         let mut regs = self.regs.write();
         if let Some(r) = regs.get_mut(&(addr, len)) {
             // A concurrent registration of the same range won: share it and drop ours (after
@@ -347,7 +300,7 @@ impl RdmaTransport {
         if devices.is_empty() {
             return Vec::new();
         }
-        let names = &self.core.device_names;
+        let names = self.core.nics().names();
         (0..names.len()).filter(|&i| devices.iter().any(|d| *d == names[i])).collect()
     }
 
@@ -362,12 +315,12 @@ impl RdmaTransport {
 
     /// Answers a bootstrap request (control-plane message 2).
     pub fn handle_bootstrap(&self, request: &[u8]) -> Vec<u8> {
-        self.core.handle_bootstrap(request)
+        responder::answer_bootstrap(&self.core, request)
     }
 
     /// Where received notifications go.
-    pub fn set_notify_sink(&self, sink: workers::NotifySink) {
-        *self.core.notify_sink.lock() = Some(sink);
+    pub fn set_notify_sink(&self, sink: NotifySink) {
+        self.core.notify().set_sink(sink);
     }
 
     /// Sends a notification over the notify QP of the endpoint from the first enabled NIC to
@@ -384,16 +337,13 @@ impl RdmaTransport {
         let nic = nic.ok_or_else(|| Error::NoTransport(format!("segment {} has no RDMA NIC", target.name)))?;
         let key = bootstrap::nic_path(&server, &nic);
         let core = &self.core;
-        let (local, ctx) =
-            core.contexts.enabled().next().ok_or_else(|| Error::Unavailable("no RDMA NIC is up".into()))?;
-        let store = core.store(local).ok_or_else(|| Error::Unavailable("no endpoint store".into()))?;
+        let (local, _) =
+            core.nics().contexts().enabled().next().ok_or_else(|| Error::Unavailable("no RDMA NIC is up".into()))?;
         let deadline = std::time::Instant::now() + Duration::from_secs(2);
         loop {
-            let ep = store.get_or_insert(&key, core.clock.now(), || {
-                let notify = core.offers_notify(&key);
-                Endpoint::create(ctx, local, &key, &core.local_server, &target.rpc_server_addr, &core.ep_params, notify)
-            })?;
-            core.track_notify(&ep);
+            let ep = core
+                .endpoint(local, &key, &target.rpc_server_addr)?
+                .ok_or_else(|| Error::Unavailable("no endpoint store".into()))?;
             if let Some(e) = ep.fatal_error() {
                 return Err(Error::Unavailable(e));
             }
@@ -402,16 +352,16 @@ impl RdmaTransport {
                     let ch = ep.notify_channel().filter(|c| c.is_connected());
                     if let Some(ch) = ch {
                         ch.send(&bytes)?;
-                        core.counters.notifications_sent.fetch_add(1, Ordering::Relaxed);
+                        core.counters().notifications_sent.fetch_add(1, Ordering::Relaxed);
                         return Ok(());
                     }
                     if !ep.peer_is_tent() || ep.notify_declined() {
                         return Err(Error::Unavailable(format!("the peer of {key} has no notify QP for us")));
                     }
-                    core.upgrade_notify(&ep, &target.rpc_server_addr)?;
+                    core.connector().upgrade_notify(&ep, &target.rpc_server_addr, core.notify())?;
                     continue;
                 }
-                EpState::Handshaking => core.request_connect(&ep, &target.rpc_server_addr),
+                EpState::Handshaking => core.connector().request_connect(&ep, &target.rpc_server_addr),
                 _ => {}
             }
             if std::time::Instant::now() >= deadline {
@@ -423,10 +373,10 @@ impl RdmaTransport {
 
     /// Per-NIC in-flight bytes and bandwidth EWMA.
     pub fn nic_load(&self) -> Vec<NicLoadStats> {
-        self.core
-            .device_names
+        let nics = self.core.nics();
+        nics.names()
             .iter()
-            .zip(&self.core.nics)
+            .zip(nics.stats())
             .map(|(n, s)| NicLoadStats {
                 device: n.clone(),
                 inflight_bytes: s.inflight.load(Ordering::Relaxed),
@@ -461,9 +411,9 @@ impl Transport for RdmaTransport {
         if lanes.is_empty() {
             return Err(Error::Unavailable("rdma transport is shutting down".into()));
         }
-        let block = self.core.wp.block_size;
+        let block = self.core.cfg().block_size;
         let mut per_lane: Vec<Vec<Slice>> = (0..lanes.len()).map(|_| Vec::new()).collect();
-        let now = self.core.clock.now();
+        let now = self.core.clock().now();
         // Every target buffer's entry is asked for before any is read: their misses overlap.
         for task in &tasks {
             target.prefetch_entry(task.target_buffer());
@@ -499,15 +449,15 @@ impl Transport for RdmaTransport {
                 keys.clone(),
                 lkeys,
                 rkeys,
-                now + self.core.wp.max_timeout,
+                now + self.core.cfg().max_timeout,
                 n as usize,
             );
-            if !self.core.numa_distances.is_empty() && self.core.sched.smart {
+            if !self.core.nics().numa_distances().is_empty() && self.core.cfg().smart_scheduling {
                 // One system call per request, and only on a host with several NUMA nodes.
                 job.numa_node = spray::node_of(r.source);
             }
             job.allowed_nics = allowed;
-            job.hold_ticket(self.core.gate.enter(Level::of(r.priority)));
+            job.hold_ticket(self.core.gate().enter(Level::of(r.priority)));
             let job = Arc::new(job);
             // One counter spreads slices over the lanes and, through their sequence numbers,
             // over the rails, across jobs too: a batch of one-slice requests uses every rail.
@@ -536,14 +486,13 @@ impl Transport for RdmaTransport {
         if self.stopped.swap(true, Ordering::AcqRel) {
             return;
         }
-        self.core.stopping.store(true, Ordering::Release);
+        self.core.stop();
         self.lanes.lock().clear();
-        self.core.connector.lock().take();
         for t in self.threads.lock().drain(..) {
             let _ = t.join();
         }
-        let now = self.core.clock.now();
-        for s in self.core.stores.iter().flatten() {
+        let now = self.core.clock().now();
+        for s in self.core.nics().stores() {
             s.retire_all(now);
         }
     }

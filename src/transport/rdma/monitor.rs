@@ -2,7 +2,6 @@
 //! fixed tick.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::async_events::drain_async_events;
@@ -11,16 +10,16 @@ use super::core::Core;
 /// The monitor thread: reclaims retired endpoints (every tick, whether or not anything is
 /// inserted), drains every context's async events until none is left, and updates NIC load.
 pub fn run_monitor(core: Arc<Core>, tick: Duration) {
-    while !core.stopping.load(Ordering::Acquire) {
-        let now = core.clock.now();
-        for s in core.stores.iter().flatten() {
+    while !core.stopping() {
+        let now = core.clock().now();
+        for s in core.nics().stores() {
             s.trim(now);
             s.reclaim(now);
         }
         drain_async_events(&core);
-        core.poll_notify();
-        core.prune_notify();
-        for n in &core.nics {
+        core.notify().poll(core.nics(), core.counters());
+        core.notify().prune();
+        for n in core.nics().stats() {
             n.tick();
         }
         std::thread::sleep(tick);

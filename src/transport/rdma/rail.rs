@@ -18,29 +18,6 @@ use parking_lot::Mutex;
 
 use crate::config::RdmaSection;
 
-/// Thresholds of the rail monitor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RailParams {
-    pub threshold: u32,
-    pub window: Duration,
-    pub cooldown: Duration,
-    /// How often a paused pair lets one slice through to see whether it works again.
-    pub probe_interval: Duration,
-}
-
-impl RailParams {
-    /// The thresholds of an RDMA section (`rail_error_threshold`, `rail_error_window_secs`,
-    /// `rail_cooldown_secs`, `rail_probe_interval_ms`).
-    pub fn from_section(r: &RdmaSection) -> RailParams {
-        RailParams {
-            threshold: r.rail_error_threshold,
-            window: r.rail_error_window,
-            cooldown: r.rail_cooldown,
-            probe_interval: r.rail_probe_interval,
-        }
-    }
-}
-
 /// Longest pause.
 pub const MAX_COOLDOWN: Duration = Duration::from_secs(300);
 
@@ -63,7 +40,15 @@ const PROBE_PATIENCE: u32 = 4;
 
 /// Rail state keyed by (local NIC id, remote `server@nic`).
 pub struct RailMonitor {
-    params: RailParams,
+    /// Failures within `window` that pause a pair (`rail_error_threshold`).
+    threshold: u32,
+    /// `rail_error_window_secs`.
+    window: Duration,
+    /// The first pause (`rail_cooldown_secs`).
+    cooldown: Duration,
+    /// How often a paused pair lets one slice through to see whether it works again
+    /// (`rail_probe_interval_ms`).
+    probe_interval: Duration,
     rails: Mutex<HashMap<(usize, String), Rail>>,
     /// Probes let through so far.
     probes: std::sync::atomic::AtomicU64,
@@ -72,9 +57,17 @@ pub struct RailMonitor {
 }
 
 impl RailMonitor {
-    /// A monitor where every rail is available.
-    pub fn new(params: RailParams) -> RailMonitor {
-        RailMonitor { params, rails: Mutex::new(HashMap::new()), probes: Default::default(), trips: Default::default() }
+    /// A monitor where every rail is available, with the thresholds of RDMA section `cfg`.
+    pub fn new(cfg: &RdmaSection) -> RailMonitor {
+        RailMonitor {
+            threshold: cfg.rail_error_threshold,
+            window: cfg.rail_error_window,
+            cooldown: cfg.rail_cooldown,
+            probe_interval: cfg.rail_probe_interval,
+            rails: Mutex::new(HashMap::new()),
+            probes: Default::default(),
+            trips: Default::default(),
+        }
     }
 
     /// Whether the pair may be used at `now`; an expired pause ends here. While the pair is
@@ -88,8 +81,8 @@ impl RailMonitor {
                 if probe_out || now < r.next_probe {
                     return false;
                 }
-                r.probe_until = Some(now + self.params.probe_interval * PROBE_PATIENCE);
-                r.next_probe = now + self.params.probe_interval;
+                r.probe_until = Some(now + self.probe_interval * PROBE_PATIENCE);
+                r.next_probe = now + self.probe_interval;
                 self.probes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 true
             }
@@ -111,7 +104,6 @@ impl RailMonitor {
 
     /// Counts a root-cause failure; returns true when this failure paused the rail.
     pub fn mark_failed(&self, local: usize, remote: &str, now: Duration) -> bool {
-        let p = self.params;
         let mut rails = self.rails.lock();
         let r = rails.entry((local, remote.to_string())).or_default();
         if r.paused_until.is_some() {
@@ -120,18 +112,18 @@ impl RailMonitor {
             r.probe_until = None;
             return false;
         }
-        if r.errors == 0 || now.saturating_sub(r.first_error) > p.window {
+        if r.errors == 0 || now.saturating_sub(r.first_error) > self.window {
             r.errors = 1;
             r.first_error = now;
         } else {
             r.errors += 1;
         }
-        if r.errors < p.threshold {
+        if r.errors < self.threshold {
             return false;
         }
-        let cooldown = if r.next_cooldown.is_zero() { p.cooldown } else { r.next_cooldown };
+        let cooldown = if r.next_cooldown.is_zero() { self.cooldown } else { r.next_cooldown };
         r.paused_until = Some(now + cooldown);
-        r.next_probe = now + p.probe_interval;
+        r.next_probe = now + self.probe_interval;
         r.probe_until = None;
         r.next_cooldown = (cooldown * 2).min(MAX_COOLDOWN);
         self.trips.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -170,14 +162,21 @@ impl RailMonitor {
 mod tests {
     use super::*;
 
+    /// Default RDMA settings with these rail thresholds.
+    fn section(threshold: u32, window: Duration, cooldown: Duration, probe: Duration) -> RdmaSection {
+        RdmaSection {
+            rail_error_threshold: threshold,
+            rail_error_window: window,
+            rail_cooldown: cooldown,
+            rail_probe_interval: probe,
+            ..crate::config::Settings::default().rdma
+        }
+    }
+
     #[test]
     fn pauses_are_counted_after_the_rail_recovers() {
-        let m = RailMonitor::new(RailParams {
-            threshold: 1,
-            window: Duration::from_secs(10),
-            cooldown: Duration::from_secs(1),
-            probe_interval: Duration::from_secs(1000),
-        });
+        let m =
+            RailMonitor::new(&section(1, Duration::from_secs(10), Duration::from_secs(1), Duration::from_secs(1000)));
         assert!(m.mark_failed(0, "b@x", Duration::ZERO));
         m.mark_recovered(0, "b@x");
         assert!(m.available(0, "b@x", Duration::from_millis(1)), "recovered");
@@ -187,12 +186,8 @@ mod tests {
     #[test]
     fn pauses_after_threshold_doubles_per_trip_and_recovers() {
         // Probes only every 1000 s, so they stay out of this test's way.
-        let m = RailMonitor::new(RailParams {
-            threshold: 3,
-            window: Duration::from_secs(10),
-            cooldown: Duration::from_secs(30),
-            probe_interval: Duration::from_secs(1000),
-        });
+        let m =
+            RailMonitor::new(&section(3, Duration::from_secs(10), Duration::from_secs(30), Duration::from_secs(1000)));
         let s = Duration::from_secs;
         assert!(!m.mark_failed(0, "b@x", s(0)));
         assert!(!m.mark_failed(0, "b@x", s(1)));
@@ -219,12 +214,8 @@ mod tests {
 
     #[test]
     fn a_paused_rail_lets_one_probe_through_per_interval() {
-        let m = RailMonitor::new(RailParams {
-            threshold: 2,
-            window: Duration::from_secs(10),
-            cooldown: Duration::from_secs(30),
-            probe_interval: Duration::from_millis(250),
-        });
+        let m =
+            RailMonitor::new(&section(2, Duration::from_secs(10), Duration::from_secs(30), Duration::from_millis(250)));
         let ms = Duration::from_millis;
         m.mark_failed(1, "b@y", ms(0));
         assert!(m.mark_failed(1, "b@y", ms(100)), "paused");

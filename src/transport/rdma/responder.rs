@@ -3,91 +3,81 @@
 
 use std::sync::atomic::Ordering;
 
-use super::Endpoint;
 use super::bootstrap::{BootstrapDesc, BootstrapResult, split_nic_path};
 use super::context::ContextState;
 use super::core::Core;
 use super::endpoint::EpState;
 
-impl Core {
-    /// Answers a bootstrap request (the passive side): finds the local NIC, gets or
-    /// creates the endpoint for the sender's NIC path and lets it accept. A retired endpoint is
-    /// taken out of the store so the peer's next bootstrap meets a fresh one.
-    pub fn handle_bootstrap(&self, bytes: &[u8]) -> Vec<u8> {
-        self.counters.bootstraps_served.fetch_add(1, Ordering::Relaxed);
-        let refuse = |r: BootstrapResult, m: String| {
-            tracing::debug!("refusing an RDMA bootstrap: {m}");
-            BootstrapDesc::refusal(r, m).to_bytes()
-        };
-        let req = match BootstrapDesc::parse(bytes) {
-            Ok(r) => r,
-            Err(e) => return refuse(BootstrapResult::Error, e),
-        };
-        let Some((_, nic)) = split_nic_path(&req.peer_nic_path) else {
-            return refuse(BootstrapResult::NoDevice, format!("No device in peer_nic_path {:?}", req.peer_nic_path));
-        };
-        if split_nic_path(&req.local_nic_path).is_none() {
-            return refuse(BootstrapResult::Error, format!("malformed local_nic_path {:?}", req.local_nic_path));
-        }
-        if req.nonce.is_some() {
-            self.learn_tent_peer(&req.local_nic_path);
-        }
-        let Some(nic_id) = self.contexts.nic_id(nic) else {
-            return refuse(BootstrapResult::NoDevice, format!("No device found in local segment: {nic}"));
-        };
-        let (Some(ctx), Some(store)) = (self.contexts.get(nic_id), self.store(nic_id)) else {
-            return refuse(BootstrapResult::NoDevice, format!("No device found in local segment: {nic}"));
-        };
-        match ctx.state() {
-            ContextState::Enabled => {}
-            // Paused after its port went down (or at start with the port down): its endpoints
-            // were retired then, and QPs set up now would only fail (ENETUNREACH on rxe). The
-            // peer is told the device is down, which also tells it that nothing of its older
-            // QPs for this pair can execute here (its fences, fence.rs).
-            ContextState::Paused => return refuse(BootstrapResult::NoDevice, format!("Device is paused: {nic}")),
-            _ => return refuse(BootstrapResult::NoDevice, format!("Device is down: {nic}")),
-        }
-        for _ in 0..2 {
-            let now = self.clock.now();
-            let built = store.get_or_insert(&req.local_nic_path, now, || {
-                Endpoint::create(
-                    ctx,
-                    nic_id,
-                    &req.local_nic_path,
-                    &self.local_server,
-                    "",
-                    &self.ep_params,
-                    // Only an upstream peer's offer is taken at once (see `offers_notify`).
-                    req.notify_qp_num != 0 && req.nonce.is_none(),
-                )
-            });
-            let ep = match built {
-                Ok(ep) => {
-                    self.track_notify(&ep);
-                    ep
-                }
-                Err(e) => return refuse(BootstrapResult::Error, format!("Cannot allocate endpoint: {e}")),
-            };
-            if !ep.state().is_live() {
-                store.remove(&ep, now);
-                continue;
-            }
-            let was_ready = ep.state() == EpState::Ready;
-            let reply = ep.accept(&req, now);
-            if reply.outcome() == BootstrapResult::Ok {
-                // The peer connects new QPs to us: its older ones for this pair are retired.
-                self.record_fence(nic_id, &req.local_nic_path, false);
-            }
-            // Accepting a notify upgrade creates the channel.
-            self.track_notify(&ep);
-            if !ep.state().is_live() {
-                if was_ready {
-                    self.counters.retired_on_mismatch.fetch_add(1, Ordering::Relaxed);
-                }
-                store.remove(&ep, now);
-            }
-            return reply.to_bytes();
-        }
-        refuse(BootstrapResult::RetiredRetry, "endpoint is being replaced".into())
+/// Answers a bootstrap request (the passive side) on `core`'s NICs: finds the local NIC, gets
+/// or creates the endpoint for the sender's NIC path and lets it accept. A retired endpoint is
+/// taken out of the store so the peer's next bootstrap meets a fresh one.
+pub fn answer_bootstrap(core: &Core, bytes: &[u8]) -> Vec<u8> {
+    core.counters().bootstraps_served.fetch_add(1, Ordering::Relaxed);
+    let refuse = |r: BootstrapResult, m: String| {
+        tracing::debug!("refusing an RDMA bootstrap: {m}");
+        BootstrapDesc::refusal(r, m).to_bytes()
+    };
+    let req = match BootstrapDesc::parse(bytes) {
+        Ok(r) => r,
+        Err(e) => return refuse(BootstrapResult::Error, e),
+    };
+    let Some((_, nic)) = split_nic_path(&req.peer_nic_path) else {
+        return refuse(BootstrapResult::NoDevice, format!("No device in peer_nic_path {:?}", req.peer_nic_path));
+    };
+    if split_nic_path(&req.local_nic_path).is_none() {
+        return refuse(BootstrapResult::Error, format!("malformed local_nic_path {:?}", req.local_nic_path));
     }
+    if req.nonce.is_some() {
+        core.connector().learn_tent_peer(&req.local_nic_path);
+    }
+    let nics = core.nics();
+    let Some(nic_id) = nics.contexts().nic_id(nic) else {
+        return refuse(BootstrapResult::NoDevice, format!("No device found in local segment: {nic}"));
+    };
+    let (Some(ctx), Some(store)) = (nics.context(nic_id), nics.store(nic_id)) else {
+        return refuse(BootstrapResult::NoDevice, format!("No device found in local segment: {nic}"));
+    };
+    match ctx.state() {
+        ContextState::Enabled => {}
+        // Paused after its port went down (or at start with the port down): its endpoints
+        // were retired then, and QPs set up now would only fail (ENETUNREACH on rxe). The
+        // peer is told the device is down, which also tells it that nothing of its older
+        // QPs for this pair can execute here (its fences, fence.rs).
+        ContextState::Paused => return refuse(BootstrapResult::NoDevice, format!("Device is paused: {nic}")),
+        _ => return refuse(BootstrapResult::NoDevice, format!("Device is down: {nic}")),
+    }
+    for _ in 0..2 {
+        let now = core.clock().now();
+        // Only an upstream peer's offer of a notify QP is taken at once (see
+        // `Connector::offers_notify`).
+        let upstream_offer = req.notify_qp_num != 0 && req.nonce.is_none();
+        let ep = match nics.endpoint(nic_id, &req.local_nic_path, "", || upstream_offer) {
+            Ok(Some(ep)) => {
+                core.notify().track(&ep);
+                ep
+            }
+            Ok(None) => return refuse(BootstrapResult::NoDevice, format!("No device found in local segment: {nic}")),
+            Err(e) => return refuse(BootstrapResult::Error, format!("Cannot allocate endpoint: {e}")),
+        };
+        if !ep.state().is_live() {
+            store.remove(&ep, now);
+            continue;
+        }
+        let was_ready = ep.state() == EpState::Ready;
+        let reply = ep.accept(&req, now);
+        if reply.outcome() == BootstrapResult::Ok {
+            // The peer connects new QPs to us: its older ones for this pair are retired.
+            core.fences().record(nic_id, &req.local_nic_path, false);
+        }
+        // Accepting a notify upgrade creates the channel.
+        core.notify().track(&ep);
+        if !ep.state().is_live() {
+            if was_ready {
+                core.counters().retired_on_mismatch.fetch_add(1, Ordering::Relaxed);
+            }
+            store.remove(&ep, now);
+        }
+        return reply.to_bytes();
+    }
+    refuse(BootstrapResult::RetiredRetry, "endpoint is being replaced".into())
 }

@@ -18,58 +18,6 @@ use parking_lot::Mutex;
 
 use crate::config::RdmaSection;
 
-/// How slices pick their NIC (upstream's `transports/rdma` scheduling keys).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SchedParams {
-    /// `enable_smart_scheduling`: choose by expected completion time; off, slices rotate over
-    /// the rails whatever their load.
-    pub smart: bool,
-    /// `numa_penalties`: the cost factor for a buffer on the NIC's NUMA node, on a neighbouring
-    /// node (distance up to 21), and farther.
-    pub numa_penalties: [f64; 3],
-    /// `bandwidth_learning_rate`: the weight of one completion in the learned rate.
-    pub learning_rate: f64,
-    /// `ewma_min_bandwidth_multiplier`, `ewma_max_bandwidth_multiplier`: one measurement moves
-    /// the learned rate at most this far below or above its current value (outliers of a
-    /// stalled or bursty window do not throw it off).
-    pub min_multiplier: f64,
-    pub max_multiplier: f64,
-    /// `score_epsilon` (seconds): costs closer than this count as equal.
-    pub epsilon: f64,
-    /// `default_bandwidth_gbps`: the starting rate of a NIC whose port reports no speed.
-    pub default_bytes_per_sec: f64,
-}
-
-impl Default for SchedParams {
-    /// Upstream's defaults.
-    fn default() -> SchedParams {
-        SchedParams {
-            smart: true,
-            numa_penalties: [1.0, 5.0, 10.0],
-            learning_rate: 0.01,
-            min_multiplier: 0.1,
-            max_multiplier: 10.0,
-            epsilon: 1e-12,
-            default_bytes_per_sec: 400e9 / 8.0,
-        }
-    }
-}
-
-impl SchedParams {
-    /// The scheduling keys of an RDMA section.
-    pub fn from_section(r: &RdmaSection) -> SchedParams {
-        SchedParams {
-            smart: r.smart_scheduling,
-            numa_penalties: r.numa_penalties,
-            learning_rate: r.bandwidth_learning_rate,
-            min_multiplier: r.ewma_min_multiplier,
-            max_multiplier: r.ewma_max_multiplier,
-            epsilon: r.score_epsilon,
-            default_bytes_per_sec: r.default_bandwidth_gbps * 1e9 / 8.0,
-        }
-    }
-}
-
 /// How long a rate measurement of a busy NIC runs before it is folded into the learned rate:
 /// long enough to span many completions (a CQ is polled in batches, so single gaps between
 /// completions say little), short enough that a rail slowed mid-transfer is noticed in a few
@@ -186,8 +134,9 @@ impl NicStats {
     }
 
     /// Counts `len` bytes completed at `now` and learns the rate from a busy stretch once it
-    /// spans [`WINDOW`] or the NIC goes idle.
-    pub(super) fn completed(&self, len: u64, now: Duration, p: &SchedParams) {
+    /// spans [`WINDOW`] or the NIC goes idle, as RDMA section `cfg` says
+    /// (`bandwidth_learning_rate`, `ewma_{min,max}_bandwidth_multiplier`).
+    pub(super) fn completed(&self, len: u64, now: Duration, cfg: &RdmaSection) {
         let left = self.inflight.fetch_sub(len, Ordering::Relaxed).saturating_sub(len);
         self.completed.fetch_add(len, Ordering::Relaxed);
         let mut l = self.learner.lock();
@@ -205,9 +154,9 @@ impl NicStats {
             let fresh = self.fresh(now);
             self.measured_at_ns.store(now.as_nanos() as u64, Ordering::Relaxed);
             let new = if fresh {
-                let sample = measured.clamp(old * p.min_multiplier, old * p.max_multiplier);
+                let sample = measured.clamp(old * cfg.ewma_min_multiplier, old * cfg.ewma_max_multiplier);
                 // One weight per completion, as upstream learns per completion.
-                let weight = 1.0 - (1.0 - p.learning_rate.clamp(0.0, 1.0)).powi(l.completions as i32);
+                let weight = 1.0 - (1.0 - cfg.bandwidth_learning_rate.clamp(0.0, 1.0)).powi(l.completions as i32);
                 old + weight * (sample - old)
             } else {
                 // The starting value was the port's nominal speed, a guess, and an old
@@ -322,7 +271,7 @@ mod tests {
 
     #[test]
     fn a_busy_nic_learns_its_rate_within_the_clamps() {
-        let p = SchedParams { learning_rate: 0.5, ..SchedParams::default() };
+        let p = RdmaSection { bandwidth_learning_rate: 0.5, ..crate::config::Settings::default().rdma };
         let n = NicStats::new(0, 1e9);
         // 1 MB every 10 ms while never idle: 100 MB/s. Each window may move the rate by at most
         // 10x, so it gets there in steps.
@@ -349,7 +298,7 @@ mod tests {
 
     #[test]
     fn a_measurement_counts_only_while_fresh() {
-        let p = SchedParams::default();
+        let p = crate::config::Settings::default().rdma;
         let n = Arc::new(NicStats::new(0, 1e10));
         let t0 = Duration::from_secs(1);
         assert_eq!(n.rate_at(t0), 1e10, "unmeasured: the port's speed");
