@@ -18,6 +18,7 @@ use parking_lot::{Condvar, Mutex};
 use serde_json::{Map, Value, json};
 
 use crate::base::request::{Opcode, Status, TransportKind};
+use crate::config::MetricsSection;
 
 /// Number of `transport` label values: upstream's closed set, one per `TRANSPORT_*` value.
 pub const TRANSPORT_LABEL_COUNT: usize = 13;
@@ -651,19 +652,6 @@ fn escape_label(s: &str) -> String {
     s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
-/// How the metrics server runs (upstream's `metrics/*` keys).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServerOptions {
-    /// Address to listen on (`metrics/http_host`).
-    pub host: String,
-    /// Port to listen on (`metrics/http_port`); 0 takes any free port.
-    pub port: u16,
-    /// Threads answering HTTP requests (`metrics/http_server_threads`); 0 counts as 1.
-    pub http_server_threads: usize,
-    /// How often the summary line is logged (`metrics/report_interval_seconds`); zero: never.
-    pub report_interval: Duration,
-}
-
 /// Most HTTP threads a server starts, whatever the config asks (a scrape endpoint needs few).
 const MAX_HTTP_THREADS: usize = 64;
 /// How long a connection may take to send its request or take the answer; bounds how long a
@@ -688,13 +676,15 @@ pub struct MetricsServer {
 }
 
 impl MetricsServer {
-    /// Starts serving `metrics` as `opts` says. When the address cannot be bound a warning is
+    /// Starts serving `metrics` as section `opts` says (`metrics/http_host`, `http_port`, 0
+    /// taking any free port, `http_server_threads`, 0 counting as 1, and
+    /// `report_interval_seconds`, zero: no summary). When the address cannot be bound a warning is
     /// logged and only the periodic summary runs (upstream's log-only mode); returns `None`
     /// when nothing runs at all (no endpoint and no periodic summary, or no thread could be
     /// started). The engine runs on in every case.
-    pub fn start(opts: &ServerOptions, metrics: Arc<Metrics>) -> Option<MetricsServer> {
+    pub fn start(opts: &MetricsSection, metrics: Arc<Metrics>) -> Option<MetricsServer> {
         let mut server = MetricsServer { stop: Arc::new(Stop::default()), addr: None, threads: Vec::new() };
-        match TcpListener::bind((opts.host.as_str(), opts.port)) {
+        match TcpListener::bind((opts.http_host.as_str(), opts.http_port)) {
             Ok(listener) => match server.serve_http(listener, opts, &metrics) {
                 Ok(addr) => {
                     tracing::info!("metrics served at http://{addr}/metrics");
@@ -703,7 +693,11 @@ impl MetricsServer {
                 Err(e) => tracing::warn!("metrics endpoint could not start ({e}); metrics are log-only"),
             },
             Err(e) => {
-                tracing::warn!("metrics endpoint {}:{} unavailable ({e}); metrics are log-only", opts.host, opts.port)
+                tracing::warn!(
+                    "metrics endpoint {}:{} unavailable ({e}); metrics are log-only",
+                    opts.http_host,
+                    opts.http_port
+                )
             }
         }
         if !opts.report_interval.is_zero() {
@@ -724,7 +718,7 @@ impl MetricsServer {
     fn serve_http(
         &mut self,
         listener: TcpListener,
-        opts: &ServerOptions,
+        opts: &MetricsSection,
         metrics: &Arc<Metrics>,
     ) -> std::io::Result<SocketAddr> {
         let addr = listener.local_addr()?;
@@ -1003,8 +997,14 @@ mod tests {
         out
     }
 
-    fn opts(port: u16, threads: usize, report: Duration) -> ServerOptions {
-        ServerOptions { host: "127.0.0.1".into(), port, http_server_threads: threads, report_interval: report }
+    fn opts(port: u16, threads: usize, report: Duration) -> MetricsSection {
+        MetricsSection {
+            enabled: true,
+            http_host: "127.0.0.1".into(),
+            http_port: port,
+            http_server_threads: threads,
+            report_interval: report,
+        }
     }
 
     #[test]

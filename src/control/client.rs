@@ -12,6 +12,7 @@ use super::conn_io::{ConnIo, Pending};
 use super::frame::{self, msg};
 use super::rawio::{self, RawRange};
 use crate::base::qos::{PACE_PIECE, Ticket};
+use crate::config::RpcSection;
 use crate::error::{Error, Result};
 
 /// Largest reply attachment accepted for a control call.
@@ -25,19 +26,6 @@ const MAX_IDLE_PER_PEER: usize = 64;
 const CONNECT_ATTEMPT: Duration = Duration::from_millis(300);
 /// At most this many connect attempts to one address run at once.
 const MAX_CONNECT_ATTEMPTS: usize = 16;
-
-/// Timeouts of the client side.
-#[derive(Debug, Clone, Copy)]
-pub struct ClientTimeouts {
-    pub connect: Duration,
-    pub request: Duration,
-}
-
-impl Default for ClientTimeouts {
-    fn default() -> Self {
-        ClientTimeouts { connect: Duration::from_secs(5), request: Duration::from_secs(30) }
-    }
-}
 
 struct Conn {
     stream: TcpStream,
@@ -84,7 +72,10 @@ pub struct RpcClient {
     /// data (see [`DataLane`]), so bulk transfers never take the connection a foreground request
     /// would find idle.
     pools: [Mutex<HashMap<String, Vec<Conn>>>; 2],
-    timeouts: ClientTimeouts,
+    /// `rpc_connect_timeout_ms`: how long opening a connection may take.
+    connect_timeout: Duration,
+    /// `rpc_request_timeout_ms`: the read and write timeout of each call's I/O.
+    request_timeout: Duration,
     /// Clones of connections in use, so `abort_all` can interrupt blocked calls at shutdown.
     active: Mutex<HashMap<u64, TcpStream>>,
     next_id: std::sync::atomic::AtomicU64,
@@ -172,22 +163,18 @@ fn rpc_err(addr: &str, what: impl std::fmt::Display) -> Error {
 }
 
 impl RpcClient {
-    /// Creates a client with the given timeouts.
-    pub fn new(timeouts: ClientTimeouts) -> RpcClient {
+    /// Creates a client with the timeouts of RPC section `rpc`, authenticating new
+    /// connections with its `rpc_auth_token` when one is set.
+    pub fn new(rpc: &RpcSection) -> RpcClient {
         RpcClient {
             pools: Default::default(),
-            timeouts,
+            connect_timeout: rpc.connect_timeout,
+            request_timeout: rpc.request_timeout,
             active: Mutex::new(HashMap::new()),
             next_id: std::sync::atomic::AtomicU64::new(0),
             aborted: std::sync::atomic::AtomicBool::new(false),
-            token: None,
+            token: rpc.auth_token.clone(),
         }
-    }
-
-    /// Sets the token used to authenticate new connections (None: no authentication).
-    pub fn with_token(mut self, token: Option<Vec<u8>>) -> RpcClient {
-        self.token = token;
-        self
     }
 
     /// Runs the challenge-response on a fresh connection. A server without a token answers the
@@ -234,7 +221,7 @@ impl RpcClient {
     /// refused connection ends it at once: nothing listens there.
     fn connect_stream(&self, t: &SocketAddr) -> std::io::Result<TcpStream> {
         use std::sync::mpsc;
-        let deadline = std::time::Instant::now() + self.timeouts.connect;
+        let deadline = std::time::Instant::now() + self.connect_timeout;
         let left = || deadline.saturating_duration_since(std::time::Instant::now());
         let first = left().min(CONNECT_ATTEMPT).max(Duration::from_millis(1));
         match TcpStream::connect_timeout(t, first) {
@@ -280,8 +267,8 @@ impl RpcClient {
             match self.connect_stream(&t) {
                 Ok(s) => {
                     let _ = s.set_nodelay(true);
-                    s.set_read_timeout(Some(self.timeouts.request)).map_err(|e| rpc_err(addr, e))?;
-                    s.set_write_timeout(Some(self.timeouts.request)).map_err(|e| rpc_err(addr, e))?;
+                    s.set_read_timeout(Some(self.request_timeout)).map_err(|e| rpc_err(addr, e))?;
+                    s.set_write_timeout(Some(self.request_timeout)).map_err(|e| rpc_err(addr, e))?;
                     let mut c = Conn { stream: s, seq: 0 };
                     if let Some(token) = &self.token {
                         self.authenticate(addr, &mut c, token)?;
@@ -336,7 +323,7 @@ impl RpcClient {
 
     /// How long a call waits for its reply (`rpc_request_timeout_ms`).
     pub fn request_timeout(&self) -> Duration {
-        self.timeouts.request
+        self.request_timeout
     }
 
     /// Interrupts every call in progress and refuses new ones (engine teardown), so no thread
@@ -401,7 +388,7 @@ impl RpcClient {
             let h = reply_head(addr, &mut c.stream, &hdr, seq)?;
             let out = recv(&mut c.stream, &h)?;
             if reply_timeout.is_some() {
-                c.stream.set_read_timeout(Some(self.timeouts.request)).map_err(|e| rpc_err(addr, e))?;
+                c.stream.set_read_timeout(Some(self.request_timeout)).map_err(|e| rpc_err(addr, e))?;
             }
             self.give_back(addr, c, bulk);
             return Ok(out);

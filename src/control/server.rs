@@ -28,6 +28,7 @@ use super::conn_io::{ConnIo, Pending, READ_BUF};
 use super::frame::{self, FrameError, msg};
 use super::queue::{Pool, WorkQueue};
 use super::rawio;
+use crate::config::RpcSection;
 use crate::error::Result;
 
 /// Largest attachment accepted for a control message; larger frames close the connection.
@@ -100,20 +101,6 @@ pub struct RpcServer {
     bulk: Arc<Pool<Conn>>,
 }
 
-/// How an [`RpcServer`] runs.
-pub struct ServerParams {
-    /// The most workers serving control messages at once.
-    pub control_threads: usize,
-    /// The most workers serving SendData / RecvData at once.
-    pub data_threads: usize,
-    /// The read and write timeout of each request's I/O.
-    pub request_timeout: Duration,
-    /// After this long without work, a worker above its pool's minimum ends.
-    pub idle_exit: Duration,
-    /// When set, a connection must authenticate (challenge-response) before any request.
-    pub token: Option<Vec<u8>>,
-}
-
 struct Shared {
     /// Clones of connections being served, shut down by `stop` so no worker stays blocked.
     active: Mutex<Vec<(usize, TcpStream)>>,
@@ -127,11 +114,19 @@ struct Shared {
 }
 
 impl RpcServer {
-    /// Starts serving on `listener`: a reactor thread watching idle connections, and pools of
-    /// up to `params.control_threads` workers for control messages and `params.data_threads`
-    /// for SendData / RecvData (one control worker always runs; the rest start on demand).
-    pub fn start(listener: TcpListener, handler: Arc<dyn RpcHandler>, params: ServerParams) -> Result<RpcServer> {
-        let ServerParams { control_threads, data_threads, request_timeout, idle_exit, token } = params;
+    /// Starts serving on `listener` as RPC section `rpc` says: a reactor thread watching idle
+    /// connections, and pools of up to `rpc_server_threads` workers for control messages and
+    /// `rpc_data_threads` for SendData / RecvData (one control worker always runs; the rest
+    /// start on demand and end after `idle_exit` without work), each request's I/O bounded by
+    /// `rpc_request_timeout_ms`, connections authenticated when `rpc_auth_token` is set.
+    pub fn start(
+        listener: TcpListener,
+        handler: Arc<dyn RpcHandler>,
+        rpc: &RpcSection,
+        idle_exit: Duration,
+    ) -> Result<RpcServer> {
+        let (control_threads, data_threads, request_timeout) = (rpc.threads, rpc.data_threads, rpc.request_timeout);
+        let token = rpc.auth_token.clone();
         let auth_required = token.is_some();
         listener.set_nonblocking(true)?;
         let (wake_rx, wake_tx) = UnixStream::pair()?;

@@ -866,11 +866,11 @@ pub fn open_metadata_store(conn: &str) -> Result<Arc<dyn crate::control::metadat
     if !matches!(kind.as_str(), "redis" | "etcd" | "http") {
         return Err(Error::InvalidArgument(format!("metadata_type {kind:?} is not one of p2p, redis, etcd, http")));
     }
-    let section = crate::config::MetadataSection { kind, servers, ..crate::config::Settings::default().metadata };
-    let settings = super::start::metadata_settings(&section)?;
+    let defaults = crate::config::Settings::default();
+    let section = crate::config::MetadataSection { kind, servers, ..defaults.metadata };
     // The client would serve only p2p lookups, which were refused above.
-    let client = Arc::new(crate::control::client::RpcClient::new(Default::default()));
-    crate::control::metadata::open(&settings, client)
+    let client = Arc::new(crate::control::client::RpcClient::new(&defaults.rpc));
+    crate::control::metadata::open(&section, client)
 }
 
 #[cfg(test)]

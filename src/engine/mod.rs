@@ -43,10 +43,7 @@ use remote::Remote;
 use segment::{LocalSegment, Registration, SegmentDesc};
 use serve::ServerView;
 pub use start::effective_config;
-use start::{
-    attach_rdma, client_timeouts, load_transports, metadata_settings, segment_name_for, server_params,
-    start_metrics_server,
-};
+use start::{attach_rdma, load_transports, segment_name_for, start_metrics_server};
 use types::{Notification, Permission, Request, Status, TransportKind};
 
 /// Pending polls of one batch answered with a yield; later ones wait for the batch's end.
@@ -197,7 +194,7 @@ impl Engine {
         }
         let settings = Arc::new(settings);
         let metadata_type = settings.metadata.kind.clone();
-        let store_settings = metadata_settings(&settings.metadata)?;
+
         let rpc = &settings.rpc;
         let ip = match addr::advertised_ip(&rpc.hostname) {
             // The classic API names a p2p segment by the host its caller gave, unresolved (as
@@ -216,14 +213,14 @@ impl Engine {
         let port = listener.local_addr().map_err(Error::from)?.port();
         let rpc_addr = addr::host_port(&ip, port);
         let name = segment_name_for(&settings.metadata, &rpc_addr, port);
-        let client = Arc::new(RpcClient::new(client_timeouts(rpc)).with_token(rpc.auth_token.clone()));
+        let client = Arc::new(RpcClient::new(rpc));
         // RDMA starts first: the descriptor's topology lists its NICs.
         let rdma = start::start_rdma(&settings, &name, &client);
         let nics: Vec<memory::TopologyNic> =
             rdma.iter().flat_map(|t| t.links()).map(memory::TopologyNic::from).collect();
         let topology = memory::topology_json(&nics);
         let local = Arc::new(LocalSegment::new(name.clone(), memory::machine_id(), rpc_addr.clone(), topology));
-        let store = metadata::open(&store_settings, client.clone())?;
+        let store = metadata::open(&settings.metadata, client.clone())?;
         let publication = {
             let l = local.clone();
             Arc::new(Publication::new(store.clone(), &name, Box::new(move || l.descriptor_json())))
@@ -250,13 +247,13 @@ impl Engine {
         let fetcher = Fetcher::new(lanes.clone(), remote.clone(), dispatcher.clone());
         let hooks = Arc::new(HookLanes { lanes: lanes.clone(), remote: remote.clone() });
         let view = Arc::new(ServerView { local: local.clone(), remote: remote.clone(), rdma: rdma.clone() });
-        let server = RpcServer::start(listener, view, server_params(rpc, settings.engine.idle_thread_exit))?;
+        let server = RpcServer::start(listener, view, rpc, settings.engine.idle_thread_exit)?;
         // Central stores: the descriptor is written before the engine counts as started, and
         // removed again (with everything above stopped) when a later step fails.
         let published = Published::publish(&publication)
             .map_err(|e| Error::Metadata(format!("cannot publish segment {name} to the {metadata_type} store: {e}")))?;
         let keepalive = match store.needs_keep_alive() {
-            true => Some(KeepAlive::start(publication.clone(), store_settings.ttl)?),
+            true => Some(KeepAlive::start(publication.clone(), settings.metadata.ttl)?),
             false => None,
         };
         let publisher = Publisher::start(publication.clone(), remote.clone(), lanes.clone())?;
@@ -266,7 +263,7 @@ impl Engine {
             Some(q) => {
                 let l = launcher.clone();
                 let start: admission::Start = Box::new(move |tasks| l.start(tasks, None));
-                Some(admission::Admission::start(q.clone(), start::qos_params(&settings), start)?)
+                Some(admission::Admission::start(q.clone(), crate::base::qos::QosParams::from(&settings.qos), start)?)
             }
             None => None,
         };

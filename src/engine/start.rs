@@ -1,10 +1,10 @@
-//! The steps of an engine's start, each a small named function: the effective config, the
-//! metadata store settings, the segment name, the RPC settings, the transports, the RDMA
-//! transport and its wiring, the dispatcher and the metrics endpoint. `Engine::new` runs them
-//! in order; whatever a step started is owned by a value that undoes it if a later step fails.
+//! The steps of an engine's start that need more than one call, each a small named function:
+//! the effective config, the segment name, the transports, the RDMA transport and its wiring,
+//! the dispatcher and the metrics endpoint. Each part reads its own section of the parsed
+//! settings; this file only wires them. `Engine::new` runs the steps in order; whatever a step
+//! started is owned by a value that undoes it if a later step fails.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use super::background::ProgressPool;
 use super::dispatch::Dispatcher;
@@ -12,18 +12,14 @@ use super::policy;
 use super::remote::Remote;
 use super::segment::LocalSegment;
 use super::unit::FailoverConfig;
-use crate::base::qos::Foreign;
-use crate::base::shared_quota::{QuotaPath, SharedQuota};
-use crate::config::{Config, MetadataSection, MetricsSection, RpcSection, Settings, keys};
-use crate::control::client::{ClientTimeouts, RpcClient};
-use crate::control::metadata::{self, StoreSettings};
-use crate::control::server::ServerParams;
+use crate::config::{Config, MetadataSection, MetricsSection, Settings, keys};
+use crate::control::client::RpcClient;
 use crate::error::Result;
-use crate::metrics::{Metrics, MetricsServer, ServerOptions};
+use crate::metrics::{Metrics, MetricsServer};
 use crate::transport::Transport;
 use crate::transport::rdma::RdmaTransport;
-use crate::transport::shm::{ShmParams, ShmTransport};
-use crate::transport::tcp::{TcpParams, TcpTransport};
+use crate::transport::shm::ShmTransport;
+use crate::transport::tcp::TcpTransport;
 
 /// Builds the effective config from what the caller gave explicitly: `MC_TENT_CONF` is merged
 /// over it, then the legacy `MC_*` variables, then the caller's identity keys are put back.
@@ -36,13 +32,6 @@ pub fn effective_config(explicit: Config) -> Config {
         }
     }
     cfg
-}
-
-/// The metadata store settings: the section's store kind, servers, TTL and timeout and, for
-/// Redis, `MC_REDIS_*` from the environment.
-pub(super) fn metadata_settings(m: &MetadataSection) -> Result<StoreSettings> {
-    let redis_auth = if m.kind == "redis" { metadata::redis::RedisAuth::from_env()? } else { Default::default() };
-    Ok(StoreSettings { kind: m.kind.clone(), servers: m.servers.clone(), ttl: m.ttl, timeout: m.timeout, redis_auth })
 }
 
 /// The segment name: in p2p mode `ip:port`, or `host:port` with `p2p_segment_host` (IPv6 in
@@ -66,22 +55,6 @@ pub(super) fn segment_name_for(m: &MetadataSection, rpc_addr: &str, port: u16) -
     }
 }
 
-/// The RPC server's parameters from the RPC section; idle pool threads end after `idle_exit`.
-pub(super) fn server_params(rpc: &RpcSection, idle_exit: Duration) -> ServerParams {
-    ServerParams {
-        control_threads: rpc.threads,
-        data_threads: rpc.data_threads,
-        request_timeout: rpc.request_timeout,
-        idle_exit,
-        token: rpc.auth_token.clone(),
-    }
-}
-
-/// The RPC client's timeouts from the RPC section.
-pub(super) fn client_timeouts(rpc: &RpcSection) -> ClientTimeouts {
-    ClientTimeouts { connect: rpc.connect_timeout, request: rpc.request_timeout }
-}
-
 /// The SHM, TCP and file transports the config enables. Each stops its threads when dropped,
 /// so a failure here or later leaves none running.
 pub(super) fn load_transports(
@@ -90,19 +63,15 @@ pub(super) fn load_transports(
     metrics: &Arc<Metrics>,
 ) -> Result<Vec<Arc<dyn Transport>>> {
     let mut transports: Vec<Arc<dyn Transport>> = Vec::new();
-    let idle_exit = settings.engine.idle_thread_exit;
     if settings.shm.enable {
-        let params = ShmParams::from_section(&settings.shm, idle_exit).with_qos(qos_params(settings));
-        transports.push(Arc::new(ShmTransport::with_quota(params, shared_quota(settings, QuotaPath::Shm))?));
+        transports.push(Arc::new(ShmTransport::new(settings)?));
     }
     if settings.tcp.enable {
-        let params = TcpParams::from_section(&settings.tcp, idle_exit).with_qos(qos_params(settings));
-        let quota = shared_quota(settings, QuotaPath::Tcp);
-        transports.push(Arc::new(TcpTransport::with_quota(client.clone(), params, metrics.clone(), quota)?));
+        transports.push(Arc::new(TcpTransport::new(client.clone(), settings, metrics.clone())?));
     }
     // File segments: io_uring, or the plain pread/pwrite path when io_uring is unavailable or
     // disabled.
-    transports.extend(crate::transport::file::load(&settings.file, idle_exit, qos_params(settings))?);
+    transports.extend(crate::transport::file::load(settings)?);
     Ok(transports)
 }
 
@@ -120,13 +89,7 @@ pub(super) fn start_metrics_server(m: &MetricsSection, metrics: &Arc<Metrics>) -
     if !m.enabled {
         return None;
     }
-    let opts = ServerOptions {
-        host: m.http_host.clone(),
-        port: m.http_port,
-        http_server_threads: m.http_server_threads,
-        report_interval: m.report_interval,
-    };
-    MetricsServer::start(&opts, metrics.clone())
+    MetricsServer::start(m, metrics.clone())
 }
 
 /// The dispatcher over `transports`, wired so that transports drop per-segment state (e.g.
@@ -183,16 +146,4 @@ pub(super) fn start_rdma(settings: &Settings, name: &str, client: &Arc<RpcClient
             None
         }
     }
-}
-
-/// How the transports promote held-back work (`priority_promotion_*`).
-pub(super) fn qos_params(settings: &Settings) -> crate::base::qos::QosParams {
-    crate::base::qos::QosParams { promotion_timeout: settings.qos.promotion_timeout, per_entry: settings.qos.per_entry }
-}
-
-/// A slot in the host's quota file for a gate of `path`, when `shared_quota_shm_path` names
-/// one (a failure to open it is logged there and leaves the gate on its own).
-fn shared_quota(settings: &Settings, path: QuotaPath) -> Option<Arc<dyn Foreign>> {
-    let quota = SharedQuota::open(&settings.qos.shared_quota_path, path)?;
-    Some(quota)
 }

@@ -23,45 +23,13 @@ use crate::base::prefetch;
 use crate::base::qos::{self, Foreign, Gate, Level, QosParams, Ticket};
 use crate::base::request::{Opcode, TransportKind};
 use crate::base::segment::{BufferDesc, BufferRef, SegmentDesc};
+use crate::base::shared_quota::{QuotaPath, SharedQuota};
 use crate::base::task::Task;
-use crate::config::ShmSection;
+use crate::config::{Settings, ShmSection};
 use crate::control::queue::{Pool, WorkQueue};
 use crate::device::{self, Platform};
 use crate::error::{Error, Result};
 use crate::transport::Transport;
-
-/// Tunables read from `transports/shm/*`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShmParams {
-    /// A directory (e.g. a CXL or tmpfs mount) holding the objects as files instead of POSIX shm.
-    pub cxl_mount_path: String,
-    /// Copy threads.
-    pub copy_threads: usize,
-    /// Requests up to this size are copied by one thread in one piece.
-    pub chunk_size: u64,
-    /// An idle copy thread ends after this long (`idle_thread_exit_ms`); they start on demand.
-    pub idle_exit: std::time::Duration,
-    /// How held-back work is promoted (`priority_promotion_*`).
-    pub qos: QosParams,
-}
-
-impl ShmParams {
-    /// The parameters of an SHM section; idle copy threads end after `idle_exit`.
-    pub fn from_section(s: &ShmSection, idle_exit: std::time::Duration) -> ShmParams {
-        ShmParams {
-            cxl_mount_path: s.cxl_mount_path.clone(),
-            copy_threads: s.copy_threads,
-            chunk_size: s.chunk_size,
-            idle_exit,
-            qos: QosParams::default(),
-        }
-    }
-
-    /// These parameters with priorities promoted as `qos` says.
-    pub fn with_qos(self, qos: QosParams) -> ShmParams {
-        ShmParams { qos, ..self }
-    }
-}
 
 fn os_err(what: &str) -> Error {
     Error::last_os(what)
@@ -443,7 +411,8 @@ struct Staged {
 
 /// The SHM transport.
 pub struct ShmTransport {
-    params: ShmParams,
+    /// `transports/shm/*`.
+    cfg: ShmSection,
     mappings: Mutex<HashMap<String, SegmentMaps>>,
     /// Where the liveness times of the mappings count from.
     clock: std::time::Instant,
@@ -456,19 +425,16 @@ pub struct ShmTransport {
 }
 
 impl ShmTransport {
-    /// Sets up the copy threads, one set per priority level: up to `copy_threads` each,
-    /// started when chunks wait and ended when idle.
-    pub fn new(params: ShmParams) -> Result<ShmTransport> {
-        ShmTransport::with_quota(params, None)
-    }
-
-    /// [`ShmTransport::new`], with its gate also holding back lower-priority copies while
-    /// other processes (other gates) have higher-priority SHM work active, as `quota` tells
-    /// (`transports/rdma/shared_quota_shm_path`), and publishing its own work there.
-    pub fn with_quota(params: ShmParams, quota: Option<Arc<dyn Foreign>>) -> Result<ShmTransport> {
+    /// Sets up the copy threads, one set per priority level: up to `copy_threads` each
+    /// (`transports/shm/*`), started when chunks wait and ended after `idle_thread_exit_ms`
+    /// idle. Its gate promotes held-back copies as `priority_promotion_*` say and, with a quota
+    /// file (`transports/rdma/shared_quota_shm_path`), also holds back lower-priority copies
+    /// while other processes have higher-priority SHM work active, publishing its own there.
+    pub fn new(settings: &Settings) -> Result<ShmTransport> {
+        let cfg = settings.shm.clone();
         let stopping = Arc::new(AtomicBool::new(false));
         let pool = |name: &str, background: bool| {
-            Pool::new(name, 0, params.copy_threads, params.idle_exit, move |q: &WorkQueue<Chunk>| {
+            Pool::new(name, 0, cfg.copy_threads, settings.engine.idle_thread_exit, move |q: &WorkQueue<Chunk>| {
                 if background {
                     qos::background_thread();
                 }
@@ -478,9 +444,10 @@ impl ShmTransport {
             })
         };
         let pools = [pool("tent-shm", false)?, pool("tent-shm-m", true)?, pool("tent-shm-l", true)?];
-        let gate = Gate::new(params.qos, quota);
+        let quota = SharedQuota::open(&settings.qos.shared_quota_path, QuotaPath::Shm);
+        let gate = Gate::new(QosParams::from(&settings.qos), quota.map(|q| q as Arc<dyn Foreign>));
         Ok(ShmTransport {
-            params,
+            cfg,
             mappings: Mutex::new(HashMap::new()),
             clock: std::time::Instant::now(),
             pools,
@@ -488,11 +455,6 @@ impl ShmTransport {
             staged: Mutex::new(Staged::default()),
             stopping,
         })
-    }
-
-    /// The parameters in use.
-    pub fn params(&self) -> &ShmParams {
-        &self.params
     }
 
     /// The gate that orders this transport's copies by priority.
@@ -576,7 +538,7 @@ impl ShmTransport {
             // A device copy engine has its own best piece size (long pieces on a GPU).
             let chunk_size = match device::platform().filter(|_| device) {
                 Some(p) => p.preferred_chunk() as u64,
-                None => self.params.chunk_size,
+                None => self.cfg.chunk_size,
             };
             let level = Level::of(r.priority);
             if r.length <= chunk_size {
@@ -677,7 +639,7 @@ impl ShmTransport {
         let m = Arc::new(if on_device {
             Mapping::open_device(&buf.shm_path, needed)?
         } else {
-            Mapping::open(&self.params.cxl_mount_path, &buf.shm_path, needed)?
+            Mapping::open(&self.cfg.cxl_mount_path, &buf.shm_path, needed)?
         });
         if !m.alive_at(now) {
             return Err(Error::Remote(format!(
@@ -935,11 +897,7 @@ mod tests {
             deadline_ns: 0,
             hint: TransportKind::Unspec,
         });
-        let t = ShmTransport::new({
-            let s = crate::config::Settings::default();
-            ShmParams::from_section(&s.shm, s.engine.idle_thread_exit)
-        })
-        .expect("transport");
+        let t = ShmTransport::new(&crate::config::Settings::default()).expect("transport");
         t.shutdown();
         // A submitter that raced shutdown: its slice must not wait in the staged list forever.
         t.submit_partial(&target, vec![Task::new(sink.clone(), 0)]).expect("partial submit");

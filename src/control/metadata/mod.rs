@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use crate::config::MetadataSection;
 use crate::control::client::RpcClient;
 use crate::error::{Error, Result};
 
@@ -42,33 +43,17 @@ pub trait MetadataStore: Send + Sync {
     fn needs_keep_alive(&self) -> bool;
 }
 
-/// The stores and their settings, from the config and the environment.
-#[derive(Clone, Debug)]
-pub struct StoreSettings {
-    /// `metadata_type`: `p2p`, `redis`, `etcd` or `http`.
-    pub kind: String,
-    /// `metadata_servers`.
-    pub servers: String,
-    /// `metadata_ttl_secs`: how long a key outlives its last keep-alive.
-    pub ttl: Duration,
-    /// How long one request to the store may take.
-    pub timeout: Duration,
-    /// Redis AUTH / SELECT (from `MC_REDIS_*`).
-    pub redis_auth: redis::RedisAuth,
-}
-
-/// Opens the store named by `settings.kind` and checks that it answers (for central stores).
-/// `client` serves p2p lookups. An unknown kind or an unreachable store is an error that says
-/// which.
-pub fn open(settings: &StoreSettings, client: Arc<RpcClient>) -> Result<Arc<dyn MetadataStore>> {
+/// Opens the store `metadata_type` names (with `metadata_servers`, `metadata_ttl_secs` and the
+/// request timeout of section `settings`; Redis also with `MC_REDIS_*` from the environment)
+/// and checks that it answers (for central stores). `client` serves p2p lookups. An unknown
+/// kind or an unreachable store is an error that says which.
+pub fn open(settings: &MetadataSection, client: Arc<RpcClient>) -> Result<Arc<dyn MetadataStore>> {
     let store: Arc<dyn MetadataStore> = match settings.kind.as_str() {
         "p2p" => return Ok(Arc::new(p2p::P2pStore::new(client))),
-        "redis" => Arc::new(redis::RedisStore::new(
-            &settings.servers,
-            settings.redis_auth.clone(),
-            settings.ttl,
-            settings.timeout,
-        )?),
+        "redis" => {
+            let auth = redis::RedisAuth::from_env()?;
+            Arc::new(redis::RedisStore::new(&settings.servers, auth, settings.ttl, settings.timeout)?)
+        }
         "etcd" => Arc::new(etcd::EtcdStore::new(&settings.servers, settings.ttl, settings.timeout)?),
         "http" => Arc::new(http_store::HttpStore::new(&settings.servers, settings.timeout)?),
         other => {

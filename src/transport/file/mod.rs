@@ -47,76 +47,23 @@ use parking_lot::Mutex;
 use crate::base::request::{Opcode, Request};
 use crate::base::segment::SegmentDesc;
 use crate::base::task::Task;
-use crate::config::FileSection;
+use crate::config::{FileSection, Settings};
 use crate::error::{Error, Result};
 use crate::transport::Transport;
-
-/// Tunables of both file transports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FileParams {
-    /// Use `O_DIRECT` where the file system allows it (`transports/file/direct_io`, true).
-    pub direct_io: bool,
-    /// Complete a WRITE only after `fdatasync` (`transports/file/sync_writes`, false).
-    pub sync_writes: bool,
-    /// Largest single read or write; larger requests are split (`transports/file/chunk_size`,
-    /// 1 MiB).
-    pub chunk_size: u64,
-    /// Operations in flight per ring (`transports/io_uring/queue_depth`, 32).
-    pub queue_depth: u32,
-    /// Rings, each with its own reaper thread (`transports/io_uring/rings`, 1).
-    pub rings: usize,
-    /// Threads of the plain path (`transports/bufio/threads`, 4), started on demand.
-    pub plain_threads: usize,
-    /// An idle thread of the plain path ends after this long (`idle_thread_exit_ms`).
-    pub idle_exit: std::time::Duration,
-    /// How the io_uring rings promote held-back work (`priority_promotion_*`).
-    pub qos: crate::base::qos::QosParams,
-}
-
-impl FileParams {
-    /// The parameters of the file section; idle plain-path threads end after `idle_exit`.
-    pub fn from_section(f: &FileSection, idle_exit: std::time::Duration) -> FileParams {
-        FileParams {
-            direct_io: f.direct_io,
-            sync_writes: f.sync_writes,
-            chunk_size: f.chunk_size,
-            queue_depth: f.queue_depth,
-            rings: f.rings,
-            plain_threads: f.bufio_threads,
-            idle_exit,
-            qos: crate::base::qos::QosParams::default(),
-        }
-    }
-
-    /// These parameters with priorities promoted as `qos` says.
-    pub fn with_qos(self, qos: crate::base::qos::QosParams) -> FileParams {
-        FileParams { qos, ..self }
-    }
-
-    /// The parameters of an empty configuration.
-    pub fn defaults() -> FileParams {
-        let s = crate::config::Settings::default();
-        FileParams::from_section(&s.file, s.engine.idle_thread_exit)
-    }
-}
 
 /// Loads the file transports: io_uring when `transports/io_uring/enable` (default true) and the
 /// kernel lets this process set up a ring; otherwise the plain path, when
 /// `transports/bufio/enable` (default true). Never both, so a file segment has exactly one way.
-pub fn load(
-    f: &FileSection,
-    idle_exit: std::time::Duration,
-    qos: crate::base::qos::QosParams,
-) -> Result<Vec<Arc<dyn Transport>>> {
-    let params = FileParams::from_section(f, idle_exit).with_qos(qos);
+pub fn load(settings: &Settings) -> Result<Vec<Arc<dyn Transport>>> {
+    let f = &settings.file;
     if f.io_uring_enable {
-        match uring::IoUringTransport::new(params) {
+        match uring::IoUringTransport::new(settings) {
             Ok(t) => return Ok(vec![Arc::new(t)]),
             Err(e) => tracing::info!("io_uring transport not loaded ({e}); file segments use pread/pwrite"),
         }
     }
     if f.bufio_enable {
-        return Ok(vec![Arc::new(plain::PlainFileTransport::new(params)?)]);
+        return Ok(vec![Arc::new(plain::PlainFileTransport::new(settings)?)]);
     }
     Ok(Vec::new())
 }
@@ -501,15 +448,15 @@ pub type PlannedTask = (Task, Vec<Piece>);
 /// (the file cannot be opened) means no task was touched.
 pub fn plan_tasks(
     files: &FileCache,
-    params: &FileParams,
+    cfg: &FileSection,
     target: &SegmentDesc,
     tasks: Vec<Task>,
 ) -> Result<(Arc<OpenFile>, Vec<PlannedTask>)> {
-    let (file, size) = files.get(target, params.direct_io)?;
+    let (file, size) = files.get(target, cfg.direct_io)?;
     let mut planned = Vec::new();
     for task in tasks {
         let r = *task.request();
-        match file.plan(&r, params.chunk_size, Some(size)) {
+        match file.plan(&r, cfg.chunk_size, Some(size)) {
             Err(e) => {
                 task.fail(e.to_string());
             }

@@ -13,11 +13,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
-use super::{AlignedBuf, FileCache, FileParams, OpenFile, Piece, Step, bounce_copy, plan_tasks};
-use crate::base::qos::{self, Gate, Level, Ticket};
+use super::{AlignedBuf, FileCache, OpenFile, Piece, Step, bounce_copy, plan_tasks};
+use crate::base::qos::{self, Gate, Level, QosParams, Ticket};
 use crate::base::request::{Opcode, TransportKind};
 use crate::base::segment::SegmentDesc;
 use crate::base::task::Task;
+use crate::config::{FileSection, Settings};
 use crate::control::queue::{Pool, WorkQueue};
 use crate::error::Result;
 use crate::transport::Transport;
@@ -41,7 +42,8 @@ struct Work {
 
 /// The plain `pread`/`pwrite` transport.
 pub struct PlainFileTransport {
-    params: FileParams,
+    /// `transports/bufio/*`, `transports/file/*`.
+    cfg: FileSection,
     files: FileCache,
     /// One pool per priority level, HIGH first.
     pools: [Pool<Work>; 3],
@@ -49,11 +51,13 @@ pub struct PlainFileTransport {
 }
 
 impl PlainFileTransport {
-    /// Sets up the threads, one set per priority level: up to `plain_threads` each, started
-    /// when work waits and ended when idle.
-    pub fn new(params: FileParams) -> Result<PlainFileTransport> {
+    /// Sets up the threads, one set per priority level: up to `transports/bufio/threads` each,
+    /// started when work waits and ended after `idle_thread_exit_ms` idle; held-back work is
+    /// promoted as `priority_promotion_*` say.
+    pub fn new(settings: &Settings) -> Result<PlainFileTransport> {
+        let cfg = settings.file.clone();
         let pool = |name: &str, background: bool| {
-            Pool::new(name, 0, params.plain_threads, params.idle_exit, move |q: &WorkQueue<Work>| {
+            Pool::new(name, 0, cfg.bufio_threads, settings.engine.idle_thread_exit, move |q: &WorkQueue<Work>| {
                 if background {
                     qos::background_thread();
                 }
@@ -66,7 +70,8 @@ impl PlainFileTransport {
             })
         };
         let pools = [pool("tent-bufio", false)?, pool("tent-bufio-m", true)?, pool("tent-bufio-l", true)?];
-        Ok(PlainFileTransport { params, files: FileCache::default(), pools, gate: Gate::new(params.qos, None) })
+        let gate = Gate::new(QosParams::from(&settings.qos), None);
+        Ok(PlainFileTransport { cfg, files: FileCache::default(), pools, gate })
     }
 }
 
@@ -164,7 +169,7 @@ impl Transport for PlainFileTransport {
     }
 
     fn submit(&self, target: &Arc<SegmentDesc>, tasks: Vec<Task>) -> Result<()> {
-        let (file, planned) = plan_tasks(&self.files, &self.params, target, tasks)?;
+        let (file, planned) = plan_tasks(&self.files, &self.cfg, target, tasks)?;
         let mut work: [Vec<Work>; 3] = Default::default();
         for (task, pieces) in planned {
             let op = task.request().opcode;
@@ -175,7 +180,7 @@ impl Transport for PlainFileTransport {
                 op,
                 remaining: AtomicUsize::new(pieces.len()),
                 error: Mutex::new(None),
-                sync: op == Opcode::Write && self.params.sync_writes,
+                sync: op == Opcode::Write && self.cfg.sync_writes,
                 ticket: self.gate.enter(level),
             });
             work[level.index()].extend(pieces.into_iter().map(|piece| Work { job: job.clone(), piece }));

@@ -39,12 +39,13 @@ use std::time::Duration;
 use io_uring::{IoUring, opcode, squeue, types};
 use parking_lot::{Condvar, Mutex};
 
-use crate::base::qos::{self, Level, LevelQueues, Queued};
+use crate::base::qos::{self, Level, LevelQueues, QosParams, Queued};
 
-use super::{AlignedBuf, FileCache, FileParams, OpenFile, Piece, Step, bounce_copy, plan_tasks};
+use super::{AlignedBuf, FileCache, OpenFile, Piece, Step, bounce_copy, plan_tasks};
 use crate::base::request::{Opcode, TransportKind};
 use crate::base::segment::SegmentDesc;
 use crate::base::task::Task;
+use crate::config::{FileSection, Settings};
 use crate::error::{Error, Result};
 use crate::transport::Transport;
 
@@ -114,7 +115,8 @@ struct State {
 struct Ring {
     uring: IoUring,
     state: Mutex<State>,
-    params: FileParams,
+    /// `transports/io_uring/*`, `transports/file/*`.
+    cfg: FileSection,
     /// Jobs accepted and not yet ended: a poll finding none returns at once.
     active: AtomicUsize,
     /// Completions reaped by callers' polls since the reaper last looked.
@@ -127,7 +129,8 @@ struct Ring {
 
 /// The io_uring transport.
 pub struct IoUringTransport {
-    params: FileParams,
+    /// `transports/io_uring/*`, `transports/file/*`.
+    cfg: FileSection,
     files: FileCache,
     rings: Vec<Arc<Ring>>,
     reapers: Mutex<Vec<JoinHandle<()>>>,
@@ -135,19 +138,22 @@ pub struct IoUringTransport {
 }
 
 impl IoUringTransport {
-    /// Sets up the rings and starts their reapers; an error (io_uring disabled or unsupported, no
-    /// memory for the rings) means the transport cannot be used here.
-    pub fn new(params: FileParams) -> Result<IoUringTransport> {
+    /// Sets up the rings (`transports/io_uring/rings` of `queue_depth` entries, promoting
+    /// held-back work as `priority_promotion_*` say) and starts their reapers; an error
+    /// (io_uring disabled or unsupported, no memory for the rings) means the transport cannot
+    /// be used here.
+    pub fn new(settings: &Settings) -> Result<IoUringTransport> {
+        let cfg = settings.file.clone();
         let mut rings = Vec::new();
         let mut reapers = Vec::new();
-        for i in 0..params.rings {
-            let ring = Arc::new(Ring::new(params)?);
+        for i in 0..cfg.rings {
+            let ring = Arc::new(Ring::new(&cfg, QosParams::from(&settings.qos))?);
             let r = ring.clone();
             reapers.push(std::thread::Builder::new().name(format!("tent-uring-{i}")).spawn(move || r.reap_loop())?);
             rings.push(ring);
         }
         Ok(IoUringTransport {
-            params,
+            cfg,
             files: FileCache::default(),
             rings,
             reapers: Mutex::new(reapers),
@@ -155,9 +161,9 @@ impl IoUringTransport {
         })
     }
 
-    /// The parameters in use.
-    pub fn params(&self) -> FileParams {
-        self.params
+    /// The settings in use.
+    pub fn cfg(&self) -> &FileSection {
+        &self.cfg
     }
 }
 
@@ -175,7 +181,7 @@ impl Transport for IoUringTransport {
     }
 
     fn submit(&self, target: &Arc<SegmentDesc>, tasks: Vec<Task>) -> Result<()> {
-        let (file, planned) = plan_tasks(&self.files, &self.params, target, tasks)?;
+        let (file, planned) = plan_tasks(&self.files, &self.cfg, target, tasks)?;
         if planned.is_empty() {
             return Ok(());
         }
@@ -244,11 +250,11 @@ fn end_all(ended: Vec<Ended>) {
 }
 
 impl Ring {
-    fn new(params: FileParams) -> Result<Ring> {
+    fn new(cfg: &FileSection, qos: QosParams) -> Result<Ring> {
         // Room for every piece in flight plus the NOP that wakes the reaper at shutdown. With
         // SUBMIT_ALL a bad entry does not strand the ones behind it in the queue; kernels
         // without it get a plain ring.
-        let entries = params.queue_depth + 1;
+        let entries = cfg.queue_depth + 1;
         let uring = IoUring::builder()
             .setup_submit_all()
             .build(entries)
@@ -261,14 +267,14 @@ impl Ring {
                 free_jobs: Vec::new(),
                 ops: Vec::new(),
                 free_ops: Vec::new(),
-                ready: LevelQueues::new(params.qos),
+                ready: LevelQueues::new(qos),
                 in_flight: 0,
                 in_flight_at: [0; 3],
                 cqes: Vec::new(),
                 closed: false,
                 broken: None,
             }),
-            params,
+            cfg: cfg.clone(),
             active: AtomicUsize::new(0),
             polled: AtomicUsize::new(0),
             deep: AtomicBool::new(false),
@@ -523,7 +529,7 @@ impl Ring {
         if st.ready.len(1) + st.ready.len(2) > 0 {
             st.ready.promote(std::time::Instant::now());
         }
-        while st.in_flight < self.params.queue_depth as usize {
+        while st.in_flight < self.cfg.queue_depth as usize {
             let lower_capped = st.in_flight_at[1] + st.in_flight_at[2] >= qos::ALLOWANCE;
             let eligible = |q: usize| {
                 st.ready.len(q) > 0 && (q == 0 || !lower_capped || !(st.ready.any_above(q) || st.in_flight_at[0] > 0))
@@ -673,7 +679,7 @@ impl Ring {
         if a.in_flight > 0 || !a.job.pieces.is_empty() || a.syncing {
             return;
         }
-        if a.error.is_none() && a.job.op == Opcode::Write && self.params.sync_writes && st.broken.is_none() {
+        if a.error.is_none() && a.job.op == Opcode::Write && self.cfg.sync_writes && st.broken.is_none() {
             let entry = opcode::Fsync::new(types::Fd(a.job.file.fd(false)))
                 .flags(types::FsyncFlags::DATASYNC)
                 .build()
@@ -727,9 +733,9 @@ mod tests {
         let path = dir.join("f");
         let content: Vec<u8> = (0..64 << 10).map(|i| (i % 251) as u8).collect();
         std::fs::write(&path, &content).expect("write");
-        let params = FileParams::defaults();
+        let params = Settings::default().file;
         // A ring without its reaper thread: only the caller's own wait can end the task.
-        let ring = Ring::new(params).expect("io_uring ring");
+        let ring = Ring::new(&params, QosParams::default()).expect("io_uring ring");
         assert!(!ring.wait(Duration::from_secs(5)), "nothing in flight: no wait");
         let file = Arc::new(OpenFile::open(&path.to_string_lossy(), false).expect("open"));
         let mut dst = vec![0u8; content.len()];

@@ -28,6 +28,7 @@ use parking_lot::Mutex;
 use crate::base::qos::{Foreign, Gate, Level, QosParams, Ticket};
 use crate::base::request::{Opcode, TransportKind};
 use crate::base::segment::SegmentDesc;
+use crate::base::shared_quota::{QuotaPath, SharedQuota};
 use crate::base::task::Task;
 use crate::config::{Settings, TcpSection};
 use crate::control::client::{DataLane, DataOp, RpcClient};
@@ -40,41 +41,11 @@ use crate::metrics::Metrics;
 use crate::transport::Transport;
 use pipes::Carriers;
 
-/// The TCP transport's tunables: its config section (`transports/tcp/*`, with the ranges and
-/// upstream's defaults the section reads) and the engine-wide idle timeout of its workers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TcpParams {
-    /// `transports/tcp/*`.
-    pub tcp: TcpSection,
-    /// An idle worker ends after this long (`idle_thread_exit_ms`); workers start on demand.
-    pub idle_exit: Duration,
-    /// How held-back work is promoted (`priority_promotion_*`).
-    pub qos: QosParams,
-}
-
-impl TcpParams {
-    /// The parameters of a TCP section; idle workers end after `idle_exit`.
-    pub fn from_section(t: &TcpSection, idle_exit: Duration) -> TcpParams {
-        TcpParams { tcp: *t, idle_exit, qos: QosParams::default() }
-    }
-
-    /// These parameters with priorities promoted as `qos` says.
-    pub fn with_qos(self, qos: QosParams) -> TcpParams {
-        TcpParams { qos, ..self }
-    }
-
-    /// The parameters of an empty configuration.
-    pub fn defaults() -> TcpParams {
-        let s = Settings::default();
-        TcpParams::from_section(&s.tcp, s.engine.idle_thread_exit)
-    }
-
-    /// The delay before retry number `attempt` (0-based): base doubling up to the cap.
-    pub fn backoff(&self, attempt: u32) -> Duration {
-        let t = &self.tcp;
-        let ms = t.retry_base_delay_ms.saturating_mul(1u64 << attempt.min(30)).min(t.retry_max_delay_ms);
-        Duration::from_millis(ms)
-    }
+/// The delay before retry number `attempt` (0-based) of a chunk: `retry_base_delay_ms`
+/// doubling up to `retry_max_delay_ms`.
+fn backoff(cfg: &TcpSection, attempt: u32) -> Duration {
+    let ms = cfg.retry_base_delay_ms.saturating_mul(1u64 << attempt.min(30)).min(cfg.retry_max_delay_ms);
+    Duration::from_millis(ms)
 }
 
 /// One task in flight: chunks count down, the last one completes the task.
@@ -135,7 +106,8 @@ pub struct TcpTransport {
 
 /// What the workers, the reaper and the callers' threads share.
 struct Inner {
-    params: TcpParams,
+    /// `transports/tcp/*`.
+    cfg: TcpSection,
     client: Arc<RpcClient>,
     /// The workers of each level, HIGH first.
     pools: [Pool<Group>; 3],
@@ -147,34 +119,28 @@ struct Inner {
 
 impl TcpTransport {
     /// Sets up the worker pools, one per priority level: up to `max_concurrent_tasks` threads
-    /// each, started when chunks wait and ended when idle (the reaper of pipes no caller polls
-    /// starts with the first pipe).
-    pub fn new(client: Arc<RpcClient>, params: TcpParams, metrics: Arc<Metrics>) -> Result<TcpTransport> {
-        TcpTransport::with_quota(client, params, metrics, None)
-    }
-
-    /// [`TcpTransport::new`], with its gate also holding back lower-priority work while other
-    /// processes (other gates) have higher-priority TCP work active, as `quota` tells
-    /// (`transports/rdma/shared_quota_shm_path`), and publishing its own work there.
-    pub fn with_quota(
-        client: Arc<RpcClient>,
-        params: TcpParams,
-        metrics: Arc<Metrics>,
-        quota: Option<Arc<dyn Foreign>>,
-    ) -> Result<TcpTransport> {
+    /// each (`transports/tcp/*`), started when chunks wait and ended after
+    /// `idle_thread_exit_ms` idle (the reaper of pipes no caller polls starts with the first
+    /// pipe). Its gate promotes held-back work as `priority_promotion_*` say and, with a quota
+    /// file (`transports/rdma/shared_quota_shm_path`), also holds back lower-priority work
+    /// while other processes have higher-priority TCP work active, publishing its own there.
+    pub fn new(client: Arc<RpcClient>, settings: &Settings, metrics: Arc<Metrics>) -> Result<TcpTransport> {
+        let cfg = settings.tcp;
+        let idle_exit = settings.engine.idle_thread_exit;
         let stopping = Arc::new(AtomicBool::new(false));
         let pool = |name: &str, background: bool| {
             let (c, s, m) = (client.clone(), stopping.clone(), metrics.clone());
-            Pool::new(name, 0, params.tcp.max_concurrent_tasks, params.idle_exit, move |q| {
+            Pool::new(name, 0, cfg.max_concurrent_tasks, idle_exit, move |q| {
                 if background {
                     crate::base::qos::background_thread();
                 }
-                worker(q, &c, &s, params, &m)
+                worker(q, &c, &s, cfg, &m)
             })
         };
         let pools = [pool("tent-tcp", false)?, pool("tent-tcp-m", true)?, pool("tent-tcp-l", true)?];
-        let gate = Gate::new(params.qos, quota);
-        let inner = Arc::new(Inner { params, client, pools, gate, stopping, carriers: Carriers::default(), metrics });
+        let quota = SharedQuota::open(&settings.qos.shared_quota_path, QuotaPath::Tcp);
+        let gate = Gate::new(QosParams::from(&settings.qos), quota.map(|q| q as Arc<dyn Foreign>));
+        let inner = Arc::new(Inner { cfg, client, pools, gate, stopping, carriers: Carriers::default(), metrics });
         Ok(TcpTransport { inner, staged: Mutex::new(Staged::default()) })
     }
 
@@ -183,9 +149,9 @@ impl TcpTransport {
         &self.inner.gate
     }
 
-    /// The parameters in use.
-    pub fn params(&self) -> TcpParams {
-        self.inner.params
+    /// The settings in use (`transports/tcp/*`).
+    pub fn cfg(&self) -> TcpSection {
+        self.inner.cfg
     }
 
     /// Cuts the tasks into chunks and queues them for the workers. While the submitter still
@@ -195,7 +161,7 @@ impl TcpTransport {
     /// batch's last submit queues everything held back; a long batch starts early (see
     /// [`EARLY_START_BYTES`]).
     fn start(&self, target: &Arc<SegmentDesc>, tasks: Vec<Task>, partial: bool) -> Result<()> {
-        if self.inner.params.tcp.refuse_submit {
+        if self.inner.cfg.refuse_submit {
             return Err(Error::Rpc("injected fault (transports/tcp/fault/refuse_submit)".into()));
         }
         let mut chunks = Vec::new();
@@ -206,7 +172,7 @@ impl TcpTransport {
                 task.complete();
                 continue;
             }
-            let n = len.div_ceil(self.inner.params.tcp.chunk_size) as usize;
+            let n = len.div_ceil(self.inner.cfg.chunk_size) as usize;
             let device = crate::device::known::device_of(task.request().source, len).is_some();
             let ticket = self.inner.gate.enter(Level::of(task.request().priority));
             let job = Arc::new(Job {
@@ -219,7 +185,7 @@ impl TcpTransport {
             });
             let mut off = 0;
             while off < len {
-                let l = (len - off).min(self.inner.params.tcp.chunk_size);
+                let l = (len - off).min(self.inner.cfg.chunk_size);
                 chunks.push(Chunk { job: job.clone(), offset: off, len: l });
                 off += l;
             }
@@ -254,10 +220,10 @@ impl TcpTransport {
         let total: u64 = queued.iter().map(|c| c.len).sum();
         let mut on_caller = if total > CALLER_MAX_BYTES { u64::MAX } else { 0 };
         let mut to_workers = Vec::new();
-        for group in group_chunks(queued, self.inner.params) {
+        for group in group_chunks(queued, self.inner.cfg) {
             let bytes: u64 = group.iter().map(|c| c.len).sum();
             let high = group.first().is_some_and(|c| c.job.level() == Level::High);
-            if !high || on_caller.saturating_add(bytes) > CALLER_MAX_BYTES || !pipelined(&group, self.inner.params) {
+            if !high || on_caller.saturating_add(bytes) > CALLER_MAX_BYTES || !pipelined(&group, self.inner.cfg) {
                 to_workers.push(group);
                 continue;
             }
@@ -288,13 +254,13 @@ const PIPELINE_MAX_BYTES: u64 = 1 << 20;
 
 /// Whether `group` goes in one pipelined trip (small chunks of host memory, and no fault
 /// injection, which counts single chunk attempts).
-fn pipelined(group: &[Chunk], p: TcpParams) -> bool {
-    p.tcp.fail_every_nth_chunk == 0 && group.first().is_some_and(|c| c.len <= PIPELINE_MAX_CHUNK && !c.job.device)
+fn pipelined(group: &[Chunk], p: TcpSection) -> bool {
+    p.fail_every_nth_chunk == 0 && group.first().is_some_and(|c| c.len <= PIPELINE_MAX_CHUNK && !c.job.device)
 }
 
 /// Cuts chunks into groups: runs of small chunks of one opcode to one peer up to the pipelining
 /// limits, and every other chunk alone.
-fn group_chunks(chunks: Vec<Chunk>, p: TcpParams) -> Vec<Group> {
+fn group_chunks(chunks: Vec<Chunk>, p: TcpSection) -> Vec<Group> {
     let mut groups: Vec<Group> = Vec::new();
     let mut cur: Group = Vec::new();
     let mut bytes = 0u64;
@@ -322,7 +288,7 @@ fn group_chunks(chunks: Vec<Chunk>, p: TcpParams) -> Vec<Group> {
     groups
 }
 
-fn worker(queue: &WorkQueue<Group>, client: &RpcClient, stopping: &AtomicBool, p: TcpParams, metrics: &Metrics) {
+fn worker(queue: &WorkQueue<Group>, client: &RpcClient, stopping: &AtomicBool, p: TcpSection, metrics: &Metrics) {
     // A group taken off the queue that did not fit the last pipelined trip goes first.
     let mut held: Option<Group> = None;
     while let Some(mut group) = held.take().or_else(|| queue.pop()) {
@@ -376,7 +342,7 @@ fn finish_chunk(chunk: &Chunk, result: Result<()>) {
 }
 
 /// Moves one chunk (with retries) and records its outcome.
-fn run_chunk(client: &RpcClient, chunk: &Chunk, stopping: &AtomicBool, p: TcpParams, metrics: &Metrics) {
+fn run_chunk(client: &RpcClient, chunk: &Chunk, stopping: &AtomicBool, p: TcpSection, metrics: &Metrics) {
     let result = if wanted(chunk) { move_chunk(client, chunk, stopping, p, metrics) } else { Ok(()) };
     finish_chunk(chunk, result);
 }
@@ -384,7 +350,7 @@ fn run_chunk(client: &RpcClient, chunk: &Chunk, stopping: &AtomicBool, p: TcpPar
 /// Moves a group of small chunks to one peer in one pipelined trip. Each chunk keeps its own
 /// outcome: a refusal fails that chunk's task only, and a chunk hit by a transport error is
 /// moved again alone, with the usual retries.
-fn move_group(client: &RpcClient, group: &[Chunk], stopping: &AtomicBool, p: TcpParams, metrics: &Metrics) {
+fn move_group(client: &RpcClient, group: &[Chunk], stopping: &AtomicBool, p: TcpSection, metrics: &Metrics) {
     let live: Vec<&Chunk> = group.iter().filter(|c| wanted(c)).collect();
     let ops: Vec<DataOp> = live
         .iter()
@@ -422,7 +388,13 @@ static CHUNK_ATTEMPTS: AtomicU64 = AtomicU64::new(0);
 
 /// Moves one chunk, retrying transport errors with backoff (each staged piece on its own when
 /// the local side is device memory); refusals are final.
-fn move_chunk(client: &RpcClient, chunk: &Chunk, stopping: &AtomicBool, p: TcpParams, metrics: &Metrics) -> Result<()> {
+fn move_chunk(
+    client: &RpcClient,
+    chunk: &Chunk,
+    stopping: &AtomicBool,
+    p: TcpSection,
+    metrics: &Metrics,
+) -> Result<()> {
     let opcode = chunk.job.task.request().opcode;
     let (remote, local) = chunk.ranges();
     if !chunk.job.device {
@@ -488,14 +460,14 @@ unsafe fn move_range(client: &RpcClient, chunk: &Chunk, opcode: Opcode, remote: 
 fn with_retries(
     chunk: &Chunk,
     stopping: &AtomicBool,
-    p: TcpParams,
+    p: TcpSection,
     metrics: &Metrics,
     mut attempt_once: impl FnMut() -> Result<()>,
 ) -> Result<()> {
     let mut attempt = 0u32;
     loop {
-        let injected = p.tcp.fail_every_nth_chunk > 0
-            && (CHUNK_ATTEMPTS.fetch_add(1, Ordering::Relaxed) + 1) % p.tcp.fail_every_nth_chunk == 0;
+        let injected = p.fail_every_nth_chunk > 0
+            && (CHUNK_ATTEMPTS.fetch_add(1, Ordering::Relaxed) + 1) % p.fail_every_nth_chunk == 0;
         let result = if injected {
             Err(Error::Rpc("injected fault (transports/tcp/fault/fail_every_nth_chunk)".into()))
         } else {
@@ -504,12 +476,12 @@ fn with_retries(
         match result {
             Ok(()) => return Ok(()),
             Err(e @ Error::Remote(_)) => return Err(e),
-            Err(e) if attempt >= p.tcp.max_retry_count => return Err(e),
+            Err(e) if attempt >= p.max_retry_count => return Err(e),
             Err(e) => {
                 tracing::debug!("tcp chunk to {} failed (attempt {}): {e}", chunk.job.rpc_addr, attempt + 1);
                 metrics.retry(TransportKind::Tcp);
                 // Sleep in short slices so shutdown is never held up by a backoff.
-                let mut left = p.backoff(attempt);
+                let mut left = backoff(&p, attempt);
                 while !left.is_zero() {
                     if stopping.load(Ordering::Acquire) {
                         return Err(Error::Internal("transport shutting down".into()));
@@ -579,9 +551,9 @@ mod tests {
 
     #[test]
     fn defaults_and_overrides() {
-        let p = TcpParams::defaults();
+        let p = Settings::default().tcp;
         assert_eq!(
-            (p.tcp.max_retry_count, p.tcp.retry_base_delay_ms, p.tcp.retry_max_delay_ms, p.tcp.max_concurrent_tasks),
+            (p.max_retry_count, p.retry_base_delay_ms, p.retry_max_delay_ms, p.max_concurrent_tasks),
             (3, 100, 2000, 16)
         );
         let mut c = crate::config::Config::new();
@@ -590,9 +562,9 @@ mod tests {
         c.set_from_string("transports/tcp/retry_max_delay_ms", "4000");
         c.set_from_string("transports/tcp/max_concurrent_tasks", "32");
         let (s, _) = Settings::parse(&c).expect("valid config");
-        let p = TcpParams::from_section(&s.tcp, s.engine.idle_thread_exit);
+        let p = s.tcp;
         assert_eq!(
-            (p.tcp.max_retry_count, p.tcp.retry_base_delay_ms, p.tcp.retry_max_delay_ms, p.tcp.max_concurrent_tasks),
+            (p.max_retry_count, p.retry_base_delay_ms, p.retry_max_delay_ms, p.max_concurrent_tasks),
             (5, 200, 4000, 32)
         );
     }
@@ -625,7 +597,7 @@ mod tests {
 
     #[test]
     fn chunks_of_device_memory_are_never_pipelined() {
-        let p = TcpParams::defaults();
+        let p = Settings::default().tcp;
         let device = |len| {
             let c = chunk(Opcode::Write, len);
             let job = Job { device: true, ..Arc::into_inner(c.job).expect("only reference") };
@@ -639,7 +611,7 @@ mod tests {
 
     #[test]
     fn a_submit_is_cut_into_pipelined_groups() {
-        let p = TcpParams::defaults();
+        let p = Settings::default().tcp;
         let sizes = |groups: &[Group]| groups.iter().map(|g| g.iter().map(|c| c.len >> 10).collect()).collect();
         let kib = |n: u64| n << 10;
         // 96 blocks of 16 KiB: groups of at most 64 requests and 1 MiB.
@@ -658,14 +630,14 @@ mod tests {
         assert_eq!(got, vec![vec![64, 64], vec![512], vec![64], vec![64]]);
         // With fault injection every chunk travels alone.
         let mut faulty = p;
-        faulty.tcp.fail_every_nth_chunk = 3;
+        faulty.fail_every_nth_chunk = 3;
         let groups = group_chunks((0..4).map(|_| chunk(Opcode::Write, kib(16))).collect(), faulty);
         assert_eq!(groups.len(), 4);
     }
 
     #[test]
     fn chunks_to_different_peers_never_share_a_group() {
-        let p = TcpParams::defaults();
+        let p = Settings::default().tcp;
         let chunks = vec![
             chunk_to("10.0.0.1:1", Opcode::Write, 4096),
             chunk_to("10.0.0.1:1", Opcode::Write, 4096),
@@ -679,8 +651,8 @@ mod tests {
     #[test]
     fn slices_of_a_batch_wait_for_its_last_submit() {
         let t = TcpTransport::new(
-            Arc::new(RpcClient::new(Default::default())),
-            TcpParams::defaults(),
+            Arc::new(RpcClient::new(&Settings::default().rpc)),
+            &Settings::default(),
             Arc::new(Metrics::default()),
         )
         .expect("transport");
@@ -711,8 +683,8 @@ mod tests {
 
     #[test]
     fn backoff_doubles_up_to_the_cap() {
-        let p = TcpParams::defaults();
-        let seq: Vec<u64> = (0..6).map(|i| p.backoff(i).as_millis() as u64).collect();
+        let p = Settings::default().tcp;
+        let seq: Vec<u64> = (0..6).map(|i| backoff(&p, i).as_millis() as u64).collect();
         assert_eq!(seq, vec![100, 200, 400, 800, 1600, 2000]);
     }
 }
