@@ -26,6 +26,7 @@ pub use devices::{DeviceSpec, GidSpec, HostSpec};
 
 use std::any::Any;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 
@@ -42,6 +43,34 @@ pub struct SimFabric {
 }
 
 impl SimFabric {
+    /// A fabric whose clock moves only through [`SimFabric::advance`], so tests can cover
+    /// seconds of timeouts in microseconds.
+    pub fn new_virtual() -> Arc<SimFabric> {
+        Arc::new(SimFabric { state: Mutex::new(FabricState::new()), clock: ClockMode::new_virtual() })
+    }
+
+    /// A fabric on wall-clock time, for engines driven by their own threads.
+    pub fn new_realtime() -> Arc<SimFabric> {
+        Arc::new(SimFabric { state: Mutex::new(FabricState::new()), clock: ClockMode::new_real() })
+    }
+
+    /// Whether the clock is virtual.
+    pub fn is_virtual(&self) -> bool {
+        self.clock.is_virtual()
+    }
+
+    /// The fabric's current time.
+    pub fn now(&self) -> Duration {
+        self.clock.now()
+    }
+
+    /// Moves a virtual clock forward by `d` and runs everything that became due. On a real-time
+    /// fabric it only runs what is due.
+    pub fn advance(&self, d: Duration) {
+        self.clock.advance(d);
+        self.progress();
+    }
+
     /// The process-wide real-time fabric that engines created with
     /// `transports/rdma/provider = sim` join, so two engines in one process can connect.
     pub fn global() -> Arc<SimFabric> {
@@ -84,6 +113,12 @@ impl SimFabric {
 
     fn host_op<T>(&self, f: impl FnOnce(&mut FabricState) -> T) -> T {
         f(&mut self.state.lock())
+    }
+}
+
+impl Clock for SimFabric {
+    fn now(&self) -> Duration {
+        SimFabric::now(self)
     }
 }
 
