@@ -5,7 +5,9 @@ use std::collections::{HashSet, VecDeque};
 use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-use super::fabric::{FabricState, HostId, einval, enodev};
+use super::errors::{einval, enodev};
+use super::fabric::FabricState;
+use super::ids::HostId;
 use crate::verbs::types::*;
 
 /// A NIC's pending async events plus an eventfd that is readable while any are pending, so
@@ -189,15 +191,11 @@ pub(super) struct DevState {
 
 impl FabricState {
     pub fn add_host(&mut self, spec: HostSpec) -> HostId {
-        let id = self.next_host;
-        self.next_host += 1;
+        let id = self.ids.host();
         let spec = spec.roce_for_host(id);
         let mut devs = Vec::new();
         for d in spec.devices {
-            let dev = self.next_dev;
-            self.next_dev += 1;
-            let lid = self.next_lid;
-            self.next_lid = self.next_lid.wrapping_add(1).max(1);
+            let (dev, lid) = self.ids.device();
             self.devices.insert(
                 dev,
                 DevState {

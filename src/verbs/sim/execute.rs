@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::clock::{retry_budget, rnr_wait};
 use super::fabric::FabricState;
+use super::ids::{PathKey, path_key};
 use super::memory::copy_scatter_gather;
 use super::queues::{POISON_LEN, error_wc};
 use crate::verbs::types::*;
@@ -151,7 +152,7 @@ impl FabricState {
     /// is up, the target QP exists in RTR or RTS on the addressed NIC, it points back, and it
     /// expects the PSN the requester starts with (otherwise it NAKs every packet as out of
     /// sequence and the requester runs out of retries, as on a real NIC).
-    fn responder(&self, qpn: u32) -> Option<(u32, (u32, u32))> {
+    fn responder(&self, qpn: u32) -> Option<(u32, PathKey)> {
         let q = self.qps.get(&qpn)?;
         let dest = q.dest.as_ref()?;
         let local = self.devices.get(&q.dev)?;
@@ -168,7 +169,7 @@ impl FabricState {
         if !remote.port_active || !self.host_alive(remote.host) {
             return None;
         }
-        let key = if q.dev <= rdev { (q.dev, rdev) } else { (rdev, q.dev) };
+        let key = path_key(q.dev, rdev);
         if self.dropped_paths.contains(&key) {
             return None;
         }

@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use super::devices::GidSpec;
-use super::fabric::{FabricState, HostId, einval, enodev};
+use super::errors::{einval, enodev};
+use super::fabric::FabricState;
+use super::ids::{HostId, path_key};
 use super::{SimFabric, SimHost, SimNic};
 use crate::verbs::types::*;
 
@@ -110,7 +112,7 @@ impl SimFabric {
     /// Drops (or restores) every packet between two NICs, in both directions: requests over it
     /// end in RETRY_EXC_ERR.
     pub fn set_path_dropped(&self, a: SimNic, b: SimNic, dropped: bool) {
-        let key = if a.dev <= b.dev { (a.dev, b.dev) } else { (b.dev, a.dev) };
+        let key = path_key(a.dev, b.dev);
         let mut st = self.state.lock();
         if dropped {
             st.dropped_paths.insert(key);
@@ -122,7 +124,7 @@ impl SimFabric {
     /// Delays every request between two NICs by `delay` (zero removes the delay): a request
     /// runs no earlier than `delay` after it was posted, keeping per-QP order.
     pub fn set_path_delay(&self, a: SimNic, b: SimNic, delay: Duration) {
-        let key = if a.dev <= b.dev { (a.dev, b.dev) } else { (b.dev, a.dev) };
+        let key = path_key(a.dev, b.dev);
         let mut st = self.state.lock();
         if delay.is_zero() {
             st.path_delay.remove(&key);
@@ -136,7 +138,7 @@ impl SimFabric {
     /// each QP with work an equal part (see `link`), each completing once its bytes are
     /// through, as over a slower rail.
     pub fn set_path_rate(&self, a: SimNic, b: SimNic, bytes_per_sec: f64) {
-        let key = if a.dev <= b.dev { (a.dev, b.dev) } else { (b.dev, a.dev) };
+        let key = path_key(a.dev, b.dev);
         let now = self.now();
         let mut st = self.state.lock();
         if bytes_per_sec > 0.0 {
@@ -158,7 +160,7 @@ impl SimFabric {
     /// is over, and write their bytes there if the responder's QP still accepts requests, as
     /// packets held up in a network outlive their sender. Nobody gets a completion for them.
     pub fn set_path_lingering(&self, a: SimNic, b: SimNic, lingering: bool) {
-        let key = if a.dev <= b.dev { (a.dev, b.dev) } else { (b.dev, a.dev) };
+        let key = path_key(a.dev, b.dev);
         let mut st = self.state.lock();
         if lingering {
             st.lingering_paths.insert(key);

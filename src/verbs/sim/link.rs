@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use super::fabric::FabricState;
+use super::ids::PathKey;
 use crate::verbs::types::QpState;
 
 /// A rate-limited link: its rate, how far its sharing has been worked out, and the requests
@@ -48,7 +49,7 @@ impl FabricState {
     /// Works out link `path`'s sharing up to `now` (see the module documentation) and returns
     /// when the request `seq` of `qpn` is through, if it is; a request not yet on the link
     /// joins it now.
-    pub(super) fn through_link(&mut self, path: (u32, u32), qpn: u32, seq: u64, now: Duration) -> Option<Duration> {
+    pub(super) fn through_link(&mut self, path: PathKey, qpn: u32, seq: u64, now: Duration) -> Option<Duration> {
         self.share_link(path, now);
         let sent = self.qps.get(&qpn).and_then(|q| q.sq.iter().find(|w| w.seq == seq)).and_then(|w| w.sent_at);
         if sent.is_some() {
@@ -65,7 +66,7 @@ impl FabricState {
     /// Gives the link's requests their shares from its clock up to `now`. A request whose
     /// bytes are through is stamped with the time (`sent_at`), and the next request of its QP,
     /// if posted by then, takes its place at that moment.
-    pub(super) fn share_link(&mut self, path: (u32, u32), now: Duration) {
+    pub(super) fn share_link(&mut self, path: PathKey, now: Duration) {
         // Requests of QPs that left RTS (flushed, destroyed) no longer take a share.
         let qps = &self.qps;
         let Some(link) = self.path_rate.get_mut(&path) else { return };
@@ -99,7 +100,7 @@ impl FabricState {
 
     /// Stamps request `f` as through at `at` and puts its QP's next request, if it was posted
     /// by then, on the link.
-    fn request_through(&mut self, path: (u32, u32), f: Flow, at: Duration) {
+    fn request_through(&mut self, path: PathKey, f: Flow, at: Duration) {
         let Some(q) = self.qps.get_mut(&f.qpn) else { return };
         let mut after = q.sq.iter_mut().skip_while(|w| w.seq != f.seq);
         if let Some(w) = after.next() {

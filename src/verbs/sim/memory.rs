@@ -1,7 +1,8 @@
 //! Protection domains, memory regions and their keys, the access and bounds checks a request
 //! passes, and the memory copy that moves its data.
 
-use super::fabric::{FabricState, einval, enodev};
+use super::errors::{einval, enodev};
+use super::fabric::FabricState;
 use crate::verbs::types::*;
 
 pub(super) struct PdRec {
@@ -16,22 +17,13 @@ pub(super) struct MrRec {
 }
 
 impl FabricState {
-    fn random_byte(&mut self) -> u32 {
-        // xorshift64: deterministic per fabric, enough to make keys look unrelated.
-        self.rng ^= self.rng << 13;
-        self.rng ^= self.rng >> 7;
-        self.rng ^= self.rng << 17;
-        (self.rng & 0xff) as u32
-    }
-
     /// Number of MRs registered on device `dev`.
     pub fn mr_count(&self, dev: u32) -> usize {
         self.mrs.values().filter(|m| self.pds.get(&m.pd).is_some_and(|p| p.dev == dev)).count()
     }
 
     pub fn alloc_pd(&mut self, dev: u32) -> u32 {
-        let id = self.next_pd;
-        self.next_pd += 1;
+        let id = self.ids.pd();
         self.pds.insert(id, PdRec { dev });
         id
     }
@@ -64,9 +56,7 @@ impl FabricState {
         if addr.checked_add(len as u64).is_none() {
             return Err(einval("reg_mr", "range wraps around"));
         }
-        let index = self.next_key_index;
-        self.next_key_index = (self.next_key_index + 1) & 0x00ff_ffff;
-        let key = (index << 8) | self.random_byte();
+        let key = self.ids.mr_key();
         self.mrs.insert(key, MrRec { pd, addr, len, access });
         Ok(key)
     }

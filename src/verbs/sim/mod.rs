@@ -13,9 +13,11 @@
 
 mod clock;
 mod devices;
+mod errors;
 mod execute;
 mod fabric;
 mod faults;
+mod ids;
 mod link;
 mod memory;
 mod objects;
@@ -33,7 +35,8 @@ use parking_lot::Mutex;
 use super::provider::*;
 use super::types::*;
 use clock::ClockMode;
-use fabric::{FabricState, HostId};
+use fabric::FabricState;
+use ids::HostId;
 use objects::SimDevice;
 
 /// A simulated RC fabric connecting simulated hosts.

@@ -3,7 +3,8 @@
 
 use std::collections::VecDeque;
 
-use super::fabric::{FabricState, einval, enodev};
+use super::errors::{einval, enodev};
+use super::fabric::FabricState;
 use super::queues::{PendingRecv, PendingSend, error_wc};
 use crate::verbs::types::*;
 
@@ -61,16 +62,7 @@ impl FabricState {
             return Err(einval("create_qp", format!("capacities {c:?} exceed the device limits")));
         }
         let caps = QpCaps { max_send_sge: c.max_send_sge.max(1), max_recv_sge: c.max_recv_sge.max(1), ..c };
-        let qpn = loop {
-            let n = self.next_qpn;
-            self.next_qpn = (self.next_qpn + 1) & 0x00ff_ffff;
-            if self.next_qpn < 0x100 {
-                self.next_qpn = 0x100;
-            }
-            if !self.qps.contains_key(&n) {
-                break n;
-            }
-        };
+        let qpn = self.ids.qpn(|n| self.qps.contains_key(&n));
         self.qps.insert(
             qpn,
             QpRec {

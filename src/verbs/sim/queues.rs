@@ -4,7 +4,8 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use super::fabric::{FabricState, einval, enodev};
+use super::errors::{einval, enodev};
+use super::fabric::FabricState;
 use crate::verbs::types::*;
 
 pub(super) struct Cqe {
@@ -74,8 +75,7 @@ impl FabricState {
         }
         // Like rxe: the ring holds 2^k - 1 >= cqe entries.
         let capacity = ((u64::from(cqe) + 1).next_power_of_two() - 1).min(u64::from(max)) as u32;
-        let id = self.next_cq;
-        self.next_cq += 1;
+        let id = self.ids.cq();
         self.cqs.insert(id, CqRec { dev, capacity, entries: VecDeque::new(), overflowed: false, stalled: false });
         Ok((id, capacity))
     }
