@@ -155,18 +155,11 @@ impl FabricState {
     fn responder(&self, qpn: u32) -> Option<(u32, PathKey)> {
         let q = self.qps.get(&qpn)?;
         let dest = q.dest.as_ref()?;
-        let local = self.devices.get(&q.dev)?;
-        if !local.port_active {
+        if !self.hosts.port_up(q.dev) {
             return None;
         }
-        let rdev = match dest.dgid {
-            Some(g) => self.device_with_gid(&g)?,
-            None => {
-                self.devices.iter().find(|(_, d)| d.lid == dest.dlid && self.host_alive(d.host)).map(|(id, _)| *id)?
-            }
-        };
-        let remote = self.devices.get(&rdev)?;
-        if !remote.port_active || !self.host_alive(remote.host) {
+        let rdev = self.hosts.addressed(dest.dgid, dest.dlid)?;
+        if !self.hosts.answers(rdev) {
             return None;
         }
         let key = path_key(q.dev, rdev);
@@ -181,10 +174,7 @@ impl FabricState {
         if back.dest_qpn != qpn || r.rq_psn != q.sq_psn {
             return None;
         }
-        let points_back = match back.dgid {
-            Some(g) => local.spec.gids.iter().flatten().any(|e| e.gid == g),
-            None => back.dlid == local.lid,
-        };
+        let points_back = self.hosts.is_addressed(q.dev, back.dgid, back.dlid);
         points_back.then_some((dest.dest_qpn, key))
     }
 

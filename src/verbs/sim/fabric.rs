@@ -6,18 +6,18 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
-use super::devices::{DevState, HostState};
+use super::devices::Hosts;
 use super::ids::{HostId, Ids, PathKey};
 use super::memory::{MrRec, PdRec};
 use super::qp::QpRec;
 use super::queues::CqRec;
+use super::spec::{GidSpec, HostSpec};
 use crate::verbs::types::*;
 
 /// Everything on the fabric. See the module comment of `sim` for the locking rule.
 pub(super) struct FabricState {
     pub(super) ids: Ids,
-    pub hosts: HashMap<HostId, HostState>,
-    pub devices: HashMap<u32, DevState>,
+    pub(super) hosts: Hosts,
     pub(super) pds: HashMap<u32, PdRec>,
     pub(super) mrs: HashMap<u32, MrRec>,
     pub cqs: HashMap<u64, CqRec>,
@@ -41,8 +41,7 @@ impl FabricState {
     pub fn new() -> FabricState {
         FabricState {
             ids: Ids::new(),
-            hosts: HashMap::new(),
-            devices: HashMap::new(),
+            hosts: Hosts::new(),
             pds: HashMap::new(),
             mrs: HashMap::new(),
             cqs: HashMap::new(),
@@ -56,5 +55,69 @@ impl FabricState {
             fail_nth: HashMap::new(),
             purge_on_destroy: true,
         }
+    }
+
+    /// The hosts and NICs, for queries.
+    pub(super) fn hosts(&self) -> &Hosts {
+        &self.hosts
+    }
+
+    /// Adds a host with the NICs of `spec`.
+    pub(super) fn add_host(&mut self, spec: HostSpec) -> HostId {
+        self.hosts.add(&mut self.ids, spec)
+    }
+
+    /// Takes `host` off the fabric with everything it had.
+    pub(super) fn remove_host(&mut self, host: HostId) {
+        self.wipe_host_objects(host);
+        self.hosts.remove(host);
+    }
+
+    /// Kills `host`: every object on its NICs vanishes and the NICs stop answering.
+    pub(super) fn kill_host(&mut self, host: HostId) {
+        self.wipe_host_objects(host);
+        self.hosts.kill(host);
+    }
+
+    /// Brings a killed `host` back in a new boot, with its NICs but none of its objects.
+    pub(super) fn restart_host(&mut self, host: HostId) {
+        self.wipe_host_objects(host);
+        self.hosts.restart(host);
+    }
+
+    /// Drops every object of `host`'s NICs and their pending async events.
+    fn wipe_host_objects(&mut self, host: HostId) {
+        let devs = self.hosts.devices_of(host);
+        self.qps.retain(|_, q| !devs.contains(&q.dev));
+        self.cqs.retain(|_, c| !devs.contains(&c.dev));
+        let pds: HashSet<u32> = self.pds.iter().filter(|(_, p)| devs.contains(&p.dev)).map(|(id, _)| *id).collect();
+        self.mrs.retain(|_, m| !pds.contains(&m.pd));
+        self.pds.retain(|id, _| !pds.contains(id));
+        self.hosts.clear_events(&devs);
+    }
+
+    /// Takes port 1 of `host`'s NIC `name` down or up (see `Hosts::set_port_active`).
+    pub(super) fn set_port_active(&mut self, host: HostId, name: &str, active: bool) -> VerbsResult<()> {
+        self.hosts.set_port_active(host, name, active)
+    }
+
+    /// Fills or empties a GID slot of `host`'s NIC `name` (see `Hosts::set_gid`).
+    pub(super) fn set_gid(&mut self, host: HostId, name: &str, index: u32, entry: Option<GidSpec>) -> VerbsResult<()> {
+        self.hosts.set_gid(host, name, index, entry)
+    }
+
+    /// Makes registrations on `host`'s NIC `name` fail (or work again).
+    pub(super) fn set_reg_mr_fails(&mut self, host: HostId, name: &str, fails: bool) -> VerbsResult<()> {
+        self.hosts.set_reg_mr_fails(host, name, fails)
+    }
+
+    /// Makes every `n`-th request of `host`'s QPs fail with `status`.
+    pub(super) fn set_fail_every_nth(&mut self, host: HostId, n: u64, status: WcStatus) {
+        self.hosts.set_fail_every_nth(host, n, status);
+    }
+
+    /// The oldest pending async event of NIC `dev`.
+    pub(super) fn pop_event(&mut self, dev: u32) -> Option<AsyncEvent> {
+        self.hosts.pop_event(dev)
     }
 }

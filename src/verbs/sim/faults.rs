@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use super::devices::GidSpec;
-use super::errors::{einval, enodev};
+use super::errors::enodev;
 use super::fabric::FabricState;
 use super::ids::{HostId, path_key};
+use super::spec::GidSpec;
 use super::{SimFabric, SimHost, SimNic};
 use crate::verbs::types::*;
 
@@ -21,46 +21,13 @@ impl FabricState {
             }
             *n -= 1;
         }
-        let host = self.devices.get(&dev)?.host;
-        let h = self.hosts.get_mut(&host)?;
-        if h.fail_every_nth == 0 {
-            return None;
-        }
-        h.wr_counter += 1;
-        (h.wr_counter % h.fail_every_nth == 0).then_some(h.fail_status)
-    }
-
-    pub fn set_port_active(&mut self, host: HostId, name: &str, active: bool) -> VerbsResult<()> {
-        let dev = self.device_by_name(host, name, "set_port")?;
-        let d = self.devices.get_mut(&dev).ok_or_else(|| enodev("set_port"))?;
-        if d.port_active != active {
-            d.port_active = active;
-            d.events.push(AsyncEvent {
-                kind: if active { AsyncEventKind::PortActive } else { AsyncEventKind::PortErr },
-                element: EventElement::Port(1),
-            });
-        }
-        Ok(())
-    }
-
-    pub fn set_gid(&mut self, host: HostId, name: &str, index: u32, entry: Option<GidSpec>) -> VerbsResult<()> {
-        let dev = self.device_by_name(host, name, "set_gid")?;
-        let d = self.devices.get_mut(&dev).ok_or_else(|| enodev("set_gid"))?;
-        let slot = d
-            .spec
-            .gids
-            .get_mut(index as usize)
-            .ok_or_else(|| einval("set_gid", format!("index {index} is past the table")))?;
-        *slot = entry;
-        d.events.push(AsyncEvent { kind: AsyncEventKind::GidChange, element: EventElement::Port(1) });
-        Ok(())
+        let host = self.hosts.host_of(dev)?;
+        self.hosts.count_request(host)
     }
 
     pub fn device_fatal(&mut self, host: HostId, name: &str) -> VerbsResult<()> {
-        let dev = self.device_by_name(host, name, "device_fatal")?;
-        if let Some(d) = self.devices.get_mut(&dev) {
-            d.events.push(AsyncEvent { kind: AsyncEventKind::DeviceFatal, element: EventElement::Device });
-        }
+        let dev = self.hosts.device_by_name(host, name, "device_fatal")?;
+        self.hosts.push_event(dev, AsyncEvent { kind: AsyncEventKind::DeviceFatal, element: EventElement::Device });
         let qpns: Vec<u32> = self.qps.iter().filter(|(_, q)| q.dev == dev).map(|(n, _)| *n).collect();
         for qpn in qpns {
             self.qp_to_err(qpn);
@@ -68,36 +35,10 @@ impl FabricState {
         Ok(())
     }
 
-    pub fn kill_host(&mut self, host: HostId) {
-        self.wipe_host_objects(host);
-        if let Some(h) = self.hosts.get_mut(&host) {
-            h.alive = false;
-        }
-    }
-
-    pub fn restart_host(&mut self, host: HostId) {
-        self.wipe_host_objects(host);
-        let devs = match self.hosts.get_mut(&host) {
-            Some(h) => {
-                h.alive = true;
-                h.boot += 1;
-                h.devices.clone()
-            }
-            None => return,
-        };
-        for d in devs {
-            if let Some(ds) = self.devices.get_mut(&d) {
-                ds.port_active = ds.spec.port_active;
-            }
-        }
-    }
-
     pub fn qp_fatal(&mut self, qpn: u32) -> VerbsResult<()> {
         let dev = self.qps.get(&qpn).ok_or_else(|| enodev("qp_fatal"))?.dev;
         self.qp_to_err(qpn);
-        if let Some(d) = self.devices.get_mut(&dev) {
-            d.events.push(AsyncEvent { kind: AsyncEventKind::QpFatal, element: EventElement::Qp(qpn) });
-        }
+        self.hosts.push_event(dev, AsyncEvent { kind: AsyncEventKind::QpFatal, element: EventElement::Qp(qpn) });
         Ok(())
     }
 }
@@ -216,15 +157,7 @@ impl SimHost {
 
     /// Makes memory registration on NIC `name` fail with ENOMEM (or work again).
     pub fn set_reg_mr_fails(&self, name: &str, fails: bool) -> VerbsResult<()> {
-        self.inner.fabric.host_op(|st| {
-            let dev = st
-                .find_device(self.inner.id, name)
-                .ok_or_else(|| VerbsError::new("set_reg_mr_fails", libc::ENODEV, "no such NIC"))?;
-            if let Some(d) = st.devices.get_mut(&dev) {
-                d.fail_reg_mr = fails;
-            }
-            Ok(())
-        })
+        self.inner.fabric.host_op(|st| st.set_reg_mr_fails(self.inner.id, name, fails))
     }
 
     /// Kills the host: every QP, CQ, MR and PD it had vanishes at once and its NICs stop
@@ -243,12 +176,6 @@ impl SimHost {
     /// Makes every `n`-th request executed by this host's QPs complete with `status`
     /// (0 turns it off). The knob behind `transports/rdma/sim/fail_every_nth_wr`.
     pub fn set_fail_every_nth_wr(&self, n: u64, status: WcStatus) {
-        self.inner.fabric.host_op(|st| {
-            if let Some(h) = st.hosts.get_mut(&self.inner.id) {
-                h.fail_every_nth = n;
-                h.fail_status = status;
-                h.wr_counter = 0;
-            }
-        });
+        self.inner.fabric.host_op(|st| st.set_fail_every_nth(self.inner.id, n, status));
     }
 }

@@ -43,7 +43,7 @@ impl FabricState {
 
     pub fn reg_mr(&mut self, pd: u32, addr: u64, len: usize, access: Access) -> VerbsResult<u32> {
         let dev = self.pds.get(&pd).ok_or_else(|| enodev("reg_mr"))?.dev;
-        if self.devices.get(&dev).is_some_and(|d| d.fail_reg_mr) {
+        if self.hosts.reg_mr_fails(dev) {
             return Err(VerbsError::new("reg_mr", libc::ENOMEM, "injected registration failure"));
         }
         let needs_local_write = access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC);

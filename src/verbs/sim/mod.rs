@@ -23,8 +23,9 @@ mod memory;
 mod objects;
 mod qp;
 mod queues;
+mod spec;
 
-pub use devices::{DeviceSpec, GidSpec, HostSpec};
+pub use spec::{DeviceSpec, GidSpec, HostSpec};
 
 use std::any::Any;
 use std::sync::{Arc, OnceLock};
@@ -167,12 +168,12 @@ impl SimHost {
 
     /// The NIC called `name`.
     pub fn nic(&self, name: &str) -> Option<SimNic> {
-        self.inner.fabric.host_op(|st| st.find_device(self.inner.id, name)).map(|dev| SimNic { dev })
+        self.inner.fabric.host_op(|st| st.hosts().find_device(self.inner.id, name)).map(|dev| SimNic { dev })
     }
 
     /// How many memory regions are registered on NIC `name` now.
     pub fn mr_count(&self, name: &str) -> usize {
-        self.inner.fabric.host_op(|st| st.find_device(self.inner.id, name).map(|d| st.mr_count(d)).unwrap_or(0))
+        self.inner.fabric.host_op(|st| st.hosts().find_device(self.inner.id, name).map(|d| st.mr_count(d)).unwrap_or(0))
     }
 }
 
@@ -192,7 +193,7 @@ impl Provider for SimHost {
     }
 
     fn device_names(&self) -> VerbsResult<Vec<String>> {
-        self.inner.fabric.host_op(|st| st.device_names(self.inner.id))
+        self.inner.fabric.host_op(|st| st.hosts().device_names(self.inner.id))
     }
 
     fn clock(&self) -> Arc<dyn Clock> {
@@ -200,7 +201,7 @@ impl Provider for SimHost {
     }
 
     fn open_device(&self, name: &str) -> VerbsResult<Box<dyn DeviceOps>> {
-        let (dev, boot) = self.inner.fabric.host_op(|st| st.open_device(self.inner.id, name))?;
+        let (dev, boot) = self.inner.fabric.host_op(|st| st.hosts().open_device(self.inner.id, name))?;
         Ok(Box::new(SimDevice { host: self.inner.clone(), dev, boot, name: name.to_string() }))
     }
 }

@@ -20,7 +20,7 @@ pub(super) struct SimDevice {
 impl SimDevice {
     fn with<T>(&self, op: &'static str, f: impl FnOnce(&mut FabricState) -> VerbsResult<T>) -> VerbsResult<T> {
         let mut st = self.host.fabric.state.lock();
-        st.check_device(op, self.dev, self.boot)?;
+        st.hosts().check_device(op, self.dev, self.boot)?;
         f(&mut st)
     }
 }
@@ -31,15 +31,15 @@ impl DeviceOps for SimDevice {
     }
 
     fn query_device(&self) -> VerbsResult<DeviceAttr> {
-        self.with("query_device", |st| Ok(st.device_attr(self.dev)))
+        self.with("query_device", |st| Ok(st.hosts().device_attr(self.dev)))
     }
 
     fn query_port(&self, port: u8) -> VerbsResult<PortAttr> {
-        self.with("query_port", |st| st.port_attr(self.dev, port))
+        self.with("query_port", |st| st.hosts().port_attr(self.dev, port))
     }
 
     fn query_gid(&self, port: u8, index: u32) -> VerbsResult<GidEntry> {
-        self.with("query_gid", |st| st.gid_entry(self.dev, port, index))
+        self.with("query_gid", |st| st.hosts().gid_entry(self.dev, port, index))
     }
 
     fn alloc_pd(&self) -> VerbsResult<Box<dyn PdOps>> {
@@ -56,13 +56,13 @@ impl DeviceOps for SimDevice {
         let now = self.host.fabric.now();
         self.with("get_async_event", |st| {
             st.pump_all(now);
-            Ok(st.devices.get_mut(&self.dev).and_then(|d| d.events.pop()))
+            Ok(st.pop_event(self.dev))
         })
     }
 
     fn async_fd(&self) -> Option<std::os::fd::RawFd> {
         let st = self.host.fabric.state.lock();
-        st.devices.get(&self.dev).and_then(|d| d.events.raw_fd())
+        st.hosts().event_fd(self.dev)
     }
 
     fn close(&self) -> VerbsResult<()> {

@@ -50,7 +50,7 @@ impl FabricState {
                 None => return Err(enodev("create_qp")),
             }
         }
-        let attr = self.device_attr(dev);
+        let attr = self.hosts.device_attr(dev);
         let c = init.caps;
         if c.max_send_wr == 0
             || c.max_send_wr > attr.max_qp_wr
@@ -124,8 +124,8 @@ impl FabricState {
 
     /// Checks the attributes of `t` against the limits of device `dev` and its port.
     fn check_transition(&self, dev: u32, t: &QpTransition) -> VerbsResult<()> {
-        let attr = self.device_attr(dev);
-        let port = self.port_attr(dev, 1)?;
+        let attr = self.hosts.device_attr(dev);
+        let port = self.hosts.port_attr(dev, 1)?;
         match t {
             QpTransition::ToInit { pkey_index, port: p, access } => {
                 if *p == 0 || *p > attr.phys_port_cnt {
@@ -160,7 +160,7 @@ impl FabricState {
                         return Err(einval("modify_qp", "RoCE needs a GRH in the AV"));
                     }
                     (Some(g), _) => {
-                        if self.gid_entry(dev, av.port, u32::from(g.sgid_index)).is_err() {
+                        if self.hosts.gid_entry(dev, av.port, u32::from(g.sgid_index)).is_err() {
                             return Err(einval("modify_qp", "sgid_index names an empty GID slot"));
                         }
                     }

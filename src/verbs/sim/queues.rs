@@ -62,15 +62,15 @@ pub(super) fn error_wc(wr_id: u64, status: WcStatus, qpn: u32) -> Wc {
 
 impl FabricState {
     pub fn create_cq(&mut self, dev: u32, cqe: u32, comp_vector: u32) -> VerbsResult<(u64, u32)> {
-        let spec = &self.devices[&dev].spec;
-        let max = spec.max_cqe;
+        let attr = self.hosts.device_attr(dev);
+        let max = attr.max_cqe;
         if cqe == 0 || cqe > max {
             return Err(einval("create_cq", format!("cqe {cqe} not in 1..={max}")));
         }
-        if comp_vector >= spec.num_comp_vectors {
+        if comp_vector >= attr.num_comp_vectors {
             return Err(einval(
                 "create_cq",
-                format!("comp_vector {comp_vector} not below num_comp_vectors {}", spec.num_comp_vectors),
+                format!("comp_vector {comp_vector} not below num_comp_vectors {}", attr.num_comp_vectors),
             ));
         }
         // Like rxe: the ring holds 2^k - 1 >= cqe entries.
@@ -102,9 +102,7 @@ impl FabricState {
             // Hardware-like: the CQ is broken from now on and the owner hears CQ_ERR.
             c.overflowed = true;
             let dev = c.dev;
-            if let Some(d) = self.devices.get_mut(&dev) {
-                d.events.push(AsyncEvent { kind: AsyncEventKind::CqErr, element: EventElement::Cq(cq) });
-            }
+            self.hosts.push_event(dev, AsyncEvent { kind: AsyncEventKind::CqErr, element: EventElement::Cq(cq) });
             return;
         }
         c.entries.push_back(Cqe { wc, sq_seq });
