@@ -48,7 +48,7 @@ impl FabricState {
         let mut stranded = Vec::new();
         for w in &q.sq {
             let SendOp::RdmaWrite { remote_addr, rkey } = w.op else { continue };
-            let Some(local) = self.check_local(pd, &w.sges, Access::NONE) else { continue };
+            let Some(local) = self.memory.check_local(pd, &w.sges, Access::NONE) else { continue };
             let total: usize = local.iter().map(|(_, l)| *l).sum();
             let mut data = vec![0u8; total];
             // SAFETY: the pieces lie inside MRs of the requester's PD (checked above), valid
@@ -78,7 +78,7 @@ impl FabricState {
             let Some(r) = self.qps.get(&w.responder_qpn) else { continue };
             let accepts = matches!(r.state, QpState::Rtr | QpState::Rts)
                 && r.access.contains(Access::REMOTE_WRITE)
-                && self.check_remote(r.pd, w.rkey, w.remote_addr, w.data.len() as u64, Access::REMOTE_WRITE);
+                && self.memory.check_remote(r.pd, w.rkey, w.remote_addr, w.data.len() as u64, Access::REMOTE_WRITE);
             if accepts {
                 // SAFETY: the remote range lies inside an MR of the responder's PD (checked
                 // above), valid memory while registered, under the fabric lock.
@@ -196,7 +196,7 @@ impl FabricState {
             SendOp::RdmaRead { .. } => Access::LOCAL_WRITE,
             _ => Access::NONE,
         };
-        let Some(local) = self.check_local(pd, &sges, local_need) else {
+        let Some(local) = self.memory.check_local(pd, &sges, local_need) else {
             return Outcome::Failed(WcStatus::LocProtErr);
         };
         let Some((rqpn, path)) = self.responder(qpn) else {
@@ -237,7 +237,7 @@ impl FabricState {
     fn execute_write(&mut self, x: &Exchange, remote_addr: u64, rkey: u32) -> Outcome {
         if x.total > 0
             && (!x.raccess.contains(Access::REMOTE_WRITE)
-                || !self.check_remote(x.rpd, rkey, remote_addr, x.total, Access::REMOTE_WRITE))
+                || !self.memory.check_remote(x.rpd, rkey, remote_addr, x.total, Access::REMOTE_WRITE))
         {
             self.qp_to_err(x.rqpn);
             return Outcome::Failed(WcStatus::RemAccessErr);
@@ -259,7 +259,7 @@ impl FabricState {
         }
         if x.total > 0
             && (!x.raccess.contains(Access::REMOTE_READ)
-                || !self.check_remote(x.rpd, rkey, remote_addr, x.total, Access::REMOTE_READ))
+                || !self.memory.check_remote(x.rpd, rkey, remote_addr, x.total, Access::REMOTE_READ))
         {
             self.qp_to_err(x.rqpn);
             return Outcome::Failed(WcStatus::RemAccessErr);
@@ -280,7 +280,7 @@ impl FabricState {
             return self.wait(x.qpn, x.now, x.since, budget, WcStatus::RnrRetryExcErr);
         };
         let rcq = self.qps[&rqpn].recv_cq;
-        let Some(dst) = self.check_local(x.rpd, &recv.sges, Access::LOCAL_WRITE) else {
+        let Some(dst) = self.memory.check_local(x.rpd, &recv.sges, Access::LOCAL_WRITE) else {
             self.push_cqe(rcq, error_wc(recv.wr_id, WcStatus::LocProtErr, rqpn), None);
             self.qp_to_err(rqpn);
             return Outcome::Failed(WcStatus::RemOpErr);

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::devices::Hosts;
 use super::ids::{HostId, Ids, PathKey};
-use super::memory::{MrRec, PdRec};
+use super::memory::Memory;
 use super::qp::QpRec;
 use super::queues::CqRec;
 use super::spec::{GidSpec, HostSpec};
@@ -18,8 +18,7 @@ use crate::verbs::types::*;
 pub(super) struct FabricState {
     pub(super) ids: Ids,
     pub(super) hosts: Hosts,
-    pub(super) pds: HashMap<u32, PdRec>,
-    pub(super) mrs: HashMap<u32, MrRec>,
+    pub(super) memory: Memory,
     pub cqs: HashMap<u64, CqRec>,
     pub qps: HashMap<u32, QpRec>,
     pub dropped_paths: HashSet<PathKey>,
@@ -42,8 +41,7 @@ impl FabricState {
         FabricState {
             ids: Ids::new(),
             hosts: Hosts::new(),
-            pds: HashMap::new(),
-            mrs: HashMap::new(),
+            memory: Memory::new(),
             cqs: HashMap::new(),
             qps: HashMap::new(),
             dropped_paths: HashSet::new(),
@@ -90,10 +88,35 @@ impl FabricState {
         let devs = self.hosts.devices_of(host);
         self.qps.retain(|_, q| !devs.contains(&q.dev));
         self.cqs.retain(|_, c| !devs.contains(&c.dev));
-        let pds: HashSet<u32> = self.pds.iter().filter(|(_, p)| devs.contains(&p.dev)).map(|(id, _)| *id).collect();
-        self.mrs.retain(|_, m| !pds.contains(&m.pd));
-        self.pds.retain(|id, _| !pds.contains(id));
+        self.memory.wipe_devices(&devs);
         self.hosts.clear_events(&devs);
+    }
+
+    /// Number of MRs registered on device `dev`.
+    pub(super) fn mr_count(&self, dev: u32) -> usize {
+        self.memory.mr_count(dev)
+    }
+
+    /// A new PD on device `dev`.
+    pub(super) fn alloc_pd(&mut self, dev: u32) -> u32 {
+        self.memory.alloc_pd(&mut self.ids, dev)
+    }
+
+    /// Frees PD `pd` unless an MR or a QP still uses it.
+    pub(super) fn dealloc_pd(&mut self, pd: u32) -> VerbsResult<()> {
+        let used_by_qps = self.qps.values().any(|q| q.pd == pd);
+        self.memory.dealloc_pd(pd, used_by_qps)
+    }
+
+    /// Registers memory in PD `pd`, failing as injected on the PD's device.
+    pub(super) fn reg_mr(&mut self, pd: u32, addr: u64, len: usize, access: Access) -> VerbsResult<u32> {
+        let hosts = &self.hosts;
+        self.memory.reg_mr(&mut self.ids, pd, addr, len, access, |dev| hosts.reg_mr_fails(dev))
+    }
+
+    /// Deregisters the MR with `key`.
+    pub(super) fn dereg_mr(&mut self, key: u32) -> VerbsResult<()> {
+        self.memory.dereg_mr(key)
     }
 
     /// Takes port 1 of `host`'s NIC `name` down or up (see `Hosts::set_port_active`).

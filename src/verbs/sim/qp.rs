@@ -42,7 +42,7 @@ pub(super) struct QpRec {
 
 impl FabricState {
     pub fn create_qp(&mut self, pd: u32, send_cq: u64, recv_cq: u64, init: &QpInit) -> VerbsResult<(u32, QpCaps)> {
-        let dev = self.pds.get(&pd).ok_or_else(|| enodev("create_qp"))?.dev;
+        let dev = self.memory.pd_device(pd).ok_or_else(|| enodev("create_qp"))?;
         for cq in [send_cq, recv_cq] {
             match self.cqs.get(&cq) {
                 Some(c) if c.dev == dev => {}
