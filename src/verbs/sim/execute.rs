@@ -8,6 +8,7 @@ use super::fabric::FabricState;
 use super::ids::{PathKey, path_key};
 use super::memory::copy_scatter_gather;
 use super::queues::{POISON_LEN, error_wc};
+use super::wire::InFlightWrite;
 use crate::verbs::types::*;
 
 pub(super) enum Outcome {
@@ -54,27 +55,16 @@ impl FabricState {
             // SAFETY: the pieces lie inside MRs of the requester's PD (checked above), valid
             // memory while registered; `data` holds `total` bytes.
             unsafe { copy_scatter_gather(&local, &[(data.as_mut_ptr() as u64, total)]) };
-            stranded.push(super::queues::InFlightWrite {
-                responder_qpn: rqpn,
-                due: w.posted_at + delay,
-                remote_addr,
-                rkey,
-                data,
-            });
+            stranded.push(InFlightWrite { responder_qpn: rqpn, due: w.posted_at + delay, remote_addr, rkey, data });
         }
-        self.wire.extend(stranded);
+        self.wire.put(stranded);
     }
 
     /// Delivers the WRITEs on the wire that are due at `now`: executed if their responder QP
     /// still accepts requests (RTR or RTS) and the key and range are good, dropped otherwise;
     /// nobody is told either way.
     fn deliver_wire(&mut self, now: Duration) {
-        if self.wire.is_empty() {
-            return;
-        }
-        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.wire).into_iter().partition(|w| w.due <= now);
-        self.wire = later;
-        for w in due {
+        for w in self.wire.take_due(now) {
             let Some(r) = self.qps.get(&w.responder_qpn) else { continue };
             let accepts = matches!(r.state, QpState::Rtr | QpState::Rts)
                 && r.access.contains(Access::REMOTE_WRITE)

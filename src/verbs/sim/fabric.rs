@@ -12,6 +12,7 @@ use super::memory::Memory;
 use super::qp::QpRec;
 use super::queues::CqRec;
 use super::spec::{GidSpec, HostSpec};
+use super::wire::Wire;
 use crate::verbs::types::*;
 
 /// Everything on the fabric. See the module comment of `sim` for the locking rule.
@@ -29,7 +30,7 @@ pub(super) struct FabricState {
     /// Delayed paths whose requests count as sent: see `SimFabric::set_path_lingering`.
     pub lingering_paths: HashSet<PathKey>,
     /// WRITEs still on the wire after their requester QP went to ERR, by due time.
-    pub(super) wire: Vec<super::queues::InFlightWrite>,
+    pub(super) wire: Wire,
     /// QPs in RTS with requests queued: the only ones pumping has to visit.
     pub(super) busy: BTreeSet<u32>,
     pub fail_nth: HashMap<u32, (u64, WcStatus)>,
@@ -48,7 +49,7 @@ impl FabricState {
             path_delay: HashMap::new(),
             path_rate: HashMap::new(),
             lingering_paths: HashSet::new(),
-            wire: Vec::new(),
+            wire: Wire::new(),
             busy: BTreeSet::new(),
             fail_nth: HashMap::new(),
             purge_on_destroy: true,

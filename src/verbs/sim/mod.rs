@@ -24,6 +24,7 @@ mod objects;
 mod qp;
 mod queues;
 mod spec;
+mod wire;
 
 pub use spec::{DeviceSpec, GidSpec, HostSpec};
 

@@ -36,16 +36,6 @@ pub(super) struct PendingSend {
     pub(super) sent_at: Option<Duration>,
 }
 
-/// A WRITE whose packets were sent on a lingering path before its requester QP went to ERR:
-/// the bytes it carried, where they go, and when they arrive.
-pub(super) struct InFlightWrite {
-    pub(super) responder_qpn: u32,
-    pub(super) due: Duration,
-    pub(super) remote_addr: u64,
-    pub(super) rkey: u32,
-    pub(super) data: Vec<u8>,
-}
-
 pub(super) struct PendingRecv {
     pub(super) wr_id: u64,
     pub(super) sges: Vec<Sge>,
