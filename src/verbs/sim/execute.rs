@@ -121,7 +121,7 @@ impl FabricState {
                             vendor_err: 0,
                             imm: None,
                         };
-                        self.push_cqe(scq, wc, Some(w.seq));
+                        self.queues.push(&mut self.hosts, scq, wc, Some(w.seq));
                     }
                 }
                 Outcome::Failed(status) => {
@@ -130,7 +130,7 @@ impl FabricState {
                     };
                     // An error completes even an unsignaled request, then the QP goes to ERR
                     // and flushes the rest behind it.
-                    self.push_cqe(scq, error_wc(w.wr_id, status, qpn), Some(w.seq));
+                    self.queues.push(&mut self.hosts, scq, error_wc(w.wr_id, status, qpn), Some(w.seq));
                     self.qp_to_err(qpn);
                     return;
                 }
@@ -271,13 +271,13 @@ impl FabricState {
         };
         let rcq = self.qps[&rqpn].recv_cq;
         let Some(dst) = self.memory.check_local(x.rpd, &recv.sges, Access::LOCAL_WRITE) else {
-            self.push_cqe(rcq, error_wc(recv.wr_id, WcStatus::LocProtErr, rqpn), None);
+            self.queues.push(&mut self.hosts, rcq, error_wc(recv.wr_id, WcStatus::LocProtErr, rqpn), None);
             self.qp_to_err(rqpn);
             return Outcome::Failed(WcStatus::RemOpErr);
         };
         let room: u64 = dst.iter().map(|(_, l)| *l as u64).sum();
         if room < x.total {
-            self.push_cqe(rcq, error_wc(recv.wr_id, WcStatus::LocLenErr, rqpn), None);
+            self.queues.push(&mut self.hosts, rcq, error_wc(recv.wr_id, WcStatus::LocLenErr, rqpn), None);
             self.qp_to_err(rqpn);
             return Outcome::Failed(WcStatus::RemInvReqErr);
         }
@@ -293,7 +293,7 @@ impl FabricState {
             vendor_err: 0,
             imm,
         };
-        self.push_cqe(rcq, wc, None);
+        self.queues.push(&mut self.hosts, rcq, wc, None);
         Outcome::Done { opcode: WcOpcode::Send, byte_len: POISON_LEN }
     }
 

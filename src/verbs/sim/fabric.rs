@@ -10,7 +10,7 @@ use super::devices::Hosts;
 use super::ids::{HostId, Ids, PathKey};
 use super::memory::Memory;
 use super::qp::QpRec;
-use super::queues::CqRec;
+use super::queues::Queues;
 use super::spec::{GidSpec, HostSpec};
 use super::wire::Wire;
 use crate::verbs::types::*;
@@ -20,7 +20,7 @@ pub(super) struct FabricState {
     pub(super) ids: Ids,
     pub(super) hosts: Hosts,
     pub(super) memory: Memory,
-    pub cqs: HashMap<u64, CqRec>,
+    pub(super) queues: Queues,
     pub qps: HashMap<u32, QpRec>,
     pub dropped_paths: HashSet<PathKey>,
     /// Injected one-way latency per NIC pair: a request runs no earlier than this after posting.
@@ -43,7 +43,7 @@ impl FabricState {
             ids: Ids::new(),
             hosts: Hosts::new(),
             memory: Memory::new(),
-            cqs: HashMap::new(),
+            queues: Queues::new(),
             qps: HashMap::new(),
             dropped_paths: HashSet::new(),
             path_delay: HashMap::new(),
@@ -88,7 +88,7 @@ impl FabricState {
     fn wipe_host_objects(&mut self, host: HostId) {
         let devs = self.hosts.devices_of(host);
         self.qps.retain(|_, q| !devs.contains(&q.dev));
-        self.cqs.retain(|_, c| !devs.contains(&c.dev));
+        self.queues.wipe_devices(&devs);
         self.memory.wipe_devices(&devs);
         self.hosts.clear_events(&devs);
     }
@@ -118,6 +118,34 @@ impl FabricState {
     /// Deregisters the MR with `key`.
     pub(super) fn dereg_mr(&mut self, key: u32) -> VerbsResult<()> {
         self.memory.dereg_mr(key)
+    }
+
+    /// A new CQ on device `dev` (see `Queues::create`).
+    pub(super) fn create_cq(&mut self, dev: u32, cqe: u32, comp_vector: u32) -> VerbsResult<(u64, u32)> {
+        let attr = self.hosts.device_attr(dev);
+        self.queues.create(&mut self.ids, dev, &attr, cqe, comp_vector)
+    }
+
+    /// Destroys CQ `cq` unless a QP still uses it.
+    pub(super) fn destroy_cq(&mut self, cq: u64) -> VerbsResult<()> {
+        let used_by_qps = self.qps.values().any(|q| q.send_cq == cq || q.recv_cq == cq);
+        self.queues.destroy(cq, used_by_qps)
+    }
+
+    /// Polls CQ `cq`; like mlx5, send-queue slots (including those of earlier unsignaled
+    /// requests) come back only when a completion is polled.
+    pub(super) fn poll_cq(&mut self, cq: u64, out: &mut [Wc]) -> VerbsResult<usize> {
+        let qps = &mut self.qps;
+        self.queues.poll(cq, out, |qpn, seq| {
+            if let Some(q) = qps.get_mut(&qpn) {
+                q.sq_released = q.sq_released.max(seq + 1);
+            }
+        })
+    }
+
+    /// Holds (or releases) the completions of CQ `cq`.
+    pub(super) fn stall_cq(&mut self, cq: u64, stalled: bool) -> VerbsResult<()> {
+        self.queues.stall(cq, stalled)
     }
 
     /// Takes port 1 of `host`'s NIC `name` down or up (see `Hosts::set_port_active`).

@@ -124,10 +124,7 @@ impl SimFabric {
     /// Holds (or releases) the completions of the CQ with `handle`: they queue up, count
     /// against its capacity, and are not returned by `poll` while held.
     pub fn stall_cq(&self, handle: u64, stalled: bool) -> VerbsResult<()> {
-        let mut st = self.state.lock();
-        let cq = st.cqs.get_mut(&handle).ok_or_else(|| VerbsError::new("stall_cq", libc::ENOENT, "no such CQ"))?;
-        cq.stalled = stalled;
-        Ok(())
+        self.state.lock().stall_cq(handle, stalled)
     }
 
     /// Chooses whether destroying or resetting a QP removes its completions from its CQs

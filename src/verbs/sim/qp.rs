@@ -2,10 +2,11 @@
 //! checks, and the move to ERR that flushes outstanding requests.
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
 use super::errors::{einval, enodev};
 use super::fabric::FabricState;
-use super::queues::{PendingRecv, PendingSend, error_wc};
+use super::queues::error_wc;
 use crate::verbs::types::*;
 
 #[derive(Clone)]
@@ -40,12 +41,31 @@ pub(super) struct QpRec {
     pub(super) sq_released: u64,
 }
 
+pub(super) struct PendingSend {
+    pub(super) seq: u64,
+    pub(super) wr_id: u64,
+    pub(super) op: SendOp,
+    pub(super) sges: Vec<Sge>,
+    pub(super) signaled: bool,
+    /// When it was posted, for injected path delays.
+    pub(super) posted_at: Duration,
+    /// When the first attempt found no responder (or an RNR), for the retry deadline.
+    pub(super) blocked_since: Option<Duration>,
+    /// When its bytes were through a rate-limited path (`set_path_rate`), once they are.
+    pub(super) sent_at: Option<Duration>,
+}
+
+pub(super) struct PendingRecv {
+    pub(super) wr_id: u64,
+    pub(super) sges: Vec<Sge>,
+}
+
 impl FabricState {
     pub fn create_qp(&mut self, pd: u32, send_cq: u64, recv_cq: u64, init: &QpInit) -> VerbsResult<(u32, QpCaps)> {
         let dev = self.memory.pd_device(pd).ok_or_else(|| enodev("create_qp"))?;
         for cq in [send_cq, recv_cq] {
-            match self.cqs.get(&cq) {
-                Some(c) if c.dev == dev => {}
+            match self.queues.device_of(cq) {
+                Some(d) if d == dev => {}
                 Some(_) => return Err(einval("create_qp", "CQ belongs to another device")),
                 None => return Err(enodev("create_qp")),
             }
@@ -96,17 +116,9 @@ impl FabricState {
         self.fail_nth.remove(&qpn);
         // Outstanding requests die with the QP, without completions (rxe and mlx5 alike).
         if self.purge_on_destroy {
-            self.purge_cqes(qpn, q.send_cq, q.recv_cq);
+            self.queues.purge(qpn, [q.send_cq, q.recv_cq]);
         }
         Ok(())
-    }
-
-    fn purge_cqes(&mut self, qpn: u32, send_cq: u64, recv_cq: u64) {
-        for cq in [send_cq, recv_cq] {
-            if let Some(c) = self.cqs.get_mut(&cq) {
-                c.entries.retain(|e| e.wc.qp_num != qpn);
-            }
-        }
     }
 
     pub fn modify_qp(&mut self, qpn: u32, t: &QpTransition) -> VerbsResult<()> {
@@ -222,7 +234,7 @@ impl FabricState {
                     (q.send_cq, q.recv_cq)
                 };
                 if self.purge_on_destroy {
-                    self.purge_cqes(qpn, scq, rcq);
+                    self.queues.purge(qpn, [scq, rcq]);
                 }
             }
         }
@@ -241,10 +253,76 @@ impl FabricState {
         let rq: Vec<PendingRecv> = q.rq.drain(..).collect();
         let (scq, rcq) = (q.send_cq, q.recv_cq);
         for w in sq {
-            self.push_cqe(scq, error_wc(w.wr_id, WcStatus::WrFlushErr, qpn), Some(w.seq));
+            self.queues.push(&mut self.hosts, scq, error_wc(w.wr_id, WcStatus::WrFlushErr, qpn), Some(w.seq));
         }
         for r in rq {
-            self.push_cqe(rcq, error_wc(r.wr_id, WcStatus::WrFlushErr, qpn), None);
+            self.queues.push(&mut self.hosts, rcq, error_wc(r.wr_id, WcStatus::WrFlushErr, qpn), None);
         }
+    }
+
+    pub fn post_send(&mut self, qpn: u32, wrs: &[SendWr<'_>], now: Duration) -> Result<(), PostError> {
+        for (i, wr) in wrs.iter().enumerate() {
+            let Some(q) = self.qps.get_mut(&qpn) else {
+                return Err(PostError { index: i, errno: libc::ENODEV });
+            };
+            let reject = |errno| Err(PostError { index: i, errno });
+            if matches!(q.state, QpState::Reset | QpState::Init | QpState::Rtr) {
+                return reject(libc::EINVAL);
+            }
+            if wr.sg_list.len() > q.caps.max_send_sge as usize {
+                return reject(libc::EINVAL);
+            }
+            if let SendOp::RdmaWrite { .. } | SendOp::RdmaRead { .. } = wr.op {
+                let total: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+                if total > 1 << 31 {
+                    return reject(libc::EINVAL);
+                }
+            }
+            if q.sq_posted - q.sq_released >= u64::from(q.caps.max_send_wr) {
+                return reject(libc::ENOMEM);
+            }
+            let seq = q.sq_posted;
+            q.sq_posted += 1;
+            q.sq.push_back(PendingSend {
+                seq,
+                wr_id: wr.wr_id,
+                op: wr.op,
+                sges: wr.sg_list.to_vec(),
+                signaled: wr.signaled || q.sq_sig_all,
+                posted_at: now,
+                blocked_since: None,
+                sent_at: None,
+            });
+            if q.state == QpState::Err {
+                // Posting in ERR is accepted and flushed.
+                self.qp_to_err(qpn);
+            } else {
+                self.busy.insert(qpn);
+            }
+        }
+        Ok(())
+    }
+
+    pub fn post_recv(&mut self, qpn: u32, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
+        for (i, wr) in wrs.iter().enumerate() {
+            let Some(q) = self.qps.get_mut(&qpn) else {
+                return Err(PostError { index: i, errno: libc::ENODEV });
+            };
+            let reject = |errno| Err(PostError { index: i, errno });
+            if q.state == QpState::Reset {
+                return reject(libc::EINVAL);
+            }
+            if wr.sg_list.len() > q.caps.max_recv_sge as usize {
+                return reject(libc::EINVAL);
+            }
+            if q.rq.len() >= q.caps.max_recv_wr as usize {
+                return reject(libc::ENOMEM);
+            }
+            q.rq.push_back(PendingRecv { wr_id: wr.wr_id, sges: wr.sg_list.to_vec() });
+            if q.state == QpState::Err {
+                self.qp_to_err(qpn);
+            }
+        }
+        Ok(())
     }
 }
