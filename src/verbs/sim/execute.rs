@@ -40,7 +40,7 @@ impl FabricState {
     /// Puts the WRITEs that `qpn` (about to go to ERR) has already sent on a lingering path on
     /// the wire: the bytes as they are now, due when the path's delay after their posting ends.
     pub(super) fn strand_writes(&mut self, qpn: u32) {
-        let Some(q) = self.qps.get(&qpn).filter(|q| q.state == QpState::Rts) else { return };
+        let Some(q) = self.qps.get(qpn).filter(|q| q.state == QpState::Rts) else { return };
         let Some((rqpn, path)) = self.responder(qpn) else { return };
         let Some(delay) = self.path_delay.get(&path).copied().filter(|_| self.lingering_paths.contains(&path)) else {
             return;
@@ -65,7 +65,7 @@ impl FabricState {
     /// nobody is told either way.
     fn deliver_wire(&mut self, now: Duration) {
         for w in self.wire.take_due(now) {
-            let Some(r) = self.qps.get(&w.responder_qpn) else { continue };
+            let Some(r) = self.qps.get(w.responder_qpn) else { continue };
             let accepts = matches!(r.state, QpState::Rtr | QpState::Rts)
                 && r.access.contains(Access::REMOTE_WRITE)
                 && self.memory.check_remote(r.pd, w.rkey, w.remote_addr, w.data.len() as u64, Access::REMOTE_WRITE);
@@ -80,21 +80,32 @@ impl FabricState {
     }
 
     /// Runs every QP's send queue as far as it can go at time `now`.
+    /// Moves a QP to ERR and flushes every outstanding request, send queue then receive queue,
+    /// each in posting order.
+    pub(super) fn qp_to_err(&mut self, qpn: u32) {
+        self.strand_writes(qpn);
+        let Some(f) = self.qps.flush(qpn) else {
+            return;
+        };
+        for w in f.sq {
+            self.queues.push(&mut self.hosts, f.send_cq, error_wc(w.wr_id, WcStatus::WrFlushErr, qpn), Some(w.seq));
+        }
+        for r in f.rq {
+            self.queues.push(&mut self.hosts, f.recv_cq, error_wc(r.wr_id, WcStatus::WrFlushErr, qpn), None);
+        }
+    }
+
     pub fn pump_all(&mut self, now: Duration) {
         self.deliver_wire(now);
-        let busy: Vec<u32> = self.busy.iter().copied().collect();
-        for qpn in busy {
+        for qpn in self.qps.busy() {
             self.pump_qp(qpn, now);
-            let done = self.qps.get(&qpn).is_none_or(|q| q.sq.is_empty() || q.state != QpState::Rts);
-            if done {
-                self.busy.remove(&qpn);
-            }
+            self.qps.settle(qpn);
         }
     }
 
     fn pump_qp(&mut self, qpn: u32, now: Duration) {
         loop {
-            let Some(q) = self.qps.get(&qpn) else {
+            let Some(q) = self.qps.get(qpn) else {
                 return;
             };
             if q.state != QpState::Rts || q.sq.is_empty() {
@@ -108,7 +119,7 @@ impl FabricState {
             match outcome {
                 Outcome::Blocked => return,
                 Outcome::Done { opcode, byte_len } => {
-                    let Some(w) = self.qps.get_mut(&qpn).and_then(|q| q.sq.pop_front()) else {
+                    let Some(w) = self.qps.pop_send(qpn) else {
                         return;
                     };
                     if w.signaled || sig_all {
@@ -125,7 +136,7 @@ impl FabricState {
                     }
                 }
                 Outcome::Failed(status) => {
-                    let Some(w) = self.qps.get_mut(&qpn).and_then(|q| q.sq.pop_front()) else {
+                    let Some(w) = self.qps.pop_send(qpn) else {
                         return;
                     };
                     // An error completes even an unsignaled request, then the QP goes to ERR
@@ -143,7 +154,7 @@ impl FabricState {
     /// expects the PSN the requester starts with (otherwise it NAKs every packet as out of
     /// sequence and the requester runs out of retries, as on a real NIC).
     fn responder(&self, qpn: u32) -> Option<(u32, PathKey)> {
-        let q = self.qps.get(&qpn)?;
+        let q = self.qps.get(qpn)?;
         let dest = q.dest.as_ref()?;
         if !self.hosts.port_up(q.dev) {
             return None;
@@ -156,7 +167,7 @@ impl FabricState {
         if self.dropped_paths.contains(&key) {
             return None;
         }
-        let r = self.qps.get(&dest.dest_qpn)?;
+        let r = self.qps.get(dest.dest_qpn)?;
         if r.dev != rdev || !matches!(r.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
             return None;
         }
@@ -170,7 +181,7 @@ impl FabricState {
 
     /// Tries to execute the head of `qpn`'s send queue.
     fn execute_head(&mut self, qpn: u32, now: Duration) -> Outcome {
-        let Some(q) = self.qps.get(&qpn) else {
+        let Some(q) = self.qps.get(qpn) else {
             return Outcome::Blocked;
         };
         let Some(w) = q.sq.front() else {
@@ -201,7 +212,8 @@ impl FabricState {
         if self.path_rate.contains_key(&path) && self.through_link(path, qpn, seq, now).is_none_or(|t| now < t) {
             return Outcome::Blocked;
         }
-        let r = &self.qps[&rqpn];
+        // `responder` found it, and nothing since removed a QP.
+        let Some(r) = self.qps.get(rqpn) else { return Outcome::Blocked };
         let x = Exchange {
             qpn,
             rqpn,
@@ -264,12 +276,11 @@ impl FabricState {
     /// receive CQ.
     fn execute_send(&mut self, x: &Exchange, imm: Option<u32>) -> Outcome {
         let rqpn = x.rqpn;
-        let Some(recv) = self.qps.get_mut(&rqpn).and_then(|r| r.rq.pop_front()) else {
+        let Some((recv, rcq)) = self.qps.pop_recv(rqpn) else {
             // RNR: retry after the responder's RNR timer; 7 retries forever.
             let budget = (x.rnr_retry < 7).then(|| rnr_wait(x.rmin_rnr) * (u32::from(x.rnr_retry) + 1));
             return self.wait(x.qpn, x.now, x.since, budget, WcStatus::RnrRetryExcErr);
         };
-        let rcq = self.qps[&rqpn].recv_cq;
         let Some(dst) = self.memory.check_local(x.rpd, &recv.sges, Access::LOCAL_WRITE) else {
             self.queues.push(&mut self.hosts, rcq, error_wc(recv.wr_id, WcStatus::LocProtErr, rqpn), None);
             self.qp_to_err(rqpn);
@@ -310,9 +321,7 @@ impl FabricState {
         let start = match since {
             Some(s) => s,
             None => {
-                if let Some(w) = self.qps.get_mut(&qpn).and_then(|q| q.sq.front_mut()) {
-                    w.blocked_since = Some(now);
-                }
+                self.qps.mark_blocked(qpn, now);
                 now
             }
         };

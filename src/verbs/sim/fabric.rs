@@ -3,13 +3,14 @@
 //! (`devices`), memory and keys (`memory`), queues and completions (`queues`), the QP state
 //! machine (`qp`), request execution (`execute`) and fault injection (`faults`).
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use super::devices::Hosts;
+use super::errors::{einval, enodev};
 use super::ids::{HostId, Ids, PathKey};
 use super::memory::Memory;
-use super::qp::QpRec;
+use super::qp::{Followup, Posted, Qps};
 use super::queues::Queues;
 use super::spec::{GidSpec, HostSpec};
 use super::wire::Wire;
@@ -21,7 +22,7 @@ pub(super) struct FabricState {
     pub(super) hosts: Hosts,
     pub(super) memory: Memory,
     pub(super) queues: Queues,
-    pub qps: HashMap<u32, QpRec>,
+    pub(super) qps: Qps,
     pub dropped_paths: HashSet<PathKey>,
     /// Injected one-way latency per NIC pair: a request runs no earlier than this after posting.
     pub path_delay: HashMap<PathKey, Duration>,
@@ -31,8 +32,6 @@ pub(super) struct FabricState {
     pub lingering_paths: HashSet<PathKey>,
     /// WRITEs still on the wire after their requester QP went to ERR, by due time.
     pub(super) wire: Wire,
-    /// QPs in RTS with requests queued: the only ones pumping has to visit.
-    pub(super) busy: BTreeSet<u32>,
     pub fail_nth: HashMap<u32, (u64, WcStatus)>,
     pub purge_on_destroy: bool,
 }
@@ -44,13 +43,12 @@ impl FabricState {
             hosts: Hosts::new(),
             memory: Memory::new(),
             queues: Queues::new(),
-            qps: HashMap::new(),
+            qps: Qps::new(),
             dropped_paths: HashSet::new(),
             path_delay: HashMap::new(),
             path_rate: HashMap::new(),
             lingering_paths: HashSet::new(),
             wire: Wire::new(),
-            busy: BTreeSet::new(),
             fail_nth: HashMap::new(),
             purge_on_destroy: true,
         }
@@ -87,7 +85,7 @@ impl FabricState {
     /// Drops every object of `host`'s NICs and their pending async events.
     fn wipe_host_objects(&mut self, host: HostId) {
         let devs = self.hosts.devices_of(host);
-        self.qps.retain(|_, q| !devs.contains(&q.dev));
+        self.qps.wipe_devices(&devs);
         self.queues.wipe_devices(&devs);
         self.memory.wipe_devices(&devs);
         self.hosts.clear_events(&devs);
@@ -105,7 +103,7 @@ impl FabricState {
 
     /// Frees PD `pd` unless an MR or a QP still uses it.
     pub(super) fn dealloc_pd(&mut self, pd: u32) -> VerbsResult<()> {
-        let used_by_qps = self.qps.values().any(|q| q.pd == pd);
+        let used_by_qps = self.qps.uses_pd(pd);
         self.memory.dealloc_pd(pd, used_by_qps)
     }
 
@@ -128,7 +126,7 @@ impl FabricState {
 
     /// Destroys CQ `cq` unless a QP still uses it.
     pub(super) fn destroy_cq(&mut self, cq: u64) -> VerbsResult<()> {
-        let used_by_qps = self.qps.values().any(|q| q.send_cq == cq || q.recv_cq == cq);
+        let used_by_qps = self.qps.uses_cq(cq);
         self.queues.destroy(cq, used_by_qps)
     }
 
@@ -136,16 +134,88 @@ impl FabricState {
     /// requests) come back only when a completion is polled.
     pub(super) fn poll_cq(&mut self, cq: u64, out: &mut [Wc]) -> VerbsResult<usize> {
         let qps = &mut self.qps;
-        self.queues.poll(cq, out, |qpn, seq| {
-            if let Some(q) = qps.get_mut(&qpn) {
-                q.sq_released = q.sq_released.max(seq + 1);
-            }
-        })
+        self.queues.poll(cq, out, |qpn, seq| qps.release_sq(qpn, seq))
     }
 
     /// Holds (or releases) the completions of CQ `cq`.
     pub(super) fn stall_cq(&mut self, cq: u64, stalled: bool) -> VerbsResult<()> {
         self.queues.stall(cq, stalled)
+    }
+
+    /// A new QP in PD `pd` completing into `send_cq` and `recv_cq`, which must be on the PD's
+    /// device.
+    pub(super) fn create_qp(
+        &mut self,
+        pd: u32,
+        send_cq: u64,
+        recv_cq: u64,
+        init: &QpInit,
+    ) -> VerbsResult<(u32, QpCaps)> {
+        let dev = self.memory.pd_device(pd).ok_or_else(|| enodev("create_qp"))?;
+        for cq in [send_cq, recv_cq] {
+            match self.queues.device_of(cq) {
+                Some(d) if d == dev => {}
+                Some(_) => return Err(einval("create_qp", "CQ belongs to another device")),
+                None => return Err(enodev("create_qp")),
+            }
+        }
+        let attr = self.hosts.device_attr(dev);
+        self.qps.create(&mut self.ids, dev, pd, [send_cq, recv_cq], &attr, init)
+    }
+
+    /// Destroys QP `qpn`, forgetting its injected failures and, if so configured, purging its
+    /// completions.
+    pub(super) fn destroy_qp(&mut self, qpn: u32) -> VerbsResult<()> {
+        let cqs = self.qps.destroy(qpn)?;
+        self.fail_nth.remove(&qpn);
+        if self.purge_on_destroy {
+            self.queues.purge(qpn, cqs);
+        }
+        Ok(())
+    }
+
+    /// Applies transition `t` to QP `qpn`, flushing it for ERR and, if so configured, purging
+    /// its completions for RESET.
+    pub(super) fn modify_qp(&mut self, qpn: u32, t: &QpTransition) -> VerbsResult<()> {
+        match self.qps.modify(qpn, t, &self.hosts)? {
+            Followup::Nothing => {}
+            Followup::ToErr => self.qp_to_err(qpn),
+            Followup::Reset(cqs) => {
+                if self.purge_on_destroy {
+                    self.queues.purge(qpn, cqs);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Posts send requests `wrs` to QP `qpn` at `now`, up to the first refused one.
+    pub(super) fn post_send(&mut self, qpn: u32, wrs: &[SendWr<'_>], now: Duration) -> Result<(), PostError> {
+        for (i, wr) in wrs.iter().enumerate() {
+            match self.qps.post_send(qpn, wr, now) {
+                Ok(Posted::Queued) => {}
+                Ok(Posted::Flush) => self.qp_to_err(qpn),
+                Err(errno) => return Err(PostError { index: i, errno }),
+            }
+        }
+        Ok(())
+    }
+
+    /// Posts receive requests `wrs` to QP `qpn`, up to the first refused one.
+    pub(super) fn post_recv(&mut self, qpn: u32, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
+        for (i, wr) in wrs.iter().enumerate() {
+            match self.qps.post_recv(qpn, wr) {
+                Ok(Posted::Queued) => {}
+                Ok(Posted::Flush) => self.qp_to_err(qpn),
+                Err(errno) => return Err(PostError { index: i, errno }),
+            }
+        }
+        Ok(())
+    }
+
+    /// The state of QP `qpn` as the fabric sees it.
+    pub(super) fn qp_state(&self, qpn: u32) -> Option<QpState> {
+        self.qps.state(qpn)
     }
 
     /// Takes port 1 of `host`'s NIC `name` down or up (see `Hosts::set_port_active`).

@@ -28,15 +28,14 @@ impl FabricState {
     pub fn device_fatal(&mut self, host: HostId, name: &str) -> VerbsResult<()> {
         let dev = self.hosts.device_by_name(host, name, "device_fatal")?;
         self.hosts.push_event(dev, AsyncEvent { kind: AsyncEventKind::DeviceFatal, element: EventElement::Device });
-        let qpns: Vec<u32> = self.qps.iter().filter(|(_, q)| q.dev == dev).map(|(n, _)| *n).collect();
-        for qpn in qpns {
+        for qpn in self.qps.on_device(dev) {
             self.qp_to_err(qpn);
         }
         Ok(())
     }
 
     pub fn qp_fatal(&mut self, qpn: u32) -> VerbsResult<()> {
-        let dev = self.qps.get(&qpn).ok_or_else(|| enodev("qp_fatal"))?.dev;
+        let dev = self.qps.get(qpn).ok_or_else(|| enodev("qp_fatal"))?.dev;
         self.qp_to_err(qpn);
         self.hosts.push_event(dev, AsyncEvent { kind: AsyncEventKind::QpFatal, element: EventElement::Qp(qpn) });
         Ok(())

@@ -41,7 +41,7 @@ impl PathRate {
 
 /// The bytes request `seq` of `qpn` moves over the link: its scatter-gather list's total.
 fn request_bytes(st: &FabricState, qpn: u32, seq: u64) -> u64 {
-    let w = st.qps.get(&qpn).and_then(|q| q.sq.iter().find(|w| w.seq == seq));
+    let w = st.qps.get(qpn).and_then(|q| q.sq.iter().find(|w| w.seq == seq));
     w.map_or(0, |w| w.sges.iter().map(|s| u64::from(s.length)).sum())
 }
 
@@ -51,7 +51,7 @@ impl FabricState {
     /// joins it now.
     pub(super) fn through_link(&mut self, path: PathKey, qpn: u32, seq: u64, now: Duration) -> Option<Duration> {
         self.share_link(path, now);
-        let sent = self.qps.get(&qpn).and_then(|q| q.sq.iter().find(|w| w.seq == seq)).and_then(|w| w.sent_at);
+        let sent = self.qps.get(qpn).and_then(|q| q.sq.iter().find(|w| w.seq == seq)).and_then(|w| w.sent_at);
         if sent.is_some() {
             return sent;
         }
@@ -70,9 +70,8 @@ impl FabricState {
         // Requests of QPs that left RTS (flushed, destroyed) no longer take a share.
         let qps = &self.qps;
         let Some(link) = self.path_rate.get_mut(&path) else { return };
-        link.flows.retain(|f| {
-            qps.get(&f.qpn).is_some_and(|q| q.state == QpState::Rts && q.sq.iter().any(|w| w.seq == f.seq))
-        });
+        link.flows
+            .retain(|f| qps.get(f.qpn).is_some_and(|q| q.state == QpState::Rts && q.sq.iter().any(|w| w.seq == f.seq)));
         loop {
             let Some(link) = self.path_rate.get_mut(&path) else { return };
             if link.flows.is_empty() {
@@ -101,13 +100,7 @@ impl FabricState {
     /// Stamps request `f` as through at `at` and puts its QP's next request, if it was posted
     /// by then, on the link.
     fn request_through(&mut self, path: PathKey, f: Flow, at: Duration) {
-        let Some(q) = self.qps.get_mut(&f.qpn) else { return };
-        let mut after = q.sq.iter_mut().skip_while(|w| w.seq != f.seq);
-        if let Some(w) = after.next() {
-            w.sent_at = Some(at);
-        }
-        let next = after.next().filter(|w| w.sent_at.is_none() && w.posted_at <= at).map(|w| w.seq);
-        if let Some(seq) = next {
+        if let Some(seq) = self.qps.stamp_sent(f.qpn, f.seq, at) {
             let bytes = request_bytes(self, f.qpn, seq);
             if let Some(link) = self.path_rate.get_mut(&path) {
                 link.flows.push(Flow { qpn: f.qpn, seq, left: bytes as f64 });

@@ -113,7 +113,7 @@ impl SimFabric {
     /// The current state of QP `qpn` as the fabric sees it (it may differ from what the owner
     /// last set, for example after an error completion).
     pub fn qp_state(&self, qpn: u32) -> Option<QpState> {
-        self.state.lock().qps.get(&qpn).map(|q| q.state)
+        self.state.lock().qp_state(qpn)
     }
 
     fn host_op<T>(&self, f: impl FnOnce(&mut FabricState) -> T) -> T {

@@ -173,12 +173,9 @@ impl QpOps for SimQp {
     }
 
     fn state(&self) -> VerbsResult<QpState> {
-        self.host.fabric.host_op(|st| {
-            st.qps
-                .get(&self.qpn)
-                .map(|q| q.state)
-                .ok_or_else(|| VerbsError::new("query_qp", libc::ENODEV, "QP is gone"))
-        })
+        self.host
+            .fabric
+            .host_op(|st| st.qp_state(self.qpn).ok_or_else(|| VerbsError::new("query_qp", libc::ENODEV, "QP is gone")))
     }
 
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
