@@ -73,9 +73,6 @@ struct HostState {
     /// Bumped by every restart, so handles from an earlier boot fail with ENODEV.
     boot: u32,
     devices: Vec<u32>,
-    fail_every_nth: u64,
-    fail_status: WcStatus,
-    wr_counter: u64,
 }
 
 struct DevState {
@@ -121,17 +118,7 @@ impl Hosts {
             );
             devs.push(dev);
         }
-        self.hosts.insert(
-            id,
-            HostState {
-                alive: true,
-                boot: 0,
-                devices: devs,
-                fail_every_nth: 0,
-                fail_status: WcStatus::RetryExcErr,
-                wr_counter: 0,
-            },
-        );
+        self.hosts.insert(id, HostState { alive: true, boot: 0, devices: devs });
         id
     }
 
@@ -228,6 +215,11 @@ impl Hosts {
     /// The host NIC `dev` belongs to.
     pub(super) fn host_of(&self, dev: u32) -> Option<HostId> {
         self.devices.get(&dev).map(|d| d.host)
+    }
+
+    /// Whether `host` is on the fabric (alive or not).
+    pub(super) fn exists(&self, host: HostId) -> bool {
+        self.hosts.contains_key(&host)
     }
 
     /// Drops the pending async events of the NICs `devs`.
@@ -333,27 +325,6 @@ impl Hosts {
     /// Whether registrations on NIC `dev` are made to fail.
     pub(super) fn reg_mr_fails(&self, dev: u32) -> bool {
         self.devices.get(&dev).is_some_and(|d| d.fail_reg_mr)
-    }
-
-    /// Makes every `n`-th request of `host`'s QPs fail with `status` (0: none), counting from
-    /// now.
-    pub(super) fn set_fail_every_nth(&mut self, host: HostId, n: u64, status: WcStatus) {
-        if let Some(h) = self.hosts.get_mut(&host) {
-            h.fail_every_nth = n;
-            h.fail_status = status;
-            h.wr_counter = 0;
-        }
-    }
-
-    /// Counts a request of `host` about to execute: the status it fails with when it is an
-    /// `n`-th one (see `set_fail_every_nth`).
-    pub(super) fn count_request(&mut self, host: HostId) -> Option<WcStatus> {
-        let h = self.hosts.get_mut(&host)?;
-        if h.fail_every_nth == 0 {
-            return None;
-        }
-        h.wr_counter += 1;
-        (h.wr_counter % h.fail_every_nth == 0).then_some(h.fail_status)
     }
 
     /// Whether port 1 of NIC `dev` is up (a packet can leave it).

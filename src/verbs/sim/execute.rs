@@ -42,7 +42,7 @@ impl FabricState {
     pub(super) fn strand_writes(&mut self, qpn: u32) {
         let Some(q) = self.qps.get(qpn).filter(|q| q.state == QpState::Rts) else { return };
         let Some((rqpn, path)) = self.responder(qpn) else { return };
-        let Some(delay) = self.path_delay.get(&path).copied().filter(|_| self.lingering_paths.contains(&path)) else {
+        let Some(delay) = self.faults.lingering_delay(path) else {
             return;
         };
         let pd = q.pd;
@@ -112,7 +112,7 @@ impl FabricState {
                 return;
             }
             let (scq, dev, sig_all) = (q.send_cq, q.dev, q.sq_sig_all);
-            let outcome = match self.injected_failure(qpn, dev) {
+            let outcome = match self.faults.injected_failure(qpn, self.hosts.host_of(dev)) {
                 Some(status) => Outcome::Failed(status),
                 None => self.execute_head(qpn, now),
             };
@@ -164,7 +164,7 @@ impl FabricState {
             return None;
         }
         let key = path_key(q.dev, rdev);
-        if self.dropped_paths.contains(&key) {
+        if self.faults.is_dropped(key) {
             return None;
         }
         let r = self.qps.get(dest.dest_qpn)?;
@@ -203,13 +203,13 @@ impl FabricState {
         let Some((rqpn, path)) = self.responder(qpn) else {
             return self.wait(qpn, now, since, retry_budget(timeout, retry_cnt), WcStatus::RetryExcErr);
         };
-        if let Some(d) = self.path_delay.get(&path) {
-            if now < posted_at + *d {
+        if let Some(d) = self.faults.delay(path) {
+            if now < posted_at + d {
                 return Outcome::Blocked;
             }
         }
         // On a rate-limited link the request runs once its bytes are through (see `link`).
-        if self.path_rate.contains_key(&path) && self.through_link(path, qpn, seq, now).is_none_or(|t| now < t) {
+        if self.faults.held_by_link(path, qpn, seq, now, &mut self.qps) {
             return Outcome::Blocked;
         }
         // `responder` found it, and nothing since removed a QP.

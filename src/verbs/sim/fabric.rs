@@ -3,11 +3,11 @@
 //! (`devices`), memory and keys (`memory`), queues and completions (`queues`), the QP state
 //! machine (`qp`), request execution (`execute`) and fault injection (`faults`).
 
-use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use super::devices::Hosts;
 use super::errors::{einval, enodev};
+use super::faults::Faults;
 use super::ids::{HostId, Ids, PathKey};
 use super::memory::Memory;
 use super::qp::{Followup, Posted, Qps};
@@ -23,17 +23,9 @@ pub(super) struct FabricState {
     pub(super) memory: Memory,
     pub(super) queues: Queues,
     pub(super) qps: Qps,
-    pub dropped_paths: HashSet<PathKey>,
-    /// Injected one-way latency per NIC pair: a request runs no earlier than this after posting.
-    pub path_delay: HashMap<PathKey, Duration>,
-    /// Injected rate limits per NIC pair: see `SimFabric::set_path_rate`.
-    pub path_rate: HashMap<PathKey, super::link::PathRate>,
-    /// Delayed paths whose requests count as sent: see `SimFabric::set_path_lingering`.
-    pub lingering_paths: HashSet<PathKey>,
+    pub(super) faults: Faults,
     /// WRITEs still on the wire after their requester QP went to ERR, by due time.
     pub(super) wire: Wire,
-    pub fail_nth: HashMap<u32, (u64, WcStatus)>,
-    pub purge_on_destroy: bool,
 }
 
 impl FabricState {
@@ -44,13 +36,8 @@ impl FabricState {
             memory: Memory::new(),
             queues: Queues::new(),
             qps: Qps::new(),
-            dropped_paths: HashSet::new(),
-            path_delay: HashMap::new(),
-            path_rate: HashMap::new(),
-            lingering_paths: HashSet::new(),
+            faults: Faults::new(),
             wire: Wire::new(),
-            fail_nth: HashMap::new(),
-            purge_on_destroy: true,
         }
     }
 
@@ -68,6 +55,7 @@ impl FabricState {
     pub(super) fn remove_host(&mut self, host: HostId) {
         self.wipe_host_objects(host);
         self.hosts.remove(host);
+        self.faults.forget_host(host);
     }
 
     /// Kills `host`: every object on its NICs vanishes and the NICs stop answering.
@@ -167,8 +155,8 @@ impl FabricState {
     /// completions.
     pub(super) fn destroy_qp(&mut self, qpn: u32) -> VerbsResult<()> {
         let cqs = self.qps.destroy(qpn)?;
-        self.fail_nth.remove(&qpn);
-        if self.purge_on_destroy {
+        self.faults.forget_qp(qpn);
+        if self.faults.purge_on_destroy() {
             self.queues.purge(qpn, cqs);
         }
         Ok(())
@@ -181,7 +169,7 @@ impl FabricState {
             Followup::Nothing => {}
             Followup::ToErr => self.qp_to_err(qpn),
             Followup::Reset(cqs) => {
-                if self.purge_on_destroy {
+                if self.faults.purge_on_destroy() {
                     self.queues.purge(qpn, cqs);
                 }
             }
@@ -235,11 +223,46 @@ impl FabricState {
 
     /// Makes every `n`-th request of `host`'s QPs fail with `status`.
     pub(super) fn set_fail_every_nth(&mut self, host: HostId, n: u64, status: WcStatus) {
-        self.hosts.set_fail_every_nth(host, n, status);
+        if self.hosts.exists(host) {
+            self.faults.set_fail_every_nth(host, n, status);
+        }
     }
 
     /// The oldest pending async event of NIC `dev`.
     pub(super) fn pop_event(&mut self, dev: u32) -> Option<AsyncEvent> {
         self.hosts.pop_event(dev)
+    }
+
+    /// Raises DEVICE_FATAL on `host`'s NIC `name` and moves all its QPs to ERR.
+    pub(super) fn device_fatal(&mut self, host: HostId, name: &str) -> VerbsResult<()> {
+        let dev = self.hosts.device_by_name(host, name, "device_fatal")?;
+        self.hosts.push_event(dev, AsyncEvent { kind: AsyncEventKind::DeviceFatal, element: EventElement::Device });
+        for qpn in self.qps.on_device(dev) {
+            self.qp_to_err(qpn);
+        }
+        Ok(())
+    }
+
+    /// Moves QP `qpn` to ERR and raises QP_FATAL on its device.
+    pub(super) fn qp_fatal(&mut self, qpn: u32) -> VerbsResult<()> {
+        let dev = self.qps.get(qpn).ok_or_else(|| enodev("qp_fatal"))?.dev;
+        self.qp_to_err(qpn);
+        self.hosts.push_event(dev, AsyncEvent { kind: AsyncEventKind::QpFatal, element: EventElement::Qp(qpn) });
+        Ok(())
+    }
+
+    /// The injected faults, to change; none of these changes involves another owner.
+    pub(super) fn faults_mut(&mut self) -> &mut Faults {
+        &mut self.faults
+    }
+
+    /// Limits `path` to `bytes_per_sec` from `now` (see `Faults::set_path_rate`).
+    pub(super) fn set_path_rate(&mut self, path: PathKey, bytes_per_sec: f64, now: Duration) {
+        self.faults.set_path_rate(path, bytes_per_sec, now, &mut self.qps);
+    }
+
+    /// How many WRITEs are on the wire.
+    pub(super) fn writes_on_the_wire(&self) -> usize {
+        self.wire.len()
     }
 }

@@ -18,6 +18,7 @@ mod execute;
 mod fabric;
 mod faults;
 mod ids;
+mod inject;
 mod link;
 mod memory;
 mod objects;
