@@ -1,17 +1,33 @@
-//! Executing requests: the fabric pumps every QP with queued work, finds the responder QP
-//! across the fabric, and runs the head request (or waits, within the retry budgets).
+//! Executing requests (`Exec`): pumping every QP with queued work, finding the responder QP
+//! across the fabric, running the head request (or waiting, within the retry budgets), moving
+//! QPs to ERR with their flush completions, and delivering the WRITEs on the wire. The one place
+//! that works on several owners at once: a request reads and changes QPs, memory, CQs, NICs'
+//! events, faults and the wire in one step.
 
 use std::time::Duration;
 
 use super::clock::{retry_budget, rnr_wait};
-use super::fabric::FabricState;
+use super::devices::Hosts;
+use super::faults::Faults;
 use super::ids::{PathKey, path_key};
-use super::memory::copy_scatter_gather;
-use super::queues::{POISON_LEN, error_wc};
-use super::wire::InFlightWrite;
+use super::memory::{Memory, copy_scatter_gather};
+use super::qp::Qps;
+use super::queues::{POISON_LEN, Queues, error_wc};
+use super::wire::{InFlightWrite, Wire};
 use crate::verbs::types::*;
 
-pub(super) enum Outcome {
+/// The owners a request works on, borrowed from the fabric state for one step.
+pub(super) struct Exec<'a> {
+    pub(super) hosts: &'a mut Hosts,
+    pub(super) memory: &'a Memory,
+    pub(super) queues: &'a mut Queues,
+    pub(super) qps: &'a mut Qps,
+    pub(super) faults: &'a mut Faults,
+    pub(super) wire: &'a mut Wire,
+}
+
+/// What became of an attempt to run the head request of a send queue.
+enum Outcome {
     Done { opcode: WcOpcode, byte_len: u32 },
     Failed(WcStatus),
     Blocked,
@@ -36,10 +52,10 @@ struct Exchange {
     rmin_rnr: u8,
 }
 
-impl FabricState {
+impl Exec<'_> {
     /// Puts the WRITEs that `qpn` (about to go to ERR) has already sent on a lingering path on
     /// the wire: the bytes as they are now, due when the path's delay after their posting ends.
-    pub(super) fn strand_writes(&mut self, qpn: u32) {
+    fn strand_writes(&mut self, qpn: u32) {
         let Some(q) = self.qps.get(qpn).filter(|q| q.state == QpState::Rts) else { return };
         let Some((rqpn, path)) = self.responder(qpn) else { return };
         let Some(delay) = self.faults.lingering_delay(path) else {
@@ -79,7 +95,6 @@ impl FabricState {
         }
     }
 
-    /// Runs every QP's send queue as far as it can go at time `now`.
     /// Moves a QP to ERR and flushes every outstanding request, send queue then receive queue,
     /// each in posting order.
     pub(super) fn qp_to_err(&mut self, qpn: u32) {
@@ -88,14 +103,16 @@ impl FabricState {
             return;
         };
         for w in f.sq {
-            self.queues.push(&mut self.hosts, f.send_cq, error_wc(w.wr_id, WcStatus::WrFlushErr, qpn), Some(w.seq));
+            self.queues.push(self.hosts, f.send_cq, error_wc(w.wr_id, WcStatus::WrFlushErr, qpn), Some(w.seq));
         }
         for r in f.rq {
-            self.queues.push(&mut self.hosts, f.recv_cq, error_wc(r.wr_id, WcStatus::WrFlushErr, qpn), None);
+            self.queues.push(self.hosts, f.recv_cq, error_wc(r.wr_id, WcStatus::WrFlushErr, qpn), None);
         }
     }
 
-    pub fn pump_all(&mut self, now: Duration) {
+    /// Delivers what is due on the wire, then runs every QP's send queue as far as it can go at
+    /// time `now`.
+    pub(super) fn pump_all(&mut self, now: Duration) {
         self.deliver_wire(now);
         for qpn in self.qps.busy() {
             self.pump_qp(qpn, now);
@@ -132,7 +149,7 @@ impl FabricState {
                             vendor_err: 0,
                             imm: None,
                         };
-                        self.queues.push(&mut self.hosts, scq, wc, Some(w.seq));
+                        self.queues.push(self.hosts, scq, wc, Some(w.seq));
                     }
                 }
                 Outcome::Failed(status) => {
@@ -141,7 +158,7 @@ impl FabricState {
                     };
                     // An error completes even an unsignaled request, then the QP goes to ERR
                     // and flushes the rest behind it.
-                    self.queues.push(&mut self.hosts, scq, error_wc(w.wr_id, status, qpn), Some(w.seq));
+                    self.queues.push(self.hosts, scq, error_wc(w.wr_id, status, qpn), Some(w.seq));
                     self.qp_to_err(qpn);
                     return;
                 }
@@ -209,7 +226,7 @@ impl FabricState {
             }
         }
         // On a rate-limited link the request runs once its bytes are through (see `link`).
-        if self.faults.held_by_link(path, qpn, seq, now, &mut self.qps) {
+        if self.faults.held_by_link(path, qpn, seq, now, self.qps) {
             return Outcome::Blocked;
         }
         // `responder` found it, and nothing since removed a QP.
@@ -282,13 +299,13 @@ impl FabricState {
             return self.wait(x.qpn, x.now, x.since, budget, WcStatus::RnrRetryExcErr);
         };
         let Some(dst) = self.memory.check_local(x.rpd, &recv.sges, Access::LOCAL_WRITE) else {
-            self.queues.push(&mut self.hosts, rcq, error_wc(recv.wr_id, WcStatus::LocProtErr, rqpn), None);
+            self.queues.push(self.hosts, rcq, error_wc(recv.wr_id, WcStatus::LocProtErr, rqpn), None);
             self.qp_to_err(rqpn);
             return Outcome::Failed(WcStatus::RemOpErr);
         };
         let room: u64 = dst.iter().map(|(_, l)| *l as u64).sum();
         if room < x.total {
-            self.queues.push(&mut self.hosts, rcq, error_wc(recv.wr_id, WcStatus::LocLenErr, rqpn), None);
+            self.queues.push(self.hosts, rcq, error_wc(recv.wr_id, WcStatus::LocLenErr, rqpn), None);
             self.qp_to_err(rqpn);
             return Outcome::Failed(WcStatus::RemInvReqErr);
         }
@@ -304,7 +321,7 @@ impl FabricState {
             vendor_err: 0,
             imm,
         };
-        self.queues.push(&mut self.hosts, rcq, wc, None);
+        self.queues.push(self.hosts, rcq, wc, None);
         Outcome::Done { opcode: WcOpcode::Send, byte_len: POISON_LEN }
     }
 

@@ -1,12 +1,17 @@
-//! The state of a simulated fabric. Everything on it runs under the fabric mutex; the rules
-//! that act on the state live beside it, one file per concern: hosts and devices
-//! (`devices`), memory and keys (`memory`), queues and completions (`queues`), the QP state
-//! machine (`qp`), request execution (`execute`) and fault injection (`faults`).
+//! The state of a simulated fabric (`FabricState`): the owners of its parts, held together
+//! under the one fabric mutex (see the module comment of `sim`). Each part keeps its state
+//! private and owns one concern: ids and keys (`ids`), hosts and NICs (`devices`), PDs and MRs
+//! (`memory`), CQs (`queues`), QPs (`qp`), injected faults (`faults`) and the wire (`wire`).
+//! This file is the way in: each verbs call or knob goes to the owner it concerns, and where
+//! one call spans owners (creating a QP checks its PD and CQs; destroying one forgets its
+//! faults and purges its completions) it asks each in turn, passing plain values. Executing
+//! requests, which works on several owners at once, is `execute`'s.
 
 use std::time::Duration;
 
 use super::devices::Hosts;
 use super::errors::{einval, enodev};
+use super::execute::Exec;
 use super::faults::Faults;
 use super::ids::{HostId, Ids, PathKey};
 use super::memory::Memory;
@@ -18,18 +23,19 @@ use crate::verbs::types::*;
 
 /// Everything on the fabric. See the module comment of `sim` for the locking rule.
 pub(super) struct FabricState {
-    pub(super) ids: Ids,
-    pub(super) hosts: Hosts,
-    pub(super) memory: Memory,
-    pub(super) queues: Queues,
-    pub(super) qps: Qps,
-    pub(super) faults: Faults,
-    /// WRITEs still on the wire after their requester QP went to ERR, by due time.
-    pub(super) wire: Wire,
+    ids: Ids,
+    hosts: Hosts,
+    memory: Memory,
+    queues: Queues,
+    qps: Qps,
+    faults: Faults,
+    /// WRITEs still on the wire after their requester QP went to ERR.
+    wire: Wire,
 }
 
 impl FabricState {
-    pub fn new() -> FabricState {
+    /// An empty fabric.
+    pub(super) fn new() -> FabricState {
         FabricState {
             ids: Ids::new(),
             hosts: Hosts::new(),
@@ -38,6 +44,29 @@ impl FabricState {
             qps: Qps::new(),
             faults: Faults::new(),
             wire: Wire::new(),
+        }
+    }
+
+    /// Runs everything that can make progress at `now`: due WRITEs on the wire, then every QP
+    /// with queued requests.
+    pub(super) fn pump_all(&mut self, now: Duration) {
+        self.exec().pump_all(now);
+    }
+
+    /// Moves QP `qpn` to ERR, flushing its requests (see `Exec::qp_to_err`).
+    fn qp_to_err(&mut self, qpn: u32) {
+        self.exec().qp_to_err(qpn);
+    }
+
+    /// The owners, borrowed for the executor.
+    fn exec(&mut self) -> Exec<'_> {
+        Exec {
+            hosts: &mut self.hosts,
+            memory: &self.memory,
+            queues: &mut self.queues,
+            qps: &mut self.qps,
+            faults: &mut self.faults,
+            wire: &mut self.wire,
         }
     }
 
