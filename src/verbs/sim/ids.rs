@@ -1,6 +1,12 @@
 //! Names on the fabric: the numbers that identify hosts, NICs, LIDs, PDs, CQs, QPs and memory
-//! keys (`Ids`, which hands them out), and the key of a path between two NICs. Uses nothing of
-//! the rest of the fabric, so any file may use it.
+//! keys (`Ids`, which hands them out), the public name of a NIC ([`SimNic`]), and the key of a
+//! path between two NICs. Uses nothing of the rest of the fabric, so any file may use it.
+
+/// A NIC of a simulated host, for fault injection between NICs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SimNic {
+    pub(super) dev: u32,
+}
 
 /// A host on the fabric.
 pub(super) type HostId = u32;

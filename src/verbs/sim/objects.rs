@@ -4,8 +4,8 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use super::HostHandle;
 use super::fabric::FabricState;
+use super::sim_fabric::HostHandle;
 use crate::verbs::provider::*;
 use crate::verbs::types::*;
 
@@ -19,7 +19,7 @@ pub(super) struct SimDevice {
 
 impl SimDevice {
     fn with<T>(&self, op: &'static str, f: impl FnOnce(&mut FabricState) -> VerbsResult<T>) -> VerbsResult<T> {
-        let mut st = self.host.fabric.state.lock();
+        let mut st = self.host.fabric.lock();
         st.hosts().check_device(op, self.dev, self.boot)?;
         f(&mut st)
     }
@@ -61,7 +61,7 @@ impl DeviceOps for SimDevice {
     }
 
     fn async_fd(&self) -> Option<std::os::fd::RawFd> {
-        let st = self.host.fabric.state.lock();
+        let st = self.host.fabric.lock();
         st.hosts().event_fd(self.dev)
     }
 
@@ -120,7 +120,7 @@ impl CqOps for SimCq {
 
     fn poll(&self, out: &mut [Wc]) -> VerbsResult<usize> {
         let now = self.host.fabric.now();
-        let mut st = self.host.fabric.state.lock();
+        let mut st = self.host.fabric.lock();
         st.pump_all(now);
         st.poll_cq(self.id, out)
     }
@@ -166,7 +166,7 @@ impl QpOps for SimQp {
 
     fn modify(&self, t: &QpTransition) -> VerbsResult<()> {
         let now = self.host.fabric.now();
-        let mut st = self.host.fabric.state.lock();
+        let mut st = self.host.fabric.lock();
         st.modify_qp(self.qpn, t)?;
         st.pump_all(now);
         Ok(())
@@ -180,7 +180,7 @@ impl QpOps for SimQp {
 
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
         let now = self.host.fabric.now();
-        let mut st = self.host.fabric.state.lock();
+        let mut st = self.host.fabric.lock();
         let r = st.post_send(self.qpn, wrs, now);
         st.pump_all(now);
         r
@@ -188,7 +188,7 @@ impl QpOps for SimQp {
 
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
         let now = self.host.fabric.now();
-        let mut st = self.host.fabric.state.lock();
+        let mut st = self.host.fabric.lock();
         let r = st.post_recv(self.qpn, wrs);
         st.pump_all(now);
         r
