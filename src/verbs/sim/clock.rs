@@ -1,64 +1,48 @@
-//! Time on a simulated fabric: a virtual clock that tests move, or wall-clock time; and the
-//! waits after which a requester gives up.
+//! Time on a simulated fabric: the clock it keeps (virtual, moved by tests, or wall-clock), and
+//! the waits after which a requester gives up. Uses nothing of the rest of the fabric.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::SimFabric;
-use super::fabric::FabricState;
-use crate::verbs::provider::Clock;
-
 /// How the fabric tells time.
 pub(super) enum ClockMode {
-    /// Time moves only when a test calls [`SimFabric::advance`].
+    /// Time moves only when a test calls `SimFabric::advance`.
     Virtual(Mutex<Duration>),
     /// Wall-clock time since the fabric was made.
-    Real(std::time::Instant),
+    Real(Instant),
 }
 
-impl SimFabric {
-    /// A fabric whose clock moves only through [`SimFabric::advance`], so tests can cover
-    /// seconds of timeouts in microseconds.
-    pub fn new_virtual() -> Arc<SimFabric> {
-        Arc::new(SimFabric {
-            state: Mutex::new(FabricState::new()),
-            clock: ClockMode::Virtual(Mutex::new(Duration::ZERO)),
-        })
+impl ClockMode {
+    /// A virtual clock standing at zero.
+    pub(super) fn new_virtual() -> ClockMode {
+        ClockMode::Virtual(Mutex::new(Duration::ZERO))
     }
 
-    /// A fabric on wall-clock time, for engines driven by their own threads.
-    pub fn new_realtime() -> Arc<SimFabric> {
-        Arc::new(SimFabric { state: Mutex::new(FabricState::new()), clock: ClockMode::Real(std::time::Instant::now()) })
+    /// A wall-clock that starts now.
+    pub(super) fn new_real() -> ClockMode {
+        ClockMode::Real(Instant::now())
     }
 
     /// Whether the clock is virtual.
-    pub fn is_virtual(&self) -> bool {
-        matches!(self.clock, ClockMode::Virtual(_))
+    pub(super) fn is_virtual(&self) -> bool {
+        matches!(self, ClockMode::Virtual(_))
     }
 
-    /// The fabric's current time.
-    pub fn now(&self) -> Duration {
-        match &self.clock {
+    /// The time on the clock.
+    pub(super) fn now(&self) -> Duration {
+        match self {
             ClockMode::Virtual(t) => *t.lock(),
             ClockMode::Real(start) => start.elapsed(),
         }
     }
 
-    /// Moves a virtual clock forward by `d` and runs everything that became due. On a real-time
-    /// fabric it only runs what is due.
-    pub fn advance(&self, d: Duration) {
-        if let ClockMode::Virtual(t) = &self.clock {
+    /// Moves a virtual clock forward by `d`; wall-clock time moves by itself, so a real clock
+    /// stays as it is.
+    pub(super) fn advance(&self, d: Duration) {
+        if let ClockMode::Virtual(t) = self {
             *t.lock() += d;
         }
-        self.progress();
-    }
-}
-
-impl Clock for SimFabric {
-    fn now(&self) -> Duration {
-        SimFabric::now(self)
     }
 }
 

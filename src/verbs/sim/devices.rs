@@ -1,18 +1,19 @@
-//! Simulated hosts and their NICs: the shapes tests give them, their async event queues, and
-//! the device and port queries.
+//! Hosts and their NICs (`Hosts`): which host is alive and in which boot, each NIC's spec,
+//! LID, GID table and port state, its async events, and the device, port and GID queries.
 
-use std::collections::{HashSet, VecDeque};
-use std::net::Ipv4Addr;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-use super::fabric::{FabricState, HostId, einval, enodev};
+use super::errors::{einval, enodev};
+use super::ids::{HostId, Ids};
+use super::spec::{GidSpec, HostSpec};
 use crate::verbs::types::*;
 
 /// A NIC's pending async events plus an eventfd that is readable while any are pending, so
 /// the owner can wait with poll/epoll exactly as on the async fd of a real device.
-pub(super) struct EventQueue {
-    pub(super) q: VecDeque<AsyncEvent>,
-    pub(super) fd: Option<OwnedFd>,
+struct EventQueue {
+    q: VecDeque<AsyncEvent>,
+    fd: Option<OwnedFd>,
 }
 
 impl EventQueue {
@@ -26,7 +27,8 @@ impl EventQueue {
         EventQueue { q: VecDeque::new(), fd }
     }
 
-    pub fn push(&mut self, ev: AsyncEvent) {
+    /// Queues `ev` and makes the eventfd readable.
+    fn push(&mut self, ev: AsyncEvent) {
         self.q.push_back(ev);
         if let Some(fd) = &self.fd {
             let one: u64 = 1;
@@ -36,7 +38,8 @@ impl EventQueue {
         }
     }
 
-    pub fn pop(&mut self) -> Option<AsyncEvent> {
+    /// The oldest pending event; the eventfd stops being readable once none is left.
+    fn pop(&mut self) -> Option<AsyncEvent> {
         let ev = self.q.pop_front();
         if self.q.is_empty() {
             self.drain_fd();
@@ -44,7 +47,8 @@ impl EventQueue {
         ev
     }
 
-    pub fn clear(&mut self) {
+    /// Drops every pending event, as a host that dies loses them.
+    fn clear(&mut self) {
         self.q.clear();
         self.drain_fd();
     }
@@ -58,146 +62,49 @@ impl EventQueue {
         }
     }
 
-    pub fn raw_fd(&self) -> Option<RawFd> {
+    /// The eventfd, if one could be made.
+    fn raw_fd(&self) -> Option<RawFd> {
         self.fd.as_ref().map(|f| f.as_raw_fd())
     }
 }
 
-/// One GID table slot of a simulated NIC.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GidSpec {
-    /// The GID.
-    pub gid: Gid,
-    /// Its type.
-    pub gid_type: GidType,
-    /// Network device name, if any.
-    pub netdev: Option<String>,
+struct HostState {
+    alive: bool,
+    /// Bumped by every restart, so handles from an earlier boot fail with ENODEV.
+    boot: u32,
+    devices: Vec<u32>,
 }
 
-/// The shape of one simulated NIC (one port).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceSpec {
-    /// Device name, unique within the host.
-    pub name: String,
-    /// GID table of port 1; `None` slots are empty.
-    pub gids: Vec<Option<GidSpec>>,
-    /// Link layer of port 1.
-    pub link_layer: LinkLayer,
-    /// Active MTU of port 1.
-    pub active_mtu: Mtu,
-    /// Whether port 1 starts ACTIVE.
-    pub port_active: bool,
-    /// Device limits.
-    pub max_cqe: u32,
-    /// Device limit on CQs.
-    pub max_cq: u32,
-    /// Device limit on queue depth.
-    pub max_qp_wr: u32,
-    /// Device limit on SGEs.
-    pub max_sge: u32,
-    /// Device limit on outstanding READs per QP, both as requester and as responder.
-    pub max_qp_rd_atom: u32,
-    /// Completion vectors; creating a CQ on a vector past them fails with EINVAL, as on real
-    /// devices (rxe has one per CPU).
-    pub num_comp_vectors: u32,
-}
-
-impl DeviceSpec {
-    /// A RoCE NIC like a dual-mode mlx5 port: slots 0/1 hold the link-local GID as RoCE v1/v2,
-    /// slots 2/3 an IPv4-mapped GID for `ip` as RoCE v1/v2, slots 4..8 are empty.
-    pub fn roce(name: &str, ip: Ipv4Addr, netdev: &str) -> DeviceSpec {
-        let mut ll = [0u8; 16];
-        ll[0] = 0xfe;
-        ll[1] = 0x80;
-        ll[8] = 0x02;
-        ll[12..].copy_from_slice(&ip.octets());
-        let nd = Some(netdev.to_string());
-        let slot = |gid, gid_type| Some(GidSpec { gid, gid_type, netdev: nd.clone() });
-        let mut gids = vec![
-            slot(Gid(ll), GidType::RoceV1),
-            slot(Gid(ll), GidType::RoceV2),
-            slot(Gid::from_ipv4(ip), GidType::RoceV1),
-            slot(Gid::from_ipv4(ip), GidType::RoceV2),
-        ];
-        gids.resize(8, None);
-        DeviceSpec {
-            name: name.to_string(),
-            gids,
-            link_layer: LinkLayer::Ethernet,
-            active_mtu: Mtu::Mtu4096,
-            port_active: true,
-            max_cqe: 4_194_303,
-            max_cq: 16_777_216,
-            max_qp_wr: 32_768,
-            max_sge: 30,
-            max_qp_rd_atom: 16,
-            num_comp_vectors: 4,
-        }
-    }
-}
-
-/// The NICs of a new simulated host.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostSpec {
-    /// The NICs; an empty list makes a host with no RDMA devices.
-    pub devices: Vec<DeviceSpec>,
-}
-
-impl HostSpec {
-    /// `n` RoCE NICs named `sim_mlx5_0..` with fabric-unique IPv4 GIDs, assigned when the host
-    /// joins (see [`HostSpec::roce_for_host`]).
-    pub fn with_devices(n: usize) -> HostSpec {
-        HostSpec {
-            devices: (0..n).map(|i| DeviceSpec::roce(&format!("sim_mlx5_{i}"), Ipv4Addr::UNSPECIFIED, "")).collect(),
-        }
-    }
-
-    /// Fills in addresses for default devices (those with an unspecified IPv4 GID): host `h`
-    /// NIC `i` gets 198.18.0.0 + h*16 + i + 1 (the benchmarking range, which upstream's GID
-    /// picker does not treat as an overlay network) and netdev `simeth<h>_<i>`.
-    fn roce_for_host(mut self, h: u32) -> HostSpec {
-        for (i, d) in self.devices.iter_mut().enumerate() {
-            let unset = d.gids.iter().flatten().any(|g| g.gid.ipv4() == Some(Ipv4Addr::UNSPECIFIED));
-            if unset {
-                let base = u32::from(Ipv4Addr::new(198, 18, 0, 0));
-                let ip = Ipv4Addr::from(base + (h % 8192) * 16 + (i as u32 % 15) + 1);
-                *d = DeviceSpec { gids: DeviceSpec::roce(&d.name, ip, &format!("simeth{h}_{i}")).gids, ..d.clone() };
-            }
-        }
-        self
-    }
-}
-
-pub(super) struct HostState {
-    pub alive: bool,
-    pub boot: u32,
-    pub devices: Vec<u32>,
-    pub fail_every_nth: u64,
-    pub fail_status: WcStatus,
-    pub wr_counter: u64,
-}
-
-pub(super) struct DevState {
-    pub host: HostId,
-    pub spec: DeviceSpec,
-    pub lid: u16,
-    pub port_active: bool,
-    pub events: EventQueue,
+struct DevState {
+    host: HostId,
+    spec: super::spec::DeviceSpec,
+    lid: u16,
+    port_active: bool,
+    events: EventQueue,
     /// Fault injection: registrations on this NIC fail with ENOMEM.
-    pub fail_reg_mr: bool,
+    fail_reg_mr: bool,
 }
 
-impl FabricState {
-    pub fn add_host(&mut self, spec: HostSpec) -> HostId {
-        let id = self.next_host;
-        self.next_host += 1;
+/// The hosts on the fabric and their NICs.
+pub(super) struct Hosts {
+    hosts: HashMap<HostId, HostState>,
+    devices: HashMap<u32, DevState>,
+}
+
+impl Hosts {
+    /// No hosts.
+    pub(super) fn new() -> Hosts {
+        Hosts { hosts: HashMap::new(), devices: HashMap::new() }
+    }
+
+    /// Adds a live host with the NICs of `spec` (default NICs get their addresses here) and
+    /// returns its id.
+    pub(super) fn add(&mut self, ids: &mut Ids, spec: HostSpec) -> HostId {
+        let id = ids.host();
         let spec = spec.roce_for_host(id);
         let mut devs = Vec::new();
         for d in spec.devices {
-            let dev = self.next_dev;
-            self.next_dev += 1;
-            let lid = self.next_lid;
-            self.next_lid = self.next_lid.wrapping_add(1).max(1);
+            let (dev, lid) = ids.device();
             self.devices.insert(
                 dev,
                 DevState {
@@ -211,31 +118,24 @@ impl FabricState {
             );
             devs.push(dev);
         }
-        self.hosts.insert(
-            id,
-            HostState {
-                alive: true,
-                boot: 0,
-                devices: devs,
-                fail_every_nth: 0,
-                fail_status: WcStatus::RetryExcErr,
-                wr_counter: 0,
-            },
-        );
+        self.hosts.insert(id, HostState { alive: true, boot: 0, devices: devs });
         id
     }
 
-    pub fn find_device(&self, host: HostId, name: &str) -> Option<u32> {
+    /// The NIC of `host` called `name`.
+    pub(super) fn find_device(&self, host: HostId, name: &str) -> Option<u32> {
         let h = self.hosts.get(&host)?;
         h.devices.iter().copied().find(|d| self.devices.get(d).is_some_and(|s| s.spec.name == name))
     }
 
-    pub fn device_names(&self, host: HostId) -> VerbsResult<Vec<String>> {
+    /// The names of `host`'s NICs; ENODEV when the host is dead.
+    pub(super) fn device_names(&self, host: HostId) -> VerbsResult<Vec<String>> {
         let h = self.hosts.get(&host).filter(|h| h.alive).ok_or_else(|| enodev("get_device_list"))?;
         Ok(h.devices.iter().filter_map(|d| self.devices.get(d).map(|s| s.spec.name.clone())).collect())
     }
 
-    pub fn open_device(&self, host: HostId, name: &str) -> VerbsResult<(u32, u32)> {
+    /// Opens `host`'s NIC `name`: its number and the host's boot, which later calls check.
+    pub(super) fn open_device(&self, host: HostId, name: &str) -> VerbsResult<(u32, u32)> {
         let h = self.hosts.get(&host).filter(|h| h.alive).ok_or_else(|| enodev("open_device"))?;
         let dev = self
             .find_device(host, name)
@@ -243,7 +143,8 @@ impl FabricState {
         Ok((dev, h.boot))
     }
 
-    pub fn check_device(&self, op: &'static str, dev: u32, boot: u32) -> VerbsResult<()> {
+    /// ENODEV for `op` unless NIC `dev` exists and its host is alive in boot `boot`.
+    pub(super) fn check_device(&self, op: &'static str, dev: u32, boot: u32) -> VerbsResult<()> {
         let d = self.devices.get(&dev).ok_or_else(|| enodev(op))?;
         match self.hosts.get(&d.host) {
             Some(h) if h.alive && h.boot == boot => Ok(()),
@@ -251,11 +152,13 @@ impl FabricState {
         }
     }
 
+    /// `host`'s NIC `name`, or ENODEV for `op`.
     pub(super) fn device_by_name(&self, host: HostId, name: &str, op: &'static str) -> VerbsResult<u32> {
         self.find_device(host, name).ok_or_else(|| VerbsError::new(op, libc::ENODEV, format!("no device {name}")))
     }
 
-    pub fn device_attr(&self, dev: u32) -> DeviceAttr {
+    /// The attributes of NIC `dev`, which must exist.
+    pub(super) fn device_attr(&self, dev: u32) -> DeviceAttr {
         let s = &self.devices[&dev].spec;
         DeviceAttr {
             max_cqe: s.max_cqe,
@@ -272,7 +175,8 @@ impl FabricState {
         }
     }
 
-    pub fn port_attr(&self, dev: u32, port: u8) -> VerbsResult<PortAttr> {
+    /// The attributes of port `port` of NIC `dev`, which must exist; only port 1 does.
+    pub(super) fn port_attr(&self, dev: u32, port: u8) -> VerbsResult<PortAttr> {
         if port != 1 {
             return Err(einval("query_port", format!("port {port} does not exist")));
         }
@@ -290,7 +194,8 @@ impl FabricState {
         })
     }
 
-    pub fn gid_entry(&self, dev: u32, port: u8, index: u32) -> VerbsResult<GidEntry> {
+    /// Slot `index` of the GID table of port `port` of NIC `dev`, which must exist.
+    pub(super) fn gid_entry(&self, dev: u32, port: u8, index: u32) -> VerbsResult<GidEntry> {
         if port != 1 {
             return Err(einval("query_gid", format!("port {port} does not exist")));
         }
@@ -302,23 +207,32 @@ impl FabricState {
         }
     }
 
-    /// Drops every object of `host`'s devices.
-    pub(super) fn wipe_host_objects(&mut self, host: HostId) {
-        let devs: HashSet<u32> = self.hosts.get(&host).map(|h| h.devices.iter().copied().collect()).unwrap_or_default();
-        self.qps.retain(|_, q| !devs.contains(&q.dev));
-        self.cqs.retain(|_, c| !devs.contains(&c.dev));
-        let pds: HashSet<u32> = self.pds.iter().filter(|(_, p)| devs.contains(&p.dev)).map(|(id, _)| *id).collect();
-        self.mrs.retain(|_, m| !pds.contains(&m.pd));
-        self.pds.retain(|id, _| !pds.contains(id));
-        for d in &devs {
+    /// The NICs of `host` (none for an unknown host).
+    pub(super) fn devices_of(&self, host: HostId) -> HashSet<u32> {
+        self.hosts.get(&host).map(|h| h.devices.iter().copied().collect()).unwrap_or_default()
+    }
+
+    /// The host NIC `dev` belongs to.
+    pub(super) fn host_of(&self, dev: u32) -> Option<HostId> {
+        self.devices.get(&dev).map(|d| d.host)
+    }
+
+    /// Whether `host` is on the fabric (alive or not).
+    pub(super) fn exists(&self, host: HostId) -> bool {
+        self.hosts.contains_key(&host)
+    }
+
+    /// Drops the pending async events of the NICs `devs`.
+    pub(super) fn clear_events(&mut self, devs: &HashSet<u32>) {
+        for d in devs {
             if let Some(ds) = self.devices.get_mut(d) {
                 ds.events.clear();
             }
         }
     }
 
-    pub fn remove_host(&mut self, host: HostId) {
-        self.wipe_host_objects(host);
+    /// Takes `host` and its NICs off the fabric.
+    pub(super) fn remove(&mut self, host: HostId) {
         if let Some(h) = self.hosts.remove(&host) {
             for d in h.devices {
                 self.devices.remove(&d);
@@ -326,14 +240,126 @@ impl FabricState {
         }
     }
 
-    pub(super) fn host_alive(&self, h: HostId) -> bool {
-        self.hosts.get(&h).is_some_and(|h| h.alive)
+    /// Marks `host` dead: its NICs stop answering and its handles fail.
+    pub(super) fn kill(&mut self, host: HostId) {
+        if let Some(h) = self.hosts.get_mut(&host) {
+            h.alive = false;
+        }
     }
 
-    pub(super) fn device_with_gid(&self, g: &Gid) -> Option<u32> {
-        self.devices
-            .iter()
-            .find(|(_, d)| self.host_alive(d.host) && d.spec.gids.iter().flatten().any(|e| e.gid == *g))
-            .map(|(id, _)| *id)
+    /// Brings `host` back in a new boot, its ports as its spec says.
+    pub(super) fn restart(&mut self, host: HostId) {
+        let devs = match self.hosts.get_mut(&host) {
+            Some(h) => {
+                h.alive = true;
+                h.boot += 1;
+                h.devices.clone()
+            }
+            None => return,
+        };
+        for d in devs {
+            if let Some(ds) = self.devices.get_mut(&d) {
+                ds.port_active = ds.spec.port_active;
+            }
+        }
+    }
+
+    /// Takes port 1 of `host`'s NIC `name` down or up, raising PORT_ERR or PORT_ACTIVE when
+    /// that changes its state.
+    pub(super) fn set_port_active(&mut self, host: HostId, name: &str, active: bool) -> VerbsResult<()> {
+        let dev = self.device_by_name(host, name, "set_port")?;
+        let d = self.devices.get_mut(&dev).ok_or_else(|| enodev("set_port"))?;
+        if d.port_active != active {
+            d.port_active = active;
+            d.events.push(AsyncEvent {
+                kind: if active { AsyncEventKind::PortActive } else { AsyncEventKind::PortErr },
+                element: EventElement::Port(1),
+            });
+        }
+        Ok(())
+    }
+
+    /// Fills or empties slot `index` of the GID table of `host`'s NIC `name` and raises
+    /// GID_CHANGE.
+    pub(super) fn set_gid(&mut self, host: HostId, name: &str, index: u32, entry: Option<GidSpec>) -> VerbsResult<()> {
+        let dev = self.device_by_name(host, name, "set_gid")?;
+        let d = self.devices.get_mut(&dev).ok_or_else(|| enodev("set_gid"))?;
+        let slot = d
+            .spec
+            .gids
+            .get_mut(index as usize)
+            .ok_or_else(|| einval("set_gid", format!("index {index} is past the table")))?;
+        *slot = entry;
+        d.events.push(AsyncEvent { kind: AsyncEventKind::GidChange, element: EventElement::Port(1) });
+        Ok(())
+    }
+
+    /// Raises async event `ev` on NIC `dev`, if it is still there.
+    pub(super) fn push_event(&mut self, dev: u32, ev: AsyncEvent) {
+        if let Some(d) = self.devices.get_mut(&dev) {
+            d.events.push(ev);
+        }
+    }
+
+    /// The oldest pending async event of NIC `dev`.
+    pub(super) fn pop_event(&mut self, dev: u32) -> Option<AsyncEvent> {
+        self.devices.get_mut(&dev).and_then(|d| d.events.pop())
+    }
+
+    /// The eventfd of NIC `dev`, readable while it has async events pending.
+    pub(super) fn event_fd(&self, dev: u32) -> Option<RawFd> {
+        self.devices.get(&dev).and_then(|d| d.events.raw_fd())
+    }
+
+    /// Makes memory registration on `host`'s NIC `name` fail with ENOMEM (or work again).
+    pub(super) fn set_reg_mr_fails(&mut self, host: HostId, name: &str, fails: bool) -> VerbsResult<()> {
+        let dev = self
+            .find_device(host, name)
+            .ok_or_else(|| VerbsError::new("set_reg_mr_fails", libc::ENODEV, "no such NIC"))?;
+        if let Some(d) = self.devices.get_mut(&dev) {
+            d.fail_reg_mr = fails;
+        }
+        Ok(())
+    }
+
+    /// Whether registrations on NIC `dev` are made to fail.
+    pub(super) fn reg_mr_fails(&self, dev: u32) -> bool {
+        self.devices.get(&dev).is_some_and(|d| d.fail_reg_mr)
+    }
+
+    /// Whether port 1 of NIC `dev` is up (a packet can leave it).
+    pub(super) fn port_up(&self, dev: u32) -> bool {
+        self.devices.get(&dev).is_some_and(|d| d.port_active)
+    }
+
+    /// Whether NIC `dev` answers packets: its port is up and its host alive.
+    pub(super) fn answers(&self, dev: u32) -> bool {
+        self.devices.get(&dev).is_some_and(|d| d.port_active && self.host_alive(d.host))
+    }
+
+    /// The NIC on a live host that an address names: the one with GID `dgid` when there is
+    /// one, else the one with LID `dlid`.
+    pub(super) fn addressed(&self, dgid: Option<Gid>, dlid: u16) -> Option<u32> {
+        let found = match dgid {
+            Some(g) => self
+                .devices
+                .iter()
+                .find(|(_, d)| self.host_alive(d.host) && d.spec.gids.iter().flatten().any(|e| e.gid == g)),
+            None => self.devices.iter().find(|(_, d)| d.lid == dlid && self.host_alive(d.host)),
+        };
+        found.map(|(id, _)| *id)
+    }
+
+    /// Whether an address (GID `dgid` when there is one, else LID `dlid`) names NIC `dev`.
+    pub(super) fn is_addressed(&self, dev: u32, dgid: Option<Gid>, dlid: u16) -> bool {
+        let Some(d) = self.devices.get(&dev) else { return false };
+        match dgid {
+            Some(g) => d.spec.gids.iter().flatten().any(|e| e.gid == g),
+            None => dlid == d.lid,
+        }
+    }
+
+    fn host_alive(&self, h: HostId) -> bool {
+        self.hosts.get(&h).is_some_and(|h| h.alive)
     }
 }

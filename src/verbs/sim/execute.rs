@@ -1,15 +1,33 @@
-//! Executing requests: the fabric pumps every QP with queued work, finds the responder QP
-//! across the fabric, and runs the head request (or waits, within the retry budgets).
+//! Executing requests (`Exec`): pumping every QP with queued work, finding the responder QP
+//! across the fabric, running the head request (or waiting, within the retry budgets), moving
+//! QPs to ERR with their flush completions, and delivering the WRITEs on the wire. The one place
+//! that works on several owners at once: a request reads and changes QPs, memory, CQs, NICs'
+//! events, faults and the wire in one step.
 
 use std::time::Duration;
 
 use super::clock::{retry_budget, rnr_wait};
-use super::fabric::FabricState;
-use super::memory::copy_scatter_gather;
-use super::queues::{POISON_LEN, error_wc};
+use super::devices::Hosts;
+use super::faults::Faults;
+use super::ids::{PathKey, path_key};
+use super::memory::{Memory, copy_scatter_gather};
+use super::qp::Qps;
+use super::queues::{POISON_LEN, Queues, error_wc};
+use super::wire::{InFlightWrite, Wire};
 use crate::verbs::types::*;
 
-pub(super) enum Outcome {
+/// The owners a request works on, borrowed from the fabric state for one step.
+pub(super) struct Exec<'a> {
+    pub(super) hosts: &'a mut Hosts,
+    pub(super) memory: &'a Memory,
+    pub(super) queues: &'a mut Queues,
+    pub(super) qps: &'a mut Qps,
+    pub(super) faults: &'a mut Faults,
+    pub(super) wire: &'a mut Wire,
+}
+
+/// What became of an attempt to run the head request of a send queue.
+enum Outcome {
     Done { opcode: WcOpcode, byte_len: u32 },
     Failed(WcStatus),
     Blocked,
@@ -34,50 +52,39 @@ struct Exchange {
     rmin_rnr: u8,
 }
 
-impl FabricState {
+impl Exec<'_> {
     /// Puts the WRITEs that `qpn` (about to go to ERR) has already sent on a lingering path on
     /// the wire: the bytes as they are now, due when the path's delay after their posting ends.
-    pub(super) fn strand_writes(&mut self, qpn: u32) {
-        let Some(q) = self.qps.get(&qpn).filter(|q| q.state == QpState::Rts) else { return };
+    fn strand_writes(&mut self, qpn: u32) {
+        let Some(q) = self.qps.get(qpn).filter(|q| q.state == QpState::Rts) else { return };
         let Some((rqpn, path)) = self.responder(qpn) else { return };
-        let Some(delay) = self.path_delay.get(&path).copied().filter(|_| self.lingering_paths.contains(&path)) else {
+        let Some(delay) = self.faults.lingering_delay(path) else {
             return;
         };
         let pd = q.pd;
         let mut stranded = Vec::new();
         for w in &q.sq {
             let SendOp::RdmaWrite { remote_addr, rkey } = w.op else { continue };
-            let Some(local) = self.check_local(pd, &w.sges, Access::NONE) else { continue };
+            let Some(local) = self.memory.check_local(pd, &w.sges, Access::NONE) else { continue };
             let total: usize = local.iter().map(|(_, l)| *l).sum();
             let mut data = vec![0u8; total];
             // SAFETY: the pieces lie inside MRs of the requester's PD (checked above), valid
             // memory while registered; `data` holds `total` bytes.
             unsafe { copy_scatter_gather(&local, &[(data.as_mut_ptr() as u64, total)]) };
-            stranded.push(super::queues::InFlightWrite {
-                responder_qpn: rqpn,
-                due: w.posted_at + delay,
-                remote_addr,
-                rkey,
-                data,
-            });
+            stranded.push(InFlightWrite { responder_qpn: rqpn, due: w.posted_at + delay, remote_addr, rkey, data });
         }
-        self.wire.extend(stranded);
+        self.wire.put(stranded);
     }
 
     /// Delivers the WRITEs on the wire that are due at `now`: executed if their responder QP
     /// still accepts requests (RTR or RTS) and the key and range are good, dropped otherwise;
     /// nobody is told either way.
     fn deliver_wire(&mut self, now: Duration) {
-        if self.wire.is_empty() {
-            return;
-        }
-        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.wire).into_iter().partition(|w| w.due <= now);
-        self.wire = later;
-        for w in due {
-            let Some(r) = self.qps.get(&w.responder_qpn) else { continue };
+        for w in self.wire.take_due(now) {
+            let Some(r) = self.qps.get(w.responder_qpn) else { continue };
             let accepts = matches!(r.state, QpState::Rtr | QpState::Rts)
                 && r.access.contains(Access::REMOTE_WRITE)
-                && self.check_remote(r.pd, w.rkey, w.remote_addr, w.data.len() as u64, Access::REMOTE_WRITE);
+                && self.memory.check_remote(r.pd, w.rkey, w.remote_addr, w.data.len() as u64, Access::REMOTE_WRITE);
             if accepts {
                 // SAFETY: the remote range lies inside an MR of the responder's PD (checked
                 // above), valid memory while registered, under the fabric lock.
@@ -88,36 +95,48 @@ impl FabricState {
         }
     }
 
-    /// Runs every QP's send queue as far as it can go at time `now`.
-    pub fn pump_all(&mut self, now: Duration) {
+    /// Moves a QP to ERR and flushes every outstanding request, send queue then receive queue,
+    /// each in posting order.
+    pub(super) fn qp_to_err(&mut self, qpn: u32) {
+        self.strand_writes(qpn);
+        let Some(f) = self.qps.flush(qpn) else {
+            return;
+        };
+        for w in f.sq {
+            self.queues.push(self.hosts, f.send_cq, error_wc(w.wr_id, WcStatus::WrFlushErr, qpn), Some(w.seq));
+        }
+        for r in f.rq {
+            self.queues.push(self.hosts, f.recv_cq, error_wc(r.wr_id, WcStatus::WrFlushErr, qpn), None);
+        }
+    }
+
+    /// Delivers what is due on the wire, then runs every QP's send queue as far as it can go at
+    /// time `now`.
+    pub(super) fn pump_all(&mut self, now: Duration) {
         self.deliver_wire(now);
-        let busy: Vec<u32> = self.busy.iter().copied().collect();
-        for qpn in busy {
+        for qpn in self.qps.busy() {
             self.pump_qp(qpn, now);
-            let done = self.qps.get(&qpn).is_none_or(|q| q.sq.is_empty() || q.state != QpState::Rts);
-            if done {
-                self.busy.remove(&qpn);
-            }
+            self.qps.settle(qpn);
         }
     }
 
     fn pump_qp(&mut self, qpn: u32, now: Duration) {
         loop {
-            let Some(q) = self.qps.get(&qpn) else {
+            let Some(q) = self.qps.get(qpn) else {
                 return;
             };
             if q.state != QpState::Rts || q.sq.is_empty() {
                 return;
             }
             let (scq, dev, sig_all) = (q.send_cq, q.dev, q.sq_sig_all);
-            let outcome = match self.injected_failure(qpn, dev) {
+            let outcome = match self.faults.injected_failure(qpn, self.hosts.host_of(dev)) {
                 Some(status) => Outcome::Failed(status),
                 None => self.execute_head(qpn, now),
             };
             match outcome {
                 Outcome::Blocked => return,
                 Outcome::Done { opcode, byte_len } => {
-                    let Some(w) = self.qps.get_mut(&qpn).and_then(|q| q.sq.pop_front()) else {
+                    let Some(w) = self.qps.pop_send(qpn) else {
                         return;
                     };
                     if w.signaled || sig_all {
@@ -130,16 +149,16 @@ impl FabricState {
                             vendor_err: 0,
                             imm: None,
                         };
-                        self.push_cqe(scq, wc, Some(w.seq));
+                        self.queues.push(self.hosts, scq, wc, Some(w.seq));
                     }
                 }
                 Outcome::Failed(status) => {
-                    let Some(w) = self.qps.get_mut(&qpn).and_then(|q| q.sq.pop_front()) else {
+                    let Some(w) = self.qps.pop_send(qpn) else {
                         return;
                     };
                     // An error completes even an unsignaled request, then the QP goes to ERR
                     // and flushes the rest behind it.
-                    self.push_cqe(scq, error_wc(w.wr_id, status, qpn), Some(w.seq));
+                    self.queues.push(self.hosts, scq, error_wc(w.wr_id, status, qpn), Some(w.seq));
                     self.qp_to_err(qpn);
                     return;
                 }
@@ -151,28 +170,21 @@ impl FabricState {
     /// is up, the target QP exists in RTR or RTS on the addressed NIC, it points back, and it
     /// expects the PSN the requester starts with (otherwise it NAKs every packet as out of
     /// sequence and the requester runs out of retries, as on a real NIC).
-    fn responder(&self, qpn: u32) -> Option<(u32, (u32, u32))> {
-        let q = self.qps.get(&qpn)?;
+    fn responder(&self, qpn: u32) -> Option<(u32, PathKey)> {
+        let q = self.qps.get(qpn)?;
         let dest = q.dest.as_ref()?;
-        let local = self.devices.get(&q.dev)?;
-        if !local.port_active {
+        if !self.hosts.port_up(q.dev) {
             return None;
         }
-        let rdev = match dest.dgid {
-            Some(g) => self.device_with_gid(&g)?,
-            None => {
-                self.devices.iter().find(|(_, d)| d.lid == dest.dlid && self.host_alive(d.host)).map(|(id, _)| *id)?
-            }
-        };
-        let remote = self.devices.get(&rdev)?;
-        if !remote.port_active || !self.host_alive(remote.host) {
+        let rdev = self.hosts.addressed(dest.dgid, dest.dlid)?;
+        if !self.hosts.answers(rdev) {
             return None;
         }
-        let key = if q.dev <= rdev { (q.dev, rdev) } else { (rdev, q.dev) };
-        if self.dropped_paths.contains(&key) {
+        let key = path_key(q.dev, rdev);
+        if self.faults.is_dropped(key) {
             return None;
         }
-        let r = self.qps.get(&dest.dest_qpn)?;
+        let r = self.qps.get(dest.dest_qpn)?;
         if r.dev != rdev || !matches!(r.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
             return None;
         }
@@ -180,16 +192,13 @@ impl FabricState {
         if back.dest_qpn != qpn || r.rq_psn != q.sq_psn {
             return None;
         }
-        let points_back = match back.dgid {
-            Some(g) => local.spec.gids.iter().flatten().any(|e| e.gid == g),
-            None => back.dlid == local.lid,
-        };
+        let points_back = self.hosts.is_addressed(q.dev, back.dgid, back.dlid);
         points_back.then_some((dest.dest_qpn, key))
     }
 
     /// Tries to execute the head of `qpn`'s send queue.
     fn execute_head(&mut self, qpn: u32, now: Duration) -> Outcome {
-        let Some(q) = self.qps.get(&qpn) else {
+        let Some(q) = self.qps.get(qpn) else {
             return Outcome::Blocked;
         };
         let Some(w) = q.sq.front() else {
@@ -205,22 +214,23 @@ impl FabricState {
             SendOp::RdmaRead { .. } => Access::LOCAL_WRITE,
             _ => Access::NONE,
         };
-        let Some(local) = self.check_local(pd, &sges, local_need) else {
+        let Some(local) = self.memory.check_local(pd, &sges, local_need) else {
             return Outcome::Failed(WcStatus::LocProtErr);
         };
         let Some((rqpn, path)) = self.responder(qpn) else {
             return self.wait(qpn, now, since, retry_budget(timeout, retry_cnt), WcStatus::RetryExcErr);
         };
-        if let Some(d) = self.path_delay.get(&path) {
-            if now < posted_at + *d {
+        if let Some(d) = self.faults.delay(path) {
+            if now < posted_at + d {
                 return Outcome::Blocked;
             }
         }
         // On a rate-limited link the request runs once its bytes are through (see `link`).
-        if self.path_rate.contains_key(&path) && self.through_link(path, qpn, seq, now).is_none_or(|t| now < t) {
+        if self.faults.held_by_link(path, qpn, seq, now, self.qps) {
             return Outcome::Blocked;
         }
-        let r = &self.qps[&rqpn];
+        // `responder` found it, and nothing since removed a QP.
+        let Some(r) = self.qps.get(rqpn) else { return Outcome::Blocked };
         let x = Exchange {
             qpn,
             rqpn,
@@ -246,7 +256,7 @@ impl FabricState {
     fn execute_write(&mut self, x: &Exchange, remote_addr: u64, rkey: u32) -> Outcome {
         if x.total > 0
             && (!x.raccess.contains(Access::REMOTE_WRITE)
-                || !self.check_remote(x.rpd, rkey, remote_addr, x.total, Access::REMOTE_WRITE))
+                || !self.memory.check_remote(x.rpd, rkey, remote_addr, x.total, Access::REMOTE_WRITE))
         {
             self.qp_to_err(x.rqpn);
             return Outcome::Failed(WcStatus::RemAccessErr);
@@ -268,7 +278,7 @@ impl FabricState {
         }
         if x.total > 0
             && (!x.raccess.contains(Access::REMOTE_READ)
-                || !self.check_remote(x.rpd, rkey, remote_addr, x.total, Access::REMOTE_READ))
+                || !self.memory.check_remote(x.rpd, rkey, remote_addr, x.total, Access::REMOTE_READ))
         {
             self.qp_to_err(x.rqpn);
             return Outcome::Failed(WcStatus::RemAccessErr);
@@ -283,20 +293,19 @@ impl FabricState {
     /// receive CQ.
     fn execute_send(&mut self, x: &Exchange, imm: Option<u32>) -> Outcome {
         let rqpn = x.rqpn;
-        let Some(recv) = self.qps.get_mut(&rqpn).and_then(|r| r.rq.pop_front()) else {
+        let Some((recv, rcq)) = self.qps.pop_recv(rqpn) else {
             // RNR: retry after the responder's RNR timer; 7 retries forever.
             let budget = (x.rnr_retry < 7).then(|| rnr_wait(x.rmin_rnr) * (u32::from(x.rnr_retry) + 1));
             return self.wait(x.qpn, x.now, x.since, budget, WcStatus::RnrRetryExcErr);
         };
-        let rcq = self.qps[&rqpn].recv_cq;
-        let Some(dst) = self.check_local(x.rpd, &recv.sges, Access::LOCAL_WRITE) else {
-            self.push_cqe(rcq, error_wc(recv.wr_id, WcStatus::LocProtErr, rqpn), None);
+        let Some(dst) = self.memory.check_local(x.rpd, &recv.sges, Access::LOCAL_WRITE) else {
+            self.queues.push(self.hosts, rcq, error_wc(recv.wr_id, WcStatus::LocProtErr, rqpn), None);
             self.qp_to_err(rqpn);
             return Outcome::Failed(WcStatus::RemOpErr);
         };
         let room: u64 = dst.iter().map(|(_, l)| *l as u64).sum();
         if room < x.total {
-            self.push_cqe(rcq, error_wc(recv.wr_id, WcStatus::LocLenErr, rqpn), None);
+            self.queues.push(self.hosts, rcq, error_wc(recv.wr_id, WcStatus::LocLenErr, rqpn), None);
             self.qp_to_err(rqpn);
             return Outcome::Failed(WcStatus::RemInvReqErr);
         }
@@ -312,7 +321,7 @@ impl FabricState {
             vendor_err: 0,
             imm,
         };
-        self.push_cqe(rcq, wc, None);
+        self.queues.push(self.hosts, rcq, wc, None);
         Outcome::Done { opcode: WcOpcode::Send, byte_len: POISON_LEN }
     }
 
@@ -329,9 +338,7 @@ impl FabricState {
         let start = match since {
             Some(s) => s,
             None => {
-                if let Some(w) = self.qps.get_mut(&qpn).and_then(|q| q.sq.front_mut()) {
-                    w.blocked_since = Some(now);
-                }
+                self.qps.mark_blocked(qpn, now);
                 now
             }
         };

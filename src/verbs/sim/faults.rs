@@ -1,16 +1,146 @@
-//! Fault injection: failed requests, dropped or delayed paths, ports going down, GID changes,
-//! fatal QPs and devices, stalled CQs, failing registrations, and hosts that die or reboot.
+//! Injected faults (`Faults`): dropped, delayed, rate-limited and lingering paths between
+//! NICs, requests made to fail (the `n`-th of a QP, every `n`-th of a host), and whether
+//! destroying a QP purges its completions (mlx5) or not (rxe). Which faults apply to a request
+//! is asked here; what they do to it is the executor's.
 
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use super::devices::GidSpec;
-use super::fabric::{FabricState, HostId, einval, enodev};
-use super::{SimFabric, SimHost, SimNic};
-use crate::verbs::types::*;
+use super::ids::{HostId, PathKey};
+use super::link::PathRate;
+use super::qp::Qps;
+use crate::verbs::types::WcStatus;
 
-impl FabricState {
-    /// Counts the request about to execute against the injected failures.
-    pub(super) fn injected_failure(&mut self, qpn: u32, dev: u32) -> Option<WcStatus> {
+/// Every `n`-th request of a host fails with `status`; `counter` counts its requests.
+struct EveryNth {
+    n: u64,
+    status: WcStatus,
+    counter: u64,
+}
+
+/// The faults injected on the fabric.
+pub(super) struct Faults {
+    dropped_paths: HashSet<PathKey>,
+    /// Injected one-way latency per NIC pair: a request runs no earlier than this after posting.
+    path_delay: HashMap<PathKey, Duration>,
+    /// Injected rate limits per NIC pair: see `SimFabric::set_path_rate`.
+    path_rate: HashMap<PathKey, PathRate>,
+    /// Delayed paths whose requests count as sent: see `SimFabric::set_path_lingering`.
+    lingering_paths: HashSet<PathKey>,
+    /// Per QP: how many requests until the one that fails, and its status.
+    fail_nth: HashMap<u32, (u64, WcStatus)>,
+    every_nth: HashMap<HostId, EveryNth>,
+    purge_on_destroy: bool,
+}
+
+impl Faults {
+    /// No faults; destroying a QP purges its completions, as on mlx5.
+    pub(super) fn new() -> Faults {
+        Faults {
+            dropped_paths: HashSet::new(),
+            path_delay: HashMap::new(),
+            path_rate: HashMap::new(),
+            lingering_paths: HashSet::new(),
+            fail_nth: HashMap::new(),
+            every_nth: HashMap::new(),
+            purge_on_destroy: true,
+        }
+    }
+
+    /// Drops (or restores) every packet on `path`.
+    pub(super) fn set_path_dropped(&mut self, path: PathKey, dropped: bool) {
+        if dropped {
+            self.dropped_paths.insert(path);
+        } else {
+            self.dropped_paths.remove(&path);
+        }
+    }
+
+    /// Whether packets on `path` are dropped.
+    pub(super) fn is_dropped(&self, path: PathKey) -> bool {
+        self.dropped_paths.contains(&path)
+    }
+
+    /// Delays the requests on `path` by `delay` (zero: no delay).
+    pub(super) fn set_path_delay(&mut self, path: PathKey, delay: Duration) {
+        if delay.is_zero() {
+            self.path_delay.remove(&path);
+        } else {
+            self.path_delay.insert(path, delay);
+        }
+    }
+
+    /// The delay of the requests on `path`, if any.
+    pub(super) fn delay(&self, path: PathKey) -> Option<Duration> {
+        self.path_delay.get(&path).copied()
+    }
+
+    /// Makes the requests on `path` count as sent while delayed (or stops it).
+    pub(super) fn set_path_lingering(&mut self, path: PathKey, lingering: bool) {
+        if lingering {
+            self.lingering_paths.insert(path);
+        } else {
+            self.lingering_paths.remove(&path);
+        }
+    }
+
+    /// The delay of `path` when it is lingering: how long after their posting the WRITEs of a
+    /// QP that went to ERR still arrive.
+    pub(super) fn lingering_delay(&self, path: PathKey) -> Option<Duration> {
+        self.path_delay.get(&path).copied().filter(|_| self.lingering_paths.contains(&path))
+    }
+
+    /// Limits `path` to `bytes_per_sec` from `now` (zero or less: no limit); the requests of
+    /// `qps` on it so far went at the old rate.
+    pub(super) fn set_path_rate(&mut self, path: PathKey, bytes_per_sec: f64, now: Duration, qps: &mut Qps) {
+        if bytes_per_sec > 0.0 {
+            match self.path_rate.get_mut(&path) {
+                Some(link) => {
+                    // What went out so far went at the old rate.
+                    link.share(qps, now);
+                    link.set_rate(bytes_per_sec);
+                }
+                None => {
+                    self.path_rate.insert(path, PathRate::new(bytes_per_sec));
+                }
+            }
+        } else {
+            self.path_rate.remove(&path);
+        }
+    }
+
+    /// Whether request `seq` of QP `qpn` has to wait at `now` for its bytes to get through
+    /// the rate limit of `path` (never, on a path without one).
+    pub(super) fn held_by_link(&mut self, path: PathKey, qpn: u32, seq: u64, now: Duration, qps: &mut Qps) -> bool {
+        let Some(link) = self.path_rate.get_mut(&path) else { return false };
+        link.through(qps, qpn, seq, now).is_none_or(|t| now < t)
+    }
+
+    /// Makes the `n`-th request (counting from 1) QP `qpn` executes from now on fail with
+    /// `status`.
+    pub(super) fn fail_nth(&mut self, qpn: u32, n: u64, status: WcStatus) {
+        self.fail_nth.insert(qpn, (n.max(1), status));
+    }
+
+    /// Forgets the failure injected on QP `qpn`, which is gone.
+    pub(super) fn forget_qp(&mut self, qpn: u32) {
+        self.fail_nth.remove(&qpn);
+    }
+
+    /// Makes every `n`-th request of `host`'s QPs fail with `status` (0: none), counting from
+    /// now.
+    pub(super) fn set_fail_every_nth(&mut self, host: HostId, n: u64, status: WcStatus) {
+        self.every_nth.insert(host, EveryNth { n, status, counter: 0 });
+    }
+
+    /// Forgets the failures injected on `host`, which is gone.
+    pub(super) fn forget_host(&mut self, host: HostId) {
+        self.every_nth.remove(&host);
+    }
+
+    /// Counts a request of QP `qpn` (on `host`) about to execute against the injected
+    /// failures: the status it fails with, if it is one of them.
+    pub(super) fn injected_failure(&mut self, qpn: u32, host: Option<HostId>) -> Option<WcStatus> {
         if let Some((n, status)) = self.fail_nth.get_mut(&qpn) {
             if *n <= 1 {
                 let s = *status;
@@ -19,234 +149,21 @@ impl FabricState {
             }
             *n -= 1;
         }
-        let host = self.devices.get(&dev)?.host;
-        let h = self.hosts.get_mut(&host)?;
-        if h.fail_every_nth == 0 {
+        let h = self.every_nth.get_mut(&host?)?;
+        if h.n == 0 {
             return None;
         }
-        h.wr_counter += 1;
-        (h.wr_counter % h.fail_every_nth == 0).then_some(h.fail_status)
+        h.counter += 1;
+        (h.counter % h.n == 0).then_some(h.status)
     }
 
-    pub fn set_port_active(&mut self, host: HostId, name: &str, active: bool) -> VerbsResult<()> {
-        let dev = self.device_by_name(host, name, "set_port")?;
-        let d = self.devices.get_mut(&dev).ok_or_else(|| enodev("set_port"))?;
-        if d.port_active != active {
-            d.port_active = active;
-            d.events.push(AsyncEvent {
-                kind: if active { AsyncEventKind::PortActive } else { AsyncEventKind::PortErr },
-                element: EventElement::Port(1),
-            });
-        }
-        Ok(())
+    /// Chooses whether destroying or resetting a QP purges its completions.
+    pub(super) fn set_purge_on_destroy(&mut self, purge: bool) {
+        self.purge_on_destroy = purge;
     }
 
-    pub fn set_gid(&mut self, host: HostId, name: &str, index: u32, entry: Option<GidSpec>) -> VerbsResult<()> {
-        let dev = self.device_by_name(host, name, "set_gid")?;
-        let d = self.devices.get_mut(&dev).ok_or_else(|| enodev("set_gid"))?;
-        let slot = d
-            .spec
-            .gids
-            .get_mut(index as usize)
-            .ok_or_else(|| einval("set_gid", format!("index {index} is past the table")))?;
-        *slot = entry;
-        d.events.push(AsyncEvent { kind: AsyncEventKind::GidChange, element: EventElement::Port(1) });
-        Ok(())
-    }
-
-    pub fn device_fatal(&mut self, host: HostId, name: &str) -> VerbsResult<()> {
-        let dev = self.device_by_name(host, name, "device_fatal")?;
-        if let Some(d) = self.devices.get_mut(&dev) {
-            d.events.push(AsyncEvent { kind: AsyncEventKind::DeviceFatal, element: EventElement::Device });
-        }
-        let qpns: Vec<u32> = self.qps.iter().filter(|(_, q)| q.dev == dev).map(|(n, _)| *n).collect();
-        for qpn in qpns {
-            self.qp_to_err(qpn);
-        }
-        Ok(())
-    }
-
-    pub fn kill_host(&mut self, host: HostId) {
-        self.wipe_host_objects(host);
-        if let Some(h) = self.hosts.get_mut(&host) {
-            h.alive = false;
-        }
-    }
-
-    pub fn restart_host(&mut self, host: HostId) {
-        self.wipe_host_objects(host);
-        let devs = match self.hosts.get_mut(&host) {
-            Some(h) => {
-                h.alive = true;
-                h.boot += 1;
-                h.devices.clone()
-            }
-            None => return,
-        };
-        for d in devs {
-            if let Some(ds) = self.devices.get_mut(&d) {
-                ds.port_active = ds.spec.port_active;
-            }
-        }
-    }
-
-    pub fn qp_fatal(&mut self, qpn: u32) -> VerbsResult<()> {
-        let dev = self.qps.get(&qpn).ok_or_else(|| enodev("qp_fatal"))?.dev;
-        self.qp_to_err(qpn);
-        if let Some(d) = self.devices.get_mut(&dev) {
-            d.events.push(AsyncEvent { kind: AsyncEventKind::QpFatal, element: EventElement::Qp(qpn) });
-        }
-        Ok(())
-    }
-}
-
-impl SimFabric {
-    /// Makes the `n`-th request (counting from 1) executed from now on by QP `qpn` complete with
-    /// `status`; the QP then goes to ERR as after any error completion.
-    pub fn fail_nth_wr(&self, qpn: u32, n: u64, status: WcStatus) {
-        self.state.lock().fail_nth.insert(qpn, (n.max(1), status));
-    }
-
-    /// Drops (or restores) every packet between two NICs, in both directions: requests over it
-    /// end in RETRY_EXC_ERR.
-    pub fn set_path_dropped(&self, a: SimNic, b: SimNic, dropped: bool) {
-        let key = if a.dev <= b.dev { (a.dev, b.dev) } else { (b.dev, a.dev) };
-        let mut st = self.state.lock();
-        if dropped {
-            st.dropped_paths.insert(key);
-        } else {
-            st.dropped_paths.remove(&key);
-        }
-    }
-
-    /// Delays every request between two NICs by `delay` (zero removes the delay): a request
-    /// runs no earlier than `delay` after it was posted, keeping per-QP order.
-    pub fn set_path_delay(&self, a: SimNic, b: SimNic, delay: Duration) {
-        let key = if a.dev <= b.dev { (a.dev, b.dev) } else { (b.dev, a.dev) };
-        let mut st = self.state.lock();
-        if delay.is_zero() {
-            st.path_delay.remove(&key);
-        } else {
-            st.path_delay.insert(key, delay);
-        }
-    }
-
-    /// Limits the path between two NICs to `bytes_per_sec` (zero or less removes the limit):
-    /// the requests of every QP on it, both directions, share the rate, the head request of
-    /// each QP with work an equal part (see `link`), each completing once its bytes are
-    /// through, as over a slower rail.
-    pub fn set_path_rate(&self, a: SimNic, b: SimNic, bytes_per_sec: f64) {
-        let key = if a.dev <= b.dev { (a.dev, b.dev) } else { (b.dev, a.dev) };
-        let now = self.now();
-        let mut st = self.state.lock();
-        if bytes_per_sec > 0.0 {
-            // What went out so far went at the old rate.
-            st.share_link(key, now);
-            match st.path_rate.get_mut(&key) {
-                Some(link) => link.bytes_per_sec = bytes_per_sec,
-                None => {
-                    st.path_rate.insert(key, super::link::PathRate::new(bytes_per_sec));
-                }
-            }
-        } else {
-            st.path_rate.remove(&key);
-        }
-    }
-
-    /// Makes the requests on a delayed path (`set_path_delay`) count as sent (or stops it): when
-    /// their QP goes to ERR before they ran, its WRITEs still reach the responder when the delay
-    /// is over, and write their bytes there if the responder's QP still accepts requests, as
-    /// packets held up in a network outlive their sender. Nobody gets a completion for them.
-    pub fn set_path_lingering(&self, a: SimNic, b: SimNic, lingering: bool) {
-        let key = if a.dev <= b.dev { (a.dev, b.dev) } else { (b.dev, a.dev) };
-        let mut st = self.state.lock();
-        if lingering {
-            st.lingering_paths.insert(key);
-        } else {
-            st.lingering_paths.remove(&key);
-        }
-    }
-
-    /// How many WRITEs are on the wire after their QP went to ERR (see `set_path_lingering`).
-    pub fn writes_on_the_wire(&self) -> usize {
-        self.state.lock().wire.len()
-    }
-
-    /// Puts QP `qpn` in ERR (flushing it) and raises QP_FATAL on its device.
-    pub fn qp_fatal(&self, qpn: u32) -> VerbsResult<()> {
-        let mut st = self.state.lock();
-        st.qp_fatal(qpn)
-    }
-
-    /// Holds (or releases) the completions of the CQ with `handle`: they queue up, count
-    /// against its capacity, and are not returned by `poll` while held.
-    pub fn stall_cq(&self, handle: u64, stalled: bool) -> VerbsResult<()> {
-        let mut st = self.state.lock();
-        let cq = st.cqs.get_mut(&handle).ok_or_else(|| VerbsError::new("stall_cq", libc::ENOENT, "no such CQ"))?;
-        cq.stalled = stalled;
-        Ok(())
-    }
-
-    /// Chooses whether destroying or resetting a QP removes its completions from its CQs
-    /// (mlx5, the default) or leaves them for the poller (rxe).
-    pub fn set_purge_on_destroy(&self, purge: bool) {
-        self.state.lock().purge_on_destroy = purge;
-    }
-}
-
-impl SimHost {
-    /// Takes port 1 of NIC `name` down (PORT_ERR) or up (PORT_ACTIVE). QPs stay as they are;
-    /// traffic over a down port is lost and ends in RETRY_EXC_ERR.
-    pub fn set_port_active(&self, name: &str, active: bool) -> VerbsResult<()> {
-        self.inner.fabric.host_op(|st| st.set_port_active(self.inner.id, name, active))
-    }
-
-    /// Fills (or empties, with `None`) slot `index` of NIC `name`'s GID table and raises
-    /// GID_CHANGE, as adding or removing an address on the netdev does.
-    pub fn set_gid(&self, name: &str, index: u32, entry: Option<GidSpec>) -> VerbsResult<()> {
-        self.inner.fabric.host_op(|st| st.set_gid(self.inner.id, name, index, entry))
-    }
-
-    /// Raises DEVICE_FATAL on NIC `name` and moves all its QPs to ERR.
-    pub fn device_fatal(&self, name: &str) -> VerbsResult<()> {
-        self.inner.fabric.host_op(|st| st.device_fatal(self.inner.id, name))
-    }
-
-    /// Makes memory registration on NIC `name` fail with ENOMEM (or work again).
-    pub fn set_reg_mr_fails(&self, name: &str, fails: bool) -> VerbsResult<()> {
-        self.inner.fabric.host_op(|st| {
-            let dev = st
-                .find_device(self.inner.id, name)
-                .ok_or_else(|| VerbsError::new("set_reg_mr_fails", libc::ENODEV, "no such NIC"))?;
-            if let Some(d) = st.devices.get_mut(&dev) {
-                d.fail_reg_mr = fails;
-            }
-            Ok(())
-        })
-    }
-
-    /// Kills the host: every QP, CQ, MR and PD it had vanishes at once and its NICs stop
-    /// answering; peers' requests to it end in RETRY_EXC_ERR. Handles it gave out fail with
-    /// ENODEV from now on.
-    pub fn kill(&self) {
-        self.inner.fabric.host_op(|st| st.kill_host(self.inner.id));
-    }
-
-    /// Brings a killed host back with the same NIC names, LIDs and GIDs but nothing else: new
-    /// objects get new QP numbers, as after a reboot.
-    pub fn restart(&self) {
-        self.inner.fabric.host_op(|st| st.restart_host(self.inner.id));
-    }
-
-    /// Makes every `n`-th request executed by this host's QPs complete with `status`
-    /// (0 turns it off). The knob behind `transports/rdma/sim/fail_every_nth_wr`.
-    pub fn set_fail_every_nth_wr(&self, n: u64, status: WcStatus) {
-        self.inner.fabric.host_op(|st| {
-            if let Some(h) = st.hosts.get_mut(&self.inner.id) {
-                h.fail_every_nth = n;
-                h.fail_status = status;
-                h.wr_counter = 0;
-            }
-        });
+    /// Whether destroying or resetting a QP purges its completions.
+    pub(super) fn purge_on_destroy(&self) -> bool {
+        self.purge_on_destroy
     }
 }

@@ -8,14 +8,14 @@
 
 use std::time::Duration;
 
-use super::fabric::FabricState;
+use super::qp::Qps;
 use crate::verbs::types::QpState;
 
 /// A rate-limited link: its rate, how far its sharing has been worked out, and the requests
 /// going out on it.
 #[derive(Debug, Clone)]
-pub struct PathRate {
-    pub bytes_per_sec: f64,
+pub(super) struct PathRate {
+    bytes_per_sec: f64,
     /// The time up to which `flows` have been given their shares.
     clock: Duration,
     flows: Vec<Flow>,
@@ -31,86 +31,77 @@ struct Flow {
     left: f64,
 }
 
-impl PathRate {
-    /// An idle link of `bytes_per_sec`.
-    pub fn new(bytes_per_sec: f64) -> PathRate {
-        PathRate { bytes_per_sec, clock: Duration::ZERO, flows: Vec::new() }
-    }
-}
-
 /// The bytes request `seq` of `qpn` moves over the link: its scatter-gather list's total.
-fn request_bytes(st: &FabricState, qpn: u32, seq: u64) -> u64 {
-    let w = st.qps.get(&qpn).and_then(|q| q.sq.iter().find(|w| w.seq == seq));
+fn request_bytes(qps: &Qps, qpn: u32, seq: u64) -> u64 {
+    let w = qps.get(qpn).and_then(|q| q.sq.iter().find(|w| w.seq == seq));
     w.map_or(0, |w| w.sges.iter().map(|s| u64::from(s.length)).sum())
 }
 
-impl FabricState {
-    /// Works out link `path`'s sharing up to `now` (see the module documentation) and returns
+impl PathRate {
+    /// An idle link of `bytes_per_sec`.
+    pub(super) fn new(bytes_per_sec: f64) -> PathRate {
+        PathRate { bytes_per_sec, clock: Duration::ZERO, flows: Vec::new() }
+    }
+
+    /// Changes the link's rate from now on; the caller has shared it out up to now first, as
+    /// what went out so far went at the old rate.
+    pub(super) fn set_rate(&mut self, bytes_per_sec: f64) {
+        self.bytes_per_sec = bytes_per_sec;
+    }
+
+    /// Works out the link's sharing up to `now` (see the module documentation) and returns
     /// when the request `seq` of `qpn` is through, if it is; a request not yet on the link
     /// joins it now.
-    pub(super) fn through_link(&mut self, path: (u32, u32), qpn: u32, seq: u64, now: Duration) -> Option<Duration> {
-        self.share_link(path, now);
-        let sent = self.qps.get(&qpn).and_then(|q| q.sq.iter().find(|w| w.seq == seq)).and_then(|w| w.sent_at);
+    pub(super) fn through(&mut self, qps: &mut Qps, qpn: u32, seq: u64, now: Duration) -> Option<Duration> {
+        self.share(qps, now);
+        let sent = qps.get(qpn).and_then(|q| q.sq.iter().find(|w| w.seq == seq)).and_then(|w| w.sent_at);
         if sent.is_some() {
             return sent;
         }
-        let bytes = request_bytes(self, qpn, seq);
-        let link = self.path_rate.get_mut(&path)?;
-        if !link.flows.iter().any(|f| f.qpn == qpn && f.seq == seq) {
-            link.flows.push(Flow { qpn, seq, left: bytes as f64 });
+        let bytes = request_bytes(qps, qpn, seq);
+        if !self.flows.iter().any(|f| f.qpn == qpn && f.seq == seq) {
+            self.flows.push(Flow { qpn, seq, left: bytes as f64 });
         }
         None
     }
 
     /// Gives the link's requests their shares from its clock up to `now`. A request whose
-    /// bytes are through is stamped with the time (`sent_at`), and the next request of its QP,
-    /// if posted by then, takes its place at that moment.
-    pub(super) fn share_link(&mut self, path: (u32, u32), now: Duration) {
+    /// bytes are through is stamped with the time (`sent_at`, in `qps`), and the next request
+    /// of its QP, if posted by then, takes its place at that moment.
+    pub(super) fn share(&mut self, qps: &mut Qps, now: Duration) {
         // Requests of QPs that left RTS (flushed, destroyed) no longer take a share.
-        let qps = &self.qps;
-        let Some(link) = self.path_rate.get_mut(&path) else { return };
-        link.flows.retain(|f| {
-            qps.get(&f.qpn).is_some_and(|q| q.state == QpState::Rts && q.sq.iter().any(|w| w.seq == f.seq))
-        });
+        self.flows
+            .retain(|f| qps.get(f.qpn).is_some_and(|q| q.state == QpState::Rts && q.sq.iter().any(|w| w.seq == f.seq)));
         loop {
-            let Some(link) = self.path_rate.get_mut(&path) else { return };
-            if link.flows.is_empty() {
-                link.clock = link.clock.max(now);
+            if self.flows.is_empty() {
+                self.clock = self.clock.max(now);
                 return;
             }
-            let n = link.flows.len() as f64;
-            let least = link.flows.iter().map(|f| f.left).fold(f64::INFINITY, f64::min);
-            let first_done = link.clock + Duration::from_secs_f64(least * n / link.bytes_per_sec);
+            let n = self.flows.len() as f64;
+            let least = self.flows.iter().map(|f| f.left).fold(f64::INFINITY, f64::min);
+            let first_done = self.clock + Duration::from_secs_f64(least * n / self.bytes_per_sec);
             if first_done > now {
-                let share = now.saturating_sub(link.clock).as_secs_f64() * link.bytes_per_sec / n;
-                link.flows.iter_mut().for_each(|f| f.left = (f.left - share).max(f64::MIN_POSITIVE));
-                link.clock = link.clock.max(now);
+                let share = now.saturating_sub(self.clock).as_secs_f64() * self.bytes_per_sec / n;
+                self.flows.iter_mut().for_each(|f| f.left = (f.left - share).max(f64::MIN_POSITIVE));
+                self.clock = self.clock.max(now);
                 return;
             }
-            link.clock = first_done;
-            link.flows.iter_mut().for_each(|f| f.left -= least);
-            let (done, going): (Vec<Flow>, Vec<Flow>) = link.flows.iter().partition(|f| f.left <= 0.0);
-            link.flows = going;
+            self.clock = first_done;
+            self.flows.iter_mut().for_each(|f| f.left -= least);
+            let (done, going): (Vec<Flow>, Vec<Flow>) = self.flows.iter().partition(|f| f.left <= 0.0);
+            self.flows = going;
             for f in done {
-                self.request_through(path, f, first_done);
+                self.request_through(qps, f, first_done);
             }
         }
     }
 
     /// Stamps request `f` as through at `at` and puts its QP's next request, if it was posted
     /// by then, on the link.
-    fn request_through(&mut self, path: (u32, u32), f: Flow, at: Duration) {
-        let Some(q) = self.qps.get_mut(&f.qpn) else { return };
-        let mut after = q.sq.iter_mut().skip_while(|w| w.seq != f.seq);
-        if let Some(w) = after.next() {
-            w.sent_at = Some(at);
-        }
-        let next = after.next().filter(|w| w.sent_at.is_none() && w.posted_at <= at).map(|w| w.seq);
-        if let Some(seq) = next {
-            let bytes = request_bytes(self, f.qpn, seq);
-            if let Some(link) = self.path_rate.get_mut(&path) {
-                link.flows.push(Flow { qpn: f.qpn, seq, left: bytes as f64 });
-            }
+    fn request_through(&mut self, qps: &mut Qps, f: Flow, at: Duration) {
+        if let Some(seq) = qps.stamp_sent(f.qpn, f.seq, at) {
+            let bytes = request_bytes(qps, f.qpn, seq);
+            self.flows.push(Flow { qpn: f.qpn, seq, left: bytes as f64 });
         }
     }
 }

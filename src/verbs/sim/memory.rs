@@ -1,57 +1,80 @@
-//! Protection domains, memory regions and their keys, the access and bounds checks a request
-//! passes, and the memory copy that moves its data.
+//! Protection domains and memory regions (`Memory`): allocating them and their keys, the key,
+//! PD, access and bounds checks a request passes, and the memory copy that moves its data.
 
-use super::fabric::{FabricState, einval, enodev};
+use std::collections::{HashMap, HashSet};
+
+use super::errors::{einval, enodev};
+use super::ids::Ids;
 use crate::verbs::types::*;
 
-pub(super) struct PdRec {
-    pub(super) dev: u32,
+struct PdRec {
+    dev: u32,
 }
 
-pub(super) struct MrRec {
-    pub(super) pd: u32,
-    pub(super) addr: u64,
-    pub(super) len: usize,
-    pub(super) access: Access,
+struct MrRec {
+    pd: u32,
+    addr: u64,
+    len: usize,
+    access: Access,
 }
 
-impl FabricState {
-    fn random_byte(&mut self) -> u32 {
-        // xorshift64: deterministic per fabric, enough to make keys look unrelated.
-        self.rng ^= self.rng << 13;
-        self.rng ^= self.rng >> 7;
-        self.rng ^= self.rng << 17;
-        (self.rng & 0xff) as u32
+/// The PDs and MRs on the fabric, MRs by key (lkey and rkey are the same).
+pub(super) struct Memory {
+    pds: HashMap<u32, PdRec>,
+    mrs: HashMap<u32, MrRec>,
+}
+
+impl Memory {
+    /// No PDs, no MRs.
+    pub(super) fn new() -> Memory {
+        Memory { pds: HashMap::new(), mrs: HashMap::new() }
     }
 
     /// Number of MRs registered on device `dev`.
-    pub fn mr_count(&self, dev: u32) -> usize {
+    pub(super) fn mr_count(&self, dev: u32) -> usize {
         self.mrs.values().filter(|m| self.pds.get(&m.pd).is_some_and(|p| p.dev == dev)).count()
     }
 
-    pub fn alloc_pd(&mut self, dev: u32) -> u32 {
-        let id = self.next_pd;
-        self.next_pd += 1;
+    /// A new PD on device `dev`.
+    pub(super) fn alloc_pd(&mut self, ids: &mut Ids, dev: u32) -> u32 {
+        let id = ids.pd();
         self.pds.insert(id, PdRec { dev });
         id
     }
 
-    pub fn dealloc_pd(&mut self, pd: u32) -> VerbsResult<()> {
+    /// The device PD `pd` is on.
+    pub(super) fn pd_device(&self, pd: u32) -> Option<u32> {
+        self.pds.get(&pd).map(|p| p.dev)
+    }
+
+    /// Frees PD `pd`: ENODEV if it is gone, EBUSY while an MR or (`used_by_qps`) a QP uses it.
+    pub(super) fn dealloc_pd(&mut self, pd: u32, used_by_qps: bool) -> VerbsResult<()> {
         if !self.pds.contains_key(&pd) {
             return Err(enodev("dealloc_pd"));
         }
         // The RAII wrappers keep children from outliving the PD, so this only fires when the
         // wrappers are bypassed; hardware answers EBUSY too.
-        if self.mrs.values().any(|m| m.pd == pd) || self.qps.values().any(|q| q.pd == pd) {
+        if self.mrs.values().any(|m| m.pd == pd) || used_by_qps {
             return Err(VerbsError::new("dealloc_pd", libc::EBUSY, "PD still in use"));
         }
         self.pds.remove(&pd);
         Ok(())
     }
 
-    pub fn reg_mr(&mut self, pd: u32, addr: u64, len: usize, access: Access) -> VerbsResult<u32> {
+    /// Registers `len` bytes at `addr` with `access` in PD `pd` and returns the key, after the
+    /// checks a device makes; `fails_on(dev)` says whether registrations on the PD's device are
+    /// made to fail (ENOMEM).
+    pub(super) fn reg_mr(
+        &mut self,
+        ids: &mut Ids,
+        pd: u32,
+        addr: u64,
+        len: usize,
+        access: Access,
+        fails_on: impl FnOnce(u32) -> bool,
+    ) -> VerbsResult<u32> {
         let dev = self.pds.get(&pd).ok_or_else(|| enodev("reg_mr"))?.dev;
-        if self.devices.get(&dev).is_some_and(|d| d.fail_reg_mr) {
+        if fails_on(dev) {
             return Err(VerbsError::new("reg_mr", libc::ENOMEM, "injected registration failure"));
         }
         let needs_local_write = access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC);
@@ -64,14 +87,13 @@ impl FabricState {
         if addr.checked_add(len as u64).is_none() {
             return Err(einval("reg_mr", "range wraps around"));
         }
-        let index = self.next_key_index;
-        self.next_key_index = (self.next_key_index + 1) & 0x00ff_ffff;
-        let key = (index << 8) | self.random_byte();
+        let key = ids.mr_key();
         self.mrs.insert(key, MrRec { pd, addr, len, access });
         Ok(key)
     }
 
-    pub fn dereg_mr(&mut self, key: u32) -> VerbsResult<()> {
+    /// Deregisters the MR with `key`.
+    pub(super) fn dereg_mr(&mut self, key: u32) -> VerbsResult<()> {
         self.mrs.remove(&key).map(|_| ()).ok_or_else(|| enodev("dereg_mr"))
     }
 
@@ -95,6 +117,8 @@ impl FabricState {
         Some(out)
     }
 
+    /// Whether `len` bytes at `addr` lie in the MR with `rkey`, which must be in PD `pd` and
+    /// allow `need`.
     pub(super) fn check_remote(&self, pd: u32, rkey: u32, addr: u64, len: u64, need: Access) -> bool {
         let Some(mr) = self.mrs.get(&rkey) else {
             return false;
@@ -103,6 +127,13 @@ impl FabricState {
             return false;
         };
         mr.pd == pd && mr.access.contains(need) && addr >= mr.addr && end <= mr.addr + mr.len as u64
+    }
+
+    /// Drops the PDs on the devices `devs` and the MRs in them.
+    pub(super) fn wipe_devices(&mut self, devs: &HashSet<u32>) {
+        let pds: HashSet<u32> = self.pds.iter().filter(|(_, p)| devs.contains(&p.dev)).map(|(id, _)| *id).collect();
+        self.mrs.retain(|_, m| !pds.contains(&m.pd));
+        self.pds.retain(|id, _| !pds.contains(id));
     }
 }
 

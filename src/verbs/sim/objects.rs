@@ -4,8 +4,8 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use super::HostHandle;
 use super::fabric::FabricState;
+use super::sim_fabric::HostHandle;
 use crate::verbs::provider::*;
 use crate::verbs::types::*;
 
@@ -19,8 +19,8 @@ pub(super) struct SimDevice {
 
 impl SimDevice {
     fn with<T>(&self, op: &'static str, f: impl FnOnce(&mut FabricState) -> VerbsResult<T>) -> VerbsResult<T> {
-        let mut st = self.host.fabric.state.lock();
-        st.check_device(op, self.dev, self.boot)?;
+        let mut st = self.host.fabric.lock();
+        st.hosts().check_device(op, self.dev, self.boot)?;
         f(&mut st)
     }
 }
@@ -31,15 +31,15 @@ impl DeviceOps for SimDevice {
     }
 
     fn query_device(&self) -> VerbsResult<DeviceAttr> {
-        self.with("query_device", |st| Ok(st.device_attr(self.dev)))
+        self.with("query_device", |st| Ok(st.hosts().device_attr(self.dev)))
     }
 
     fn query_port(&self, port: u8) -> VerbsResult<PortAttr> {
-        self.with("query_port", |st| st.port_attr(self.dev, port))
+        self.with("query_port", |st| st.hosts().port_attr(self.dev, port))
     }
 
     fn query_gid(&self, port: u8, index: u32) -> VerbsResult<GidEntry> {
-        self.with("query_gid", |st| st.gid_entry(self.dev, port, index))
+        self.with("query_gid", |st| st.hosts().gid_entry(self.dev, port, index))
     }
 
     fn alloc_pd(&self) -> VerbsResult<Box<dyn PdOps>> {
@@ -56,13 +56,13 @@ impl DeviceOps for SimDevice {
         let now = self.host.fabric.now();
         self.with("get_async_event", |st| {
             st.pump_all(now);
-            Ok(st.devices.get_mut(&self.dev).and_then(|d| d.events.pop()))
+            Ok(st.pop_event(self.dev))
         })
     }
 
     fn async_fd(&self) -> Option<std::os::fd::RawFd> {
-        let st = self.host.fabric.state.lock();
-        st.devices.get(&self.dev).and_then(|d| d.events.raw_fd())
+        let st = self.host.fabric.lock();
+        st.hosts().event_fd(self.dev)
     }
 
     fn close(&self) -> VerbsResult<()> {
@@ -120,7 +120,7 @@ impl CqOps for SimCq {
 
     fn poll(&self, out: &mut [Wc]) -> VerbsResult<usize> {
         let now = self.host.fabric.now();
-        let mut st = self.host.fabric.state.lock();
+        let mut st = self.host.fabric.lock();
         st.pump_all(now);
         st.poll_cq(self.id, out)
     }
@@ -166,24 +166,21 @@ impl QpOps for SimQp {
 
     fn modify(&self, t: &QpTransition) -> VerbsResult<()> {
         let now = self.host.fabric.now();
-        let mut st = self.host.fabric.state.lock();
+        let mut st = self.host.fabric.lock();
         st.modify_qp(self.qpn, t)?;
         st.pump_all(now);
         Ok(())
     }
 
     fn state(&self) -> VerbsResult<QpState> {
-        self.host.fabric.host_op(|st| {
-            st.qps
-                .get(&self.qpn)
-                .map(|q| q.state)
-                .ok_or_else(|| VerbsError::new("query_qp", libc::ENODEV, "QP is gone"))
-        })
+        self.host
+            .fabric
+            .host_op(|st| st.qp_state(self.qpn).ok_or_else(|| VerbsError::new("query_qp", libc::ENODEV, "QP is gone")))
     }
 
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
         let now = self.host.fabric.now();
-        let mut st = self.host.fabric.state.lock();
+        let mut st = self.host.fabric.lock();
         let r = st.post_send(self.qpn, wrs, now);
         st.pump_all(now);
         r
@@ -191,7 +188,7 @@ impl QpOps for SimQp {
 
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
         let now = self.host.fabric.now();
-        let mut st = self.host.fabric.state.lock();
+        let mut st = self.host.fabric.lock();
         let r = st.post_recv(self.qpn, wrs);
         st.pump_all(now);
         r

@@ -1,53 +1,30 @@
-//! Completion queues and work queues: CQ records and their entries, posting send and receive
-//! requests, and polling completions.
+//! Completion queues (`Queues`): creating and destroying CQs, queueing completions (and
+//! breaking a CQ that overflows), polling them, and the error completions' poisoned fields.
 
-use std::collections::VecDeque;
-use std::time::Duration;
+use std::collections::{HashMap, HashSet, VecDeque};
 
-use super::fabric::{FabricState, einval, enodev};
+use super::devices::Hosts;
+use super::errors::{einval, enodev};
+use super::ids::Ids;
 use crate::verbs::types::*;
 
-pub(super) struct Cqe {
-    pub(super) wc: Wc,
+struct Cqe {
+    wc: Wc,
     /// The send-queue sequence number of a send completion, to free SQ slots when polled.
-    pub(super) sq_seq: Option<u64>,
+    sq_seq: Option<u64>,
 }
 
-pub(super) struct CqRec {
-    pub(super) dev: u32,
-    pub(super) capacity: u32,
-    pub(super) entries: VecDeque<Cqe>,
-    pub(super) overflowed: bool,
-    pub stalled: bool,
+struct CqRec {
+    dev: u32,
+    capacity: u32,
+    entries: VecDeque<Cqe>,
+    overflowed: bool,
+    stalled: bool,
 }
 
-pub(super) struct PendingSend {
-    pub(super) seq: u64,
-    pub(super) wr_id: u64,
-    pub(super) op: SendOp,
-    pub(super) sges: Vec<Sge>,
-    pub(super) signaled: bool,
-    /// When it was posted, for injected path delays.
-    pub(super) posted_at: Duration,
-    /// When the first attempt found no responder (or an RNR), for the retry deadline.
-    pub(super) blocked_since: Option<Duration>,
-    /// When its bytes were through a rate-limited path (`set_path_rate`), once they are.
-    pub(super) sent_at: Option<Duration>,
-}
-
-/// A WRITE whose packets were sent on a lingering path before its requester QP went to ERR:
-/// the bytes it carried, where they go, and when they arrive.
-pub(super) struct InFlightWrite {
-    pub(super) responder_qpn: u32,
-    pub(super) due: Duration,
-    pub(super) remote_addr: u64,
-    pub(super) rkey: u32,
-    pub(super) data: Vec<u8>,
-}
-
-pub(super) struct PendingRecv {
-    pub(super) wr_id: u64,
-    pub(super) sges: Vec<Sge>,
+/// The CQs on the fabric, by handle.
+pub(super) struct Queues {
+    cqs: HashMap<u64, CqRec>,
 }
 
 /// Poison written into the fields of error completions that are undefined on hardware, so
@@ -55,43 +32,64 @@ pub(super) struct PendingRecv {
 const POISON_OPCODE: WcOpcode = WcOpcode::Other(0xff);
 pub(super) const POISON_LEN: u32 = 0xdead_beef;
 
+/// An error completion of request `wr_id` of QP `qpn`, its undefined fields poisoned.
 pub(super) fn error_wc(wr_id: u64, status: WcStatus, qpn: u32) -> Wc {
     Wc { wr_id, status, opcode: POISON_OPCODE, byte_len: POISON_LEN, qp_num: qpn, vendor_err: 0, imm: None }
 }
 
-impl FabricState {
-    pub fn create_cq(&mut self, dev: u32, cqe: u32, comp_vector: u32) -> VerbsResult<(u64, u32)> {
-        let spec = &self.devices[&dev].spec;
-        let max = spec.max_cqe;
+impl Queues {
+    /// No CQs.
+    pub(super) fn new() -> Queues {
+        Queues { cqs: HashMap::new() }
+    }
+
+    /// A new CQ of at least `cqe` entries on device `dev` (whose limits are `attr`), for
+    /// completion vector `comp_vector`: its handle and real capacity.
+    pub(super) fn create(
+        &mut self,
+        ids: &mut Ids,
+        dev: u32,
+        attr: &DeviceAttr,
+        cqe: u32,
+        comp_vector: u32,
+    ) -> VerbsResult<(u64, u32)> {
+        let max = attr.max_cqe;
         if cqe == 0 || cqe > max {
             return Err(einval("create_cq", format!("cqe {cqe} not in 1..={max}")));
         }
-        if comp_vector >= spec.num_comp_vectors {
+        if comp_vector >= attr.num_comp_vectors {
             return Err(einval(
                 "create_cq",
-                format!("comp_vector {comp_vector} not below num_comp_vectors {}", spec.num_comp_vectors),
+                format!("comp_vector {comp_vector} not below num_comp_vectors {}", attr.num_comp_vectors),
             ));
         }
         // Like rxe: the ring holds 2^k - 1 >= cqe entries.
         let capacity = ((u64::from(cqe) + 1).next_power_of_two() - 1).min(u64::from(max)) as u32;
-        let id = self.next_cq;
-        self.next_cq += 1;
+        let id = ids.cq();
         self.cqs.insert(id, CqRec { dev, capacity, entries: VecDeque::new(), overflowed: false, stalled: false });
         Ok((id, capacity))
     }
 
-    pub fn destroy_cq(&mut self, cq: u64) -> VerbsResult<()> {
+    /// Destroys CQ `cq`: ENODEV if it is gone, EBUSY while QPs use it (`used_by_qps`).
+    pub(super) fn destroy(&mut self, cq: u64, used_by_qps: bool) -> VerbsResult<()> {
         if !self.cqs.contains_key(&cq) {
             return Err(enodev("destroy_cq"));
         }
-        if self.qps.values().any(|q| q.send_cq == cq || q.recv_cq == cq) {
+        if used_by_qps {
             return Err(VerbsError::new("destroy_cq", libc::EBUSY, "CQ still in use"));
         }
         self.cqs.remove(&cq);
         Ok(())
     }
 
-    pub(super) fn push_cqe(&mut self, cq: u64, wc: Wc, sq_seq: Option<u64>) {
+    /// The device CQ `cq` is on.
+    pub(super) fn device_of(&self, cq: u64) -> Option<u32> {
+        self.cqs.get(&cq).map(|c| c.dev)
+    }
+
+    /// Queues completion `wc` on CQ `cq` (`sq_seq`: the send-queue slot it frees when polled).
+    /// A full CQ breaks instead, as on hardware, and its device raises CQ_ERR through `hosts`.
+    pub(super) fn push(&mut self, hosts: &mut Hosts, cq: u64, wc: Wc, sq_seq: Option<u64>) {
         let Some(c) = self.cqs.get_mut(&cq) else {
             return;
         };
@@ -101,16 +99,15 @@ impl FabricState {
         if c.entries.len() >= c.capacity as usize {
             // Hardware-like: the CQ is broken from now on and the owner hears CQ_ERR.
             c.overflowed = true;
-            let dev = c.dev;
-            if let Some(d) = self.devices.get_mut(&dev) {
-                d.events.push(AsyncEvent { kind: AsyncEventKind::CqErr, element: EventElement::Cq(cq) });
-            }
+            hosts.push_event(c.dev, AsyncEvent { kind: AsyncEventKind::CqErr, element: EventElement::Cq(cq) });
             return;
         }
         c.entries.push_back(Cqe { wc, sq_seq });
     }
 
-    pub fn poll_cq(&mut self, cq: u64, out: &mut [Wc]) -> VerbsResult<usize> {
+    /// Moves up to `out.len()` completions of CQ `cq` into `out` and returns how many; for each
+    /// send completion, `release(qpn, seq)` frees that QP's send-queue slots up to `seq`.
+    pub(super) fn poll(&mut self, cq: u64, out: &mut [Wc], mut release: impl FnMut(u32, u64)) -> VerbsResult<usize> {
         let c = self.cqs.get_mut(&cq).ok_or_else(|| enodev("poll_cq"))?;
         if c.overflowed {
             return Err(VerbsError::new("poll_cq", libc::EIO, "CQ overrun"));
@@ -119,90 +116,37 @@ impl FabricState {
             return Ok(0);
         }
         let mut n = 0;
-        let mut released = Vec::new();
         while n < out.len() {
             let Some(e) = c.entries.pop_front() else {
                 break;
             };
             if let Some(seq) = e.sq_seq {
-                released.push((e.wc.qp_num, seq));
+                release(e.wc.qp_num, seq);
             }
             out[n] = e.wc;
             n += 1;
         }
-        // Like mlx5, send-queue slots (including those of earlier unsignaled requests) come
-        // back only when a completion is polled.
-        for (qpn, seq) in released {
-            if let Some(q) = self.qps.get_mut(&qpn) {
-                q.sq_released = q.sq_released.max(seq + 1);
-            }
-        }
         Ok(n)
     }
 
-    pub fn post_send(&mut self, qpn: u32, wrs: &[SendWr<'_>], now: Duration) -> Result<(), PostError> {
-        for (i, wr) in wrs.iter().enumerate() {
-            let Some(q) = self.qps.get_mut(&qpn) else {
-                return Err(PostError { index: i, errno: libc::ENODEV });
-            };
-            let reject = |errno| Err(PostError { index: i, errno });
-            if matches!(q.state, QpState::Reset | QpState::Init | QpState::Rtr) {
-                return reject(libc::EINVAL);
-            }
-            if wr.sg_list.len() > q.caps.max_send_sge as usize {
-                return reject(libc::EINVAL);
-            }
-            if let SendOp::RdmaWrite { .. } | SendOp::RdmaRead { .. } = wr.op {
-                let total: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
-                if total > 1 << 31 {
-                    return reject(libc::EINVAL);
-                }
-            }
-            if q.sq_posted - q.sq_released >= u64::from(q.caps.max_send_wr) {
-                return reject(libc::ENOMEM);
-            }
-            let seq = q.sq_posted;
-            q.sq_posted += 1;
-            q.sq.push_back(PendingSend {
-                seq,
-                wr_id: wr.wr_id,
-                op: wr.op,
-                sges: wr.sg_list.to_vec(),
-                signaled: wr.signaled || q.sq_sig_all,
-                posted_at: now,
-                blocked_since: None,
-                sent_at: None,
-            });
-            if q.state == QpState::Err {
-                // Posting in ERR is accepted and flushed.
-                self.qp_to_err(qpn);
-            } else {
-                self.busy.insert(qpn);
-            }
-        }
+    /// Holds (or releases) the completions of CQ `cq` (see `SimFabric::stall_cq`).
+    pub(super) fn stall(&mut self, cq: u64, stalled: bool) -> VerbsResult<()> {
+        let c = self.cqs.get_mut(&cq).ok_or_else(|| VerbsError::new("stall_cq", libc::ENOENT, "no such CQ"))?;
+        c.stalled = stalled;
         Ok(())
     }
 
-    pub fn post_recv(&mut self, qpn: u32, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
-        for (i, wr) in wrs.iter().enumerate() {
-            let Some(q) = self.qps.get_mut(&qpn) else {
-                return Err(PostError { index: i, errno: libc::ENODEV });
-            };
-            let reject = |errno| Err(PostError { index: i, errno });
-            if q.state == QpState::Reset {
-                return reject(libc::EINVAL);
-            }
-            if wr.sg_list.len() > q.caps.max_recv_sge as usize {
-                return reject(libc::EINVAL);
-            }
-            if q.rq.len() >= q.caps.max_recv_wr as usize {
-                return reject(libc::ENOMEM);
-            }
-            q.rq.push_back(PendingRecv { wr_id: wr.wr_id, sges: wr.sg_list.to_vec() });
-            if q.state == QpState::Err {
-                self.qp_to_err(qpn);
+    /// Removes QP `qpn`'s completions from its CQs `cqs`.
+    pub(super) fn purge(&mut self, qpn: u32, cqs: [u64; 2]) {
+        for cq in cqs {
+            if let Some(c) = self.cqs.get_mut(&cq) {
+                c.entries.retain(|e| e.wc.qp_num != qpn);
             }
         }
-        Ok(())
+    }
+
+    /// Drops the CQs on the devices `devs`.
+    pub(super) fn wipe_devices(&mut self, devs: &HashSet<u32>) {
+        self.cqs.retain(|_, c| !devs.contains(&c.dev));
     }
 }
