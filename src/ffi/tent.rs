@@ -8,7 +8,7 @@ use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void};
 
 use super::types::*;
-use super::{Handle, c_str, calloc_array, fill_fixed, fixed_str, guard, non_null, write_c_string};
+use super::{Handle, c_str, calloc_array, copy_out, fill_fixed, fixed_str, guard, non_null, write_c_string};
 use crate::config::Config;
 use crate::engine::types::{Opcode, Permission, Request, TransportKind};
 use crate::engine::{self, Engine, MemoryOptions};
@@ -860,12 +860,8 @@ pub extern "C" fn tent_version() -> *const c_char {
 /// `buf` is NULL or valid for `len` bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tent_last_error(buf: *mut c_char, len: usize) -> c_int {
-    let msg = super::last_error();
-    if !buf.is_null() && len > 0 {
-        // SAFETY: forwarded contract.
-        unsafe { write_c_string(&msg, buf, len) };
-    }
-    msg.len().min(c_int::MAX as usize) as c_int
+    // SAFETY: forwarded contract (NULL or `len` bytes).
+    unsafe { copy_out(&super::last_error(), buf, len) }
 }
 
 /// The upstream C++ `Status::Code` of this thread's last call: 0 when it succeeded, else the
@@ -903,19 +899,6 @@ pub unsafe extern "C" fn tent_local_topology(engine: tent_engine_t, buf: *mut c_
         // SAFETY: forwarded contract (NULL or `len` bytes).
         Ok(unsafe { copy_out(&text, buf, len) })
     })
-}
-
-/// Copies `text` into `buf` when there is room for anything and returns its full length
-/// (saturated to `c_int::MAX`), the snprintf convention of `tent_last_error`.
-///
-/// # Safety
-/// `buf` is NULL or valid for `len` bytes.
-unsafe fn copy_out(text: &str, buf: *mut c_char, len: usize) -> c_int {
-    if !buf.is_null() && len > 0 {
-        // SAFETY: forwarded contract.
-        unsafe { write_c_string(text, buf, len) };
-    }
-    text.len().min(c_int::MAX as usize) as c_int
 }
 
 /// A configuration made by `tent_config_create`, for `tent_create_engine_with_config`.
