@@ -1,5 +1,6 @@
-//! The `tent_*` exports: upstream TENT's 33 functions, plus `tent_version`, `tent_last_error` and
-//! the additions the header-only C++ class needs (error codes, probes, topology, configurations).
+//! The `tent_*` exports: upstream TENT's 33 functions, plus `tent_version`, `tent_last_error`,
+//! `tent_task_error` and the additions the header-only C++ class needs (error codes, probes,
+//! topology, configurations).
 //!
 //! Every function checks its pointers, never unwinds into C, and returns upstream's values:
 //! 0 on success and -1 on failure (the reason is in `tent_last_error`).
@@ -611,6 +612,32 @@ pub unsafe extern "C" fn tent_task_status(
         // SAFETY: checked non-NULL.
         unsafe { *status = status_out(st) };
         Ok(0)
+    })
+}
+
+/// tent-rs: why task `task_id` of batch `batch_id` ended without completing. Copies the reason
+/// of a task that ended FAILED (or TIMEOUT / CANCELED, when the engine gave one) into `buf`,
+/// NUL-terminated and truncated to `len - 1` bytes, and returns the reason's full length, like
+/// snprintf, so a caller can size its buffer; `buf` may be NULL when `len` is 0. Returns 0 (and
+/// writes an empty string) when the task has no reason: still pending, completed, or ended
+/// without one. Returns -1 for a bad engine handle, a batch that is not live or a task id past
+/// the batch's tasks, with the reason in `tent_last_error`. It only reads: poll the task with
+/// `tent_task_status` first.
+///
+/// # Safety
+/// `buf` is NULL or valid for `len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_task_error(
+    engine: tent_engine_t,
+    batch_id: tent_batch_id_t,
+    task_id: usize,
+    buf: *mut c_char,
+    len: usize,
+) -> c_int {
+    guard!("tent_task_error", -1, {
+        let reason = super::engine(engine)?.task_error(batch_id, task_id)?.unwrap_or_default();
+        // SAFETY: forwarded contract (NULL or `len` bytes).
+        Ok(unsafe { copy_out(&reason, buf, len) })
     })
 }
 
