@@ -101,7 +101,23 @@ int main() {
     CHECK(std::memcmp(src.data(), dst.data(), kLen) == 0);
     TransferStatus st{};
     CHECK(a.getTransferStatus(batch, 4, st).IsInvalidArgument());
+    CHECK(a.getTransferError(batch, 0).empty());  // completed
+    CHECK(a.getTransferError(batch, 4).empty());  // past the batch
     CHECK(a.freeBatchID(batch).ok());
+
+    // tent-rs: a WRITE past the peer's registered buffer fails, and says why.
+    batch = a.allocateBatchID(1);
+    CHECK(a.submitTransfer(batch, {TransferRequest{.opcode = TransferRequest::WRITE,
+                                                   .source = src.data(),
+                                                   .target_id = peer,
+                                                   .target_offset = reinterpret_cast<uint64_t>(dst.data()) + kLen,
+                                                   .length = 64}})
+              .ok());
+    CHECK(!waitBatch(a, batch, 1));
+    CHECK(a.getTransferStatus(batch, 0, st).ok() && st.s == TransferStatusEnum::FAILED);
+    CHECK(a.getTransferError(batch, 0).find("not inside a registered buffer") != std::string::npos);
+    CHECK(a.freeBatchID(batch).ok());
+    CHECK(a.getTransferError(batch, 0).empty());  // freed
 
     batch = a.allocateBatchID(1);
     CHECK(a.submitTransfer(batch, {TransferRequest{.opcode = TransferRequest::READ,

@@ -65,6 +65,16 @@ static void with_the_wrapper() {
                                      tent::write(src.data(), peer, target_mem.address(), 1)});
     EXPECT(!s.ok() && s.code() == -1 && !s.message().empty());
 
+    // A task that fails says why: Batch::error, and in the message of wait().
+    tent::Batch past_end;
+    EXPECT_OK(past_end.reset(a, 1));
+    EXPECT_OK(past_end.submit({tent::write(src.data(), peer, target_mem.address() + len, 64)}));
+    tent::Status failed = past_end.wait(0, std::chrono::seconds(30));
+    std::string why = past_end.error(0);
+    EXPECT(!failed.ok() && !why.empty());
+    EXPECT(failed.message().find(why) != std::string::npos);
+    EXPECT(batch.error(0).empty());  // completed
+
     EXPECT_OK(a.notify(peer, "cpp", "done"));
     std::vector<tent::Notification> notes;
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);

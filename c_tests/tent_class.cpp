@@ -210,6 +210,8 @@ void deadlines() {
     TransferStatus a{PENDING, 0}, b{PENDING, 0};
     CHECK(engine.getTransferStatus(batch, 0, a).ok() && a.s == CANCELED);
     CHECK(engine.getTransferStatus(batch, 1, b).ok() && b.s == COMPLETED);
+    CHECK(engine.getTransferError(batch, 0).find("deadline") != std::string::npos);
+    CHECK(engine.getTransferError(batch, 1).empty());
     CHECK(dst[0] == 0 && dst[kPart] == 's');
     std::vector<Request> notified{on_time};
     CHECK(engine.submitTransfer(batch, notified, Notification{"deadline", "met"}).ok());
@@ -330,6 +332,7 @@ int main() {
     CHECK(engine.cancelTransfer(batch, 0).ok());  // an ended task stays as it is
     TransferStatus first{PENDING, 0};
     CHECK(engine.getTransferStatus(batch, 0, first).ok() && first.s == COMPLETED);
+    CHECK(engine.getTransferError(batch, 0).empty());
     CHECK(engine.freeBatch(batch).ok());
 
     // Notifications both ways: one sent directly, one with a batch; the peer answers.
@@ -383,6 +386,10 @@ int main() {
         CHECK(engine.getTransferStatus(small, 0, t0).ok() && t0.s == FAILED);
         CHECK(engine.getTransferStatus(small, 1, t1).ok() && t1.s == FAILED);
         CHECK_EQ(awaitBatch(engine, small).s, FAILED);
+        // tent-rs: each says why.
+        CHECK(engine.getTransferError(small, 0).find("not registered") != std::string::npos);
+        CHECK(engine.getTransferError(small, 1).find("not inside a registered buffer") != std::string::npos);
+        CHECK(engine.getTransferError(small, 2).empty());  // past the batch: nothing
     } else {
         CHECK(ws.IsAddressNotRegistered() || ws.IsInvalidArgument());
     }

@@ -497,6 +497,25 @@ int tent_classic_batch_status(transfer_engine_t engine,
                               struct transfer_status *status);
 
 /**
+ * tent-rs: why task `task_id` of batch `batch_id` ended without completing (the classic
+ * form of `tent_task_error`). Copies the reason of a task that ended FAILED (or TIMEOUT /
+ * CANCELED, when the engine gave one) into `buf`, NUL-terminated and truncated to `len - 1`
+ * bytes, and returns the reason's full length, like snprintf, so a caller can size its
+ * buffer; `buf` may be NULL when `len` is 0. Returns 0 (and writes an empty string) while the
+ * task runs, once it completed, or when it ended without a reason. A handle that is not a live
+ * engine, a freed or unknown batch and a task id past the batch's tasks fail with a negative
+ * classic code (`ERR_INVALID_ARGUMENT`), the reason readable with `tent_last_error`.
+ *
+ * # Safety
+ * `buf` is NULL or valid for `len` bytes.
+ */
+int tent_classic_transfer_error(transfer_engine_t engine,
+                                batch_id_t batch_id,
+                                size_t task_id,
+                                char *buf,
+                                size_t len);
+
+/**
  * Writes the engine's segment descriptor to its metadata store now (for a caller that knows
  * the store lost it, such as a restarted HTTP metadata server); in p2p mode it does nothing.
  * Returns 0, or a negative code when the store cannot be written.

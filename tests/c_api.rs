@@ -26,6 +26,11 @@ fn bad_input() {
 }
 
 #[test]
+fn task_error_through_both_c_apis() {
+    c_test("task_error");
+}
+
+#[test]
 fn config_loading() {
     c_test("config_loading");
 }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use tent::engine::classic::{self, CheckedStatus, ClassicEngine};
-use tent::engine::types::{Opcode, TransportKind};
+use tent::engine::types::{Opcode, Status, TransportKind};
 
 fn engine() -> ClassicEngine {
     ClassicEngine::over(
@@ -94,6 +94,48 @@ fn asynchronous_batches_report_upstreams_states_and_are_freed() {
     assert!(ids.iter().all(|&i| a.engine().overall_status(i).is_err()), "freed once complete");
     // SAFETY: as above.
     assert!(unsafe { a.transfer_async(&peer, &[], Opcode::Read, TransportKind::Unspec) }.is_err());
+}
+
+/// The poll that reports a failed asynchronous batch frees it, as upstream's does; the reason of
+/// each task stays readable afterwards (what `mooncake.engine`'s `get_transfer_error` reads).
+#[test]
+fn failed_asynchronous_batches_keep_their_reasons() {
+    let (a, b) = (engine(), engine());
+    let src = a.allocate_managed_buffer(4096).expect("buffer");
+    let dst = b.allocate_managed_buffer(4096).expect("buffer");
+    let peer = name(&b);
+    let submit = |items: &[(u64, u64, u64)]| {
+        // SAFETY: managed buffers of both engines, alive until the end.
+        unsafe { a.transfer_async(&peer, items, Opcode::Write, TransportKind::Unspec) }.expect("submit")
+    };
+    // A live batch answers for itself: nothing for a task that completed.
+    let done = submit(&[(src, dst, 4096)]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while a.engine().task_status(done, 0).expect("live").0 != Status::Completed {
+        assert!(std::time::Instant::now() < deadline, "the write did not complete");
+    }
+    assert_eq!(a.task_error(done, 0).expect("live batch"), None);
+    assert_eq!(a.check_status(done).expect("live batch"), CheckedStatus::Completed);
+    // A failed one is freed by the poll that reports it, its reasons kept.
+    let bad = submit(&[(src, 1 << 40, 4096)]);
+    let mut st = CheckedStatus::Running;
+    while st == CheckedStatus::Running {
+        assert!(std::time::Instant::now() < deadline, "the write did not end");
+        st = a.check_status(bad).expect("live batch");
+    }
+    assert_eq!(st, CheckedStatus::Failed);
+    assert!(a.engine().overall_status(bad).is_err(), "freed by the poll that saw it fail");
+    let why = a.task_error(bad, 0).expect("kept").expect("a reason");
+    assert!(why.contains("not inside a registered buffer"), "{why}");
+    assert!(a.task_error(bad, 1).is_err(), "task id past the batch");
+    // The same through batch_status, beside a batch that completes.
+    let (ok, bad) = (submit(&[(src, dst, 4096)]), submit(&[(src, dst, 4096), (src, 1 << 40, 4096)]));
+    assert!(a.batch_status(&[ok, bad]).is_err());
+    assert_eq!(a.task_error(bad, 0).expect("kept"), None, "its first task gave no reason");
+    assert!(a.task_error(bad, 1).expect("kept").is_some_and(|r| r.contains("not inside a registered buffer")));
+    assert!(a.task_error(ok, 0).is_err(), "a batch freed without a failure is not kept");
+    assert!(a.task_error(done, 0).is_err(), "nor one freed once it completed");
+    assert!(a.task_error(12345, 0).is_err());
 }
 
 #[test]

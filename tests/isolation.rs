@@ -221,6 +221,7 @@ fn frozen_descriptor_owner_holds_up_only_its_own_tasks() {
     assert_eq!(st[0].0, Status::Completed);
     assert_eq!(src, dst);
     assert_eq!(a.task_status(stuck, 0).expect("status").0, Status::Pending, "still waiting for the frozen peer");
+    assert_eq!(a.task_error(stuck, 0).expect("task"), None, "a pending task has no reason yet");
     // The frozen peer goes away: its task ends, FAILED.
     frozen.close();
     let st = wait(&a, stuck, Duration::from_secs(20));

@@ -8,7 +8,8 @@ use std::process::Command;
 use common::stores::{HttpMeta, StoreServer};
 use common::{build_c, root, run};
 
-const PROGRAMS: [&str; 5] = ["bad_input", "local_transfer", "config_loading", "tcp_two_process", "shm_two_process"];
+const PROGRAMS: [&str; 6] =
+    ["bad_input", "local_transfer", "config_loading", "task_error", "tcp_two_process", "shm_two_process"];
 
 /// The sanitizer flags of every program here.
 const SANITIZE: [&str; 3] = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"];

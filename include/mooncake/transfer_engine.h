@@ -8,7 +8,8 @@
 // the background, soon after, instead of never); freeBatchID of a batch whose tasks still run
 // succeeds (the batch is reclaimed when they end) instead of BatchBusy; getBaseAddr() is
 // nullptr (no CXL transport); checkOverlap() is false; GPU transports do not exist
-// (cuda_alike.h refuses GPU builds).
+// (cuda_alike.h refuses GPU builds). Added: getTransferError(batch, task), the reason a task
+// ended without completing.
 #ifndef TENT_RS_MOONCAKE_TRANSFER_ENGINE_H
 #define TENT_RS_MOONCAKE_TRANSFER_ENGINE_H
 
@@ -416,6 +417,17 @@ class TransferEngine {
         status.s = static_cast<TransferStatusEnum>(st.status);
         status.transferred_bytes = st.transferred_bytes;
         return Status::OK();
+    }
+
+    // tent-rs: why task `task_id` ended without completing (FAILED, or TIMEOUT / CANCELED when
+    // the engine gave a reason), over tent_classic_transfer_error; upstream only logs it. Empty
+    // while the task runs, once it completed, before init, and for ids that name nothing live
+    // (tent_last_error then says why).
+    std::string getTransferError(BatchID batch_id, size_t task_id) const {
+        if (!engine_) return std::string();
+        transfer_engine_t e = engine_->engine;
+        return tent_rs_detail::fetchString(
+            [&](char* buf, size_t len) { return tent_classic_transfer_error(e, batch_id, task_id, buf, len); });
     }
 
     // The batch as a whole: COMPLETED when every task completed, FAILED when one failed, else

@@ -6,6 +6,7 @@
 #ifndef TENT_RS_MOONCAKE_TRANSFER_METADATA_H
 #define TENT_RS_MOONCAKE_TRANSFER_METADATA_H
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -41,16 +42,23 @@ struct EngineHandle {
     }
 };
 
-// This thread's last error message of the library ("" when its last call succeeded).
-inline std::string lastError() {
+// Reads a string the snprintf way: `call(buf, len)` returns the full length (<= 0: none, or
+// an error), so a string longer than the first buffer is fetched again at its size.
+template <typename F>
+inline std::string fetchString(F&& call) {
     char buf[512];
-    int n = tent_last_error(buf, sizeof(buf));
+    int n = call(buf, sizeof(buf));
     if (n <= 0) return "";
     if (static_cast<size_t>(n) < sizeof(buf)) return std::string(buf, static_cast<size_t>(n));
     std::string big(static_cast<size_t>(n) + 1, '\0');
-    tent_last_error(big.data(), big.size());
-    big.resize(static_cast<size_t>(n));
+    int m = call(big.data(), big.size());
+    big.resize(m <= 0 ? 0 : std::min(static_cast<size_t>(m), static_cast<size_t>(n)));
     return big;
+}
+
+// This thread's last error message of the library ("" when its last call succeeded).
+inline std::string lastError() {
+    return fetchString([](char* buf, size_t len) { return tent_last_error(buf, len); });
 }
 
 inline void logError(const std::string& what) { std::cerr << "tent-rs: " << what << "\n"; }

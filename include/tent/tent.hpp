@@ -250,7 +250,14 @@ public:
             return Status::from_last_error("tent_task_status");
         return Status();
     }
-    /* Polls task `task` until it ends; ok only when it COMPLETED within `timeout`. */
+    /* Why task `task` ended without completing (tent_task_error): empty while it runs, once it
+     * completed, or when the ids name nothing live. */
+    std::string error(size_t task) const {
+        return mooncake::tent::tent_rs_detail::FetchString(
+            [&](char *buf, size_t len) { return tent_task_error(engine_, id_, task, buf, len); });
+    }
+    /* Polls task `task` until it ends; ok only when it COMPLETED within `timeout`, else the
+     * message says how it ended and why. */
     Status wait(size_t task, std::chrono::milliseconds timeout) const {
         const auto deadline = std::chrono::steady_clock::now() + timeout;
         for (;;) {
@@ -258,9 +265,11 @@ public:
             Status s = status(task, st);
             if (!s.ok()) return s;
             if (st.status == STATUS_COMPLETED) return Status();
-            if (st.status != STATUS_WAITING && st.status != STATUS_PENDING)
+            if (st.status != STATUS_WAITING && st.status != STATUS_PENDING) {
+                std::string why = error(task);
                 return Status::error("task " + std::to_string(task) + " ended with status " +
-                                     std::to_string(st.status));
+                                     std::to_string(st.status) + (why.empty() ? "" : ": " + why));
+            }
             if (std::chrono::steady_clock::now() > deadline)
                 return Status::error("task " + std::to_string(task) + " did not end in time");
             std::this_thread::yield();

@@ -468,6 +468,25 @@ int tent_task_status(tent_engine_t engine,
                      tent_status_t *status);
 
 /**
+ * tent-rs: why task `task_id` of batch `batch_id` ended without completing. Copies the reason
+ * of a task that ended FAILED (or TIMEOUT / CANCELED, when the engine gave one) into `buf`,
+ * NUL-terminated and truncated to `len - 1` bytes, and returns the reason's full length, like
+ * snprintf, so a caller can size its buffer; `buf` may be NULL when `len` is 0. Returns 0 (and
+ * writes an empty string) when the task has no reason: still pending, completed, or ended
+ * without one. Returns -1 for a bad engine handle, a batch that is not live or a task id past
+ * the batch's tasks, with the reason in `tent_last_error`. It only reads: poll the task with
+ * `tent_task_status` first.
+ *
+ * # Safety
+ * `buf` is NULL or valid for `len` bytes.
+ */
+int tent_task_error(tent_engine_t engine,
+                    tent_batch_id_t batch_id,
+                    size_t task_id,
+                    char *buf,
+                    size_t len);
+
+/**
  * Best-effort cancel of a task: a task that has not ended becomes CANCELED; an ended task stays
  * as it is (returns 0).
  */

@@ -19,12 +19,15 @@
  *    ignored.
  *  - The engine copies its Config when it is constructed; later changes to that Config do not
  *    reach it.
+ *  - getTransferError(batch, task) is a tent-rs addition: the reason a task ended without
+ *    completing, which upstream only logs.
  */
 #ifndef TENT_TRANSFER_ENGINE_CXX_H
 #define TENT_TRANSFER_ENGINE_CXX_H
 
 #include "tent/transfer_engine.h"
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -43,6 +46,22 @@
 
 namespace mooncake {
 namespace tent {
+
+namespace tent_rs_detail {
+/* Reads a string the snprintf way: `call(buf, len)` returns the full length (<= 0: none, or an
+ * error), so a string longer than the first buffer is fetched again at its size. */
+template <typename F>
+inline std::string FetchString(F&& call) {
+    char small[512];
+    int n = call(small, sizeof small);
+    if (n <= 0) return std::string();
+    if (static_cast<size_t>(n) < sizeof small) return std::string(small, static_cast<size_t>(n));
+    std::string big(static_cast<size_t>(n) + 1, '\0');
+    int m = call(&big[0], big.size());
+    big.resize(m <= 0 ? 0 : std::min(static_cast<size_t>(m), static_cast<size_t>(n)));
+    return big;
+}
+}  // namespace tent_rs_detail
 
 class TransferEngineImpl;
 class Config;
@@ -107,7 +126,7 @@ class TransferEngine {
     /* {"nics": [...], "mems": [...]} as upstream's Topology::toString lays it out; "{}" when
      * the engine is unavailable. */
     std::string getLocalTopologyString() const {
-        std::string out = Fetch([&](char* buf, size_t len) { return tent_local_topology(engine_, buf, len); });
+        std::string out = tent_rs_detail::FetchString([&](char* buf, size_t len) { return tent_local_topology(engine_, buf, len); });
         return out.empty() ? std::string("{}") : out;
     }
 
@@ -302,6 +321,14 @@ class TransferEngine {
         return Status::OK();
     }
 
+    /* tent-rs: why task `task_id` ended without completing (FAILED, or TIMEOUT / CANCELED when
+     * the engine gave a reason), over tent_task_error. Empty while the task runs, once it
+     * completed, and for ids that name nothing live (tent_last_error then says why). */
+    std::string getTransferError(BatchID batch_id, size_t task_id) const {
+        return tent_rs_detail::FetchString(
+            [&](char* buf, size_t len) { return tent_task_error(engine_, batch_id, task_id, buf, len); });
+    }
+
     /* One step of progress on the batch and its aggregated status (tent-rs's status poll is
      * that step). */
     Status progressBatch(BatchID batch_id, TransferStatus& overall_status) {
@@ -332,26 +359,13 @@ class TransferEngine {
      * message. */
     static Status LastStatus() {
         int code = tent_last_error_code();
-        std::string msg = Fetch([](char* buf, size_t len) { return tent_last_error(buf, len); });
+        std::string msg = tent_rs_detail::FetchString([](char* buf, size_t len) { return tent_last_error(buf, len); });
         if (code <= 0 || code >= static_cast<int>(Status::Code::kMaxCode)) code = static_cast<int>(Status::Code::kInternalError);
         if (msg.empty()) msg = "the call failed without a message";
         return Status(static_cast<Status::Code>(code), msg);
     }
 
     static Status Check(int rc) { return rc == 0 ? Status::OK() : LastStatus(); }
-
-    /* Reads a string the snprintf way (`call(buf, len)` returns the full length, -1 on error). */
-    template <typename F>
-    static std::string Fetch(F&& call) {
-        char small[512];
-        int n = call(small, sizeof small);
-        if (n <= 0) return std::string();
-        if (static_cast<size_t>(n) < sizeof small) return std::string(small, static_cast<size_t>(n));
-        std::string big(static_cast<size_t>(n) + 1, '\0');
-        int m = call(&big[0], big.size());
-        big.resize(m <= 0 ? 0 : std::min(static_cast<size_t>(m), static_cast<size_t>(n)));
-        return big;
-    }
 
     /* A per-thread buffer reused across calls, so a submit or a status list allocates only
      * when it is larger than any before it on this thread. */

@@ -26,7 +26,7 @@ thread_local! {
 }
 
 /// Logs a failure that becomes a return code and keeps its message for `last_error()`.
-fn note(what: &str, err: &Error) {
+fn note(what: &str, err: &dyn std::fmt::Display) {
     tracing::warn!("{what}: {err}");
     LAST_ERROR.with(|l| *l.borrow_mut() = format!("{what}: {err}"));
 }
@@ -545,19 +545,38 @@ impl TransferEngine {
     }
 
     /// The state of a batch from `transfer_submit_write`: 1 completed, 0 still running, -1
-    /// failed, -2 timed out; a completed or failed batch is freed. An id that names no live batch
-    /// raises ValueError.
+    /// failed, -2 timed out; a completed or failed batch is freed. For -1 and -2 the task's
+    /// reason is noted for `last_error()` (and stays readable with `get_transfer_error`). An id
+    /// that names no live batch raises ValueError.
     fn transfer_check_status(&self, py: Python<'_>, batch_id: u64) -> PyResult<i32> {
         let e = self.engine()?;
-        match py.detach(|| e.check_status(batch_id)) {
-            Ok(s) => Ok(match s {
-                CheckedStatus::Completed => 1,
-                CheckedStatus::Running => 0,
-                CheckedStatus::Failed => -1,
-                CheckedStatus::TimedOut => -2,
-            }),
-            Err(err) => Err(PyValueError::new_err(format!("transfer_check_status: {err}"))),
+        let checked = py.detach(|| e.check_status(batch_id));
+        let code = match checked {
+            Ok(CheckedStatus::Completed) => 1,
+            Ok(CheckedStatus::Running) => 0,
+            Ok(CheckedStatus::Failed) => -1,
+            Ok(CheckedStatus::TimedOut) => -2,
+            Err(err) => return Err(PyValueError::new_err(format!("transfer_check_status: {err}"))),
+        };
+        if code < 0 {
+            let ended = if code == -1 { "failed" } else { "timed out" };
+            let why = e.task_error(batch_id, 0).ok().flatten().unwrap_or_else(|| "no reason given".into());
+            note("transfer_check_status", &format!("batch {batch_id:#x} {ended}: {why}"));
         }
+        Ok(code)
+    }
+
+    /// Why task `task_id` of batch `batch_id` (from an asynchronous call) ended without
+    /// completing: "" while it runs, once it completed, or when it ended without a reason. A
+    /// batch freed after it failed (the poll that reports the failure frees it) keeps its
+    /// reasons for this call (the last 64 such batches). An id that names no live or kept batch,
+    /// or a task id past the batch, raises ValueError. Not in upstream's module.
+    #[pyo3(signature = (batch_id, task_id))]
+    fn get_transfer_error(&self, py: Python<'_>, batch_id: u64, task_id: usize) -> PyResult<String> {
+        let e = self.engine()?;
+        py.detach(|| e.task_error(batch_id, task_id))
+            .map(Option::unwrap_or_default)
+            .map_err(|err| PyValueError::new_err(format!("get_transfer_error: {err}")))
     }
 
     /// Copies `length` bytes of `src_ptr` to `dest_address`, which must lie in memory registered

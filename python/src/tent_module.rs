@@ -852,6 +852,16 @@ impl TransferEngine {
         Ok(py.detach(|| e.task_status(batch_id, task_id)).or_raise("get_transfer_status")?.into())
     }
 
+    /// Why task `task_id` of batch `batch_id` ended without completing: the reason of a task
+    /// that ended FAILED (or TIMEOUT / CANCELED, when the engine gave one); "" while it runs,
+    /// once it completed, or when it ended without a reason. A batch id or task id that names
+    /// nothing live raises InvalidArgumentError. Not in upstream's module.
+    #[pyo3(signature = (batch_id, task_id))]
+    fn get_transfer_error(&self, py: Python<'_>, batch_id: u64, task_id: usize) -> PyResult<String> {
+        let e = self.engine()?;
+        Ok(py.detach(|| e.task_error(batch_id, task_id)).or_raise("get_transfer_error")?.unwrap_or_default())
+    }
+
     /// The status of every task of batch `batch_id`, in task order.
     #[pyo3(signature = (batch_id))]
     fn get_transfer_status_list(&self, py: Python<'_>, batch_id: u64) -> PyResult<Vec<TransferStatus>> {

@@ -262,6 +262,49 @@ def test_bad_input_gives_codes_or_exceptions(target, initiator):
     assert e.free_managed_buffer(local, MiB) == -1
 
 
+def test_failure_reasons_reach_the_caller(target, initiator):
+    """A failed transfer says why: last_error() after each failure code, and (a tent-rs
+    addition) get_transfer_error(batch_id, task_id) for asynchronous batches, even once the poll
+    that reported the failure freed them."""
+    e = initiator
+    local = e.allocate_managed_buffer(MiB)
+    seg = target.segment
+    past_end = target.addr + (1 << 40)
+    reason = "not inside a registered buffer"
+    # Waiting calls: upstream's -1, the task's reason in last_error().
+    assert e.batch_transfer_sync_write(seg, [local, local], [target.addr, past_end], [16, 16]) == -1
+    assert reason in last_error()
+    assert e.transfer_sync_read(seg, local, past_end, 16) == -1
+    assert reason in last_error()
+    # transfer_submit_write: nothing to say while it runs or once it completed.
+    done = e.transfer_submit_write(seg, local, target.addr, 16)
+    assert e.get_transfer_error(done, 0) == ""
+    while (st := e.transfer_check_status(done)) == 0:
+        pass
+    assert st == 1
+    # One that fails: -1 with the reason noted, and kept after the batch was freed.
+    bad = e.transfer_submit_write(seg, local, past_end, 16)
+    assert bad != 0
+    while (st := e.transfer_check_status(bad)) == 0:
+        pass
+    assert st == -1
+    assert reason in last_error()
+    assert reason in e.get_transfer_error(bad, 0)
+    with pytest.raises(ValueError):
+        e.transfer_check_status(bad)
+    with pytest.raises(ValueError):
+        e.get_transfer_error(bad, 1)
+    # Asynchronous batches waited for together: -1, then each failed task's reason.
+    ok = e.batch_transfer_async_write(seg, [local], [target.addr], [16])
+    mixed = e.batch_transfer_async_write(seg, [local, local], [target.addr, past_end], [16, 16])
+    assert e.get_batch_transfer_status([ok, mixed]) == -1
+    assert reason in last_error()
+    assert reason in e.get_transfer_error(mixed, 1)
+    with pytest.raises(ValueError):
+        e.get_transfer_error(123456789, 0)
+    assert e.free_managed_buffer(local, MiB) == 0
+
+
 def test_calls_before_initialize_and_after_close_raise():
     e = TransferEngine()
     with pytest.raises(RuntimeError, match="not initialized"):

@@ -161,6 +161,35 @@ def test_errors_raise_engine_messages(pair):
         bad.get_segment_name()
 
 
+def test_get_transfer_error_says_why_a_task_failed(pair):
+    """tent-rs: get_transfer_error(batch_id, task_id), the reason upstream only logs."""
+    a, b = pair
+    src = a.allocate_local_memory(MiB)
+    dst = b.allocate_local_memory(MiB, tent.kWildcardLocation)
+    a.register_local_memory(src, MiB)
+    b.register_local_memory(dst, MiB, tent.Permission.GlobalReadWrite)
+    h = a.open_segment(b.get_segment_name())
+    batch = a.allocate_transfer_batch(3)
+    a.submit_transfer(batch, [tent.Request(tent.WRITE, src, h, dst, 4096),
+                              tent.Request(tent.WRITE, src, h, dst + MiB, 4096)])
+    assert wait(a, batch).state == tent.FAILED
+    assert [s.state for s in a.get_transfer_status_list(batch)] == [tent.COMPLETED, tent.FAILED]
+    assert a.get_transfer_error(batch, 0) == ""
+    why = a.get_transfer_error(batch, 1)
+    assert "not inside a registered buffer" in why, why
+    with pytest.raises(tent.InvalidArgumentError, match="get_transfer_error"):
+        a.get_transfer_error(batch, 2)
+    with pytest.raises(tent.InvalidArgumentError):
+        a.get_transfer_error(12345, 0)
+    a.free_transfer_batch(batch)
+    with pytest.raises(tent.InvalidArgumentError):
+        a.get_transfer_error(batch, 1)
+    a.unregister_local_memory(src)
+    b.unregister_local_memory(dst)
+    a.free_local_memory(src)
+    b.free_local_memory(dst)
+
+
 def test_module_surface():
     assert tent.LOCAL_SEGMENT_ID == 0 and tent.kWildcardLocation == "*"
     assert (tent.PRIO_HIGH, tent.PRIO_MEDIUM, tent.PRIO_LOW) == (0, 1, 2)

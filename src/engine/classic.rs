@@ -12,7 +12,7 @@
 //! Errors are [`Error`]s; each boundary turns them into its return codes
 //! ([`Error::c_code`] with [`crate::error::Api::Classic`]) or exceptions.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -463,6 +463,11 @@ fn pool_class(length: usize) -> Option<usize> {
     (0..POOL_CLASSES).find(|&c| length <= (1usize << (POOL_MIN_SHIFT as usize + c)))
 }
 
+/// How many asynchronous batches that failed [`ClassicEngine`] keeps the reasons of after freeing
+/// them (the oldest is forgotten first): the poll that reports a failure frees the batch, as
+/// upstream's does, and the caller asks why afterwards.
+const FAILED_BATCHES_KEPT: usize = 64;
+
 /// Managed buffers: engine-allocated, registered memory handed out by size class.
 #[derive(Default)]
 struct Pool {
@@ -499,6 +504,9 @@ pub struct ClassicEngine {
     pool: Mutex<Pool>,
     /// Asynchronous batches: id -> (deadline), for [`ClassicEngine::batch_status`].
     async_batches: Mutex<HashMap<u64, Deadline>>,
+    /// The last asynchronous batches freed after a task failed: id -> each task's reason, for
+    /// [`ClassicEngine::task_error`]. Newest last, at most [`FAILED_BATCHES_KEPT`].
+    failed_batches: Mutex<VecDeque<(u64, Vec<Option<String>>)>>,
     timeout: Duration,
 }
 
@@ -521,6 +529,7 @@ impl ClassicEngine {
             handles: Mutex::new(HashMap::new()),
             pool: Mutex::new(Pool { free: vec![Vec::new(); POOL_CLASSES], ..Pool::default() }),
             async_batches: Mutex::new(HashMap::new()),
+            failed_batches: Mutex::new(VecDeque::new()),
             timeout,
         }
     }
@@ -665,6 +674,42 @@ impl ClassicEngine {
         let _ = self.engine.free_batch(batch);
     }
 
+    /// Frees an asynchronous batch that did not complete as [`ClassicEngine::retire`] does,
+    /// keeping the reasons its tasks ended with (when any gave one) for
+    /// [`ClassicEngine::task_error`].
+    fn retire_failed(&self, batch: u64) {
+        let tasks = self.engine.task_status_list(batch).map(|l| l.len()).unwrap_or(0);
+        let reasons: Vec<Option<String>> =
+            (0..tasks).map(|i| self.engine.task_error(batch, i).ok().flatten()).collect();
+        if reasons.iter().any(Option::is_some) {
+            let mut kept = self.failed_batches.lock();
+            if kept.len() == FAILED_BATCHES_KEPT {
+                kept.pop_front();
+            }
+            kept.push_back((batch, reasons));
+        }
+        self.retire(batch);
+    }
+
+    /// Why task `task` of batch `batch` ended without completing, as [`Engine::task_error`];
+    /// for an asynchronous batch this wrapper freed after it failed (the poll that reports the
+    /// failure frees it), the reason it kept. `None` while the task runs, once it completed, or
+    /// when it ended without a reason. A batch that is neither live nor kept, and a task id past
+    /// the batch's tasks, are invalid arguments.
+    pub fn task_error(&self, batch: u64, task: usize) -> Result<Option<String>> {
+        let live = match self.engine.task_error(batch, task) {
+            Err(Error::InvalidArgument(why)) => why,
+            other => return other,
+        };
+        let kept = self.failed_batches.lock();
+        match kept.iter().rev().find(|(id, _)| *id == batch) {
+            Some((_, reasons)) => reasons.get(task).cloned().ok_or_else(|| {
+                Error::InvalidArgument(format!("task id {task} out of range: the batch had {} tasks", reasons.len()))
+            }),
+            None => Err(Error::InvalidArgument(live)),
+        }
+    }
+
     /// The state of the first task of asynchronous batch `batch` as upstream's
     /// `transfer_check_status` reports it; a completed or failed batch is freed. A batch id that
     /// names no live batch is an invalid argument.
@@ -678,7 +723,7 @@ impl ClassicEngine {
             Status::Timeout => CheckedStatus::TimedOut,
             Status::Pending | Status::Waiting => CheckedStatus::Running,
             Status::Failed | Status::Canceled | Status::Invalid => {
-                self.retire(batch);
+                self.retire_failed(batch);
                 CheckedStatus::Failed
             }
         })
@@ -717,7 +762,7 @@ impl ClassicEngine {
         };
         if outcome.is_err() {
             for b in left {
-                self.retire(b);
+                self.retire_failed(b);
             }
         }
         outcome

@@ -715,10 +715,17 @@ impl Engine {
         Ok(st)
     }
 
-    /// Why a task failed (`None` while it has not failed): the message a transport or the
-    /// engine gave when it ended the task.
+    /// Why a task ended without completing (FAILED, or TIMEOUT / CANCELED when a reason was
+    /// given): the message a transport or the engine gave when it ended the task. `None` while
+    /// the task runs (a reason kept from a failed attempt that may still fail over is not an
+    /// answer yet), once it completed, and for an end that gave no reason. A pure read: it
+    /// drives no progress, so poll the status first.
     pub fn task_error(&self, batch_id: u64, task: usize) -> Result<Option<String>> {
-        Ok(self.batches.get(batch_id)?.task(task)?.state.error())
+        let state = self.batches.get(batch_id)?.task(task)?.state;
+        // The reason is stored before the status is published, so an ended status seen here
+        // comes with its reason.
+        let (status, _) = state.load();
+        Ok(if status.is_terminal() && status != Status::Completed { state.error() } else { None })
     }
 
     /// Status of every task, in id order (failing over parked tasks as [`Engine::task_status`]).

@@ -13,7 +13,7 @@ use std::sync::atomic::AtomicU8;
 use std::sync::{Arc, OnceLock};
 
 use super::classic_types::*;
-use super::{Handle, c_str, calloc_array, fill_fixed, guard, non_null, write_c_string};
+use super::{Handle, c_str, calloc_array, copy_out, fill_fixed, guard, non_null, write_c_string};
 use crate::control::metadata::MetadataStore;
 use crate::engine::Engine;
 use crate::engine::classic;
@@ -737,6 +737,32 @@ pub unsafe extern "C" fn tent_classic_batch_status(
         // SAFETY: non-NULL and writable per the caller's contract.
         unsafe { *status = transfer_status { status: st as c_int, transferred_bytes: bytes } };
         Ok(0)
+    })
+}
+
+/// tent-rs: why task `task_id` of batch `batch_id` ended without completing (the classic
+/// form of `tent_task_error`). Copies the reason of a task that ended FAILED (or TIMEOUT /
+/// CANCELED, when the engine gave one) into `buf`, NUL-terminated and truncated to `len - 1`
+/// bytes, and returns the reason's full length, like snprintf, so a caller can size its
+/// buffer; `buf` may be NULL when `len` is 0. Returns 0 (and writes an empty string) while the
+/// task runs, once it completed, or when it ended without a reason. A handle that is not a live
+/// engine, a freed or unknown batch and a task id past the batch's tasks fail with a negative
+/// classic code (`ERR_INVALID_ARGUMENT`), the reason readable with `tent_last_error`.
+///
+/// # Safety
+/// `buf` is NULL or valid for `len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_classic_transfer_error(
+    engine: transfer_engine_t,
+    batch_id: batch_id_t,
+    task_id: usize,
+    buf: *mut c_char,
+    len: usize,
+) -> c_int {
+    guard!("tent_classic_transfer_error", classic, {
+        let reason = super::engine(engine)?.task_error(batch_id, task_id)?.unwrap_or_default();
+        // SAFETY: forwarded contract (NULL or `len` bytes).
+        Ok(unsafe { copy_out(&reason, buf, len) })
     })
 }
 

@@ -12,7 +12,7 @@ pub mod tent;
 pub mod types;
 
 use std::cell::RefCell;
-use std::ffi::{CStr, c_char, c_void};
+use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::RwLock;
@@ -209,6 +209,20 @@ pub(crate) unsafe fn write_c_string(s: &str, dst: *mut c_char, len: usize) -> bo
         *dst.add(n) = 0;
     }
     n == s.len()
+}
+
+/// Copies `text` into `buf` when there is room for anything and returns its full length
+/// (saturated to `c_int::MAX`): the snprintf convention of `tent_last_error` and every other
+/// export that hands out a string of any length, so a caller can size its buffer.
+///
+/// # Safety
+/// `buf` is NULL or valid for `len` bytes.
+pub(crate) unsafe fn copy_out(text: &str, buf: *mut c_char, len: usize) -> c_int {
+    if !buf.is_null() && len > 0 {
+        // SAFETY: forwarded contract.
+        unsafe { write_c_string(text, buf, len) };
+    }
+    text.len().min(c_int::MAX as usize) as c_int
 }
 
 /// Fills a fixed `char[N]` field with `s`, truncated and NUL-terminated, the rest zeroed.

@@ -1,5 +1,6 @@
-//! The `tent_*` exports: upstream TENT's 33 functions, plus `tent_version`, `tent_last_error` and
-//! the additions the header-only C++ class needs (error codes, probes, topology, configurations).
+//! The `tent_*` exports: upstream TENT's 33 functions, plus `tent_version`, `tent_last_error`,
+//! `tent_task_error` and the additions the header-only C++ class needs (error codes, probes,
+//! topology, configurations).
 //!
 //! Every function checks its pointers, never unwinds into C, and returns upstream's values:
 //! 0 on success and -1 on failure (the reason is in `tent_last_error`).
@@ -8,7 +9,7 @@ use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void};
 
 use super::types::*;
-use super::{Handle, c_str, calloc_array, fill_fixed, fixed_str, guard, non_null, write_c_string};
+use super::{Handle, c_str, calloc_array, copy_out, fill_fixed, fixed_str, guard, non_null, write_c_string};
 use crate::config::Config;
 use crate::engine::types::{Opcode, Permission, Request, TransportKind};
 use crate::engine::{self, Engine, MemoryOptions};
@@ -614,6 +615,32 @@ pub unsafe extern "C" fn tent_task_status(
     })
 }
 
+/// tent-rs: why task `task_id` of batch `batch_id` ended without completing. Copies the reason
+/// of a task that ended FAILED (or TIMEOUT / CANCELED, when the engine gave one) into `buf`,
+/// NUL-terminated and truncated to `len - 1` bytes, and returns the reason's full length, like
+/// snprintf, so a caller can size its buffer; `buf` may be NULL when `len` is 0. Returns 0 (and
+/// writes an empty string) when the task has no reason: still pending, completed, or ended
+/// without one. Returns -1 for a bad engine handle, a batch that is not live or a task id past
+/// the batch's tasks, with the reason in `tent_last_error`. It only reads: poll the task with
+/// `tent_task_status` first.
+///
+/// # Safety
+/// `buf` is NULL or valid for `len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tent_task_error(
+    engine: tent_engine_t,
+    batch_id: tent_batch_id_t,
+    task_id: usize,
+    buf: *mut c_char,
+    len: usize,
+) -> c_int {
+    guard!("tent_task_error", -1, {
+        let reason = super::engine(engine)?.task_error(batch_id, task_id)?.unwrap_or_default();
+        // SAFETY: forwarded contract (NULL or `len` bytes).
+        Ok(unsafe { copy_out(&reason, buf, len) })
+    })
+}
+
 /// Best-effort cancel of a task: a task that has not ended becomes CANCELED; an ended task stays
 /// as it is (returns 0).
 #[unsafe(no_mangle)]
@@ -860,12 +887,8 @@ pub extern "C" fn tent_version() -> *const c_char {
 /// `buf` is NULL or valid for `len` bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tent_last_error(buf: *mut c_char, len: usize) -> c_int {
-    let msg = super::last_error();
-    if !buf.is_null() && len > 0 {
-        // SAFETY: forwarded contract.
-        unsafe { write_c_string(&msg, buf, len) };
-    }
-    msg.len().min(c_int::MAX as usize) as c_int
+    // SAFETY: forwarded contract (NULL or `len` bytes).
+    unsafe { copy_out(&super::last_error(), buf, len) }
 }
 
 /// The upstream C++ `Status::Code` of this thread's last call: 0 when it succeeded, else the
@@ -903,19 +926,6 @@ pub unsafe extern "C" fn tent_local_topology(engine: tent_engine_t, buf: *mut c_
         // SAFETY: forwarded contract (NULL or `len` bytes).
         Ok(unsafe { copy_out(&text, buf, len) })
     })
-}
-
-/// Copies `text` into `buf` when there is room for anything and returns its full length
-/// (saturated to `c_int::MAX`), the snprintf convention of `tent_last_error`.
-///
-/// # Safety
-/// `buf` is NULL or valid for `len` bytes.
-unsafe fn copy_out(text: &str, buf: *mut c_char, len: usize) -> c_int {
-    if !buf.is_null() && len > 0 {
-        // SAFETY: forwarded contract.
-        unsafe { write_c_string(text, buf, len) };
-    }
-    text.len().min(c_int::MAX as usize) as c_int
 }
 
 /// A configuration made by `tent_config_create`, for `tent_create_engine_with_config`.
