@@ -13,8 +13,9 @@ mod settings;
 
 pub use reader::{Effect, KeySpec, Range};
 pub use settings::{
-    EndpointSection, EngineSection, FileSection, MetadataSection, MetricsSection, Notes, QosSection, RdmaSection,
-    RpcSection, RuntimeQueueSection, Settings, ShmSection, SimSection, TcpSection, TopologySection,
+    EndpointSection, EngineSection, FileSection, GpuDirectSection, GpuRoute, MetadataSection, MetricsSection, Notes,
+    QosSection, RdmaSection, RpcSection, RuntimeQueueSection, Settings, ShmSection, SimSection, TcpSection,
+    TopologySection,
 };
 
 /// The paths of the keys that code outside this module writes (the classic API builds its
@@ -48,6 +49,9 @@ pub mod keys {
     pub const SIM_FAIL_STATUS: &str = "transports/rdma/sim/fail_status";
     /// The RDMA NICs to use (all when empty).
     pub const RDMA_WHITELIST: &str = "topology/rdma_whitelist";
+    /// Register device memory with NICs by peer memory first (true, the default) or by dma-buf
+    /// first: the value of upstream's `WITH_NVIDIA_PEERMEM`.
+    pub const WITH_NVIDIA_PEERMEM: &str = "transports/rdma/with_nvidia_peermem";
     /// The identity keys that an explicit caller config keeps over the environment
     /// when the engine starts: it writes them back after applying the environment.
     pub const IDENTITY_KEYS: [&str; 5] =
@@ -468,6 +472,15 @@ impl Config {
                 && self.get(key).is_none()
             {
                 self.set_from_string(key, &val);
+            }
+        }
+        // Upstream's classic engine reads this one with its own words for true and false, and
+        // keeps its default (true) for anything else.
+        if let Some(val) = getenv("WITH_NVIDIA_PEERMEM") {
+            match val.trim().to_ascii_lowercase().as_str() {
+                "1" | "true" | "yes" | "on" | "enable" => self.set(keys::WITH_NVIDIA_PEERMEM, Value::Bool(true)),
+                "0" | "false" | "no" | "off" | "disable" => self.set(keys::WITH_NVIDIA_PEERMEM, Value::Bool(false)),
+                other => tracing::warn!("WITH_NVIDIA_PEERMEM={other:?} is not a boolean; keeping the default (true)"),
             }
         }
         for (var, key) in LIST_ENV {

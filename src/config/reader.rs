@@ -106,7 +106,8 @@ impl<'a> Reader<'a> {
         self.push(KeySpec { path, default, default_text: None, range, effect: Effect::Used, opaque: false });
     }
 
-    fn fail(&mut self, path: &str, v: &Value, reason: &str) {
+    /// Refuses the value `v` of key `path` for `reason`: the parse fails with that sentence.
+    pub(crate) fn fail(&mut self, path: &str, v: &Value, reason: &str) {
         self.errors.push(format!("config key {path}: {} {reason}", show(v)));
     }
 

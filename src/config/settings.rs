@@ -151,6 +151,11 @@ pub struct SimSection {
     pub fabric: String,
     pub fail_every_nth_wr: u64,
     pub fail_status: String,
+    /// The simulated host's NICs pin device memory registered by address (as with
+    /// `nvidia_peermem` loaded).
+    pub peer_memory: bool,
+    /// The simulated host's NICs import dma-bufs.
+    pub dmabuf: bool,
 }
 
 /// `transports/rdma/endpoint/*` QP attributes.
@@ -180,6 +185,52 @@ pub struct EndpointSection {
     pub bootstrap_timeout: Duration,
     pub store_type: String,
     pub store_cap: usize,
+}
+
+/// Where the NIC route of a device buffer comes from: how a NIC reaches GPU memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuRoute {
+    /// `ibv_reg_mr` on the device address, which a peer-memory client (`nvidia_peermem`) pins.
+    PeerMem,
+    /// `ibv_reg_dmabuf_mr` on a dma-buf the device exports.
+    DmaBuf,
+}
+
+impl GpuRoute {
+    /// The route's name in `gpu_direct_routes` and in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            GpuRoute::PeerMem => "peermem",
+            GpuRoute::DmaBuf => "dmabuf",
+        }
+    }
+}
+
+/// Device memory over RDMA: GPUDirect registration and learning, and the staging that stands
+/// in where GPUDirect is missing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuDirectSection {
+    /// `transports/rdma/disable_gpu_direct_rdma` (`MC_DISABLE_GPU_DIRECT_RDMA`): NICs never
+    /// register device memory; it moves through staging buffers.
+    pub disable: bool,
+    /// The registration routes to try, in order (`transports/rdma/gpu_direct_routes`; by
+    /// default peermem then dma-buf, or dma-buf first when `WITH_NVIDIA_PEERMEM` is false, as
+    /// upstream's classic engine chooses).
+    pub routes: Vec<GpuRoute>,
+    /// `transports/rdma/gdr_error_threshold`: errors on device memory that mark a (NIC, GPU)
+    /// pair unreachable ...
+    pub error_threshold: u32,
+    /// ... within `gdr_error_window_secs` ...
+    pub error_window: Duration,
+    /// ... for `gdr_cooldown_secs`, doubled on each relapse up to 300 s.
+    pub cooldown: Duration,
+    /// `transports/rdma/staging/chunk_size`: bytes one staging buffer carries.
+    pub staging_chunk: u64,
+    /// `transports/rdma/staging/buffers`: staging buffers kept per transport (each side).
+    pub staging_buffers: usize,
+    /// `transports/rdma/staging/threads`: staged pieces moving at once, so that the device copy
+    /// of one overlaps the RDMA of another.
+    pub staging_threads: usize,
 }
 
 /// `transports/rdma/*`.
@@ -219,6 +270,8 @@ pub struct RdmaSection {
     pub score_epsilon: f64,
     /// `default_bandwidth_gbps`: the starting rate of a NIC whose port reports no speed.
     pub default_bandwidth_gbps: f64,
+    /// Device memory over RDMA.
+    pub gpu: GpuDirectSection,
 }
 
 /// Request priorities on every transport (upstream's RDMA scheduling keys, applied to all).
@@ -495,6 +548,8 @@ fn rdma(r: &mut Reader) -> RdmaSection {
             fabric: r.string(keys::SIM_FABRIC, ""),
             fail_every_nth_wr: r.uint(keys::SIM_FAIL_EVERY_NTH_WR, 0, 0, u64::MAX),
             fail_status: r.string(keys::SIM_FAIL_STATUS, "RETRY_EXC_ERR"),
+            peer_memory: r.bool("transports/rdma/sim/peer_memory", true),
+            dmabuf: r.bool("transports/rdma/sim/dmabuf", true),
         },
         num_lanes: lanes(r),
         port: r.int("transports/rdma/device/port", 1, 1, 255) as u8,
@@ -519,9 +574,47 @@ fn rdma(r: &mut Reader) -> RdmaSection {
         ewma_max_multiplier: r.float("transports/rdma/ewma_max_bandwidth_multiplier", 10.0, 1.0, 1e6),
         score_epsilon: r.float("transports/rdma/score_epsilon", 1e-12, 0.0, 1.0),
         default_bandwidth_gbps: r.float("transports/rdma/default_bandwidth_gbps", 400.0, 1e-3, 1e6),
+        gpu: gpu_direct(r),
     };
     rdma_no_effect(r);
     section
+}
+
+fn gpu_direct(r: &mut Reader) -> GpuDirectSection {
+    let disable = r.bool("transports/rdma/disable_gpu_direct_rdma", false);
+    let peermem_first = r.bool(keys::WITH_NVIDIA_PEERMEM, true);
+    let named = r.str_list("transports/rdma/gpu_direct_routes");
+    let mut routes = Vec::new();
+    for n in &named {
+        let route = match n.trim().to_ascii_lowercase().as_str() {
+            "peermem" => GpuRoute::PeerMem,
+            "dmabuf" | "dma-buf" => GpuRoute::DmaBuf,
+            _ => {
+                r.fail("transports/rdma/gpu_direct_routes", &json!(named), "names a route other than peermem, dmabuf");
+                continue;
+            }
+        };
+        if !routes.contains(&route) {
+            routes.push(route);
+        }
+    }
+    if named.is_empty() {
+        routes = if peermem_first {
+            vec![GpuRoute::PeerMem, GpuRoute::DmaBuf]
+        } else {
+            vec![GpuRoute::DmaBuf, GpuRoute::PeerMem]
+        };
+    }
+    GpuDirectSection {
+        disable,
+        routes,
+        error_threshold: r.uint("transports/rdma/gdr_error_threshold", 2, 1, 1 << 20) as u32,
+        error_window: Duration::from_secs(r.uint("transports/rdma/gdr_error_window_secs", 10, 0, 86_400)),
+        cooldown: Duration::from_secs(r.uint("transports/rdma/gdr_cooldown_secs", 30, 1, 86_400)),
+        staging_chunk: r.uint("transports/rdma/staging/chunk_size", 4 << 20, 4096, 1 << 30),
+        staging_buffers: r.uint("transports/rdma/staging/buffers", 16, 1, 4096) as usize,
+        staging_threads: r.uint("transports/rdma/staging/threads", 4, 1, 64) as usize,
+    }
 }
 
 /// Upstream's RDMA keys that tent-rs does not act on, with the reason.
@@ -531,8 +624,7 @@ fn rdma_no_effect(r: &mut Reader) {
                           hiding NICs from them";
     const LIMITS: &str = "a NIC's rate starts at its port speed (or default_bandwidth_gbps) and is learned from its \
                           completions without fixed limits";
-    const GPU: &str = "tent-rs registers host memory only; there is no GPUDirect path yet";
-    let keys: [(&'static str, Value, &'static str); 20] = [
+    let keys: [(&'static str, Value, &'static str); 16] = [
         (
             "transports/rdma/deadline_bw_arbitration",
             json!(false),
@@ -550,10 +642,6 @@ fn rdma_no_effect(r: &mut Reader) {
             "a lane waits on its queue when it has nothing in flight instead of spinning for a grace period",
         ),
         ("transports/rdma/workers/rail_topo_path", json!(""), "rails are paired from the NICs' NUMA nodes and names"),
-        ("transports/rdma/gdr_error_threshold", json!(2), GPU),
-        ("transports/rdma/gdr_error_window_secs", json!(10), GPU),
-        ("transports/rdma/gdr_cooldown_secs", json!(30), GPU),
-        ("transports/rdma/disable_gpu_direct_rdma", json!(false), GPU),
         (
             "transports/rdma/bind_address",
             json!(""),
