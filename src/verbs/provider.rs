@@ -44,6 +44,24 @@ pub trait Provider: Send + Sync {
     fn clock(&self) -> Arc<dyn Clock> {
         Arc::new(MonotonicClock)
     }
+    /// Whether a peer-memory client is present, so that `reg_mr` on a GPU's device address
+    /// pins GPU pages (the `nvidia_peermem` kernel module, or `amdgpu`, which carries AMD's):
+    /// without one the kernel cannot pin device memory and the registration fails (EFAULT).
+    fn peer_memory(&self) -> bool {
+        peer_memory_module_loaded()
+    }
+}
+
+/// Whether `/proc/modules` lists a peer-memory client for GPU memory: a line whose module
+/// name is exactly `nvidia_peermem` or `amdgpu`, as upstream checks.
+pub fn peer_memory_module_loaded() -> bool {
+    std::fs::read_to_string("/proc/modules").is_ok_and(|text| lists_peer_memory_module(&text))
+}
+
+/// Whether the text of `/proc/modules` names a peer-memory client (see
+/// [`peer_memory_module_loaded`]).
+pub fn lists_peer_memory_module(modules: &str) -> bool {
+    modules.lines().filter_map(|l| l.split_whitespace().next()).any(|m| m == "nvidia_peermem" || m == "amdgpu")
 }
 
 /// An open device, as a provider implements it.
@@ -78,6 +96,22 @@ pub trait PdOps: Send + Sync {
     /// `addr..addr+len` must stay valid memory until the returned region is deregistered: the
     /// NIC (or the sim) reads and writes it whenever peers or local requests say so.
     unsafe fn reg_mr(&self, addr: *mut u8, len: usize, access: Access) -> VerbsResult<Box<dyn MrOps>>;
+    /// Registers `len` bytes of the dma-buf `fd` from byte `offset` of it, addressed by peers and
+    /// local SGEs as `iova..iova+len` (`ibv_reg_dmabuf_mr`): how a NIC reaches device memory
+    /// that the device exported, without a peer-memory client. The NIC holds its own reference
+    /// to the dma-buf, so `fd` may be closed once this returns. Providers that cannot import
+    /// a dma-buf answer EOPNOTSUPP.
+    fn reg_dmabuf_mr(
+        &self,
+        offset: u64,
+        len: usize,
+        iova: u64,
+        fd: RawFd,
+        access: Access,
+    ) -> VerbsResult<Box<dyn MrOps>> {
+        let _ = (offset, len, iova, fd, access);
+        Err(VerbsError::new("reg_dmabuf_mr", libc::EOPNOTSUPP, "this provider cannot import a dma-buf"))
+    }
     /// Creates an RC QP in RESET whose completions go to `send_cq` and `recv_cq` (objects of
     /// the same provider).
     fn create_qp(&self, send_cq: &dyn CqOps, recv_cq: &dyn CqOps, init: &QpInit) -> VerbsResult<Box<dyn QpOps>>;
@@ -282,6 +316,21 @@ impl Mr {
         Ok(Mr { ops, pd: pd.clone(), addr: addr as u64, len, access })
     }
 
+    /// Registers `len` bytes of dma-buf `fd` from its byte `offset`, addressed as `iova` (the
+    /// device address the bytes have in this process), in `pd` (see [`PdOps::reg_dmabuf_mr`]).
+    /// `fd` may be closed once this returns.
+    pub fn register_dmabuf(
+        pd: &Arc<Pd>,
+        offset: u64,
+        len: usize,
+        iova: u64,
+        fd: RawFd,
+        access: Access,
+    ) -> VerbsResult<Mr> {
+        let ops = pd.ops.reg_dmabuf_mr(offset, len, iova, fd, access)?;
+        Ok(Mr { ops, pd: pd.clone(), addr: iova, len, access })
+    }
+
     /// Key for local SGEs.
     pub fn lkey(&self) -> u32 {
         self.ops.lkey()
@@ -392,5 +441,20 @@ impl Drop for Qp {
         if let Err(e) = self.ops.destroy() {
             tracing::warn!("destroying QP {} on {}: {e}", self.ops.qpn(), self.pd.device.name());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lists_peer_memory_module;
+
+    #[test]
+    fn a_peer_memory_client_is_found_by_its_exact_module_name() {
+        let modules = "nvidia_uvm 1409024 0 - Live 0x0\nnvidia_peermem 16384 0 - Live 0x0\n";
+        assert!(lists_peer_memory_module(modules));
+        assert!(lists_peer_memory_module("amdgpu 9000 1 - Live 0x0\n"));
+        assert!(!lists_peer_memory_module("nvidia 123 0 - Live 0x0\nnv_peer_mem_x 1 0 - Live 0x0\n"));
+        assert!(!lists_peer_memory_module("my_nvidia_peermem 1 0 - Live 0x0\n"), "a longer name is another module");
+        assert!(!lists_peer_memory_module(""));
     }
 }

@@ -44,6 +44,7 @@ type QueryQp =
     unsafe extern "C" fn(*mut sys::ibv_qp, *mut sys::ibv_qp_attr, c_int, *mut sys::ibv_qp_init_attr) -> c_int;
 type RegMr = unsafe extern "C" fn(*mut sys::ibv_pd, *mut c_void, usize, c_int) -> *mut sys::ibv_mr;
 type RegMrIova2 = unsafe extern "C" fn(*mut sys::ibv_pd, *mut c_void, usize, u64, u32) -> *mut sys::ibv_mr;
+type RegDmabufMr = unsafe extern "C" fn(*mut sys::ibv_pd, u64, usize, u64, c_int, c_int) -> *mut sys::ibv_mr;
 type DeregMr = unsafe extern "C" fn(*mut sys::ibv_mr) -> c_int;
 type GetAsyncEvent = unsafe extern "C" fn(*mut sys::ibv_context, *mut RawAsyncEvent) -> c_int;
 type AckAsyncEvent = unsafe extern "C" fn(*mut RawAsyncEvent);
@@ -87,6 +88,8 @@ struct IbvLib {
     query_qp: QueryQp,
     reg_mr: RegMr,
     reg_mr_iova2: Option<RegMrIova2>,
+    /// `ibv_reg_dmabuf_mr` (IBVERBS_1.12, rdma-core 34): absent from older libraries.
+    reg_dmabuf_mr: Option<RegDmabufMr>,
     dereg_mr: DeregMr,
     get_async_event: GetAsyncEvent,
     ack_async_event: AckAsyncEvent,
@@ -157,6 +160,7 @@ impl IbvLib {
             query_qp: need!("ibv_query_qp", QueryQp),
             reg_mr: need!("ibv_reg_mr", RegMr),
             reg_mr_iova2: want!("ibv_reg_mr_iova2", RegMrIova2),
+            reg_dmabuf_mr: want!("ibv_reg_dmabuf_mr", RegDmabufMr),
             dereg_mr: need!("ibv_dereg_mr", DeregMr),
             get_async_event: need!("ibv_get_async_event", GetAsyncEvent),
             ack_async_event: need!("ibv_ack_async_event", AckAsyncEvent),
@@ -487,6 +491,30 @@ impl PdOps for IbvPd {
         };
         if mr.is_null() {
             return Err(last_err("reg_mr"));
+        }
+        Ok(Box::new(IbvMr { lib: self.lib, mr }))
+    }
+
+    fn reg_dmabuf_mr(
+        &self,
+        offset: u64,
+        len: usize,
+        iova: u64,
+        fd: RawFd,
+        access: Access,
+    ) -> VerbsResult<Box<dyn MrOps>> {
+        let Some(f) = self.lib.reg_dmabuf_mr else {
+            return Err(VerbsError::new(
+                "reg_dmabuf_mr",
+                libc::EOPNOTSUPP,
+                "libibverbs has no ibv_reg_dmabuf_mr (rdma-core 34 or later needed)",
+            ));
+        };
+        // SAFETY: live PD; the kernel checks the descriptor and the range, and takes its own
+        // reference to the dma-buf, so nothing here outlives the call.
+        let mr = unsafe { f(self.pd, offset, len, iova, fd, access.0 as c_int) };
+        if mr.is_null() {
+            return Err(last_err("reg_dmabuf_mr"));
         }
         Ok(Box::new(IbvMr { lib: self.lib, mr }))
     }
