@@ -11,7 +11,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 
 use parking_lot::Mutex;
 
-use super::{DeviceRange, IpcExport, Mem, PendingCopy, Platform};
+use super::{DeviceRange, IpcExport, Mem, PendingCopy, Platform, ShareableExport};
 use crate::error::{Error, Result};
 
 type CuResult = c_int;
@@ -29,6 +29,32 @@ const EVENT_DISABLE_TIMING: c_uint = 2;
 const MEMHOSTALLOC_PORTABLE: c_uint = 1;
 const IPC_LAZY_ENABLE_PEER_ACCESS: c_uint = 1;
 const RANGE_HANDLE_DMA_BUF_FD: c_int = 1;
+const DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: c_int = 124;
+const MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: c_int = 1;
+const MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+const MEM_ACCESS_FLAGS_PROT_READWRITE: c_int = 3;
+
+/// `CUmemAccessDesc`: a location (type, id) and the access it gets.
+#[repr(C)]
+struct MemAccessDesc {
+    location_type: c_int,
+    location_id: c_int,
+    flags: c_int,
+}
+
+/// The virtual memory management calls (CUDA 11 and later), for VMM memory: absent, such
+/// memory is neither recognised nor shared.
+struct VmmApi {
+    retain_allocation_handle: unsafe extern "C" fn(*mut u64, *mut c_void) -> CuResult,
+    release: unsafe extern "C" fn(u64) -> CuResult,
+    export_to_shareable_handle: unsafe extern "C" fn(*mut c_void, u64, c_int, u64) -> CuResult,
+    import_from_shareable_handle: unsafe extern "C" fn(*mut u64, *mut c_void, c_int) -> CuResult,
+    address_reserve: unsafe extern "C" fn(*mut CuPtr, usize, usize, CuPtr, u64) -> CuResult,
+    address_free: unsafe extern "C" fn(CuPtr, usize) -> CuResult,
+    map: unsafe extern "C" fn(CuPtr, usize, usize, u64, u64) -> CuResult,
+    unmap: unsafe extern "C" fn(CuPtr, usize) -> CuResult,
+    set_access: unsafe extern "C" fn(CuPtr, usize, *const MemAccessDesc, usize) -> CuResult,
+}
 
 /// `CUipcMemHandle`: 64 opaque bytes, passed by value.
 #[repr(C)]
@@ -65,6 +91,8 @@ struct Api {
     get_error_string: unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult,
     /// Absent before CUDA 11.7: then no dma-buf, and NICs need nvidia-peermem.
     get_handle_for_address_range: Option<unsafe extern "C" fn(*mut c_void, CuPtr, usize, c_int, u64) -> CuResult>,
+    device_get_attribute: unsafe extern "C" fn(*mut c_int, c_int, CuDevice) -> CuResult,
+    vmm: Option<VmmApi>,
 }
 
 /// A device's primary context and the streams its copies run on.
@@ -78,6 +106,9 @@ struct Device {
 pub struct Cuda {
     api: Api,
     devices: Vec<Device>,
+    /// VMM memory mapped from shareable descriptors (start -> length), unmapped by
+    /// `ipc_close` instead of `cuIpcCloseMemHandle`.
+    imported: Mutex<std::collections::HashMap<u64, usize>>,
 }
 
 // SAFETY: the driver API is thread-safe; contexts and streams are process-wide handles the
@@ -137,9 +168,24 @@ impl Cuda {
                 device_get_pci_bus_id: sym(lib, c"cuDeviceGetPCIBusId")?,
                 get_error_string: sym(lib, c"cuGetErrorString")?,
                 get_handle_for_address_range: sym(lib, c"cuMemGetHandleForAddressRange").ok(),
+                device_get_attribute: sym(lib, c"cuDeviceGetAttribute")?,
+                vmm: (|| -> std::result::Result<VmmApi, String> {
+                    Ok(VmmApi {
+                        retain_allocation_handle: sym(lib, c"cuMemRetainAllocationHandle")?,
+                        release: sym(lib, c"cuMemRelease")?,
+                        export_to_shareable_handle: sym(lib, c"cuMemExportToShareableHandle")?,
+                        import_from_shareable_handle: sym(lib, c"cuMemImportFromShareableHandle")?,
+                        address_reserve: sym(lib, c"cuMemAddressReserve")?,
+                        address_free: sym(lib, c"cuMemAddressFree")?,
+                        map: sym(lib, c"cuMemMap")?,
+                        unmap: sym(lib, c"cuMemUnmap")?,
+                        set_access: sym(lib, c"cuMemSetAccess")?,
+                    })
+                })()
+                .ok(),
             }
         };
-        let mut cuda = Cuda { api, devices: Vec::new() };
+        let mut cuda = Cuda { api, devices: Vec::new(), imported: Mutex::new(Default::default()) };
         // SAFETY: cuInit(0) has no preconditions.
         let rc = unsafe { (cuda.api.init)(0) };
         if rc != CUDA_SUCCESS {
@@ -375,6 +421,19 @@ impl Platform for Cuda {
     }
 
     fn ipc_close(&self, base: u64) {
+        if let Some(len) = self.imported.lock().remove(&base) {
+            if let Some(v) = &self.api.vmm {
+                // SAFETY: unmaps and frees the range `shareable_import` reserved and mapped.
+                let rc = unsafe {
+                    let rc = (v.unmap)(base, len);
+                    if rc == CUDA_SUCCESS { (v.address_free)(base, len) } else { rc }
+                };
+                if rc != CUDA_SUCCESS {
+                    tracing::warn!("unmapping imported VMM memory: {}", self.describe(rc));
+                }
+            }
+            return;
+        }
         // SAFETY: closes a mapping ipc_open made.
         let rc = unsafe { (self.api.ipc_close_mem_handle)(base) };
         if rc != CUDA_SUCCESS {
@@ -388,6 +447,17 @@ impl Platform for Cuda {
         })?;
         let range = self.locate(addr).ok_or_else(|| Error::InvalidArgument(format!("{addr:#x} is not GPU memory")))?;
         self.enter(range.device)?;
+        let mut supported: c_int = 0;
+        let dev = range.device as CuDevice;
+        // SAFETY: writes one int; the device ordinal is the driver's.
+        let rc = unsafe { (self.api.device_get_attribute)(&mut supported, DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, dev) };
+        if rc != CUDA_SUCCESS || supported == 0 {
+            return Err(Error::NotImplemented(format!(
+                "cuda:{} cannot export a dma-buf (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED is 0: an old driver, or the \
+                 proprietary kernel modules)",
+                range.device
+            )));
+        }
         // The range must start and end on host pages.
         let start = addr & !4095;
         let end = (addr + len).div_ceil(4096) * 4096;
@@ -399,6 +469,104 @@ impl Platform for Cuda {
         )?;
         // SAFETY: the driver gave us a fresh descriptor.
         Ok((unsafe { OwnedFd::from_raw_fd(fd) }, addr - start))
+    }
+
+    fn is_vmm(&self, addr: u64) -> bool {
+        let Some(v) = &self.api.vmm else { return false };
+        if self.enter(0).is_err() {
+            return false;
+        }
+        let mut h: u64 = 0;
+        // SAFETY: writes the allocation handle when `addr` is VMM memory; it is released at
+        // once. Other memory makes the driver return an error.
+        unsafe {
+            if (v.retain_allocation_handle)(&mut h, addr as *mut c_void) != CUDA_SUCCESS {
+                return false;
+            }
+            (v.release)(h);
+        }
+        true
+    }
+
+    fn shareable_export(&self, addr: u64) -> Result<ShareableExport> {
+        let v =
+            self.api.vmm.as_ref().ok_or_else(|| {
+                Error::NotImplemented("this CUDA driver has no virtual memory management calls".into())
+            })?;
+        let range = self.locate(addr).ok_or_else(|| Error::InvalidArgument(format!("{addr:#x} is not GPU memory")))?;
+        self.enter(range.device)?;
+        let mut h: u64 = 0;
+        // SAFETY: writes the allocation handle of VMM memory.
+        self.check(
+            unsafe { (v.retain_allocation_handle)(&mut h, addr as *mut c_void) },
+            format_args!("cuMemRetainAllocationHandle of {addr:#x} (not VMM memory?)"),
+        )?;
+        let mut fd: c_int = -1;
+        // SAFETY: writes one int, the descriptor; the handle retained above is released after.
+        let rc = unsafe {
+            let rc = (v.export_to_shareable_handle)(
+                (&mut fd as *mut c_int).cast(),
+                h,
+                MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            );
+            (v.release)(h);
+            rc
+        };
+        self.check(rc, "cuMemExportToShareableHandle (the allocation must allow POSIX descriptors)")?;
+        // SAFETY: the driver gave us a fresh descriptor.
+        Ok(ShareableExport { fd: unsafe { OwnedFd::from_raw_fd(fd) }, range })
+    }
+
+    fn shareable_import(&self, fd: OwnedFd, len: u64, device: u32) -> Result<DeviceRange> {
+        use std::os::fd::AsRawFd;
+        let v =
+            self.api.vmm.as_ref().ok_or_else(|| {
+                Error::NotImplemented("this CUDA driver has no virtual memory management calls".into())
+            })?;
+        self.enter(device)?;
+        let size = len as usize;
+        let mut h: u64 = 0;
+        // SAFETY: the POSIX descriptor is passed as the pointer-sized handle the API takes.
+        self.check(
+            unsafe {
+                (v.import_from_shareable_handle)(
+                    &mut h,
+                    fd.as_raw_fd() as usize as *mut c_void,
+                    MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                )
+            },
+            "cuMemImportFromShareableHandle",
+        )?;
+        let mut ptr: CuPtr = 0;
+        let access = MemAccessDesc {
+            location_type: MEM_LOCATION_TYPE_DEVICE,
+            location_id: device as c_int,
+            flags: MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: reserves, maps and opens a range of our own for the imported allocation; on
+        // failure what was made is undone; the handle is released either way (the mapping
+        // keeps the memory alive).
+        let rc = unsafe {
+            let mut rc = (v.address_reserve)(&mut ptr, size, 0, 0, 0);
+            if rc == CUDA_SUCCESS {
+                rc = (v.map)(ptr, size, 0, h, 0);
+                if rc == CUDA_SUCCESS {
+                    rc = (v.set_access)(ptr, size, &access, 1);
+                    if rc != CUDA_SUCCESS {
+                        (v.unmap)(ptr, size);
+                    }
+                }
+                if rc != CUDA_SUCCESS {
+                    (v.address_free)(ptr, size);
+                }
+            }
+            (v.release)(h);
+            rc
+        };
+        self.check(rc, format_args!("mapping {len} bytes of imported VMM memory"))?;
+        self.imported.lock().insert(ptr, size);
+        Ok(DeviceRange { device, base: ptr, len })
     }
 
     fn alloc_pinned(&self, len: usize) -> Result<*mut u8> {

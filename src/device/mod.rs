@@ -54,6 +54,17 @@ pub struct DeviceRange {
     pub len: u64,
 }
 
+/// A physical allocation of device memory shared as a file descriptor (VMM memory, which CUDA
+/// IPC handles cannot share): another process of the host that receives the descriptor over a
+/// Unix socket (`SCM_RIGHTS`) maps the same bytes with [`Platform::shareable_import`].
+#[derive(Debug)]
+pub struct ShareableExport {
+    /// The descriptor (CUDA: `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`).
+    pub fd: OwnedFd,
+    /// The allocation it stands for, as mapped in this process.
+    pub range: DeviceRange,
+}
+
 /// What another process of the host needs to map a piece of device memory: the platform's
 /// handle bytes and the allocation they stand for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,8 +104,29 @@ pub trait Platform: Send + Sync {
     /// How many devices there are (`cuda:0` .. `cuda:N-1`).
     fn device_count(&self) -> u32;
     /// The device allocation holding `addr`, or `None` when `addr` is not device memory of this
-    /// platform (host memory, or nothing mapped).
+    /// platform (host memory, or nothing mapped). For VMM memory (`cuMemCreate` + `cuMemMap`,
+    /// as PyTorch's expandable segments make) that is the one physical chunk mapped there, not
+    /// the whole reserved range: see [`Platform::extent`].
     fn locate(&self, addr: u64) -> Option<DeviceRange>;
+    /// The allocations holding `[addr, addr+len)`, in address order, when every byte of it is
+    /// device memory of one device and the allocations follow each other without a gap; `None`
+    /// otherwise. One allocation for memory from [`Platform::allocate`]; several for a VMM range
+    /// mapped from several physical chunks, found by walking them one [`Platform::locate`] at a
+    /// time (one lookup answers only its own chunk).
+    fn extent(&self, addr: u64, len: u64) -> Option<Vec<DeviceRange>> {
+        let end = addr.checked_add(len.max(1))?;
+        let mut out: Vec<DeviceRange> = Vec::new();
+        let mut at = addr;
+        while at < end {
+            let r = self.locate(at)?;
+            if out.first().is_some_and(|f| f.device != r.device) || r.base + r.len <= at {
+                return None;
+            }
+            at = r.base + r.len;
+            out.push(r);
+        }
+        Some(out)
+    }
     /// Allocates `len` bytes on `device`.
     fn allocate(&self, device: u32, len: usize) -> Result<u64>;
     /// Frees memory returned by [`Platform::allocate`].
@@ -111,9 +143,22 @@ pub trait Platform: Send + Sync {
     fn ipc_open(&self, handle: &[u8]) -> Result<DeviceRange>;
     /// Unmaps an allocation [`Platform::ipc_open`] mapped (by the base it returned).
     fn ipc_close(&self, base: u64);
-    /// A dma-buf file descriptor for `[addr, addr+len)` and the offset of `addr` in it, for
-    /// registering the memory with a NIC (`ibv_reg_dmabuf_mr`).
+    /// A dma-buf file descriptor for `[addr, addr+len)` (inside one allocation) and the offset
+    /// of `addr` in it, for registering the memory with a NIC (`ibv_reg_dmabuf_mr`). Refused,
+    /// with the reason, where the device or the driver cannot export one.
     fn dmabuf(&self, addr: u64, len: u64) -> Result<(OwnedFd, u64)>;
+    /// Whether the memory at `addr` is VMM memory (`cuMemCreate` + `cuMemMap`), which CUDA IPC
+    /// handles cannot share: other processes of the host map it from a shareable descriptor
+    /// ([`Platform::shareable_export`]) instead.
+    fn is_vmm(&self, addr: u64) -> bool;
+    /// A descriptor standing for the physical allocation of VMM memory mapped at `addr`, to be
+    /// passed to another process of the host over a Unix socket (`SCM_RIGHTS`; `pidfd_getfd`
+    /// fails under Yama's `ptrace_scope=1` and in containers without `CAP_SYS_PTRACE`).
+    fn shareable_export(&self, addr: u64) -> Result<ShareableExport>;
+    /// Maps `len` bytes of `device` received as a descriptor from
+    /// [`Platform::shareable_export`] into this process; returns where they start here. Unmapped
+    /// with [`Platform::ipc_close`].
+    fn shareable_import(&self, fd: OwnedFd, len: u64, device: u32) -> Result<DeviceRange>;
     /// Pinned host memory for staging (page-locked, so the device copies it at full speed).
     fn alloc_pinned(&self, len: usize) -> Result<*mut u8>;
     /// Frees memory from [`Platform::alloc_pinned`].
@@ -175,6 +220,11 @@ pub fn parse_location(location: &str) -> (&str, Option<u32>) {
 /// CUDA-like device).
 pub fn is_device_location(location: &str) -> bool {
     matches!(parse_location(location).0, "cuda" | "npu")
+}
+
+/// The device a location names (`cuda:3` is 3); `None` for host and unknown locations.
+pub fn device_index(location: &str) -> Option<u32> {
+    if is_device_location(location) { parse_location(location).1 } else { None }
 }
 
 /// The location string of `device`.
@@ -266,6 +316,36 @@ pub unsafe fn copy_any(dst: u64, src: u64, len: usize) -> Result<()> {
         }
         (d, s) => require("copying device memory")?.copy(d, s, len),
     }
+}
+
+/// How close a NIC is to `device`, as upstream's topology ranks NICs for a GPU: 0 when both
+/// sit below one PCIe switch, 1 on the GPU's NUMA node, 2 otherwise. `nic_pci` is the NIC's PCI
+/// address ("" or `virtual` when it has none) and `nic_numa` its node (-1 unknown).
+pub fn nic_rank(platform: &dyn Platform, device: u32, nic_pci: &str, nic_numa: i32) -> usize {
+    let (pci, numa) = (platform.pci_bus_id(device), platform.numa_node(device));
+    if pcie_switch_shared(&pci, nic_pci) {
+        0
+    } else if numa >= 0 && numa == nic_numa {
+        1
+    } else {
+        2
+    }
+}
+
+/// Whether two PCI devices sit below one PCIe switch: their sysfs paths share a bridge below
+/// the root port (`/sys/devices/pci0000:00/<root port>/<switch port>/...`).
+fn pcie_switch_shared(a: &str, b: &str) -> bool {
+    if a.is_empty() || b.is_empty() {
+        return false;
+    }
+    let path = |id: &str| std::fs::canonicalize(format!("/sys/bus/pci/devices/{id}")).ok();
+    let (Some(pa), Some(pb)) = (path(a), path(b)) else {
+        return false;
+    };
+    let common = pa.components().zip(pb.components()).take_while(|(x, y)| x == y).count();
+    // `/`, `sys`, `devices`, `pci0000:xx` and the root port are shared by everything on a root
+    // complex; one more shared component is a switch.
+    common > 5
 }
 
 /// Upper-case hex of `bytes`, as upstream writes handles into descriptors.

@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 
 use parking_lot::RwLock;
 
-use super::{DeviceRange, Done, IpcExport, Mem, PendingCopy, Platform, known};
+use super::{DeviceRange, Done, IpcExport, Mem, PendingCopy, Platform, ShareableExport, known};
 use crate::error::{Error, Result};
 
 /// The first bytes of a simulated IPC handle.
@@ -43,6 +43,9 @@ struct Mapping {
     alias: usize,
     /// Whether this process allocated it (else it was opened from a handle).
     owned: bool,
+    /// For a chunk of a VMM allocation ([`SimDevice::allocate_vmm`]): where the whole
+    /// allocation starts.
+    vmm: Option<u64>,
 }
 
 /// The simulated device platform: `devices` devices, each backed by the host's memory.
@@ -50,14 +53,26 @@ pub struct SimDevice {
     devices: u32,
     /// Mappings by device address.
     maps: RwLock<BTreeMap<u64, Mapping>>,
+    /// When not 0, [`Platform::allocate`] builds every allocation larger than this from
+    /// chunks of this size, as VMM memory (`TENT_SIM_VMM_CHUNK`): so tests through the C and
+    /// Python APIs meet memory like PyTorch's expandable segments.
+    vmm_chunk: usize,
 }
 
 static SIM: OnceLock<SimDevice> = OnceLock::new();
 
 /// Installs the simulated platform with `devices` devices for the rest of the process (a later
-/// call keeps the first count). It takes precedence over CUDA.
+/// call keeps the first count). It takes precedence over CUDA. `TENT_SIM_VMM_CHUNK=<bytes>`
+/// makes its allocations VMM memory of chunks that size.
 pub fn install(devices: u32) -> &'static SimDevice {
-    SIM.get_or_init(|| SimDevice { devices: devices.max(1), maps: RwLock::new(BTreeMap::new()) })
+    SIM.get_or_init(|| {
+        let chunk = std::env::var("TENT_SIM_VMM_CHUNK").ok().and_then(|v| v.trim().parse::<usize>().ok()).unwrap_or(0);
+        SimDevice {
+            devices: devices.max(1),
+            maps: RwLock::new(BTreeMap::new()),
+            vmm_chunk: chunk.div_ceil(4096) * 4096,
+        }
+    })
 }
 
 /// The simulated platform when installed, by [`install`] or by `TENT_SIM_DEVICES=N` (N > 0).
@@ -84,20 +99,132 @@ fn map_twice(fd: &OwnedFd, len: usize) -> Result<(u64, usize)> {
     if dev == libc::MAP_FAILED {
         return Err(os_err(format_args!("simulated device: mapping {len} bytes failed")));
     }
-    // SAFETY: as above.
+    match map_alias(fd, len) {
+        Ok(alias) => Ok((dev as u64, alias)),
+        Err(e) => {
+            // SAFETY: unmapping what was just mapped.
+            unsafe { libc::munmap(dev, len) };
+            Err(e)
+        }
+    }
+}
+
+/// A fresh memfd of `len` bytes, the physical memory of one simulated allocation.
+fn new_memfd(len: usize) -> Result<OwnedFd> {
+    // SAFETY: memfd_create takes a NUL-terminated name; the result is checked.
+    let raw = unsafe { libc::memfd_create(c"tent-sim-device".as_ptr(), libc::MFD_CLOEXEC) };
+    if raw < 0 {
+        return Err(os_err("simulated device: memfd_create failed"));
+    }
+    // SAFETY: `raw` is a fresh descriptor this function owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: sizing our own memfd.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+        return Err(os_err(format_args!("simulated device: sizing {len} bytes failed")));
+    }
+    Ok(fd)
+}
+
+/// Maps the alias (read-write) of `fd`'s `len` bytes.
+fn map_alias(fd: &OwnedFd, len: usize) -> Result<usize> {
+    // SAFETY: mapping a descriptor we own; the result is checked.
     let alias = unsafe {
         libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0)
     };
     if alias == libc::MAP_FAILED {
-        let e = os_err(format_args!("simulated device: mapping the alias of {len} bytes failed"));
-        // SAFETY: unmapping what was just mapped.
-        unsafe { libc::munmap(dev, len) };
-        return Err(e);
+        return Err(os_err(format_args!("simulated device: mapping the alias of {len} bytes failed")));
     }
-    Ok((dev as u64, alias as usize))
+    Ok(alias as usize)
 }
 
 impl SimDevice {
+    /// Allocates VMM memory on `device` as `cuMemAddressReserve` + `cuMemCreate` + `cuMemMap`
+    /// do (PyTorch's expandable segments): one reserved range of the chunks' total length,
+    /// each chunk (rounded up to pages) a physical allocation of its own mapped behind the
+    /// previous one. [`Platform::locate`] answers one chunk, an IPC handle is refused, a
+    /// shareable descriptor is given; [`Platform::free`] of the start frees every chunk.
+    pub fn allocate_vmm(&self, device: u32, chunks: &[usize]) -> Result<u64> {
+        self.check_device(device)?;
+        let lens: Vec<usize> = chunks.iter().map(|c| c.div_ceil(4096) * 4096).collect();
+        let total: usize = lens.iter().sum();
+        if total == 0 {
+            return Err(Error::InvalidArgument("cannot allocate 0 bytes".into()));
+        }
+        // SAFETY: reserving address space; the result is checked.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                total,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(os_err(format_args!("simulated device: reserving {total} bytes failed")));
+        }
+        let base = base as u64;
+        let mut at = base;
+        let mut made: Vec<u64> = Vec::new();
+        let mapped = lens.iter().try_for_each(|&len| -> Result<()> {
+            let fd = new_memfd(len)?;
+            // SAFETY: replaces part of the range reserved above (MAP_FIXED inside our own
+            // reservation); the result is checked.
+            let p = unsafe {
+                libc::mmap(
+                    at as *mut libc::c_void,
+                    len,
+                    libc::PROT_NONE,
+                    libc::MAP_SHARED | libc::MAP_FIXED,
+                    fd.as_raw_fd(),
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                return Err(os_err(format_args!("simulated device: mapping a chunk of {len} bytes failed")));
+            }
+            let alias = map_alias(&fd, len)?;
+            self.maps.write().insert(at, Mapping { fd, device, len, alias, owned: true, vmm: Some(base) });
+            known::note(at, len as u64, device);
+            made.push(at);
+            at += len as u64;
+            Ok(())
+        });
+        if let Err(e) = mapped {
+            for m in made {
+                let _ = self.remove(m, true);
+            }
+            // SAFETY: unmapping what is left of our own reservation.
+            unsafe { libc::munmap(base as *mut libc::c_void, total) };
+            return Err(e);
+        }
+        Ok(base)
+    }
+
+    fn check_device(&self, device: u32) -> Result<()> {
+        if device >= self.devices {
+            return Err(Error::InvalidArgument(format!(
+                "cuda:{device} does not exist: the simulated platform has {} device(s)",
+                self.devices
+            )));
+        }
+        Ok(())
+    }
+
+    /// How many bytes from `m` on lie in one mapping (all `len` for host memory), so that a
+    /// copy across the chunks of VMM memory is made chunk by chunk.
+    fn span(&self, m: Mem, len: usize) -> Result<usize> {
+        let Mem::Device(a) = m else { return Ok(len) };
+        let g = self.maps.read();
+        match g.range(..=a).next_back() {
+            Some((&base, m)) if a < base + m.len as u64 => Ok(len.min((base + m.len as u64 - a) as usize)),
+            _ => Err(Error::AddressNotRegistered(format!(
+                "{len} bytes at {a:#x} are not inside memory of the simulated device (freed, or never allocated)"
+            ))),
+        }
+    }
+
     /// The alias of device range `[addr, addr+len)`, when it lies in one mapping.
     fn alias(&self, addr: u64, len: usize) -> Result<*mut u8> {
         let g = self.maps.read();
@@ -120,7 +247,7 @@ impl SimDevice {
 
     fn insert(&self, fd: OwnedFd, device: u32, len: usize, owned: bool) -> Result<DeviceRange> {
         let (base, alias) = map_twice(&fd, len)?;
-        self.maps.write().insert(base, Mapping { fd, device, len, alias, owned });
+        self.maps.write().insert(base, Mapping { fd, device, len, alias, owned, vmm: None });
         known::note(base, len as u64, device);
         Ok(DeviceRange { device, base, len: len as u64 })
     }
@@ -162,44 +289,46 @@ impl Platform for SimDevice {
     }
 
     fn allocate(&self, device: u32, len: usize) -> Result<u64> {
-        if device >= self.devices {
-            return Err(Error::InvalidArgument(format!(
-                "cuda:{device} does not exist: the simulated platform has {} device(s)",
-                self.devices
-            )));
-        }
+        self.check_device(device)?;
         if len == 0 {
             return Err(Error::InvalidArgument("cannot allocate 0 bytes".into()));
         }
         let len = len.div_ceil(4096) * 4096;
-        // SAFETY: memfd_create takes a NUL-terminated name; the result is checked.
-        let raw = unsafe { libc::memfd_create(c"tent-sim-device".as_ptr(), libc::MFD_CLOEXEC) };
-        if raw < 0 {
-            return Err(os_err("simulated device: memfd_create failed"));
+        if self.vmm_chunk > 0 && len > self.vmm_chunk {
+            let chunks: Vec<usize> =
+                (0..len.div_ceil(self.vmm_chunk)).map(|i| (len - i * self.vmm_chunk).min(self.vmm_chunk)).collect();
+            return self.allocate_vmm(device, &chunks);
         }
-        // SAFETY: `raw` is a fresh descriptor this function owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: sizing our own memfd.
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
-            return Err(os_err(format_args!("simulated device: sizing {len} bytes failed")));
-        }
-        Ok(self.insert(fd, device, len, true)?.base)
+        Ok(self.insert(new_memfd(len)?, device, len, true)?.base)
     }
 
     fn free(&self, addr: u64) -> Result<()> {
-        self.remove(addr, true)
+        let group = self.maps.read().get(&addr).and_then(|m| m.vmm).filter(|b| *b == addr);
+        let Some(base) = group else { return self.remove(addr, true) };
+        // A VMM allocation: every chunk goes; each unmaps its own part of the reservation.
+        let chunks: Vec<u64> = self.maps.read().iter().filter(|(_, m)| m.vmm == Some(base)).map(|(a, _)| *a).collect();
+        chunks.into_iter().try_for_each(|a| self.remove(a, true))
     }
 
     fn start_copy(&self, dst: Mem, src: Mem, len: usize) -> Result<Box<dyn PendingCopy>> {
-        if len == 0 {
-            return Ok(Box::new(Done(None)));
+        let offset = |m: Mem, n: u64| match m {
+            Mem::Host(a) => Mem::Host(a + n),
+            Mem::Device(a) => Mem::Device(a + n),
+        };
+        let mut done = 0usize;
+        while done < len {
+            let (dm, sm) = (offset(dst, done as u64), offset(src, done as u64));
+            // A copy into or out of VMM memory goes one chunk at a time.
+            let n = self.span(dm, len - done)?.min(self.span(sm, len - done)?);
+            let d = self.pointer(dm, n)?;
+            let s = self.pointer(sm, n)?;
+            // SAFETY: device sides were translated to their read-write alias and bounds-checked;
+            // host sides are memory the caller guarantees (registered with the engine). The
+            // map lock is not held: a free racing a copy is the caller's bug, as on a real
+            // device.
+            unsafe { crate::base::copy::copy(s, d, n, len >= STREAM_FROM) };
+            done += n;
         }
-        let d = self.pointer(dst, len)?;
-        let s = self.pointer(src, len)?;
-        // SAFETY: device sides were translated to their read-write alias and bounds-checked;
-        // host sides are memory the caller guarantees (registered with the engine). The map
-        // lock is not held: a free racing a copy is the caller's bug, as on a real device.
-        unsafe { crate::base::copy::copy(s, d, len, len >= STREAM_FROM) };
         Ok(Box::new(Done(None)))
     }
 
@@ -208,6 +337,12 @@ impl Platform for SimDevice {
         let Some((&base, m)) = g.range(..=addr).next_back().filter(|(b, m)| addr < **b + m.len as u64) else {
             return Err(Error::InvalidArgument(format!("{addr:#x} is not simulated device memory")));
         };
+        if m.vmm.is_some() {
+            return Err(Error::NotImplemented(format!(
+                "{addr:#x} is VMM memory, which an IPC handle cannot share (as cuIpcGetMemHandle refuses memory \
+                 from cuMemCreate); share it by its shareable descriptor"
+            )));
+        }
         let mut h = Vec::with_capacity(HANDLE_LEN);
         h.extend_from_slice(MAGIC);
         h.extend_from_slice(&std::process::id().to_le_bytes());
@@ -259,6 +394,38 @@ impl Platform for SimDevice {
             }
             _ => Err(Error::AddressNotRegistered(format!("{len} bytes at {addr:#x} are not simulated device memory"))),
         }
+    }
+
+    fn is_vmm(&self, addr: u64) -> bool {
+        let g = self.maps.read();
+        g.range(..=addr).next_back().is_some_and(|(&b, m)| addr < b + m.len as u64 && m.vmm.is_some())
+    }
+
+    fn shareable_export(&self, addr: u64) -> Result<ShareableExport> {
+        let g = self.maps.read();
+        match g.range(..=addr).next_back() {
+            Some((&base, m)) if addr < base + m.len as u64 && m.vmm.is_some() => {
+                let fd = m.fd.try_clone().map_err(|e| Error::os(e.raw_os_error().unwrap_or(0), e.to_string()))?;
+                Ok(ShareableExport { fd, range: DeviceRange { device: m.device, base, len: m.len as u64 } })
+            }
+            Some((&base, m)) if addr < base + m.len as u64 => {
+                Err(Error::NotImplemented(format!("{addr:#x} is not VMM memory: it is shared by its IPC handle")))
+            }
+            _ => Err(Error::InvalidArgument(format!("{addr:#x} is not simulated device memory"))),
+        }
+    }
+
+    fn shareable_import(&self, fd: OwnedFd, len: u64, device: u32) -> Result<DeviceRange> {
+        self.check_device(device)?;
+        // SAFETY: `stat` is plain old data; all-zero is a valid value.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fd is open; st is a valid out-parameter.
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 || (st.st_size as u64) < len || len == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "the descriptor does not hold {len} bytes of simulated device memory"
+            )));
+        }
+        self.insert(fd, device, len as usize, false)
     }
 
     fn alloc_pinned(&self, len: usize) -> Result<*mut u8> {
@@ -343,5 +510,37 @@ mod tests {
         assert!(sim.free(opened.base).is_err(), "an opened mapping is closed, not freed");
         sim.ipc_close(opened.base);
         sim.free(a).expect("free");
+    }
+
+    #[test]
+    fn vmm_memory_is_several_chunks_walked_as_one_range() {
+        let sim = install(2);
+        let a = sim.allocate_vmm(1, &[8192, 4096, 12288]).expect("allocate");
+        assert_eq!(sim.locate(a + 9000), Some(DeviceRange { device: 1, base: a + 8192, len: 4096 }), "one chunk");
+        let ext = sim.extent(a + 100, 24576 - 200).expect("one range");
+        assert_eq!(ext.iter().map(|r| r.len).collect::<Vec<_>>(), vec![8192, 4096, 12288]);
+        assert!(sim.extent(a, 24576 + 1).is_none(), "past the end");
+        assert!(sim.is_vmm(a + 20000) && !sim.is_vmm(a + 24576));
+        // A copy across every chunk, into the device and back.
+        let src: Vec<u8> = (0..24576u32).map(|i| (i % 253) as u8).collect();
+        sim.copy(Mem::Device(a), Mem::Host(src.as_ptr() as u64), src.len()).expect("h2d");
+        let b = sim.allocate(1, 24576).expect("plain allocation");
+        sim.copy(Mem::Device(b), Mem::Device(a), src.len()).expect("d2d");
+        let mut back = vec![0u8; src.len()];
+        sim.copy(Mem::Host(back.as_mut_ptr() as u64), Mem::Device(b), back.len()).expect("d2h");
+        assert_eq!(back, src);
+        // IPC handles are refused; the shareable descriptor maps the same bytes.
+        assert!(sim.ipc_export(a + 8192).is_err());
+        assert!(sim.shareable_export(b).is_err(), "plain memory is shared by its IPC handle");
+        let ex = sim.shareable_export(a + 8192 + 10).expect("export");
+        assert_eq!(ex.range.base, a + 8192);
+        let opened = sim.shareable_import(ex.fd, 4096, 1).expect("import");
+        let mut chunk = vec![0u8; 4096];
+        sim.copy(Mem::Host(chunk.as_mut_ptr() as u64), Mem::Device(opened.base), 4096).expect("d2h");
+        assert_eq!(chunk[..], src[8192..12288]);
+        sim.ipc_close(opened.base);
+        sim.free(b).expect("free");
+        sim.free(a).expect("free every chunk");
+        assert!(sim.locate(a + 9000).is_none() && known::device_of(a, 24576).is_none());
     }
 }

@@ -34,12 +34,13 @@ pub fn numa_nodes() -> Vec<u32> {
 
 /// Where a registration of `[addr, addr+len)` asked at location `asked` lives: its location
 /// string and, for device memory, the device. `cuda:N` must name the device that holds the
-/// whole range; the wildcard detects device memory through the platform before it probes NUMA
-/// placement (which must not touch device memory); a `cpu:N` location for device memory is
-/// refused, since the CPU paths would then read it.
+/// whole range (one allocation, or VMM chunks mapped one after the other, as PyTorch's
+/// expandable segments are); the wildcard detects device memory through the platform before
+/// it probes NUMA placement (which must not touch device memory); a `cpu:N` location for device
+/// memory is refused, since the CPU paths would then read it.
 pub fn registration_location(addr: u64, len: u64, asked: &str) -> Result<(String, Option<u32>)> {
     let asked = asked.trim();
-    let within = |r: device::DeviceRange| addr.checked_add(len).is_some_and(|end| end <= r.base + r.len);
+    let within = |_: device::DeviceRange| device::platform().is_some_and(|p| p.extent(addr, len).is_some());
     if device::is_device_location(asked) {
         let what = format!("registering {len} bytes at {addr:#x} as {asked}");
         let platform = device::require(&what)?;
@@ -59,7 +60,7 @@ pub fn registration_location(addr: u64, len: u64, asked: &str) -> Result<(String
                 Err(Error::InvalidArgument(format!("{what}: the address is memory of cuda:{}", r.device)))
             }
             Some(r) if !within(r) => {
-                Err(Error::InvalidArgument(format!("{what}: the range reaches past the end of its device allocation")))
+                Err(Error::InvalidArgument(format!("{what}: the range reaches past the end of its device memory")))
             }
             Some(_) => Ok((device::location_of(idx), Some(idx))),
         };
@@ -245,38 +246,15 @@ fn device_mems(nics: &[TopologyNic]) -> Vec<serde_json::Value> {
     };
     (0..p.device_count())
         .map(|d| {
-            let pci = p.pci_bus_id(d);
-            let numa = p.numa_node(d);
-            let (mut r0, mut r1, mut r2) = (Vec::new(), Vec::new(), Vec::new());
+            let mut ranks: [Vec<usize>; 3] = Default::default();
             for (i, n) in nics.iter().enumerate() {
-                if pcie_switch_shared(&pci, &n.pci_bus_id) {
-                    r0.push(i);
-                } else if numa >= 0 && n.numa_node == numa {
-                    r1.push(i);
-                } else {
-                    r2.push(i);
-                }
+                ranks[device::nic_rank(p, d, &n.pci_bus_id, n.numa_node)].push(i);
             }
-            serde_json::json!({"name": device::location_of(d), "pci_bus_id": pci, "type": MEM_TYPE_CUDA,
-                "numa_node": numa, "device_list": {"rank0": r0, "rank1": r1, "rank2": r2}})
+            let [r0, r1, r2] = ranks;
+            serde_json::json!({"name": device::location_of(d), "pci_bus_id": p.pci_bus_id(d), "type": MEM_TYPE_CUDA,
+                "numa_node": p.numa_node(d), "device_list": {"rank0": r0, "rank1": r1, "rank2": r2}})
         })
         .collect()
-}
-
-/// Whether two PCI devices sit below one PCIe switch: their sysfs paths share a bridge below
-/// the root port (`/sys/devices/pci0000:00/<root port>/<switch port>/...`).
-fn pcie_switch_shared(a: &str, b: &str) -> bool {
-    if a.is_empty() || b.is_empty() {
-        return false;
-    }
-    let path = |id: &str| std::fs::canonicalize(format!("/sys/bus/pci/devices/{id}")).ok();
-    let (Some(pa), Some(pb)) = (path(a), path(b)) else {
-        return false;
-    };
-    let common = pa.components().zip(pb.components()).take_while(|(x, y)| x == y).count();
-    // `/`, `sys`, `devices`, `pci0000:xx` and the root port are shared by everything on a root
-    // complex; one more shared component is a switch.
-    common > 5
 }
 
 /// `<boot_id>:<machine-id>`, either alone, or a random fallback, as upstream builds `machine_id`.
