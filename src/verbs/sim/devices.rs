@@ -83,6 +83,28 @@ struct DevState {
     events: EventQueue,
     /// Fault injection: registrations on this NIC fail with ENOMEM.
     fail_reg_mr: bool,
+    /// How this NIC reaches device memory.
+    gpu: GpuReach,
+}
+
+/// How a simulated NIC reaches device memory: by default as a NIC with GPUDirect does (a
+/// peer-memory client and dma-buf import both work), so device memory moves one-sidedly.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct GpuReach {
+    /// `reg_mr` on device memory works (a peer-memory client is loaded); off, it fails with
+    /// EFAULT, as the kernel cannot pin device pages.
+    pub(super) peer_memory: bool,
+    /// `reg_dmabuf_mr` works; off, it fails with EOPNOTSUPP, as on soft-RoCE.
+    pub(super) dmabuf: bool,
+    /// Devices whose memory this NIC fails to reach (injected): requests on it that touch their
+    /// memory end in LOC_PROT_ERR here, or REM_ACCESS_ERR for a peer's request.
+    pub(super) failing: Vec<u32>,
+}
+
+impl Default for GpuReach {
+    fn default() -> GpuReach {
+        GpuReach { peer_memory: true, dmabuf: true, failing: Vec::new() }
+    }
 }
 
 /// The hosts on the fabric and their NICs.
@@ -114,6 +136,7 @@ impl Hosts {
                     lid,
                     events: EventQueue::new(),
                     fail_reg_mr: false,
+                    gpu: GpuReach::default(),
                 },
             );
             devs.push(dev);
@@ -325,6 +348,44 @@ impl Hosts {
     /// Whether registrations on NIC `dev` are made to fail.
     pub(super) fn reg_mr_fails(&self, dev: u32) -> bool {
         self.devices.get(&dev).is_some_and(|d| d.fail_reg_mr)
+    }
+
+    /// Changes how `host`'s NIC `name` (every NIC of the host when `None`) reaches device
+    /// memory.
+    pub(super) fn change_gpu_reach(
+        &mut self,
+        host: HostId,
+        name: Option<&str>,
+        mut change: impl FnMut(&mut GpuReach),
+    ) -> VerbsResult<()> {
+        let devs: Vec<u32> = match name {
+            Some(n) => vec![
+                self.find_device(host, n).ok_or_else(|| VerbsError::new("gpu_reach", libc::ENODEV, "no such NIC"))?,
+            ],
+            None => self.hosts.get(&host).map(|h| h.devices.clone()).unwrap_or_default(),
+        };
+        for d in devs {
+            if let Some(s) = self.devices.get_mut(&d) {
+                change(&mut s.gpu);
+            }
+        }
+        Ok(())
+    }
+
+    /// How NIC `dev` reaches device memory.
+    pub(super) fn gpu_reach(&self, dev: u32) -> GpuReach {
+        self.devices.get(&dev).map(|d| d.gpu.clone()).unwrap_or_default()
+    }
+
+    /// Whether NIC `dev` fails to reach the memory of device `gpu` (injected).
+    pub(super) fn fails_gpu(&self, dev: u32, gpu: u32) -> bool {
+        self.devices.get(&dev).is_some_and(|d| d.gpu.failing.contains(&gpu))
+    }
+
+    /// Whether some NIC of `host` has a peer-memory client.
+    pub(super) fn peer_memory(&self, host: HostId) -> bool {
+        let Some(h) = self.hosts.get(&host) else { return false };
+        h.devices.iter().any(|d| self.devices.get(d).is_some_and(|s| s.gpu.peer_memory))
     }
 
     /// Whether port 1 of NIC `dev` is up (a packet can leave it).

@@ -45,7 +45,8 @@ struct Exchange {
     /// The requester's pieces, checked against its MRs, and their total length.
     local: Vec<(u64, usize)>,
     total: u64,
-    /// The responder's PD, access rights, READ limit and RNR timer code.
+    /// The responder's NIC, PD, access rights, READ limit and RNR timer code.
+    rdev: u32,
     rpd: u32,
     raccess: Access,
     rmax_rd: u8,
@@ -82,15 +83,12 @@ impl Exec<'_> {
     fn deliver_wire(&mut self, now: Duration) {
         for w in self.wire.take_due(now) {
             let Some(r) = self.qps.get(w.responder_qpn) else { continue };
-            let accepts = matches!(r.state, QpState::Rtr | QpState::Rts)
-                && r.access.contains(Access::REMOTE_WRITE)
-                && self.memory.check_remote(r.pd, w.rkey, w.remote_addr, w.data.len() as u64, Access::REMOTE_WRITE);
-            if accepts {
+            let accepts = matches!(r.state, QpState::Rtr | QpState::Rts) && r.access.contains(Access::REMOTE_WRITE);
+            let at = self.memory.check_remote(r.pd, w.rkey, w.remote_addr, w.data.len() as u64, Access::REMOTE_WRITE);
+            if let (true, Some((at, _))) = (accepts, at) {
                 // SAFETY: the remote range lies inside an MR of the responder's PD (checked
                 // above), valid memory while registered, under the fabric lock.
-                unsafe {
-                    copy_scatter_gather(&[(w.data.as_ptr() as u64, w.data.len())], &[(w.remote_addr, w.data.len())])
-                };
+                unsafe { copy_scatter_gather(&[(w.data.as_ptr() as u64, w.data.len())], &[(at, w.data.len())]) };
             }
         }
     }
@@ -204,7 +202,7 @@ impl Exec<'_> {
         let Some(w) = q.sq.front() else {
             return Outcome::Blocked;
         };
-        let (pd, timeout, retry_cnt, rnr_retry) = (q.pd, q.timeout, q.retry_cnt, q.rnr_retry);
+        let (dev, pd, timeout, retry_cnt, rnr_retry) = (q.dev, q.pd, q.timeout, q.retry_cnt, q.rnr_retry);
         let op = w.op;
         let sges = w.sges.clone();
         let since = w.blocked_since;
@@ -217,6 +215,11 @@ impl Exec<'_> {
         let Some(local) = self.memory.check_local(pd, &sges, local_need) else {
             return Outcome::Failed(WcStatus::LocProtErr);
         };
+        // A NIC whose path to a GPU fails (injected) cannot reach that GPU's memory: a local
+        // protection error, as a DMA the NIC cannot complete.
+        if self.memory.devices_of(&sges).any(|g| self.hosts.fails_gpu(dev, g)) {
+            return Outcome::Failed(WcStatus::LocProtErr);
+        }
         let Some((rqpn, path)) = self.responder(qpn) else {
             return self.wait(qpn, now, since, retry_budget(timeout, retry_cnt), WcStatus::RetryExcErr);
         };
@@ -239,6 +242,7 @@ impl Exec<'_> {
             rnr_retry,
             local,
             total,
+            rdev: r.dev,
             rpd: r.pd,
             raccess: r.access,
             rmax_rd: r.max_dest_rd_atomic,
@@ -252,20 +256,35 @@ impl Exec<'_> {
         }
     }
 
+    /// Where the responder reaches `remote_addr` for `x`'s bytes with `need`, or the access
+    /// error that refuses it: bad key, range or rights, or device memory its NIC's path to the
+    /// GPU cannot reach (injected). A refusal moves the responder QP to ERR, as a NAK does.
+    fn remote(&mut self, x: &Exchange, remote_addr: u64, rkey: u32, need: Access) -> Result<u64, Outcome> {
+        if x.total == 0 {
+            return Ok(remote_addr);
+        }
+        let at = self.memory.check_remote(x.rpd, rkey, remote_addr, x.total, need);
+        match at.filter(|_| x.raccess.contains(need)) {
+            Some((at, gpu)) if !gpu.is_some_and(|g| self.hosts.fails_gpu(x.rdev, g)) => Ok(at),
+            _ => {
+                self.qp_to_err(x.rqpn);
+                Err(Outcome::Failed(WcStatus::RemAccessErr))
+            }
+        }
+    }
+
     /// RDMA WRITE: checks the remote key, range and rights, then copies the local pieces there.
     fn execute_write(&mut self, x: &Exchange, remote_addr: u64, rkey: u32) -> Outcome {
-        if x.total > 0
-            && (!x.raccess.contains(Access::REMOTE_WRITE)
-                || !self.memory.check_remote(x.rpd, rkey, remote_addr, x.total, Access::REMOTE_WRITE))
-        {
-            self.qp_to_err(x.rqpn);
-            return Outcome::Failed(WcStatus::RemAccessErr);
-        }
+        let at = match self.remote(x, remote_addr, rkey, Access::REMOTE_WRITE) {
+            Ok(at) => at,
+            Err(o) => return o,
+        };
         // SAFETY: `local` ranges lie inside MRs of the requester's PD and the remote range
-        // inside an MR of the responder's PD (checked by the caller and above). Whoever
-        // registered them promised (Mr::register's contract) that they stay valid memory while
-        // registered, and registration is still in force under the fabric lock.
-        unsafe { copy_scatter_gather(&x.local, &[(remote_addr, x.total as usize)]) };
+        // inside an MR of the responder's PD (checked by the caller and above), at the
+        // addresses the regions are reached by. Whoever registered them promised
+        // (Mr::register's contract) that they stay valid memory while registered, and
+        // registration is still in force under the fabric lock.
+        unsafe { copy_scatter_gather(&x.local, &[(at, x.total as usize)]) };
         Outcome::Done { opcode: WcOpcode::RdmaWrite, byte_len: POISON_LEN }
     }
 
@@ -276,15 +295,12 @@ impl Exec<'_> {
             self.qp_to_err(x.rqpn);
             return Outcome::Failed(WcStatus::RemInvReqErr);
         }
-        if x.total > 0
-            && (!x.raccess.contains(Access::REMOTE_READ)
-                || !self.memory.check_remote(x.rpd, rkey, remote_addr, x.total, Access::REMOTE_READ))
-        {
-            self.qp_to_err(x.rqpn);
-            return Outcome::Failed(WcStatus::RemAccessErr);
-        }
+        let at = match self.remote(x, remote_addr, rkey, Access::REMOTE_READ) {
+            Ok(at) => at,
+            Err(o) => return o,
+        };
         // SAFETY: as for RDMA WRITE; the local ranges also carry LOCAL_WRITE.
-        unsafe { copy_scatter_gather(&[(remote_addr, x.total as usize)], &x.local) };
+        unsafe { copy_scatter_gather(&[(at, x.total as usize)], &x.local) };
         Outcome::Done { opcode: WcOpcode::RdmaRead, byte_len: x.total as u32 }
     }
 

@@ -15,6 +15,7 @@ use super::execute::Exec;
 use super::faults::Faults;
 use super::ids::{HostId, Ids, PathKey};
 use super::memory::Memory;
+use super::nic_view::NicView;
 use super::qp::{Followup, Posted, Qps};
 use super::queues::Queues;
 use super::spec::{GidSpec, HostSpec};
@@ -124,10 +125,56 @@ impl FabricState {
         self.memory.dealloc_pd(pd, used_by_qps)
     }
 
-    /// Registers memory in PD `pd`, failing as injected on the PD's device.
+    /// Registers memory in PD `pd`, failing as injected on the PD's device. Device memory is
+    /// reached through a view of it (see `nic_view`) where the NIC has a peer-memory client,
+    /// and refused with EFAULT where it has none.
     pub(super) fn reg_mr(&mut self, pd: u32, addr: u64, len: usize, access: Access) -> VerbsResult<u32> {
+        let backing = NicView::of_range(addr, len as u64)?;
+        if backing.is_some() {
+            let dev = self.memory.pd_device(pd).ok_or_else(|| enodev("reg_mr"))?;
+            if !self.hosts.gpu_reach(dev).peer_memory {
+                return Err(VerbsError::new(
+                    "reg_mr",
+                    libc::EFAULT,
+                    "device memory cannot be pinned: no peer-memory client (nvidia_peermem) on this NIC",
+                ));
+            }
+        }
         let hosts = &self.hosts;
-        self.memory.reg_mr(&mut self.ids, pd, addr, len, access, |dev| hosts.reg_mr_fails(dev))
+        self.memory.reg_mr(&mut self.ids, pd, addr, len, access, backing, |dev| hosts.reg_mr_fails(dev))
+    }
+
+    /// Registers `len` bytes of dma-buf `fd` from `offset`, addressed from `iova`, in PD `pd`:
+    /// EOPNOTSUPP where the NIC does not import dma-bufs (as soft-RoCE).
+    pub(super) fn reg_dmabuf_mr(
+        &mut self,
+        pd: u32,
+        (offset, len, iova, fd): (u64, usize, u64, i32),
+        access: Access,
+    ) -> VerbsResult<u32> {
+        let dev = self.memory.pd_device(pd).ok_or_else(|| enodev("reg_dmabuf_mr"))?;
+        if !self.hosts.gpu_reach(dev).dmabuf {
+            return Err(VerbsError::new("reg_dmabuf_mr", libc::EOPNOTSUPP, "this NIC does not import dma-bufs"));
+        }
+        let view = NicView::of_dmabuf(fd, offset, len, iova)?;
+        let gpu = crate::device::known::device_of(iova, len as u64).unwrap_or(0);
+        let hosts = &self.hosts;
+        self.memory.reg_mr(&mut self.ids, pd, iova, len, access, Some((view, gpu)), |dev| hosts.reg_mr_fails(dev))
+    }
+
+    /// Changes how `host`'s NIC `name` (all of them when `None`) reaches device memory.
+    pub(super) fn change_gpu_reach(
+        &mut self,
+        host: HostId,
+        name: Option<&str>,
+        change: impl FnMut(&mut super::devices::GpuReach),
+    ) -> VerbsResult<()> {
+        self.hosts.change_gpu_reach(host, name, change)
+    }
+
+    /// Whether some NIC of `host` has a peer-memory client.
+    pub(super) fn peer_memory(&self, host: HostId) -> bool {
+        self.hosts.peer_memory(host)
     }
 
     /// Deregisters the MR with `key`.

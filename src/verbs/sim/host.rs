@@ -80,6 +80,10 @@ impl Provider for SimHost {
         self.inner.fabric.clone()
     }
 
+    fn peer_memory(&self) -> bool {
+        self.on_host(|st, id| st.peer_memory(id))
+    }
+
     fn open_device(&self, name: &str) -> VerbsResult<Box<dyn DeviceOps>> {
         let (dev, boot) = self.on_host(|st, id| st.hosts().open_device(id, name))?;
         Ok(Box::new(SimDevice { host: self.inner.clone(), dev, boot, name: name.to_string() }))

@@ -91,6 +91,43 @@ impl SimHost {
         self.on_host(|st, id| st.set_reg_mr_fails(id, name, fails))
     }
 
+    /// Gives this host's NICs a peer-memory client (`nvidia_peermem`) or takes it away: without
+    /// one, registering device memory by address fails with EFAULT, and the provider says it
+    /// has none ([`Provider::peer_memory`](crate::verbs::Provider::peer_memory)).
+    pub fn set_peer_memory(&self, on: bool) {
+        let _ = self.on_host(|st, id| st.change_gpu_reach(id, None, |r| r.peer_memory = on));
+    }
+
+    /// Lets this host's NICs import dma-bufs, or makes them refuse with EOPNOTSUPP (as
+    /// soft-RoCE does).
+    pub fn set_dmabuf(&self, on: bool) {
+        let _ = self.on_host(|st, id| st.change_gpu_reach(id, None, |r| r.dmabuf = on));
+    }
+
+    /// [`SimHost::set_peer_memory`] for NIC `name` alone.
+    pub fn set_nic_peer_memory(&self, name: &str, on: bool) -> VerbsResult<()> {
+        self.on_host(|st, id| st.change_gpu_reach(id, Some(name), |r| r.peer_memory = on))
+    }
+
+    /// [`SimHost::set_dmabuf`] for NIC `name` alone.
+    pub fn set_nic_dmabuf(&self, name: &str, on: bool) -> VerbsResult<()> {
+        self.on_host(|st, id| st.change_gpu_reach(id, Some(name), |r| r.dmabuf = on))
+    }
+
+    /// Makes NIC `name` fail to reach the memory of device `gpu` (or reach it again): its own
+    /// requests touching that memory end in LOC_PROT_ERR, and peers' requests to that memory
+    /// through it in REM_ACCESS_ERR, as where the PCIe path between a NIC and a GPU is broken.
+    pub fn set_gpu_failing(&self, name: &str, gpu: u32, failing: bool) -> VerbsResult<()> {
+        self.on_host(|st, id| {
+            st.change_gpu_reach(id, Some(name), |r| {
+                r.failing.retain(|g| *g != gpu);
+                if failing {
+                    r.failing.push(gpu);
+                }
+            })
+        })
+    }
+
     /// Kills the host: every QP, CQ, MR and PD it had vanishes at once and its NICs stop
     /// answering; peers' requests to it end in RETRY_EXC_ERR. Handles it gave out fail with
     /// ENODEV from now on.

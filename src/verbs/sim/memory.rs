@@ -1,10 +1,13 @@
 //! Protection domains and memory regions (`Memory`): allocating them and their keys, the key,
-//! PD, access and bounds checks a request passes, and the memory copy that moves its data.
+//! PD, access and bounds checks a request passes, and the memory copy that moves its data. A
+//! region of device memory carries the NIC's view of it (`nic_view`): the checks hand out the
+//! addresses the copy must use, which for device memory are the view's, never the process's.
 
 use std::collections::{HashMap, HashSet};
 
 use super::errors::{einval, enodev};
 use super::ids::Ids;
+use super::nic_view::NicView;
 use crate::verbs::types::*;
 
 struct PdRec {
@@ -16,7 +19,19 @@ struct MrRec {
     addr: u64,
     len: usize,
     access: Access,
+    /// For device memory: the NIC's view of it and the device.
+    device: Option<(NicView, u32)>,
 }
+
+impl MrRec {
+    /// Where region address `a` is reached: the view's for device memory, `a` itself else.
+    fn reach(&self, a: u64) -> u64 {
+        self.device.as_ref().map_or(a, |(v, _)| v.at(a))
+    }
+}
+
+/// What a region is made of: host memory at its addresses, or device memory through a view.
+pub(super) type Backing = Option<(NicView, u32)>;
 
 /// The PDs and MRs on the fabric, MRs by key (lkey and rkey are the same).
 pub(super) struct Memory {
@@ -61,9 +76,10 @@ impl Memory {
         Ok(())
     }
 
-    /// Registers `len` bytes at `addr` with `access` in PD `pd` and returns the key, after the
-    /// checks a device makes; `fails_on(dev)` says whether registrations on the PD's device are
-    /// made to fail (ENOMEM).
+    /// Registers `len` bytes at `addr` (host memory, or device memory as `backing` says) with
+    /// `access` in PD `pd` and returns the key, after the checks a device makes; `fails_on(dev)`
+    /// says whether registrations on the PD's device are made to fail (ENOMEM).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn reg_mr(
         &mut self,
         ids: &mut Ids,
@@ -71,6 +87,7 @@ impl Memory {
         addr: u64,
         len: usize,
         access: Access,
+        backing: Backing,
         fails_on: impl FnOnce(u32) -> bool,
     ) -> VerbsResult<u32> {
         let dev = self.pds.get(&pd).ok_or_else(|| enodev("reg_mr"))?.dev;
@@ -88,7 +105,7 @@ impl Memory {
             return Err(einval("reg_mr", "range wraps around"));
         }
         let key = ids.mr_key();
-        self.mrs.insert(key, MrRec { pd, addr, len, access });
+        self.mrs.insert(key, MrRec { pd, addr, len, access, device: backing });
         Ok(key)
     }
 
@@ -97,7 +114,8 @@ impl Memory {
         self.mrs.remove(&key).map(|_| ()).ok_or_else(|| enodev("dereg_mr"))
     }
 
-    /// Checks `sges` against the MRs of `pd`; returns them as (addr, len) pieces.
+    /// Checks `sges` against the MRs of `pd`; returns them as (addr, len) pieces, at the
+    /// addresses the copy uses (a device region's view).
     pub(super) fn check_local(&self, pd: u32, sges: &[Sge], need: Access) -> Option<Vec<(u64, usize)>> {
         let mut out = Vec::with_capacity(sges.len());
         for s in sges {
@@ -112,21 +130,30 @@ impl Memory {
             if s.addr < mr.addr || end > mr.addr + mr.len as u64 {
                 return None;
             }
-            out.push((s.addr, s.length as usize));
+            out.push((mr.reach(s.addr), s.length as usize));
         }
         Some(out)
     }
 
-    /// Whether `len` bytes at `addr` lie in the MR with `rkey`, which must be in PD `pd` and
-    /// allow `need`.
-    pub(super) fn check_remote(&self, pd: u32, rkey: u32, addr: u64, len: u64, need: Access) -> bool {
-        let Some(mr) = self.mrs.get(&rkey) else {
-            return false;
-        };
-        let Some(end) = addr.checked_add(len) else {
-            return false;
-        };
-        mr.pd == pd && mr.access.contains(need) && addr >= mr.addr && end <= mr.addr + mr.len as u64
+    /// The devices whose memory the regions of `sges` hold.
+    pub(super) fn devices_of<'a>(&'a self, sges: &'a [Sge]) -> impl Iterator<Item = u32> + 'a {
+        sges.iter().filter_map(|s| self.mrs.get(&s.lkey)?.device.as_ref().map(|(_, d)| *d))
+    }
+
+    /// When `len` bytes at `addr` lie in the MR with `rkey`, which must be in PD `pd` and allow
+    /// `need`: the address the copy uses and, for device memory, the device.
+    pub(super) fn check_remote(
+        &self,
+        pd: u32,
+        rkey: u32,
+        addr: u64,
+        len: u64,
+        need: Access,
+    ) -> Option<(u64, Option<u32>)> {
+        let mr = self.mrs.get(&rkey)?;
+        let end = addr.checked_add(len)?;
+        let ok = mr.pd == pd && mr.access.contains(need) && addr >= mr.addr && end <= mr.addr + mr.len as u64;
+        ok.then(|| (mr.reach(addr), mr.device.as_ref().map(|(_, d)| *d)))
     }
 
     /// Drops the PDs on the devices `devs` and the MRs in them.

@@ -9,11 +9,14 @@
 //! mode the test does.
 //!
 //! Data moves with real memory copies between registered regions, after the same key, PD,
-//! access and bounds checks hardware makes.
+//! access and bounds checks hardware makes. Device memory of the simulated device platform is
+//! reached as a NIC with GPUDirect reaches a GPU: through a mapping of its own (`nic_view`),
+//! never at the addresses the process sees, which stay a trap for any CPU touch.
 //!
 //! The dependencies between the files run one way. At the bottom, files that use no sibling
 //! (`spec` only the id types of `ids`): `errors`, `ids` (numbering, [`SimNic`]), `clock`,
-//! `spec` (the shapes of hosts and NICs), `wire`. Above them the owners of the fabric state, each keeping its part private:
+//! `spec` (the shapes of hosts and NICs), `wire`, `nic_view` (the NICs' views of device memory,
+//! made from the device layer). Above them the owners of the fabric state, each keeping its part private:
 //! `devices` (hosts and NICs), `memory` (PDs, MRs), `queues` (CQs), `qp` (QPs), `link` (rate
 //! limits) and `faults`. `execute` runs requests across the owners; `fabric` holds them all
 //! as `FabricState` and is the way in. On top, the public face: `sim_fabric` ([`SimFabric`]),
@@ -33,6 +36,7 @@ mod ids;
 mod inject;
 mod link;
 mod memory;
+mod nic_view;
 mod objects;
 mod qp;
 mod queues;

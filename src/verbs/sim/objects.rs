@@ -81,6 +81,18 @@ impl PdOps for SimPd {
         Ok(Box::new(SimMr { host: self.host.clone(), key }))
     }
 
+    fn reg_dmabuf_mr(
+        &self,
+        offset: u64,
+        len: usize,
+        iova: u64,
+        fd: std::os::fd::RawFd,
+        access: Access,
+    ) -> VerbsResult<Box<dyn MrOps>> {
+        let key = self.host.fabric.host_op(|st| st.reg_dmabuf_mr(self.id, (offset, len, iova, fd), access))?;
+        Ok(Box::new(SimMr { host: self.host.clone(), key }))
+    }
+
     fn create_qp(&self, send_cq: &dyn CqOps, recv_cq: &dyn CqOps, init: &QpInit) -> VerbsResult<Box<dyn QpOps>> {
         let scq = send_cq
             .as_any()
