@@ -252,12 +252,20 @@ pub enum EndpointEvent {
 const ENDPOINT_EVENT_NAMES: [&str; 6] =
     ["created", "retired_on_rebootstrap", "evicted", "reclaimed", "forced_destroy", "evicted_busy"];
 
+/// The paths RDMA tasks with device memory take, as `tent_rdma_gpu_tasks_total{path=...}`
+/// counts them: every byte by GPUDirect, or through staging buffers on this side, on the
+/// peer's side, or both; then the pieces moved through staging and the error completions on
+/// device memory that reachability learning counted.
+const GPU_PATH_NAMES: [&str; 4] = ["gpudirect", "staged_local", "staged_remote", "staged_both"];
+
 /// What the RDMA transport reports: lifetime endpoint event counts (indexed like
-/// [`EndpointEvent`]) and the endpoints held per NIC.
+/// [`EndpointEvent`]), the endpoints held per NIC, and the device memory paths (indexed like
+/// `GPU_PATH_NAMES`, then staged pieces and GPUDirect errors).
 #[derive(Debug, Clone, Default)]
 pub struct RdmaSnapshot {
     pub events: [u64; 6],
     pub occupancy: Vec<(String, u64)>,
+    pub gpu: [u64; 6],
 }
 
 /// A callback producing an [`RdmaSnapshot`] (it holds the transport weakly).
@@ -298,6 +306,7 @@ pub struct Metrics {
     /// tent-rs only: retries inside a transport (a TCP chunk sent again).
     retries: Counter,
     endpoint_events: [AtomicU64; 6],
+    gpu_paths: [AtomicU64; 6],
     /// Endpoints held per NIC, set by the RDMA transport.
     store_occupancy: Mutex<Vec<(String, u64)>>,
     /// Reads the RDMA transport's own counters when metrics are rendered.
@@ -390,6 +399,7 @@ impl Default for Metrics {
             ),
             retries: Counter::new("tent_retries_total", "Retries inside a transport.", Transport),
             endpoint_events: Default::default(),
+            gpu_paths: Default::default(),
             store_occupancy: Mutex::new(Vec::new()),
             rdma_source: Mutex::new(None),
         }
@@ -490,6 +500,9 @@ impl Metrics {
             for (c, v) in self.endpoint_events.iter().zip(s.events) {
                 c.store(v, Ordering::Relaxed);
             }
+            for (c, v) in self.gpu_paths.iter().zip(s.gpu) {
+                c.store(v, Ordering::Relaxed);
+            }
             *self.store_occupancy.lock() = s.occupancy;
         }
     }
@@ -583,6 +596,24 @@ impl Metrics {
         for (n, v) in self.store_occupancy.lock().iter() {
             let _ = writeln!(o, "tent_rdma_store_occupancy{{nic=\"{}\"}} {v}", escape_label(n));
         }
+        let _ = writeln!(
+            o,
+            "# HELP tent_rdma_gpu_tasks_total RDMA tasks with device memory, by the path they took.\n# TYPE tent_rdma_gpu_tasks_total counter"
+        );
+        for (i, n) in GPU_PATH_NAMES.iter().enumerate() {
+            let _ =
+                writeln!(o, "tent_rdma_gpu_tasks_total{{path=\"{n}\"}} {}", self.gpu_paths[i].load(Ordering::Relaxed));
+        }
+        let _ = writeln!(
+            o,
+            "# HELP tent_rdma_staged_pieces_total Pieces moved through RDMA staging buffers.\n# TYPE tent_rdma_staged_pieces_total counter\ntent_rdma_staged_pieces_total {}",
+            self.gpu_paths[4].load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            o,
+            "# HELP tent_rdma_gdr_errors_total Error completions on device memory counted by GPUDirect reachability learning.\n# TYPE tent_rdma_gdr_errors_total counter\ntent_rdma_gdr_errors_total {}",
+            self.gpu_paths[5].load(Ordering::Relaxed)
+        );
         o
     }
 
@@ -608,6 +639,14 @@ impl Metrics {
         let occupancy: Map<String, Value> =
             self.store_occupancy.lock().iter().map(|(n, v)| (n.clone(), json!(v))).collect();
         root.insert("tent_rdma_store_occupancy".into(), occupancy.into());
+        let paths: Map<String, Value> = GPU_PATH_NAMES
+            .iter()
+            .enumerate()
+            .map(|(i, n)| ((*n).to_string(), json!(self.gpu_paths[i].load(Ordering::Relaxed))))
+            .collect();
+        root.insert("tent_rdma_gpu_tasks_total".into(), paths.into());
+        root.insert("tent_rdma_staged_pieces_total".into(), json!(self.gpu_paths[4].load(Ordering::Relaxed)));
+        root.insert("tent_rdma_gdr_errors_total".into(), json!(self.gpu_paths[5].load(Ordering::Relaxed)));
         Value::Object(root)
     }
 
@@ -954,11 +993,12 @@ mod tests {
     fn every_family_is_declared_once_even_when_empty() {
         let t = Metrics::default().prometheus();
         let types: Vec<&str> = t.lines().filter_map(|l| l.strip_prefix("# TYPE ")).collect();
-        assert_eq!(types.len(), 22, "19 upstream families and 3 of tent-rs: {types:?}");
+        assert_eq!(types.len(), 25, "19 upstream families and 6 of tent-rs: {types:?}");
         let mut names: Vec<&str> = types.iter().filter_map(|l| l.split(' ').next()).collect();
         names.sort_unstable();
         names.dedup();
-        assert_eq!(names.len(), 22);
+        assert_eq!(names.len(), 25);
+        assert!(types.contains(&"tent_rdma_gpu_tasks_total counter"));
         assert!(types.contains(&"tent_transport_attempt_latency_us histogram"));
         assert!(types.contains(&"tent_deadline_infeasible_total counter"));
     }

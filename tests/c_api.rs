@@ -58,9 +58,9 @@ fn shm_between_two_processes() {
 #[test]
 fn rdma_on_the_simulated_fabric() {
     let exe = build_c("rdma_sim", &[root().join("c_tests").join("rdma_sim.c")], false, &[]);
-    for scenario in ["stale", "failed"] {
+    for scenario in ["stale", "failed", "gpu"] {
         let mut cmd = std::process::Command::new(&exe);
-        cmd.arg(scenario).env("MC_LOG_LEVEL", "error");
+        cmd.arg(scenario).env("MC_LOG_LEVEL", "error").env("TENT_SIM_DEVICES", "2");
         let (ok, out) = common::run(&mut cmd);
         println!("{out}");
         assert!(ok && out.contains(", 0 failed"), "rdma_sim {scenario}:\n{out}");

@@ -33,6 +33,10 @@ pub struct BufferDesc {
     pub transports: Vec<i32>,
 }
 
+/// The descriptor's key (in `detail`, where upstream engines ignore keys they do not know) by
+/// which a tent-rs engine says it lends RDMA staging buffers for its device memory.
+pub const STAGING_KEY: &str = "tent_rs_staging";
+
 fn is_zero(v: &u64) -> bool {
     *v == 0
 }
@@ -346,6 +350,13 @@ impl SegmentDesc {
             file: Some(target),
             index: BufferIndex::default(),
         })
+    }
+
+    /// Whether the segment's engine lends RDMA staging buffers for its device memory (a tent-rs
+    /// engine with a device platform says so in its descriptor, under `tent_rs_staging`):
+    /// only then is the `STAGE_RDMA` message sent to it.
+    pub fn lends_staging(&self) -> bool {
+        self.detail_extra.get(STAGING_KEY).and_then(Value::as_bool).unwrap_or(false)
     }
 
     /// Whether this is a file segment (local or, refused everywhere, from a peer).

@@ -59,6 +59,9 @@ pub mod msg {
     pub const AUTH_CHALLENGE: i32 = 100;
     /// tent-rs: answers the challenge with HMAC-SHA256(token, label || nonce).
     pub const AUTH_RESPONSE: i32 = 101;
+    /// tent-rs: lends or takes back a staging buffer for RDMA of device memory no NIC of the
+    /// lender reaches (JSON; sent only to engines whose descriptor says `tent_rs_staging`).
+    pub const STAGE_RDMA: i32 = 102;
 }
 
 /// A parsed request header.

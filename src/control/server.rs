@@ -88,6 +88,12 @@ pub trait RpcHandler: Send + Sync {
     /// registered until the returned guard is dropped, so its bytes can be written out later,
     /// together with other replies.
     fn hold_memory(&self, addr: u64, len: u64, write: bool) -> std::result::Result<Box<dyn Any>, Refusal>;
+    /// Answers a staging request for RDMA of device memory (JSON in, JSON out; see
+    /// `transport::rdma::staging`). An engine without RDMA staging refuses.
+    fn stage_rdma(&self, request: &[u8]) -> Vec<u8> {
+        let _ = request;
+        br#"{"ok":false,"error":"this engine lends no staging buffers"}"#.to_vec()
+    }
 }
 
 /// A running RPC server; `stop` (or drop) ends every thread it started.
@@ -622,7 +628,9 @@ fn classify(bytes: &[u8]) -> Waiting {
             }
             _ => (false, 0),
         },
-        Ok(msg::GET_SEGMENT_DESC) => (false, 0),
+        // A staging request copies up to a staging buffer of device memory: a data worker's
+        // job, not a control worker's.
+        Ok(msg::GET_SEGMENT_DESC) | Ok(msg::STAGE_RDMA) => (false, 0),
         _ => return Waiting::Control,
     };
     Waiting::Data(DataRequest { total, small, payload, writes: false, bulk })
@@ -1037,6 +1045,7 @@ fn control_message(shared: &Shared, id: i32, att: &[u8]) -> std::result::Result<
     match id {
         msg::GET_SEGMENT_DESC => Ok(h.segment_desc().as_bytes().to_vec()),
         msg::BOOTSTRAP_RDMA => Ok(h.bootstrap_rdma(att)),
+        msg::STAGE_RDMA => Ok(h.stage_rdma(att)),
         msg::NOTIFY => {
             // Malformed notifications are dropped with a success reply, as upstream does.
             match parse_notification(att) {

@@ -102,9 +102,12 @@ impl Dispatcher {
     pub fn candidates(&self, desc: &SegmentDesc, buf: Option<&BufferDesc>, r: &Request) -> Result<Plan> {
         let local_device = crate::device::known::device_of(r.source, r.length).is_some();
         let remote_device = buf.is_some_and(|b| crate::device::is_device_location(&b.location));
+        // A tent-rs engine publishes a device buffer no NIC of its took without RDMA (so that
+        // upstream peers do not try it with key 0), and lends staging buffers for it instead.
+        let staged_rdma = |k: TransportKind| k == TransportKind::Rdma && remote_device && desc.lends_staging();
         let usable = |k: TransportKind| {
             k.serves_files() == desc.is_file()
-                && buf.is_none_or(|b| b.transports.contains(&(k as i32)))
+                && buf.is_none_or(|b| b.transports.contains(&(k as i32)) || staged_rdma(k))
                 && self.transport(k).is_some_and(|t| {
                     t.reaches(desc, &self.machine_id) && t.moves_device_memory(local_device, remote_device)
                 })
@@ -132,8 +135,9 @@ impl Dispatcher {
         }
         if list.is_empty() && (local_device || remote_device) {
             return Err(Error::NoTransport(format!(
-                "no loaded transport moves {} memory to {} memory of segment {} (in this build SHM, between \
-                 engines of one host, TCP and file segments move device memory; RDMA does not)",
+                "no loaded transport moves {} memory to {} memory of segment {} (SHM between engines of one host, \
+                 RDMA, by GPUDirect or through staging buffers, TCP through staging buffers, and file segments move \
+                 device memory)",
                 if local_device { "device" } else { "host" },
                 if remote_device { "device" } else { "host" },
                 desc.name

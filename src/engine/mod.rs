@@ -436,6 +436,27 @@ impl Engine {
 
     fn release(&self, addr: u64, a: Allocation) {
         if a.device {
+            // Device memory still registered is unregistered first (every reference, every
+            // range inside it): its NIC regions go before the memory can be reused, and later
+            // requests to it, local or a peer's, are refused.
+            let end = addr.saturating_add(a.size as u64);
+            let mut warned = false;
+            loop {
+                let inside: Vec<(u64, u64)> = self
+                    .local
+                    .snapshot()
+                    .iter()
+                    .filter(|b| b.addr >= addr && b.addr.saturating_add(b.len) <= end)
+                    .map(|b| (b.addr, b.len))
+                    .collect();
+                if inside.is_empty() {
+                    break;
+                }
+                if !std::mem::replace(&mut warned, true) {
+                    tracing::warn!("device memory at {addr:#x} is freed while registered; unregistering it first");
+                }
+                let _ = self.unregister_memory(&inside);
+            }
             if let Err(e) = device::require("freeing device memory").and_then(|p| p.free(addr)) {
                 tracing::warn!("device memory at {addr:#x} not freed: {e}");
             }
@@ -559,8 +580,14 @@ impl Engine {
             }
             // SAFETY: the caller registers memory it keeps valid until it unregisters it; the
             // RDMA registration is dropped when the buffer leaves the local segment.
-            match unsafe { t.register_buffer(r.addr, r.len, r.permission) } {
+            match unsafe { t.register_buffer(r.addr, r.len, r.permission, r.device) } {
                 Ok(keys) => {
+                    if r.device.is_some() && keys.iter().all(|k| *k == 0) {
+                        // No NIC took the device buffer: upstream peers must not try RDMA on
+                        // it (they would with key 0); tent-rs peers see that this engine lends
+                        // staging buffers, and reach it through them.
+                        r.transports.retain(|k| *k != TransportKind::Rdma);
+                    }
                     r.rkey = keys;
                     fresh_rdma.push((r.addr, r.len));
                 }

@@ -309,6 +309,8 @@ pub struct LocalSegment {
     json_cache: Mutex<(u64, Arc<String>)>,
     /// The RDMA NICs published as `devices` (empty without RDMA).
     devices: RwLock<Vec<Value>>,
+    /// The descriptor says this engine lends RDMA staging buffers for its device memory.
+    lends_staging: std::sync::atomic::AtomicBool,
 }
 
 /// What a registration asks for.
@@ -362,6 +364,7 @@ impl LocalSegment {
             version: AtomicU64::new(1),
             json_cache: Mutex::new((0, Arc::new(String::new()))),
             devices: RwLock::new(Vec::new()),
+            lends_staging: Default::default(),
         }
     }
 
@@ -517,6 +520,9 @@ impl LocalSegment {
         extra.insert("device_attrs".into(), Value::Object(Default::default()));
         extra.insert("topology".into(), Value::String(self.topology.clone()));
         extra.insert("transport_attrs".into(), Value::Array(vec![]));
+        if self.lends_staging.load(Ordering::Acquire) {
+            extra.insert(crate::base::segment::STAGING_KEY.into(), Value::Bool(true));
+        }
         SegmentDesc {
             name: self.name.clone(),
             kind: "memory".into(),
@@ -538,9 +544,11 @@ impl LocalSegment {
         desc
     }
 
-    /// Sets the RDMA devices the descriptor publishes (once, when the RDMA transport starts).
-    pub fn set_devices(&self, devices: Vec<Value>) {
+    /// Sets the RDMA devices the descriptor publishes (once, when the RDMA transport starts),
+    /// and whether it says that this engine lends RDMA staging buffers for its device memory.
+    pub fn set_devices(&self, devices: Vec<Value>, lends_staging: bool) {
         *self.devices.write() = devices;
+        self.lends_staging.store(lends_staging, Ordering::Release);
         self.version.fetch_add(1, Ordering::AcqRel);
     }
 
@@ -745,7 +753,7 @@ mod tests {
         }
         regs.push(reg(0x10_0000, 1 << 20, Permission::GlobalReadOnly));
         s.register(&regs).expect("register");
-        s.set_devices(vec![serde_json::json!({"name": "mlx5_0", "lid": 1, "gid": "fe80::"})]);
+        s.set_devices(vec![serde_json::json!({"name": "mlx5_0", "lid": 1, "gid": "fe80::"})], false);
         let joined = s.descriptor_json();
         assert_eq!(*joined, s.descriptor().to_json());
         let back = SegmentDesc::from_json(&joined).expect("parses");

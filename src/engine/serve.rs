@@ -61,6 +61,13 @@ impl RpcHandler for ServerView {
         let held = self.local.hold_range(peer_access(addr, len, write)).map_err(refusal)?;
         Ok(Box::new(held))
     }
+
+    fn stage_rdma(&self, request: &[u8]) -> Vec<u8> {
+        match &self.rdma {
+            Some(t) => t.serve_stage(request, self),
+            None => br#"{"ok":false,"error":"this engine has no RDMA transport"}"#.to_vec(),
+        }
+    }
 }
 
 /// The check of a peer's access to `[addr, addr+len)`.

@@ -78,7 +78,7 @@ pub(super) fn load_transports(
 /// Publishes the RDMA NICs in the descriptor, routes notifications received over RDMA to the
 /// engine's queue, and lets the metrics read the transport's endpoint events.
 pub(super) fn attach_rdma(t: &Arc<RdmaTransport>, local: &LocalSegment, remote: &Arc<Remote>, metrics: &Metrics) {
-    local.set_devices(t.devices());
+    local.set_devices(t.devices(), t.lends_staging());
     let r = remote.clone();
     t.set_notify_sink(Arc::new(move |name, msg| r.deliver(name, msg, None)));
     metrics.set_rdma_source(t.metrics_source());

@@ -8,6 +8,7 @@
 //! transiently.
 
 use std::net::Ipv4Addr;
+use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 
@@ -495,6 +496,20 @@ impl RdmaContext {
         .ok_or_else(|| Error::Unavailable(format!("RDMA context {} is disabled", self.name)))?;
         // SAFETY: forwarded from this function's contract.
         unsafe { Mr::register(&pd, addr, len, access) }.map_err(Error::from)
+    }
+}
+
+impl RdmaContext {
+    /// Registers `len` bytes of dma-buf `fd` from its byte `offset`, addressed as `iova`, on
+    /// this context (`ibv_reg_dmabuf_mr`): how the NIC reaches device memory the device
+    /// exported. `fd` may be closed once this returns.
+    pub fn register_dmabuf(&self, offset: u64, len: usize, iova: u64, fd: RawFd, access: Access) -> Result<Mr> {
+        let pd = match self.state() {
+            ContextState::Enabled | ContextState::Paused => self.pd(),
+            _ => None,
+        }
+        .ok_or_else(|| Error::Unavailable(format!("RDMA context {} is disabled", self.name)))?;
+        Mr::register_dmabuf(&pd, offset, len, iova, fd, access).map_err(Error::from)
     }
 }
 

@@ -1,6 +1,7 @@
 //! What every thread of the RDMA transport shares: the owners of its state (the local NICs,
-//! the rail monitor, the fences, the notify index, the connector, the priority gate and the
-//! counters), and the few operations that combine them.
+//! the rail monitor, GPUDirect reachability, the fences, the notify index, the connector, the
+//! priority gate, the way to the staging threads and the counters), and the few operations
+//! that combine them.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -9,9 +10,11 @@ use super::connector::{Connector, ConnectorInbox};
 use super::counters::Counters;
 use super::endpoint::{Endpoint, EpState};
 use super::fence::Fences;
+use super::gpu::GdrKey;
+use super::job::{Job, StagePiece, StageQueue};
 use super::nics::Nics;
 use super::notify_index::NotifyIndex;
-use super::rail::RailMonitor;
+use super::rail::{Breaker, Probing, RailMonitor};
 use crate::base::qos::{Foreign, Gate, QosParams};
 use crate::base::shared_quota::{QuotaPath, SharedQuota};
 use crate::config::{QosSection, RdmaSection, TopologySection};
@@ -54,6 +57,8 @@ pub struct Core {
     clock: Arc<dyn Clock>,
     nics: Arc<Nics>,
     rails: Arc<RailMonitor>,
+    /// Which (NIC, GPU) pairs and peers' (machine, NIC, GPU) triples carry device memory.
+    gdr: Breaker<GdrKey>,
     fences: Arc<Fences>,
     notify: NotifyIndex,
     connector: Arc<Connector>,
@@ -65,6 +70,8 @@ pub struct Core {
     wire: WirePlaces,
     counters: Arc<Counters>,
     stopping: AtomicBool,
+    /// Where pieces that need staging go (set once the staging threads run).
+    staging: parking_lot::Mutex<Option<StageQueue>>,
 }
 
 impl Core {
@@ -94,6 +101,7 @@ impl Core {
             clock,
             nics,
             rails,
+            gdr: Breaker::new(cfg.gpu.error_threshold, cfg.gpu.error_window, cfg.gpu.cooldown, Probing::AfterCooldown),
             fences,
             notify: NotifyIndex::default(),
             connector: Arc::new(connector),
@@ -101,6 +109,7 @@ impl Core {
             wire: WirePlaces::default(),
             counters,
             stopping: AtomicBool::new(false),
+            staging: parking_lot::Mutex::new(None),
         };
         Ok((Arc::new(core), inbox))
     }
@@ -125,9 +134,63 @@ impl Core {
         &self.nics
     }
 
+    /// The local NICs, shared.
+    pub fn nics_arc(&self) -> Arc<Nics> {
+        self.nics.clone()
+    }
+
     /// Which NIC pairs may carry traffic.
     pub fn rails(&self) -> &RailMonitor {
         &self.rails
+    }
+
+    /// GPUDirect reachability learning.
+    pub fn gdr(&self) -> &Breaker<GdrKey> {
+        &self.gdr
+    }
+
+    /// Whether the pair (local NIC `local`, remote NIC `remote`) may carry `job`'s device
+    /// memory at `now`: neither the local (NIC, GPU) pair nor the peer's (machine, NIC, GPU)
+    /// triple is learned unreachable. With `probe`, a key whose cooldown ended lets this one
+    /// through as its probe; without, such a key counts as unreachable.
+    pub fn gdr_reachable(&self, job: &Job, local: usize, remote: usize, now: std::time::Duration, probe: bool) -> bool {
+        let ok = |k: GdrKey| if probe { self.gdr.available(&k, now) } else { !self.gdr.is_paused(&k, now) };
+        let local_ok = job.gpu.local.is_none_or(|gpu| ok(GdrKey::Local { nic: local, gpu }));
+        local_ok && job.gpu.remote.is_none_or(|gpu| ok(self.remote_gdr_key(job, remote, gpu)))
+    }
+
+    /// Whether the pair (local NIC `local`, remote NIC `remote`) should carry `job`'s next slice
+    /// as a probe: a reachability key of the pair waits for its probe and the other is not set
+    /// aside. Without this, a set-aside pair would never be tried again while another pair
+    /// carries the work.
+    pub fn gdr_probe_due(&self, job: &Job, local: usize, remote: usize, now: std::time::Duration) -> bool {
+        if (job.gpu.local.is_none() && job.gpu.remote.is_none()) || !self.gdr.any() {
+            return false;
+        }
+        let local_key = job.gpu.local.map(|gpu| GdrKey::Local { nic: local, gpu });
+        let remote_key = job.gpu.remote.map(|gpu| self.remote_gdr_key(job, remote, gpu));
+        let keys = [local_key, remote_key];
+        let due = keys.iter().flatten().any(|k| self.gdr.probe_due(k, now));
+        due && keys.iter().flatten().all(|k| self.gdr.probe_due(k, now) || !self.gdr.is_paused(k, now))
+    }
+
+    /// The reachability key of `job`'s target GPU `gpu` through remote NIC `remote`.
+    pub fn remote_gdr_key(&self, job: &Job, remote: usize, gpu: u32) -> GdrKey {
+        let nic = job.remote_keys.get(remote).and_then(|k| k.rsplit_once('@')).map_or("", |(_, n)| n);
+        GdrKey::Remote { machine: job.gpu.peer_machine.clone(), nic: nic.to_string(), gpu }
+    }
+
+    /// Hands the staging threads their queue.
+    pub fn set_staging(&self, queue: StageQueue) {
+        *self.staging.lock() = Some(queue);
+    }
+
+    /// Queues `piece` for the staging threads; gives it back when they are gone.
+    pub fn stage(&self, piece: StagePiece) -> std::result::Result<(), StagePiece> {
+        match self.staging.lock().as_ref() {
+            Some(q) => q.send(piece).map_err(|e| e.0),
+            None => Err(piece),
+        }
     }
 
     /// The fences of retired endpoints' NIC pairs.
@@ -170,10 +233,11 @@ impl Core {
         self.stopping.load(Ordering::Acquire)
     }
 
-    /// Tells every thread to end; the connector stops taking requests.
+    /// Tells every thread to end; the connector and the staging threads stop taking work.
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::Release);
         self.connector.stop();
+        self.staging.lock().take();
     }
 
     /// Takes `ep` out of its store and retires it (its QPs flush).
@@ -207,6 +271,16 @@ impl Core {
         use std::sync::atomic::Ordering::Relaxed;
         let mut snap = crate::metrics::RdmaSnapshot::default();
         snap.events[1] = self.counters.retired_on_mismatch.load(Relaxed);
+        let c = &self.counters;
+        snap.gpu = [
+            &c.gpu_direct,
+            &c.gpu_staged_local,
+            &c.gpu_staged_remote,
+            &c.gpu_staged_both,
+            &c.staged_pieces,
+            &c.gdr_errors,
+        ]
+        .map(|v| v.load(Relaxed));
         for (i, name) in self.nics.names().iter().enumerate() {
             let Some(store) = self.nics.store(i) else { continue };
             snap.events[0] += store.stats.created.load(Relaxed);

@@ -23,4 +23,16 @@ pub struct Counters {
     pub cq_errors: AtomicU64,
     pub notifications_sent: AtomicU64,
     pub notifications_received: AtomicU64,
+    /// Error completions on device memory that GPUDirect reachability learning counted.
+    pub gdr_errors: AtomicU64,
+    /// Tasks with device memory on a side, by the path they took: every byte by GPUDirect,
+    /// or through staging buffers on the local side, the peer's side, or both.
+    pub gpu_direct: AtomicU64,
+    pub gpu_staged_local: AtomicU64,
+    pub gpu_staged_remote: AtomicU64,
+    pub gpu_staged_both: AtomicU64,
+    /// Pieces moved through staging buffers (including slices that fell back to staging).
+    pub staged_pieces: AtomicU64,
+    /// Staging buffers this engine lent to peers.
+    pub stage_leases: AtomicU64,
 }

@@ -1,4 +1,5 @@
-//! The work a lane carries: a task split into slices, each moved by one work request.
+//! The work a lane carries: a task split into slices, each moved by one work request, or
+//! (where GPUDirect is missing on a side) into pieces that go through staging buffers.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -7,18 +8,34 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use super::Endpoint;
+use super::gpu::LocalKeys;
 use super::spray::{Charge, NicStats};
 use crate::base::qos::Ticket;
 use crate::base::task::Task;
 
-/// One task in flight on RDMA: its slices count down; the last one completes the task.
+/// Where the device memory of a job is, for GPUDirect: the local buffer's GPU, and the
+/// target's GPU with the peer's machine id (the keys of reachability learning).
+#[derive(Debug, Clone, Default)]
+pub struct GpuSides {
+    pub local: Option<u32>,
+    pub remote: Option<u32>,
+    pub peer_machine: String,
+}
+
+/// One task in flight on RDMA: its units (slices, or staged pieces) count down; the last one
+/// completes the task.
 pub struct Job {
     pub task: Task,
     pub peer_rpc: String,
     /// `server@nic` of each remote NIC, by remote NicID.
     pub remote_keys: Arc<Vec<String>>,
-    pub lkeys: Vec<u32>,
+    /// The local buffer's keys, piece by piece.
+    pub local: Arc<LocalKeys>,
     pub rkeys: Vec<u32>,
+    /// Device memory on either side.
+    pub gpu: GpuSides,
+    /// A job that moves one staged piece for a task: its slices never go to staging again.
+    pub staged: bool,
     pub deadline: Duration,
     /// The NUMA node of the local buffer (-1 unknown, or a host with one node).
     pub numa_node: i32,
@@ -31,29 +48,35 @@ pub struct Job {
 }
 
 impl Job {
-    /// A job of `slices` slices.
+    /// A job of `units` slices or pieces.
     pub fn new(
         task: Task,
         peer_rpc: String,
         remote_keys: Arc<Vec<String>>,
-        lkeys: Vec<u32>,
-        rkeys: Vec<u32>,
+        (local, rkeys): (Arc<LocalKeys>, Vec<u32>),
         deadline: Duration,
-        slices: usize,
+        units: usize,
     ) -> Job {
         Job {
             task,
             peer_rpc,
             remote_keys,
-            lkeys,
+            local,
             rkeys,
+            gpu: GpuSides::default(),
+            staged: false,
             deadline,
             numa_node: -1,
             allowed_nics: Vec::new(),
-            remaining: AtomicUsize::new(slices),
+            remaining: AtomicUsize::new(units),
             done: AtomicBool::new(false),
             ticket: Mutex::new(None),
         }
+    }
+
+    /// Sets how many units (slices) the job is made of, before any is handed out.
+    pub(super) fn set_units(&mut self, units: usize) {
+        *self.remaining.get_mut() = units;
     }
 
     /// Keeps `t` until the job ends: the lanes (and, through the quota file, other processes)
@@ -67,6 +90,7 @@ impl Job {
         self.ticket.lock().take();
     }
 
+    /// One unit (a slice, or a staged piece) moved its bytes; the last one completes the task.
     pub(super) fn slice_done(&self) {
         if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 && !self.done.swap(true, Ordering::AcqRel) {
             self.release_ticket();
@@ -74,6 +98,7 @@ impl Job {
         }
     }
 
+    /// Fails the task for `reason` (once; later ends are ignored).
     pub(super) fn fail(&self, reason: String) {
         if !self.done.swap(true, Ordering::AcqRel) {
             tracing::debug!("rdma task failed: {reason}");
@@ -82,6 +107,7 @@ impl Job {
         }
     }
 
+    /// Ends the task TIMEOUT for `reason` (once).
     pub(super) fn time_out(&self, reason: String) {
         if !self.done.swap(true, Ordering::AcqRel) {
             self.release_ticket();
@@ -91,7 +117,7 @@ impl Job {
 
     /// Whether both sides registered the memory with a key on (local NicID, remote NicID).
     pub(super) fn keyed(&self, local: usize, remote: usize) -> bool {
-        self.lkeys.get(local).is_some_and(|k| *k != 0) && self.rkeys.get(remote).is_some_and(|k| *k != 0)
+        self.local.keyed(local) && self.rkeys.get(remote).is_some_and(|k| *k != 0)
     }
 
     /// Ended (resolved, or cancelled by the caller): remaining slices are not posted.
@@ -167,5 +193,46 @@ impl Slice {
             fence: None,
             failure: None,
         }
+    }
+}
+
+/// A piece of a job handed to the staging threads: moved through staging buffers on the sides
+/// whose device memory no NIC reaches (see `staging.rs`), then counted as one unit of the job.
+pub struct StagePiece {
+    pub job: Arc<Job>,
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// Where pieces for staging go.
+pub type StageQueue = std::sync::mpsc::Sender<StagePiece>;
+
+/// The slices of `[0, len)` of a request whose local side starts at `source`: `block` bytes
+/// each, cut also where the local buffer's pieces end (`cuts`, absolute addresses), so that a
+/// slice has one local key. As (offset, length) pairs.
+pub fn plan_slices(source: u64, len: u64, block: u64, cuts: &[u64]) -> Vec<(u64, u32)> {
+    let mut out = Vec::with_capacity(len.div_ceil(block.max(1)) as usize);
+    let mut off = 0;
+    while off < len {
+        let mut end = (off + block).min(len);
+        if let Some(c) = cuts.iter().map(|c| c - source).find(|c| *c > off && *c < end) {
+            end = c;
+        }
+        out.push((off, (end - off) as u32));
+        off = end;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plan_slices;
+
+    #[test]
+    fn slices_are_blocks_cut_where_pieces_end() {
+        assert_eq!(plan_slices(0x1000, 10, 4, &[]), vec![(0, 4), (4, 4), (8, 2)]);
+        assert_eq!(plan_slices(0x1000, 10, 4, &[0x1006]), vec![(0, 4), (4, 2), (6, 4)]);
+        assert_eq!(plan_slices(0x1000, 8, 8, &[0x1003, 0x1005]), vec![(0, 3), (3, 2), (5, 3)]);
+        assert!(plan_slices(0x1000, 0, 4, &[]).is_empty());
     }
 }

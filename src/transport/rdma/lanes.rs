@@ -13,7 +13,8 @@ use super::Endpoint;
 use super::core::Core;
 use super::endpoint::EpState;
 use super::fence::FenceState;
-use super::job::{Job, Slice};
+use super::gpu::GdrKey;
+use super::job::{Job, Slice, StagePiece};
 use super::spray;
 use crate::base::qos::{self, Level, LevelQueues, Queued};
 use crate::base::request::Opcode;
@@ -116,6 +117,65 @@ const BACKGROUND_LINGER: Duration = Duration::from_millis(1);
 /// A message to a lane.
 pub enum LaneMsg {
     Submit(Vec<Slice>),
+}
+
+/// A job and its slices, as (offset, length) pairs.
+pub type Launch = (Arc<Job>, Vec<(u64, u32)>);
+
+/// The lanes' inboxes and the counter that spreads slices over them and, through their
+/// sequence numbers, over the rails, across jobs too: a batch of one-slice requests uses every
+/// rail.
+pub struct LaneSet {
+    inboxes: parking_lot::Mutex<Vec<mpsc::Sender<LaneMsg>>>,
+    next: std::sync::atomic::AtomicUsize,
+}
+
+impl LaneSet {
+    /// The lanes behind `inboxes`, lane *i* at position *i*.
+    pub fn new(inboxes: Vec<mpsc::Sender<LaneMsg>>) -> LaneSet {
+        LaneSet { inboxes: parking_lot::Mutex::new(inboxes), next: Default::default() }
+    }
+
+    /// Whether the lanes are closed (the transport is shutting down).
+    pub fn closed(&self) -> bool {
+        self.inboxes.lock().is_empty()
+    }
+
+    /// Closes the lanes' inboxes: their threads end once they see it.
+    pub fn close(&self) {
+        self.inboxes.lock().clear();
+    }
+
+    /// Hands the slices of each job, (offset, length) pairs, to the lanes: one message per
+    /// lane for the whole call. A job whose slices cannot be handed over (the lanes are closed)
+    /// fails.
+    pub fn launch(&self, work: Vec<Launch>) {
+        let lanes = self.inboxes.lock().clone();
+        if lanes.is_empty() {
+            for (job, _) in work {
+                job.fail("rdma transport is shutting down".into());
+            }
+            return;
+        }
+        let mut per_lane: Vec<Vec<Slice>> = (0..lanes.len()).map(|_| Vec::new()).collect();
+        for (job, slices) in work {
+            let start = self.next.fetch_add(slices.len(), Ordering::Relaxed);
+            for (k, (off, len)) in slices.into_iter().enumerate() {
+                let seq = start.wrapping_add(k);
+                per_lane[seq % lanes.len()].push(Slice::new(job.clone(), off, len, seq as u32));
+            }
+        }
+        for (lane, slices) in per_lane.into_iter().enumerate() {
+            if slices.is_empty() {
+                continue;
+            }
+            if let Err(mpsc::SendError(LaneMsg::Submit(back))) = lanes[lane].send(LaneMsg::Submit(slices)) {
+                for s in back {
+                    s.job.fail("rdma transport is shutting down".into());
+                }
+            }
+        }
+    }
 }
 
 /// One worker lane.
@@ -233,7 +293,11 @@ impl Lane {
         for list in [direct_pairs, cross_pairs] {
             preference.extend((0..list.len()).map(|k| list[(start + k) % list.len()]));
         }
-        if first && core.cfg().smart_scheduling {
+        let probe = preference.iter().position(|&(l, r)| job.keyed(l, r) && core.gdr_probe_due(job, l, r, now));
+        if let Some(p) = probe {
+            // A pair set aside for GPUDirect errors waits for its probe: this slice is it.
+            preference.rotate_left(p);
+        } else if first && core.cfg().smart_scheduling {
             // A first attempt takes the direct rail that would get it through soonest (see
             // `spray`); later attempts go on along the rails from that one (`shift`), away
             // from the rail that failed.
@@ -251,13 +315,19 @@ impl Lane {
         let scan = preference.iter().map(|p| (*p, true)).chain(preference.iter().map(|p| (*p, false)));
         for ((local, remote), heed_pauses) in scan {
             let usable = job.keyed(local, remote)
-                && (!heed_pauses || core.rails().available(local, &job.remote_keys[remote], now));
+                && (!heed_pauses || core.rails().available(local, &job.remote_keys[remote], now))
+                && core.gdr_reachable(job, local, remote, now, true);
             if !usable {
                 continue;
             }
             if let Some(ep) = core.endpoint(local, &job.remote_keys[remote], &job.peer_rpc)? {
                 return Ok(Some((ep, remote)));
             }
+        }
+        if (job.gpu.local.is_some() || job.gpu.remote.is_some()) && !job.staged {
+            // No NIC pair reaches the device memory of a side (none registered it, or every
+            // pair that did was learned unreachable): staging buffers stand in on that side.
+            return Err(Error::NoTransport(STAGE_INSTEAD.into()));
         }
         Err(Error::Unavailable("no usable RDMA rail between the two sides".into()))
     }
@@ -284,18 +354,28 @@ impl Lane {
         let mut several_locals = false;
         let mut full = None;
         for (k, &(local, remote)) in pairs.iter().enumerate() {
-            let usable = job.keyed(local, remote) && core.rails().available(local, &job.remote_keys[remote], now);
+            let usable = job.keyed(local, remote)
+                && core.rails().available(local, &job.remote_keys[remote], now)
+                && core.gdr_reachable(job, local, remote, now, false);
             let Some(nic) = nics.stats().get(local).filter(|_| usable) else { continue };
             several_locals |= *first_local.get_or_insert(local) != local;
             if !nic.has_room(u64::from(s.len), now) {
                 full.get_or_insert(k);
                 continue;
             }
-            let distance = usize::try_from(job.numa_node)
-                .ok()
-                .and_then(|b| nics.numa_distances().get(b)?.get(usize::try_from(nic.numa_node).ok()?).copied())
-                .unwrap_or(0);
-            let penalty = cfg.numa_penalties[spray::numa_class(job.numa_node, nic.numa_node, distance)];
+            let class = match job.gpu.local {
+                // Device memory: the NIC's rank for that GPU (same PCIe switch, same NUMA node,
+                // farther), as host memory its NUMA distance.
+                Some(gpu) => nics.gpu_rank(gpu, local),
+                None => {
+                    let distance = usize::try_from(job.numa_node)
+                        .ok()
+                        .and_then(|b| nics.numa_distances().get(b)?.get(usize::try_from(nic.numa_node).ok()?).copied())
+                        .unwrap_or(0);
+                    spray::numa_class(job.numa_node, nic.numa_node, distance)
+                }
+            };
+            let penalty = cfg.numa_penalties[class];
             let c = spray::cost(nic.assigned.load(Ordering::Relaxed), u64::from(s.len), nic.rate_at(now), penalty);
             if best.is_none_or(|(_, b)| c + cfg.score_epsilon < b) {
                 best = Some((k, c));
@@ -322,7 +402,10 @@ impl Lane {
         pair_order(&enabled, core.nics().names(), &job.remote_keys, s.seq as usize).0.into_iter().find_map(
             |(local, remote)| {
                 let key = job.remote_keys.get(remote)?;
-                if !job.keyed(local, remote) || core.rails().is_paused(local, key, now) {
+                if !job.keyed(local, remote)
+                    || core.rails().is_paused(local, key, now)
+                    || !core.gdr_reachable(job, local, remote, now, false)
+                {
                     return None;
                 }
                 let ep = core.nics().store(local)?.get(key)?;
@@ -517,6 +600,13 @@ impl Lane {
                     s.bind(core.nics().stats(), ep.clone(), r, now);
                     (ep, r)
                 }
+                Err(Error::NoTransport(why)) if why == STAGE_INSTEAD => {
+                    let piece = StagePiece { job: s.job.clone(), offset: s.offset, len: u64::from(s.len) };
+                    if let Err(p) = core.stage(piece) {
+                        p.job.fail("rdma transport is shutting down".into());
+                    }
+                    return Err(None);
+                }
                 Err(e) => {
                     return if self.spend_retry(&mut s, &e.to_string()) { Err(Some(s)) } else { Err(None) };
                 }
@@ -557,7 +647,7 @@ impl Lane {
         let wr_id = encode_wr_id(self.id, slot, self.slots[slot].generation);
         let r = s.job.task.request();
         let remote_addr = r.target_offset + s.offset;
-        let lkey = s.job.lkeys.get(ep.nic_id).copied().unwrap_or(0);
+        let lkey = s.job.local.lkey(ep.nic_id, r.source + s.offset);
         let sge = [Sge { addr: r.source + s.offset, length: s.len, lkey }];
         let rkey = s.job.rkeys.get(remote).copied().unwrap_or(0);
         let op = match r.opcode {
@@ -660,6 +750,15 @@ impl Lane {
         match wc.status {
             WcStatus::Success => {
                 core.rails().mark_recovered(ep.nic_id, remote_key);
+                let gpu = &slice.job.gpu;
+                if (gpu.local.is_some() || gpu.remote.is_some()) && core.gdr().any() {
+                    if let Some(g) = gpu.local {
+                        core.gdr().mark_recovered(&GdrKey::Local { nic: ep.nic_id, gpu: g });
+                    }
+                    if let Some(g) = gpu.remote {
+                        core.gdr().mark_recovered(&core.remote_gdr_key(&slice.job, remote, g));
+                    }
+                }
                 slice.job.slice_done();
             }
             _ if slice.job.is_done() => {}
@@ -681,6 +780,25 @@ impl Lane {
                 } else {
                     self.queue(slice);
                 }
+            }
+            status if gdr_key(&core, &slice.job, status, ep.nic_id, remote).is_some() => {
+                // The NIC could not reach device memory on one side: learned against that
+                // (NIC, GPU) pair or the peer's triple, and the slice goes on by another pair,
+                // or through staging once none is left. No retry is spent: each such error
+                // brings the pair closer to being set aside, so this ends.
+                if let Some(key) = gdr_key(&core, &slice.job, status, ep.nic_id, remote) {
+                    core.gdr().mark_failed(&key, core.clock().now());
+                }
+                core.counters().gdr_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!("RDMA request on {} failed on device memory: {}", ep.key, status.as_str());
+                ep.mark_path_failed();
+                core.retire_endpoint(&ep);
+                slice.unbind();
+                slice.detours += 1;
+                if slice.job.task.request().opcode == Opcode::Write && !nak(status) {
+                    slice.fence = Some(ep.clone());
+                }
+                self.queue(slice);
             }
             status => {
                 core.counters().root_errors.fetch_add(1, Ordering::Relaxed);
@@ -754,6 +872,20 @@ impl Lane {
                 rec.slice.job.fail(format!("endpoint {} was destroyed before its work completed", rec.ep.key));
             }
         }
+    }
+}
+
+/// What [`Lane::endpoint_for`] answers when only staging can move the slice.
+const STAGE_INSTEAD: &str = "stage";
+
+/// The reachability key an error completion on device memory counts against, as upstream
+/// learns: a local protection error against the local (NIC, GPU) pair, a remote access or
+/// remote operation error against the peer's (machine, NIC, GPU) triple.
+fn gdr_key(core: &Core, job: &Job, status: WcStatus, nic: usize, remote: usize) -> Option<GdrKey> {
+    match status {
+        WcStatus::LocProtErr => job.gpu.local.map(|gpu| GdrKey::Local { nic, gpu }),
+        WcStatus::RemAccessErr | WcStatus::RemOpErr => job.gpu.remote.map(|gpu| core.remote_gdr_key(job, remote, gpu)),
+        _ => None,
     }
 }
 

@@ -34,6 +34,8 @@ pub mod counters;
 /// cbindgen:ignore
 pub mod fence;
 /// cbindgen:ignore
+pub mod gpu;
+/// cbindgen:ignore
 mod job;
 /// cbindgen:ignore
 mod lanes;
@@ -49,6 +51,8 @@ pub mod provider;
 mod responder;
 /// cbindgen:ignore
 pub mod spray;
+/// cbindgen:ignore
+pub mod staging;
 
 pub use context::{BufferRegistration, ContextLimits, ContextSet, ContextState, CqQuota, RdmaContext};
 pub use core::Core;
@@ -60,7 +64,7 @@ pub use store::{EndpointStore, StoreKind};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -77,8 +81,10 @@ use crate::control::client::RpcClient;
 use crate::error::{Error, Result};
 use crate::transport::Transport;
 use crate::verbs::Provider;
-use job::{Job, Slice};
-use lanes::{Lane, LaneMsg};
+use gpu::{DeviceRegistration, GdrKey, LocalKeys};
+use job::{GpuSides, Job, StagePiece, plan_slices};
+use lanes::{Lane, LaneSet};
+use staging::{StageService, Stager, StagingPool};
 
 /// Per-NIC load, for `tent_get_nic_load_stats`.
 #[derive(Debug, Clone, PartialEq)]
@@ -90,7 +96,31 @@ pub struct NicLoadStats {
 
 struct LocalReg {
     refs: u32,
-    reg: BufferRegistration,
+    reg: Registered,
+}
+
+/// A buffer's regions on the NICs.
+enum Registered {
+    /// Host memory: one region per live NIC, and its keys.
+    Host(BufferRegistration, Arc<LocalKeys>),
+    /// Device memory: the regions of the NICs that took it (see `gpu.rs`).
+    Device(DeviceRegistration),
+}
+
+impl Registered {
+    fn rkeys(&self) -> Vec<u32> {
+        match self {
+            Registered::Host(r, _) => r.rkeys().to_vec(),
+            Registered::Device(d) => d.rkeys().to_vec(),
+        }
+    }
+
+    fn keys(&self) -> Arc<LocalKeys> {
+        match self {
+            Registered::Host(_, k) => k.clone(),
+            Registered::Device(d) => d.keys().clone(),
+        }
+    }
 }
 
 /// One opened NIC as diagnostics (the classic `showLinks`) report it.
@@ -114,26 +144,19 @@ pub struct NicLink {
     pub speed_gbps: u32,
 }
 
-/// The bus address of verbs device `name` as upstream's topology names it: the last part of the
-/// device's sysfs folder two levels up (`0000:3b:00.0` for a PCI NIC, `virtual` for soft-RoCE),
-/// or "" when sysfs does not know the device (the simulated ones).
-fn pci_bus_id_of(name: &str) -> String {
-    std::fs::canonicalize(format!("/sys/class/infiniband/{name}/../.."))
-        .ok()
-        .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()))
-        .unwrap_or_default()
-}
-
 /// The RDMA transport of one engine.
 pub struct RdmaTransport {
     core: Arc<Core>,
     provider: Arc<dyn Provider>,
-    lanes: Mutex<Vec<mpsc::Sender<LaneMsg>>>,
+    lanes: Arc<LaneSet>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// Registrations by (address, length); overlapping ranges are allowed, as in the segment.
     /// Never held across a verbs call.
     regs: RwLock<BTreeMap<(u64, u64), LocalReg>>,
-    next_lane: AtomicUsize,
+    /// Staging buffers of this side (for its own transfers) and of the buffers it lends peers.
+    pools: Vec<Arc<StagingPool>>,
+    /// The staging buffers lent to peers for this engine's device memory.
+    lender: Option<StageService>,
     stopped: AtomicBool,
 }
 
@@ -155,17 +178,39 @@ impl RdmaTransport {
             &settings.topology,
             settings.engine.verbose,
             local_server,
-            client,
+            client.clone(),
         )?;
         let mut threads = Vec::new();
-        let mut lanes = Vec::new();
+        let mut inboxes = Vec::new();
+        let mut receivers = Vec::new();
+        for _ in 0..cfg.num_lanes {
+            let (tx, rx) = mpsc::channel();
+            inboxes.push(tx);
+            receivers.push(rx);
+        }
+        let lanes = Arc::new(LaneSet::new(inboxes));
+        // Staging buffers, where device memory is: one pool for this side's own transfers and
+        // one for the buffers lent to peers, so that two engines staging to each other never
+        // wait on each other's buffers.
+        let g = &cfg.gpu;
+        let pools: Vec<Arc<StagingPool>> = crate::device::platform()
+            .map(|p| {
+                let pool =
+                    || Arc::new(StagingPool::new(p, core.nics_arc(), g.staging_chunk as usize, g.staging_buffers));
+                vec![pool(), pool()]
+            })
+            .unwrap_or_default();
+        let lender = pools.get(1).map(|p| StageService::new(p.clone(), cfg.max_timeout + Duration::from_secs(10)));
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| std::thread::Builder::new().name(name).spawn(f);
         let result = (|| -> std::io::Result<()> {
-            for i in 0..cfg.num_lanes {
-                let (tx, rx) = mpsc::channel();
+            for (i, rx) in receivers.into_iter().enumerate() {
                 let lane = Lane::new(i, core.clone(), rx);
                 threads.push(spawn(format!("tent-rdma-lane{i}"), Box::new(move || lane.run()))?);
-                lanes.push(tx);
+            }
+            if let Some(pool) = pools.first() {
+                let (stagers, queue) = Stager::start(&core, &lanes, client.clone(), pool.clone(), g.staging_threads)?;
+                threads.extend(stagers);
+                core.set_staging(queue);
             }
             let connector = core.connector().clone();
             threads.push(spawn("tent-rdma-connect".into(), Box::new(move || connector.run(inbox)))?);
@@ -178,10 +223,11 @@ impl RdmaTransport {
         let t = RdmaTransport {
             core,
             provider,
-            lanes: Mutex::new(lanes),
+            lanes,
             threads: Mutex::new(threads),
             regs: RwLock::new(BTreeMap::new()),
-            next_lane: AtomicUsize::new(0),
+            pools,
+            lender,
             stopped: AtomicBool::new(false),
         };
         result.map_err(Error::from)?;
@@ -230,7 +276,7 @@ impl RdmaTransport {
                 NicLink {
                     device: name.clone(),
                     numa_node: nics.stats().get(i).map_or(-1, |n| n.numa_node),
-                    pci_bus_id: pci_bus_id_of(name),
+                    pci_bus_id: nics::pci_bus_id_of(name),
                     gid: gid.as_ref().map(|g| g.gid.to_wire_string()).unwrap_or_default(),
                     gid_index: gid.map(|g| g.index as i32).unwrap_or(-1),
                     port,
@@ -242,33 +288,62 @@ impl RdmaTransport {
     }
 
     /// Registers `[addr, addr+len)` on every live NIC (a second registration of the same range
-    /// only takes a reference) and returns the NicID-indexed remote keys to publish.
+    /// only takes a reference) and returns the NicID-indexed remote keys to publish. Device
+    /// memory (`device`: its ordinal) goes to each NIC by GPUDirect as the config orders; a NIC
+    /// that refuses it gets key 0 and never fails the registration (see `gpu.rs`).
     ///
     /// # Safety
     /// The memory must stay valid until the matching [`RdmaTransport::unregister_buffer`].
-    pub unsafe fn register_buffer(&self, addr: u64, len: u64, perm: Permission) -> Result<Vec<u32>> {
+    pub unsafe fn register_buffer(
+        &self,
+        addr: u64,
+        len: u64,
+        perm: Permission,
+        device: Option<u32>,
+    ) -> Result<Vec<u32>> {
         if let Some(r) = self.regs.write().get_mut(&(addr, len)) {
             r.refs += 1;
-            return Ok(r.reg.rkeys().to_vec());
+            return Ok(r.reg.rkeys());
         }
         // Pinning memory on every NIC can take long for large buffers: it runs without the
         // lock, so submits (which look up local keys) and other registrations go on meanwhile.
         let access = context::access_for(perm, false);
-        // SAFETY: forwarded from this function's contract.
-        let reg = unsafe { self.core.nics().contexts().register(addr as *mut u8, len as usize, access)? };
+        let reg = match device {
+            Some(d) => {
+                let peer_memory = self.provider.peer_memory();
+                let cfg = &self.core.cfg().gpu;
+                Registered::Device(gpu::register_device(self.core.nics(), cfg, peer_memory, (addr, len), access, d))
+            }
+            None => {
+                // SAFETY: forwarded from this function's contract.
+                let r = unsafe { self.core.nics().contexts().register(addr as *mut u8, len as usize, access)? };
+                let keys = LocalKeys::whole(addr, addr.saturating_add(len), r.lkeys().to_vec(), None);
+                Registered::Host(r, Arc::new(keys))
+            }
+        };
         let mut regs = self.regs.write();
         if let Some(r) = regs.get_mut(&(addr, len)) {
             // A concurrent registration of the same range won: share it and drop ours (after
             // the lock is released, since deregistering is slow too).
             r.refs += 1;
-            let rkeys = r.reg.rkeys().to_vec();
+            let rkeys = r.reg.rkeys();
             drop(regs);
             drop(reg);
             return Ok(rkeys);
         }
-        let rkeys = reg.rkeys().to_vec();
+        let rkeys = reg.rkeys();
         regs.insert((addr, len), LocalReg { refs: 1, reg });
         Ok(rkeys)
+    }
+
+    /// Why each NIC holds no region of the registered buffer `[addr, addr+len)` (by NicID:
+    /// `None` where it holds one), for device memory; `None` for host memory or an unknown
+    /// buffer.
+    pub fn device_refusals(&self, addr: u64, len: u64) -> Option<Vec<Option<String>>> {
+        match &self.regs.read().get(&(addr, len))?.reg {
+            Registered::Device(d) => Some(d.refusals().to_vec()),
+            Registered::Host(..) => None,
+        }
     }
 
     /// Drops one reference of a registration; the last one deregisters on every NIC (after the
@@ -304,13 +379,33 @@ impl RdmaTransport {
         (0..names.len()).filter(|&i| devices.iter().any(|d| *d == names[i])).collect()
     }
 
-    fn lkeys_for(&self, addr: u64, len: u64) -> Option<Vec<u32>> {
+    /// The keys of the registered buffer holding `[addr, addr+len)`.
+    fn keys_for(&self, addr: u64, len: u64) -> Option<Arc<LocalKeys>> {
         let end = addr.checked_add(len)?;
         let regs = self.regs.read();
         regs.range(..=(addr, u64::MAX))
             .rev()
             .find(|((base, l), _)| base.checked_add(*l).is_some_and(|e| end <= e))
-            .map(|(_, r)| r.reg.lkeys().to_vec())
+            .map(|(_, r)| r.reg.keys())
+    }
+
+    /// Whether this transport lends staging buffers to peers for the engine's device memory
+    /// (it has a device platform).
+    pub fn lends_staging(&self) -> bool {
+        self.lender.is_some()
+    }
+
+    /// Answers a peer's staging request (`STAGE_RDMA`): lends a staging buffer for this
+    /// engine's device memory, or takes one back. `memory` checks the peer's access to the
+    /// range and holds it during each copy.
+    pub fn serve_stage(&self, request: &[u8], memory: &dyn crate::control::server::RpcHandler) -> Vec<u8> {
+        match &self.lender {
+            Some(l) => {
+                self.core.counters().stage_leases.fetch_add(1, Ordering::Relaxed);
+                l.serve(request, memory)
+            }
+            None => staging::StageReply::refusal("this engine has no device platform: nothing to stage").to_bytes(),
+        }
     }
 
     /// Answers a bootstrap request (control-plane message 2).
@@ -371,6 +466,57 @@ impl RdmaTransport {
         }
     }
 
+    /// The bytes of one staged piece.
+    fn staging_chunk(&self) -> u64 {
+        self.core.cfg().gpu.staging_chunk
+    }
+
+    /// How `job` must move, decided when it is submitted: `Ok(None)` by GPUDirect (or host
+    /// memory) on both sides; `Ok(Some(path))` through staging buffers on the sides no NIC
+    /// reaches (`path`: which, for the counters); an error, before any byte moves, when the
+    /// target's device memory has no key and its engine lends no staging buffers (an upstream
+    /// engine: the task can fail over to TCP staging).
+    fn staging_of(&self, job: &Job, target: &SegmentDesc) -> std::result::Result<Option<&'static str>, String> {
+        let now = self.core.clock().now();
+        let gdr = self.core.gdr();
+        let local_stage = job.gpu.local.is_some_and(|gpu| {
+            let nics = self.core.nics().contexts();
+            !nics.enabled().any(|(n, _)| job.local.keyed(n) && !gdr.is_paused(&GdrKey::Local { nic: n, gpu }, now))
+        });
+        let remote_stage = job.gpu.remote.is_some_and(|gpu| {
+            !(0..job.rkeys.len())
+                .any(|r| job.rkeys[r] != 0 && !gdr.is_paused(&self.core.remote_gdr_key(job, r, gpu), now))
+        });
+        let c = self.core.counters();
+        if remote_stage && !target.lends_staging() {
+            return Err(format!(
+                "no RDMA NIC of segment {} reaches its device memory at {:#x} (it has no RDMA key), and that engine \
+                 lends no staging buffers",
+                target.name,
+                job.task.request().target_offset
+            ));
+        }
+        if (local_stage || remote_stage) && self.pools.is_empty() {
+            return Err("device memory needs staging over RDMA, but this engine has no device platform".into());
+        }
+        let (counter, path) = match (local_stage, remote_stage) {
+            (false, false) if job.gpu.local.is_none() && job.gpu.remote.is_none() => return Ok(None),
+            (false, false) => (&c.gpu_direct, None),
+            (true, false) => (&c.gpu_staged_local, Some("staged on this side")),
+            (false, true) => (&c.gpu_staged_remote, Some("staged on the peer's side")),
+            (true, true) => (&c.gpu_staged_both, Some("staged on both sides")),
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            "RDMA task with device memory ({:?} -> {:?} of {}): {}",
+            job.gpu.local,
+            job.gpu.remote,
+            target.name,
+            path.unwrap_or("GPUDirect on both sides")
+        );
+        Ok(path)
+    }
+
     /// Per-NIC in-flight bytes and bandwidth EWMA.
     pub fn nic_load(&self) -> Vec<NicLoadStats> {
         let nics = self.core.nics();
@@ -396,6 +542,12 @@ impl Transport for RdmaTransport {
         TransportKind::Rdma
     }
 
+    fn moves_device_memory(&self, local_device: bool, remote_device: bool) -> bool {
+        // By GPUDirect where a NIC reaches the memory, through staging buffers where none does:
+        // both need the device platform, which every engine with device memory has.
+        (!local_device && !remote_device) || !self.pools.is_empty()
+    }
+
     fn reaches(&self, target: &SegmentDesc, _local_machine_id: &str) -> bool {
         remote_nics(target).iter().any(|n| !n.is_empty())
     }
@@ -407,13 +559,12 @@ impl Transport for RdmaTransport {
         if keys.is_empty() {
             return Err(Error::NoTransport(format!("segment {} publishes no RDMA device", target.name)));
         }
-        let lanes = self.lanes.lock().clone();
-        if lanes.is_empty() {
+        if self.lanes.closed() {
             return Err(Error::Unavailable("rdma transport is shutting down".into()));
         }
         let block = self.core.cfg().block_size;
-        let mut per_lane: Vec<Vec<Slice>> = (0..lanes.len()).map(|_| Vec::new()).collect();
         let now = self.core.clock().now();
+        let mut work = Vec::with_capacity(tasks.len());
         // Every target buffer's entry is asked for before any is read: their misses overlap.
         for task in &tasks {
             target.prefetch_entry(task.target_buffer());
@@ -424,61 +575,69 @@ impl Transport for RdmaTransport {
                 task.complete();
                 continue;
             }
-            let rkeys = match target.find_buffer_from(task.target_buffer(), r.target_offset, r.length, r.opcode, true) {
-                Ok((_, b)) if b.rkey.iter().any(|k| *k != 0) => b.rkey.clone(),
-                Ok(_) => {
-                    task.fail(format!("the target buffer of segment {} has no RDMA key", target.name));
-                    continue;
-                }
-                Err(e) => {
-                    task.fail(e.to_string());
-                    continue;
-                }
-            };
-            let Some(lkeys) = self.lkeys_for(r.source, r.length) else {
+            let (rkeys, remote_gpu) =
+                match target.find_buffer_from(task.target_buffer(), r.target_offset, r.length, r.opcode, true) {
+                    Ok((_, b)) => (b.rkey.clone(), crate::device::device_index(&b.location)),
+                    Err(e) => {
+                        task.fail(e.to_string());
+                        continue;
+                    }
+                };
+            if remote_gpu.is_none() && rkeys.iter().all(|k| *k == 0) {
+                task.fail(format!("the target buffer of segment {} has no RDMA key", target.name));
+                continue;
+            }
+            let Some(local) = self.keys_for(r.source, r.length) else {
                 task.fail(format!("{} bytes at {:#x} are not registered with RDMA", r.length, r.source));
                 continue;
             };
-            // No zero-length slices: exactly ceil(len / block) pieces, each charged and released
-            // by its own length.
-            let n = r.length.div_ceil(block);
             let allowed = self.allowed_nics(task.devices());
-            let mut job = Job::new(
-                task,
-                target.rpc_server_addr.clone(),
-                keys.clone(),
-                lkeys,
-                rkeys,
-                now + self.core.cfg().max_timeout,
-                n as usize,
-            );
-            if !self.core.nics().numa_distances().is_empty() && self.core.cfg().smart_scheduling {
+            let deadline = now + self.core.cfg().max_timeout;
+            let with_device = local.device.is_some() || remote_gpu.is_some();
+            let mut job =
+                Job::new(task, target.rpc_server_addr.clone(), keys.clone(), (local.clone(), rkeys), deadline, 0);
+            let mut staged = None;
+            if with_device {
+                job.gpu = GpuSides { local: local.device, remote: remote_gpu, peer_machine: target.machine_id.clone() };
+                match self.staging_of(&job, target) {
+                    Ok(s) => staged = s,
+                    Err(why) => {
+                        job.task.fail(why);
+                        continue;
+                    }
+                }
+            }
+            if job.gpu.local.is_none()
+                && !self.core.nics().numa_distances().is_empty()
+                && self.core.cfg().smart_scheduling
+            {
                 // One system call per request, and only on a host with several NUMA nodes.
                 job.numa_node = spray::node_of(r.source);
             }
             job.allowed_nics = allowed;
             job.hold_ticket(self.core.gate().enter(Level::of(r.priority)));
-            let job = Arc::new(job);
-            // One counter spreads slices over the lanes and, through their sequence numbers,
-            // over the rails, across jobs too: a batch of one-slice requests uses every rail.
-            let start = self.next_lane.fetch_add(n as usize, Ordering::Relaxed);
-            for k in 0..n {
-                let off = k * block;
-                let len = (r.length - off).min(block) as u32;
-                let seq = start.wrapping_add(k as usize);
-                per_lane[seq % lanes.len()].push(Slice::new(job.clone(), off, len, seq as u32));
-            }
-        }
-        for (lane, slices) in per_lane.into_iter().enumerate() {
-            if slices.is_empty() {
+            if staged.is_some() {
+                // No NIC reaches a side's device memory: the task moves piece by piece through
+                // staging buffers on that side.
+                let chunk = self.staging_chunk();
+                job.set_units(r.length.div_ceil(chunk) as usize);
+                let job = Arc::new(job);
+                for off in (0..r.length).step_by(chunk as usize) {
+                    let piece = StagePiece { job: job.clone(), offset: off, len: chunk.min(r.length - off) };
+                    if let Err(p) = self.core.stage(piece) {
+                        p.job.fail("rdma transport is shutting down".into());
+                        break;
+                    }
+                }
                 continue;
             }
-            if let Err(mpsc::SendError(LaneMsg::Submit(back))) = lanes[lane].send(LaneMsg::Submit(slices)) {
-                for s in back {
-                    s.job.task.fail("rdma transport is shutting down".into());
-                }
-            }
+            // No zero-length slices: each charged and released by its own length, none across
+            // the pieces of the local buffer (their keys differ).
+            let slices = plan_slices(r.source, r.length, block, &local.cuts(r.source, r.length));
+            job.set_units(slices.len());
+            work.push((Arc::new(job), slices));
         }
+        self.lanes.launch(work);
         Ok(())
     }
 
@@ -487,9 +646,12 @@ impl Transport for RdmaTransport {
             return;
         }
         self.core.stop();
-        self.lanes.lock().clear();
+        self.lanes.close();
         for t in self.threads.lock().drain(..) {
             let _ = t.join();
+        }
+        for p in &self.pools {
+            p.close();
         }
         let now = self.core.clock().now();
         for s in self.core.nics().stores() {

@@ -9,6 +9,7 @@ use super::endpoint::Endpoint;
 use super::spray::{self, NicStats};
 use super::store::{self, EndpointStore};
 use crate::config::{RdmaSection, TopologySection};
+use crate::device;
 use crate::error::{Error, Result};
 use crate::verbs::{Clock, Provider};
 
@@ -21,6 +22,10 @@ pub struct Nics {
     stats: Vec<Arc<NicStats>>,
     /// The host's NUMA distances (empty with one node: buffers' nodes are then not looked up).
     numa_distances: Vec<Vec<u32>>,
+    /// By device, then NicID: how close the NIC is to the device (0 below one PCIe switch, 1
+    /// on its NUMA node, 2 farther; see `device::nic_rank`): device memory prefers close NICs
+    /// as host memory prefers the NICs of its NUMA node.
+    gpu_ranks: Vec<Vec<usize>>,
     /// What endpoints are made with (`transports/rdma/endpoint/*`, `num_lanes`, `notify`).
     cfg: Arc<RdmaSection>,
     /// Our NIC paths' server part (the segment name).
@@ -35,6 +40,16 @@ pub fn numa_node_of(name: &str) -> i32 {
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(-1)
+}
+
+/// The bus address of verbs device `name` as upstream's topology names it: the last part of the
+/// device's sysfs folder two levels up (`0000:3b:00.0` for a PCI NIC, `virtual` for soft-RoCE),
+/// or "" when sysfs does not know the device (the simulated ones).
+pub fn pci_bus_id_of(name: &str) -> String {
+    std::fs::canonicalize(format!("/sys/class/infiniband/{name}/../.."))
+        .ok()
+        .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()))
+        .unwrap_or_default()
 }
 
 impl Nics {
@@ -71,12 +86,20 @@ impl Nics {
                 Arc::new(NicStats::new(numa_node_of(&names[i]), speed))
             })
             .collect();
+        let gpu_ranks = crate::device::platform()
+            .map(|p| {
+                (0..p.device_count())
+                    .map(|d| names.iter().map(|n| device::nic_rank(p, d, &pci_bus_id_of(n), numa_node_of(n))).collect())
+                    .collect()
+            })
+            .unwrap_or_default();
         Ok(Nics {
             contexts,
             names,
             stores,
             stats,
             numa_distances: spray::numa_distances(),
+            gpu_ranks,
             cfg: cfg.clone(),
             local_server: local_server.to_string(),
             clock: provider.clock(),
@@ -111,6 +134,12 @@ impl Nics {
     /// Load statistics by NicID.
     pub fn stats(&self) -> &[Arc<NicStats>] {
         &self.stats
+    }
+
+    /// How close NIC `nic` is to device `gpu`: 0 below one PCIe switch, 1 on its NUMA node, 2
+    /// farther (2 for an unknown device or NIC).
+    pub fn gpu_rank(&self, gpu: u32, nic: usize) -> usize {
+        self.gpu_ranks.get(gpu as usize).and_then(|r| r.get(nic)).copied().unwrap_or(2)
     }
 
     /// The host's NUMA distance table (empty on a host with one node).

@@ -29,6 +29,8 @@ pub fn open_provider(r: &RdmaSection) -> Result<Arc<dyn Provider>> {
     };
     let host = fabric.add_host(sim::HostSpec::with_devices(s.devices));
     host.set_fail_every_nth_wr(s.fail_every_nth_wr, status);
+    host.set_peer_memory(s.peer_memory);
+    host.set_dmabuf(s.dmabuf);
     Ok(host.provider())
 }
 

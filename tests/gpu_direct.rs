@@ -1,0 +1,360 @@
+//! Device memory over RDMA on the simulated fabric and the simulated device: GPUDirect
+//! registration by each route and each refusal, staging where a side has no GPUDirect,
+//! reachability learning, VMM memory, and bad input. Device memory is mapped `PROT_NONE` where
+//! callers see it, so a CPU touch by any engine path kills this test binary; every byte is
+//! checked after a trip back to host memory through the platform.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::device::{DevBuf, platform};
+use common::engines::{buffer, req};
+use common::sim::{fabric, rdma_engine, until};
+use tent::engine::Engine;
+use tent::engine::types::{Opcode, Permission, Request, Status};
+use tent::transport::rdma::Counters;
+use tent::verbs::sim::{SimFabric, SimHost};
+
+const BOUND: Duration = Duration::from_secs(60);
+
+fn pattern(i: usize) -> u8 {
+    (i.wrapping_mul(131) ^ (i >> 9) ^ 0x5a) as u8
+}
+
+/// Two engines on a fresh virtual fabric `name`, RDMA alone, two NICs each, with `extra` keys.
+fn pair(name: &str, extra: &[(&str, &str)]) -> (Arc<SimFabric>, Arc<Engine>, Arc<Engine>) {
+    platform();
+    let f = fabric(name);
+    let mut cfg = vec![("transports/shm/enable", "false"), ("transports/rdma/sim/devices", "2")];
+    cfg.extend_from_slice(extra);
+    let a = rdma_engine(name, &cfg);
+    let b = rdma_engine(name, &cfg);
+    (f, a, b)
+}
+
+fn host(e: &Engine) -> SimHost {
+    SimHost::from_provider(e.rdma().expect("rdma").provider()).expect("sim host")
+}
+
+fn counter(e: &Engine, f: impl Fn(&Counters) -> &std::sync::atomic::AtomicU64) -> u64 {
+    f(e.rdma().expect("rdma").core().counters()).load(Ordering::Relaxed)
+}
+
+/// Runs `reqs` from `a`, advancing the virtual clock meanwhile, and returns the statuses.
+fn go(f: &SimFabric, a: &Engine, reqs: &[Request]) -> Vec<(Status, u64)> {
+    let b = a.allocate_batch(reqs.len()).expect("batch");
+    // SAFETY: every buffer the requests name outlives this call, which waits for the tasks.
+    unsafe { a.submit(b, reqs, None) }.expect("submit");
+    let mut st = Vec::new();
+    until(f, Duration::from_micros(100), || {
+        st = a.task_status_list(b).expect("status");
+        st.iter().all(|(s, _)| *s != Status::Pending)
+    });
+    for (i, (s, _)) in st.iter().enumerate() {
+        if *s != Status::Completed {
+            eprintln!("task {i}: {s:?}: {:?}", a.task_error(b, i));
+        }
+    }
+    a.free_batch(b).expect("free");
+    st
+}
+
+fn completed(st: &[(Status, u64)], lens: &[u64]) -> bool {
+    st.len() == lens.len() && st.iter().zip(lens).all(|((s, n), l)| *s == Status::Completed && n == l)
+}
+
+#[test]
+fn device_memory_moves_by_gpudirect_between_engines_both_ways() {
+    let (f, a, b) = pair("gdr-direct", &[]);
+    let n = 1 << 20;
+    let src = DevBuf::new(0, n, pattern);
+    let dst = DevBuf::new(1, n, |_| 0);
+    src.register(&a);
+    dst.register(&b);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    // WRITE device -> peer device, 1 MiB in one request and 16 x 64 KiB.
+    let st = go(&f, &a, &[req(Opcode::Write, src.addr, h, dst.addr, n as u64)]);
+    assert!(completed(&st, &[n as u64]), "{st:?}");
+    assert!(dst.read() == src.read(), "the peer's device memory holds the bytes");
+    let back = DevBuf::new(0, n, |_| 0);
+    back.register(&a);
+    let reads: Vec<Request> =
+        (0..16).map(|i| req(Opcode::Read, back.addr + i * 65536, h, dst.addr + i * 65536, 65536)).collect();
+    let st = go(&f, &a, &reads);
+    assert!(completed(&st, &[65536; 16]), "{st:?}");
+    assert!(back.read() == src.read(), "READ brought them back");
+    // (Adjacent requests may be merged into one task.)
+    assert!(counter(&a, |c| &c.gpu_direct) >= 2, "the tasks went by GPUDirect");
+    assert_eq!(counter(&a, |c| &c.staged_pieces), 0, "nothing was staged");
+}
+
+/// Moves device memory of `a` to `b`'s device and back, checking every byte, and returns the
+/// staging counters of `a` (local, remote, both).
+fn round_trip(f: &SimFabric, a: &Engine, b: &Engine, n: usize) -> (u64, u64, u64) {
+    let src = DevBuf::new(0, n, pattern);
+    let dst = DevBuf::new(1, n, |_| 0);
+    let back = DevBuf::new(1, n, |_| 0);
+    src.register(a);
+    back.register(a);
+    dst.register(b);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let st = go(f, a, &[req(Opcode::Write, src.addr, h, dst.addr, n as u64)]);
+    assert!(completed(&st, &[n as u64]), "{st:?}");
+    assert!(dst.read() == src.read(), "WRITE: the peer's device memory holds the bytes");
+    let st = go(f, a, &[req(Opcode::Read, back.addr, h, dst.addr, n as u64)]);
+    assert!(completed(&st, &[n as u64]), "{st:?}");
+    assert!(back.read() == src.read(), "READ brought them back");
+    (counter(a, |c| &c.gpu_staged_local), counter(a, |c| &c.gpu_staged_remote), counter(a, |c| &c.gpu_staged_both))
+}
+
+#[test]
+fn without_peer_memory_device_memory_registers_by_dmabuf() {
+    let (f, a, b) = pair("gdr-dmabuf", &[]);
+    host(&a).set_peer_memory(false);
+    host(&b).set_peer_memory(false);
+    let probe = DevBuf::new(0, 8192, |_| 0);
+    probe.register(&a);
+    let refused = a.rdma().expect("rdma").device_refusals(probe.addr, 8192).expect("device memory");
+    assert_eq!(refused, vec![None, None], "every NIC took it by dma-buf");
+    assert_eq!(round_trip(&f, &a, &b, 3 << 20), (0, 0, 0), "nothing staged");
+    assert_eq!(counter(&a, |c| &c.staged_pieces), 0);
+}
+
+#[test]
+fn with_neither_route_each_nic_says_why_and_the_host_path_still_registers() {
+    let (_f, a, _b) = pair("gdr-refusals", &[]);
+    host(&a).set_peer_memory(false);
+    host(&a).set_nic_dmabuf("sim_mlx5_1", false).expect("nic");
+    host(&a).set_nic_dmabuf("sim_mlx5_0", false).expect("nic");
+    let d = DevBuf::new(0, 8192, |_| 0);
+    d.register(&a);
+    let refused = a.rdma().expect("rdma").device_refusals(d.addr, 8192).expect("device memory");
+    for r in &refused {
+        let r = r.as_deref().expect("refused");
+        assert!(r.contains("peermem: no peer-memory client"), "{r}");
+        assert!(r.contains("dmabuf:") && r.contains(&libc::EOPNOTSUPP.to_string()), "{r}");
+    }
+    // Host memory registers as before.
+    let h = buffer(&a, 4096, |_| 1, Permission::GlobalReadWrite);
+    assert!(a.rdma().expect("rdma").device_refusals(h.as_ptr() as u64, 4096).is_none());
+}
+
+#[test]
+fn staging_stands_in_on_a_side_without_gpudirect() {
+    // This side cannot register device memory with its NICs: it stages.
+    let (f, a, b) = pair("gdr-stage-local", &[]);
+    host(&a).set_peer_memory(false);
+    host(&a).set_dmabuf(false);
+    let (local, remote, both) = round_trip(&f, &a, &b, (4 << 20) + 12345);
+    assert!(local >= 2 && remote == 0 && both == 0, "{local} {remote} {both}");
+    // The peer cannot: it lends staging buffers.
+    let (f, a, b) = pair("gdr-stage-remote", &[]);
+    host(&b).set_peer_memory(false);
+    host(&b).set_dmabuf(false);
+    let (local, remote, both) = round_trip(&f, &a, &b, (4 << 20) + 12345);
+    assert!(local == 0 && remote >= 2 && both == 0, "{local} {remote} {both}");
+    assert!(counter(&b, |c| &c.stage_leases) > 0, "the peer lent buffers");
+    // Neither can.
+    let (f, a, b) = pair("gdr-stage-both", &[("transports/rdma/disable_gpu_direct_rdma", "true")]);
+    let (local, remote, both) = round_trip(&f, &a, &b, 1 << 20);
+    assert!(local == 0 && remote == 0 && both >= 2, "{local} {remote} {both}");
+}
+
+/// `n` bytes of VMM memory on the simulated device (chunks of `chunk` bytes), filled with
+/// `fill`: as PyTorch's expandable segments, several physical allocations mapped one after
+/// the other.
+fn vmm(device: u32, n: usize, chunk: usize, fill: impl Fn(usize) -> u8) -> DevBuf {
+    let chunks: Vec<usize> = (0..n.div_ceil(chunk)).map(|i| (n - i * chunk).min(chunk)).collect();
+    let addr = tent::device::sim::install(2).allocate_vmm(device, &chunks).expect("VMM allocation");
+    let b = DevBuf { addr, len: n, device };
+    b.write(0, &(0..n).map(fill).collect::<Vec<u8>>());
+    b
+}
+
+#[test]
+fn vmm_memory_registers_as_one_buffer_and_moves_by_either_route() {
+    // By peer memory: one region spans every chunk.
+    let (f, a, b) = pair("gdr-vmm-peermem", &[]);
+    let n = 5 * 65536 + 8192;
+    let src = vmm(0, n, 65536, pattern);
+    let dst = vmm(1, n, 3 * 65536, |_| 0);
+    src.register(&a);
+    dst.register(&b);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let st = go(&f, &a, &[req(Opcode::Write, src.addr + 100, h, dst.addr + 200, (n - 300) as u64)]);
+    assert!(completed(&st, &[(n - 300) as u64]), "{st:?}");
+    assert!(dst.read()[200..n - 100] == src.read()[100..n - 200]);
+    assert_eq!(counter(&a, |c| &c.staged_pieces), 0, "by GPUDirect");
+    // By dma-buf: one region per chunk on each NIC. Locally, slices keep to one chunk each;
+    // the peer publishes no single key for a buffer of several regions and lends staging
+    // buffers for it instead.
+    let (f, a, b) = pair("gdr-vmm-dmabuf", &[]);
+    host(&a).set_peer_memory(false);
+    host(&b).set_peer_memory(false);
+    let src = vmm(0, n, 65536, pattern);
+    let dst = vmm(1, n, 3 * 65536, |_| 0);
+    src.register(&a);
+    dst.register(&b);
+    let refused = a.rdma().expect("rdma").device_refusals(src.addr, n as u64).expect("device memory");
+    assert_eq!(refused, vec![None, None], "each NIC took every chunk by dma-buf");
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let st = go(&f, &a, &[req(Opcode::Write, src.addr + 100, h, dst.addr + 200, (n - 300) as u64)]);
+    assert!(completed(&st, &[(n - 300) as u64]), "{st:?}");
+    assert!(dst.read()[200..n - 100] == src.read()[100..n - 200]);
+    assert!(counter(&a, |c| &c.gpu_staged_remote) > 0, "the peer staged its multi-region buffer");
+    let back = vmm(0, n, 65536, |_| 0);
+    back.register(&a);
+    let st = go(&f, &a, &[req(Opcode::Read, back.addr, h, dst.addr + 200, (n - 300) as u64)]);
+    assert!(completed(&st, &[(n - 300) as u64]), "{st:?}");
+    assert!(back.read()[..n - 300] == src.read()[100..n - 200]);
+}
+
+#[test]
+fn host_and_device_memory_mix_in_one_batch_in_every_direction() {
+    let (f, a, b) = pair("gdr-mixed", &[]);
+    // The peer has no GPUDirect at all: its device memory is staged, its host memory is not.
+    host(&b).set_peer_memory(false);
+    host(&b).set_dmabuf(false);
+    let n = 300_000usize;
+    let a_dev = DevBuf::new(0, n, pattern);
+    let a_host = buffer(&a, n, |i| pattern(i + 7), Permission::GlobalReadWrite);
+    a_dev.register(&a);
+    let b_dev = DevBuf::new(1, 2 * n, |_| 0);
+    let b_host = buffer(&b, 2 * n, |_| 0, Permission::GlobalReadWrite);
+    b_dev.register(&b);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let (bh, nn) = (b_host.as_ptr() as u64, n as u64);
+    let st = go(
+        &f,
+        &a,
+        &[
+            req(Opcode::Write, a_dev.addr, h, b_dev.addr, nn),
+            req(Opcode::Write, a_host.as_ptr() as u64, h, b_dev.addr + nn, nn),
+            req(Opcode::Write, a_dev.addr, h, bh, nn),
+            req(Opcode::Write, a_host.as_ptr() as u64, h, bh + nn, nn),
+        ],
+    );
+    assert!(completed(&st, &[nn; 4]), "{st:?}");
+    let (dev_bytes, host_bytes) = (a_dev.read(), a_host.clone());
+    let peer_dev = b_dev.read();
+    assert!(peer_dev[..n] == dev_bytes[..] && peer_dev[n..] == host_bytes[..], "device targets");
+    assert!(b_host[..n] == dev_bytes[..] && b_host[n..] == host_bytes[..], "host targets");
+}
+
+#[test]
+fn a_pair_learned_unreachable_is_set_aside_and_probed_after_its_cooldown() {
+    // One error sets a pair aside here (upstream's default is two).
+    let learn = [("transports/rdma/gdr_cooldown_secs", "1"), ("transports/rdma/gdr_error_threshold", "1")];
+    let (f, a, b) = pair("gdr-learn", &learn);
+    // a's first NIC cannot reach a's GPU 0: local protection errors.
+    host(&a).set_gpu_failing("sim_mlx5_0", 0, true).expect("nic");
+    let n = 1 << 20;
+    let src = DevBuf::new(0, n, pattern);
+    let dst = DevBuf::new(1, n, |_| 0);
+    src.register(&a);
+    dst.register(&b);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let reqs: Vec<Request> =
+        (0..8).map(|i| req(Opcode::Write, src.addr + i * 131072, h, dst.addr + i * 131072, 131072)).collect();
+    let st = go(&f, &a, &reqs);
+    assert!(completed(&st, &[131072; 8]), "{st:?}");
+    assert!(dst.read() == src.read(), "the slices that failed on NIC 0 went over NIC 1");
+    assert!(counter(&a, |c| &c.gdr_errors) >= 1, "errors were counted");
+    let core = a.rdma().expect("rdma").core().clone();
+    let key = tent::transport::rdma::gpu::GdrKey::Local { nic: 0, gpu: 0 };
+    assert!(core.gdr().is_paused(&key, f.now()), "the pair is set aside");
+    let errors = counter(&a, |c| &c.gdr_errors);
+    let st = go(&f, &a, &reqs);
+    assert!(completed(&st, &[131072; 8]), "{st:?}");
+    assert_eq!(counter(&a, |c| &c.gdr_errors), errors, "while set aside, nothing tries the pair");
+    // The path is repaired; after the cooldown one probe takes the pair, succeeds, and clears it.
+    host(&a).set_gpu_failing("sim_mlx5_0", 0, false).expect("nic");
+    f.advance(Duration::from_secs(2));
+    for _ in 0..4 {
+        let st = go(&f, &a, &reqs);
+        assert!(completed(&st, &[131072; 8]), "{st:?}");
+    }
+    assert!(core.gdr().probes() >= 1, "a probe went");
+    assert!(!core.gdr().is_paused(&key, f.now()), "the pair is back");
+    // Every NIC of a fails on GPU 0: its device memory moves through staging buffers.
+    host(&a).set_gpu_failing("sim_mlx5_0", 0, true).expect("nic");
+    host(&a).set_gpu_failing("sim_mlx5_1", 0, true).expect("nic");
+    let fresh = DevBuf::new(1, n, |_| 0);
+    fresh.register(&b);
+    let st = go(&f, &a, &[req(Opcode::Write, src.addr, h, fresh.addr, n as u64)]);
+    assert!(completed(&st, &[n as u64]), "{st:?}");
+    assert!(fresh.read() == src.read());
+    assert!(counter(&a, |c| &c.staged_pieces) > 0, "staged once no pair was left");
+}
+
+#[test]
+fn the_peers_triple_is_learned_from_remote_access_errors() {
+    let (f, a, b) = pair("gdr-learn-remote", &[("transports/rdma/gdr_error_threshold", "1")]);
+    // The peer's second NIC cannot reach its GPU 1.
+    host(&b).set_gpu_failing("sim_mlx5_1", 1, true).expect("nic");
+    let n = 1 << 20;
+    let src = DevBuf::new(0, n, pattern);
+    let dst = DevBuf::new(1, n, |_| 0);
+    src.register(&a);
+    dst.register(&b);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let reqs: Vec<Request> =
+        (0..8).map(|i| req(Opcode::Write, src.addr + i * 131072, h, dst.addr + i * 131072, 131072)).collect();
+    let st = go(&f, &a, &reqs);
+    assert!(completed(&st, &[131072; 8]), "{st:?}");
+    assert!(dst.read() == src.read());
+    let core = a.rdma().expect("rdma").core().clone();
+    // Both engines run in this process, on this machine.
+    let machine = tent::engine::memory::machine_id();
+    let key = tent::transport::rdma::gpu::GdrKey::Remote { machine, nic: "sim_mlx5_1".into(), gpu: 1 };
+    assert!(core.gdr().is_paused(&key, f.now()), "the peer's (NIC, GPU) triple is set aside");
+}
+
+#[test]
+fn bad_device_input_fails_with_a_reason_and_never_touches_the_memory() {
+    let (f, a, b) = pair("gdr-bad", &[]);
+    let dev = DevBuf::new(0, 65536, pattern);
+    let peer = DevBuf::new(1, 65536, |_| 0);
+    peer.register(&b);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    // A device address never registered: the submit refuses it.
+    let batch = a.allocate_batch(1).expect("batch");
+    // SAFETY: both buffers outlive the batch.
+    let submitted = unsafe { a.submit(batch, &[req(Opcode::Write, dev.addr, h, peer.addr, 4096)], None) };
+    assert!(submitted.is_err() || common::engines::wait(&a, batch, BOUND)[0].0 == Status::Failed);
+    let _ = a.free_batch(batch);
+    // The peer unregistered (and freed) its device buffer: the task fails, with the reason.
+    dev.register(&a);
+    b.unregister_memory(&[(peer.addr, 65536)]).expect("unregister");
+    a.refresh_segment(h).expect("refresh");
+    let st = go(&f, &a, &[req(Opcode::Write, dev.addr, h, peer.addr, 4096)]);
+    assert_eq!(st[0].0, Status::Failed, "{st:?}");
+    // A device that does not exist.
+    let opts = tent::engine::MemoryOptions { location: "cuda:7".into(), ..Default::default() };
+    // SAFETY: nothing is registered (the location is refused).
+    let e = unsafe { a.register_memory(&[(dev.addr, 65536)], &opts) }.expect_err("cuda:7 does not exist");
+    assert!(e.to_string().contains("no such device"), "{e}");
+}
+
+#[test]
+fn device_memory_freed_while_registered_leaves_the_nics_first_and_is_refused_after() {
+    let (f, a, b) = pair("gdr-free", &[]);
+    let opts = tent::engine::MemoryOptions { location: "cuda:1".into(), ..Default::default() };
+    let (addr, _) = b.allocate_memory(1 << 20, &opts).expect("device allocation");
+    // SAFETY: registered until freed below, which unregisters it first.
+    unsafe { b.register_memory(&[(addr, 1 << 20)], &opts) }.expect("register");
+    let src = DevBuf::new(0, 65536, pattern);
+    src.register(&a);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let st = go(&f, &a, &[req(Opcode::Write, src.addr, h, addr, 65536)]);
+    assert!(completed(&st, &[65536]), "{st:?}");
+    b.free_memory(addr).expect("free");
+    assert!(b.rdma().expect("rdma").device_refusals(addr, 1 << 20).is_none(), "no NIC region is left");
+    assert!(b.segment_info(0).expect("info").buffers.iter().all(|x| x.base != addr), "no longer published");
+    a.refresh_segment(h).expect("refresh");
+    let st = go(&f, &a, &[req(Opcode::Write, src.addr, h, addr, 65536)]);
+    assert_eq!(st[0].0, Status::Failed, "{st:?}");
+}
