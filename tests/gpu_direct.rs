@@ -168,7 +168,8 @@ fn staging_stands_in_on_a_side_without_gpudirect() {
 /// the other.
 fn vmm(device: u32, n: usize, chunk: usize, fill: impl Fn(usize) -> u8) -> DevBuf {
     let chunks: Vec<usize> = (0..n.div_ceil(chunk)).map(|i| (n - i * chunk).min(chunk)).collect();
-    let addr = tent::device::sim::install(2).allocate_vmm(device, &chunks).expect("VMM allocation");
+    let addr =
+        tent::device::Platform::allocate_vmm(tent::device::sim::install(2), device, &chunks).expect("VMM allocation");
     let b = DevBuf { addr, len: n, device };
     b.write(0, &(0..n).map(fill).collect::<Vec<u8>>());
     b

@@ -33,6 +33,23 @@ const DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: c_int = 124;
 const MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: c_int = 1;
 const MEM_LOCATION_TYPE_DEVICE: c_int = 1;
 const MEM_ACCESS_FLAGS_PROT_READWRITE: c_int = 3;
+const MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
+const MEM_ALLOC_GRANULARITY_MINIMUM: c_int = 0;
+const DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: c_int = 92;
+
+/// `CUmemAllocationProp`: what `cuMemCreate` makes.
+#[repr(C)]
+struct MemAllocationProp {
+    alloc_type: c_int,
+    requested_handle_types: c_int,
+    location_type: c_int,
+    location_id: c_int,
+    win32_handle_meta_data: *mut c_void,
+    compression_type: u8,
+    gpu_direct_rdma_capable: u8,
+    usage: u16,
+    reserved: [u8; 4],
+}
 
 /// `CUmemAccessDesc`: a location (type, id) and the access it gets.
 #[repr(C)]
@@ -54,6 +71,8 @@ struct VmmApi {
     map: unsafe extern "C" fn(CuPtr, usize, usize, u64, u64) -> CuResult,
     unmap: unsafe extern "C" fn(CuPtr, usize) -> CuResult,
     set_access: unsafe extern "C" fn(CuPtr, usize, *const MemAccessDesc, usize) -> CuResult,
+    create: unsafe extern "C" fn(*mut u64, usize, *const MemAllocationProp, u64) -> CuResult,
+    granularity: unsafe extern "C" fn(*mut usize, *const MemAllocationProp, c_int) -> CuResult,
 }
 
 /// `CUipcMemHandle`: 64 opaque bytes, passed by value.
@@ -109,6 +128,9 @@ pub struct Cuda {
     /// VMM memory mapped from shareable descriptors (start -> length), unmapped by
     /// `ipc_close` instead of `cuIpcCloseMemHandle`.
     imported: Mutex<std::collections::HashMap<u64, usize>>,
+    /// VMM memory this platform allocated (start -> its chunks' lengths), freed by unmapping
+    /// instead of `cuMemFree`.
+    vmm_allocated: Mutex<std::collections::HashMap<u64, Vec<usize>>>,
 }
 
 // SAFETY: the driver API is thread-safe; contexts and streams are process-wide handles the
@@ -180,12 +202,19 @@ impl Cuda {
                         map: sym(lib, c"cuMemMap")?,
                         unmap: sym(lib, c"cuMemUnmap")?,
                         set_access: sym(lib, c"cuMemSetAccess")?,
+                        create: sym(lib, c"cuMemCreate")?,
+                        granularity: sym(lib, c"cuMemGetAllocationGranularity")?,
                     })
                 })()
                 .ok(),
             }
         };
-        let mut cuda = Cuda { api, devices: Vec::new(), imported: Mutex::new(Default::default()) };
+        let mut cuda = Cuda {
+            api,
+            devices: Vec::new(),
+            imported: Mutex::new(Default::default()),
+            vmm_allocated: Mutex::new(Default::default()),
+        };
         // SAFETY: cuInit(0) has no preconditions.
         let rc = unsafe { (cuda.api.init)(0) };
         if rc != CUDA_SUCCESS {
@@ -348,9 +377,99 @@ impl Platform for Cuda {
         Ok(p)
     }
 
+    fn allocate_vmm(&self, device: u32, chunks: &[usize]) -> Result<u64> {
+        let v =
+            self.api.vmm.as_ref().ok_or_else(|| {
+                Error::NotImplemented("this CUDA driver has no virtual memory management calls".into())
+            })?;
+        self.enter(device)?;
+        let mut rdma: c_int = 0;
+        // SAFETY: writes one int for a device of ours.
+        unsafe {
+            (self.api.device_get_attribute)(
+                &mut rdma,
+                DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+                device as CuDevice,
+            )
+        };
+        let prop = MemAllocationProp {
+            alloc_type: MEM_ALLOCATION_TYPE_PINNED,
+            requested_handle_types: MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            location_type: MEM_LOCATION_TYPE_DEVICE,
+            location_id: device as c_int,
+            win32_handle_meta_data: std::ptr::null_mut(),
+            compression_type: 0,
+            gpu_direct_rdma_capable: u8::from(rdma != 0),
+            usage: 0,
+            reserved: [0; 4],
+        };
+        let mut gran: usize = 0;
+        // SAFETY: writes one size for the properties above.
+        self.check(
+            unsafe { (v.granularity)(&mut gran, &prop, MEM_ALLOC_GRANULARITY_MINIMUM) },
+            "cuMemGetAllocationGranularity",
+        )?;
+        let gran = gran.max(1);
+        let lens: Vec<usize> = chunks.iter().map(|c| c.div_ceil(gran) * gran).collect();
+        let total: usize = lens.iter().sum();
+        if total == 0 {
+            return Err(Error::InvalidArgument("cannot allocate 0 bytes".into()));
+        }
+        let mut base: CuPtr = 0;
+        // SAFETY: reserves address space of our own.
+        self.check(unsafe { (v.address_reserve)(&mut base, total, 0, 0, 0) }, "cuMemAddressReserve")?;
+        let mut mapped = 0usize;
+        let mut made = || -> Result<()> {
+            for &len in &lens {
+                let mut h: u64 = 0;
+                // SAFETY: creates one physical allocation and maps it at the next place of our
+                // reservation; the handle is released after (the mapping keeps the memory).
+                let rc = unsafe {
+                    let mut rc = (v.create)(&mut h, len, &prop, 0);
+                    if rc == CUDA_SUCCESS {
+                        rc = (v.map)(base + mapped as u64, len, 0, h, 0);
+                        (v.release)(h);
+                    }
+                    rc
+                };
+                self.check(rc, format_args!("cuMemCreate + cuMemMap of {len} bytes"))?;
+                mapped += len;
+            }
+            let access = MemAccessDesc {
+                location_type: MEM_LOCATION_TYPE_DEVICE,
+                location_id: device as c_int,
+                flags: MEM_ACCESS_FLAGS_PROT_READWRITE,
+            };
+            // SAFETY: opens the range just mapped to the device.
+            self.check(unsafe { (v.set_access)(base, total, &access, 1) }, "cuMemSetAccess")
+        };
+        if let Err(e) = made() {
+            // SAFETY: unmaps what was mapped and frees the reservation.
+            unsafe {
+                if mapped > 0 {
+                    (v.unmap)(base, mapped);
+                }
+                (v.address_free)(base, total);
+            }
+            return Err(e);
+        }
+        self.vmm_allocated.lock().insert(base, lens);
+        Ok(base)
+    }
+
     fn free(&self, addr: u64) -> Result<()> {
         let dev = self.locate(addr).map(|r| r.device).unwrap_or(0);
         self.enter(dev)?;
+        if let Some(lens) = self.vmm_allocated.lock().remove(&addr) {
+            let v = self.api.vmm.as_ref().ok_or_else(|| Error::Internal("VMM memory without VMM calls".into()))?;
+            let total: usize = lens.iter().sum();
+            // SAFETY: unmaps and frees exactly the range `allocate_vmm` made.
+            let rc = unsafe {
+                let rc = (v.unmap)(addr, total);
+                if rc == CUDA_SUCCESS { (v.address_free)(addr, total) } else { rc }
+            };
+            return self.check(rc, "freeing VMM memory");
+        }
         // SAFETY: frees an allocation of ours; a bad pointer is an error from the driver.
         self.check(unsafe { (self.api.mem_free)(addr) }, "cuMemFree")
     }
@@ -469,6 +588,10 @@ impl Platform for Cuda {
         )?;
         // SAFETY: the driver gave us a fresh descriptor.
         Ok((unsafe { OwnedFd::from_raw_fd(fd) }, addr - start))
+    }
+
+    fn bind_thread(&self, device: u32) -> Result<()> {
+        self.enter(device).map(|_| ())
     }
 
     fn is_vmm(&self, addr: u64) -> bool {

@@ -129,7 +129,12 @@ pub trait Platform: Send + Sync {
     }
     /// Allocates `len` bytes on `device`.
     fn allocate(&self, device: u32, len: usize) -> Result<u64>;
-    /// Frees memory returned by [`Platform::allocate`].
+    /// Allocates VMM memory on `device` as PyTorch's expandable segments do (CUDA:
+    /// `cuMemAddressReserve`, then `cuMemCreate` + `cuMemMap` per chunk, each rounded up to the
+    /// allocation granularity, shareable as POSIX descriptors): one range made of several
+    /// physical allocations. Freed with [`Platform::free`] of its start.
+    fn allocate_vmm(&self, device: u32, chunks: &[usize]) -> Result<u64>;
+    /// Frees memory returned by [`Platform::allocate`] or [`Platform::allocate_vmm`].
     fn free(&self, addr: u64) -> Result<()>;
     /// Starts copying `len` bytes from `src` to `dst` with the device's copy engine.
     fn start_copy(&self, dst: Mem, src: Mem, len: usize) -> Result<Box<dyn PendingCopy>>;
@@ -147,6 +152,13 @@ pub trait Platform: Send + Sync {
     /// of `addr` in it, for registering the memory with a NIC (`ibv_reg_dmabuf_mr`). Refused,
     /// with the reason, where the device or the driver cannot export one.
     fn dmabuf(&self, addr: u64, len: u64) -> Result<(OwnedFd, u64)>;
+    /// Makes `device` current for the calling thread where the platform needs it (CUDA: its
+    /// primary context), as upstream does before a NIC registers the device's memory by
+    /// address: the peer-memory client resolves the pages through the current context.
+    fn bind_thread(&self, device: u32) -> Result<()> {
+        let _ = device;
+        Ok(())
+    }
     /// Whether the memory at `addr` is VMM memory (`cuMemCreate` + `cuMemMap`), which CUDA IPC
     /// handles cannot share: other processes of the host map it from a shareable descriptor
     /// ([`Platform::shareable_export`]) instead.

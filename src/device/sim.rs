@@ -138,70 +138,6 @@ fn map_alias(fd: &OwnedFd, len: usize) -> Result<usize> {
 }
 
 impl SimDevice {
-    /// Allocates VMM memory on `device` as `cuMemAddressReserve` + `cuMemCreate` + `cuMemMap`
-    /// do (PyTorch's expandable segments): one reserved range of the chunks' total length,
-    /// each chunk (rounded up to pages) a physical allocation of its own mapped behind the
-    /// previous one. [`Platform::locate`] answers one chunk, an IPC handle is refused, a
-    /// shareable descriptor is given; [`Platform::free`] of the start frees every chunk.
-    pub fn allocate_vmm(&self, device: u32, chunks: &[usize]) -> Result<u64> {
-        self.check_device(device)?;
-        let lens: Vec<usize> = chunks.iter().map(|c| c.div_ceil(4096) * 4096).collect();
-        let total: usize = lens.iter().sum();
-        if total == 0 {
-            return Err(Error::InvalidArgument("cannot allocate 0 bytes".into()));
-        }
-        // SAFETY: reserving address space; the result is checked.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                total,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(os_err(format_args!("simulated device: reserving {total} bytes failed")));
-        }
-        let base = base as u64;
-        let mut at = base;
-        let mut made: Vec<u64> = Vec::new();
-        let mapped = lens.iter().try_for_each(|&len| -> Result<()> {
-            let fd = new_memfd(len)?;
-            // SAFETY: replaces part of the range reserved above (MAP_FIXED inside our own
-            // reservation); the result is checked.
-            let p = unsafe {
-                libc::mmap(
-                    at as *mut libc::c_void,
-                    len,
-                    libc::PROT_NONE,
-                    libc::MAP_SHARED | libc::MAP_FIXED,
-                    fd.as_raw_fd(),
-                    0,
-                )
-            };
-            if p == libc::MAP_FAILED {
-                return Err(os_err(format_args!("simulated device: mapping a chunk of {len} bytes failed")));
-            }
-            let alias = map_alias(&fd, len)?;
-            self.maps.write().insert(at, Mapping { fd, device, len, alias, owned: true, vmm: Some(base) });
-            known::note(at, len as u64, device);
-            made.push(at);
-            at += len as u64;
-            Ok(())
-        });
-        if let Err(e) = mapped {
-            for m in made {
-                let _ = self.remove(m, true);
-            }
-            // SAFETY: unmapping what is left of our own reservation.
-            unsafe { libc::munmap(base as *mut libc::c_void, total) };
-            return Err(e);
-        }
-        Ok(base)
-    }
-
     fn check_device(&self, device: u32) -> Result<()> {
         if device >= self.devices {
             return Err(Error::InvalidArgument(format!(
@@ -300,6 +236,68 @@ impl Platform for SimDevice {
             return self.allocate_vmm(device, &chunks);
         }
         Ok(self.insert(new_memfd(len)?, device, len, true)?.base)
+    }
+
+    // One reserved range of the chunks' total length, each chunk (rounded up to pages) a
+    // memfd of its own mapped behind the previous one: `locate` answers one chunk, an IPC
+    // handle is refused, a shareable descriptor is given; `free` of the start frees them all.
+    fn allocate_vmm(&self, device: u32, chunks: &[usize]) -> Result<u64> {
+        self.check_device(device)?;
+        let lens: Vec<usize> = chunks.iter().map(|c| c.div_ceil(4096) * 4096).collect();
+        let total: usize = lens.iter().sum();
+        if total == 0 {
+            return Err(Error::InvalidArgument("cannot allocate 0 bytes".into()));
+        }
+        // SAFETY: reserving address space; the result is checked.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                total,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(os_err(format_args!("simulated device: reserving {total} bytes failed")));
+        }
+        let base = base as u64;
+        let mut at = base;
+        let mut made: Vec<u64> = Vec::new();
+        let mapped = lens.iter().try_for_each(|&len| -> Result<()> {
+            let fd = new_memfd(len)?;
+            // SAFETY: replaces part of the range reserved above (MAP_FIXED inside our own
+            // reservation); the result is checked.
+            let p = unsafe {
+                libc::mmap(
+                    at as *mut libc::c_void,
+                    len,
+                    libc::PROT_NONE,
+                    libc::MAP_SHARED | libc::MAP_FIXED,
+                    fd.as_raw_fd(),
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                return Err(os_err(format_args!("simulated device: mapping a chunk of {len} bytes failed")));
+            }
+            let alias = map_alias(&fd, len)?;
+            self.maps.write().insert(at, Mapping { fd, device, len, alias, owned: true, vmm: Some(base) });
+            known::note(at, len as u64, device);
+            made.push(at);
+            at += len as u64;
+            Ok(())
+        });
+        if let Err(e) = mapped {
+            for m in made {
+                let _ = self.remove(m, true);
+            }
+            // SAFETY: unmapping what is left of our own reservation.
+            unsafe { libc::munmap(base as *mut libc::c_void, total) };
+            return Err(e);
+        }
+        Ok(base)
     }
 
     fn free(&self, addr: u64) -> Result<()> {
