@@ -144,6 +144,9 @@ pub fn register_device(
                     }
                 }
                 GpuRoute::PeerMem => {
+                    if let Some(Err(e)) = platform.map(|p| p.bind_thread(device)) {
+                        tracing::debug!("cuda:{device} could not be made current before registering: {e}");
+                    }
                     for i in waiting {
                         let Some(ctx) = nics.context(i) else { continue };
                         // SAFETY: the engine keeps registered device memory valid until it
