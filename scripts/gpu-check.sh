@@ -12,7 +12,13 @@
 #   - SHM device to device (CUDA IPC), 64 MiB blocks, with the device's own in-process copy
 #     (cuMemcpyAsync device to device) as the reference column;
 #   - TCP device to device and host to host, 1 MiB x 1 and 64 KiB x 32;
+#   - where /sys/class/infiniband lists NICs: RDMA device to device (GPUDirect where the NICs
+#     and the driver take device memory, staging buffers where not) and host to host, the same
+#     shapes;
 #   - the time to register a 1 GiB device buffer (printed by the target).
+# The test binaries include tests/device_rdma.rs: a dma-buf export of cuMemAlloc memory and of
+# VMM memory (or the reason the GPU gives), and device memory between two engines over the real
+# NICs when there are any.
 # Output goes to stdout and, when $OUT is set, to $OUT/gpu-check.log. GPU_CHECK_SIM=1 rehearses
 # `run` on the simulated device, on a machine without a GPU.
 set -euo pipefail
@@ -109,6 +115,22 @@ run() {
             --duration=3 || failed=1
         stop
     done
+    if [ "${GPU_CHECK_SIM:-0}" != 1 ] && ls /sys/class/infiniband/* >/dev/null 2>&1; then
+        ls /sys/class/infiniband
+        command -v lsmod >/dev/null && { lsmod | grep -E '^(nvidia_peermem|amdgpu) ' || echo "no peer-memory client loaded"; }
+        for seg in DRAM VRAM; do
+            echo "== RDMA, $seg to $seg"
+            target --xport_type=rdma --seg_type=$seg --total_buffer_size=256M
+            "$bench" --target_seg_name="$name" --xport_type=rdma --seg_type=$seg --start_block_size=1M \
+                --max_block_size=1M --total_buffer_size=256M --duration=3 || failed=1
+            "$bench" --target_seg_name="$name" --xport_type=rdma --seg_type=$seg --start_block_size=64K \
+                --max_block_size=64K --start_batch_size=32 --max_batch_size=32 --total_buffer_size=256M \
+                --duration=3 || failed=1
+            stop
+        done
+    else
+        echo "== RDMA between processes: skipped (no NIC in /sys/class/infiniband, or the simulated device)"
+    fi
     [ "$failed" = 0 ] && echo "gpu check passed" || { echo "gpu check FAILED"; exit 1; }
 }
 
