@@ -156,7 +156,9 @@ fn staging_stands_in_on_a_side_without_gpudirect() {
     host(&b).set_dmabuf(false);
     let (local, remote, both) = round_trip(&f, &a, &b, (4 << 20) + 12345);
     assert!(local == 0 && remote >= 2 && both == 0, "{local} {remote} {both}");
-    assert!(counter(&b, |c| &c.stage_leases) > 0, "the peer lent buffers");
+    // One buffer lent per piece (a release or a busy answer lends none).
+    let (lent, pieces) = (counter(&b, |c| &c.stage_leases), counter(&a, |c| &c.staged_pieces));
+    assert!(lent == pieces && lent > 0, "the peer lent {lent} buffers for {pieces} pieces");
     // Neither can.
     let (f, a, b) = pair("gdr-stage-both", &[("transports/rdma/disable_gpu_direct_rdma", "true")]);
     let (local, remote, both) = round_trip(&f, &a, &b, 1 << 20);

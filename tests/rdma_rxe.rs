@@ -16,6 +16,7 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, channel};
 use std::time::{Duration, Instant};
 
+use common::device::DevBuf;
 use common::engines::{engine, req, wait};
 use common::stores::free_port;
 use tent::engine::types::{Opcode, Permission, Request, Status};
@@ -71,10 +72,16 @@ struct Peer {
 impl Peer {
     /// Starts a peer on 127.0.0.1:`port` serving `size` bytes of pattern `seed`.
     fn start(port: u16, size: usize, seed: u8) -> Peer {
+        Peer::start_with(port, size, seed, &[])
+    }
+
+    /// [`Peer::start`] with `env` added to the peer's environment.
+    fn start_with(port: u16, size: usize, seed: u8, env: &[(&str, &str)]) -> Peer {
         let exe = common::lib_dir().join("examples").join("rdma_peer");
         assert!(exe.exists(), "{} is not built (cargo build --all-targets)", exe.display());
         let mut child = Command::new(&exe)
             .args(["--port", &port.to_string(), "--size", &size.to_string(), "--seed", &seed.to_string()])
+            .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -421,4 +428,181 @@ fn frozen_peer_does_not_hold_up_a_healthy_one() {
     a.free_batch(stuck).expect("free");
     assert!(all_completed(&st), "the thawed peer is served too: {st:?}");
     assert_eq!(frozen.cmd("CHECK 0 65536 11"), "OK");
+}
+
+/// What gives a process the simulated device platform (`src/device/sim.rs`).
+const SIM_DEVICES: &str = "TENT_SIM_DEVICES";
+
+/// Runs test `name` of this binary alone in a child process with `env` added, and fails when it
+/// fails: for a scenario that changes process-wide state the other scenarios must not see.
+fn run_alone(name: &str, env: &[(&str, &str)]) {
+    let exe = std::env::current_exe().expect("this test binary");
+    let out = Command::new(exe)
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .envs(env.iter().copied())
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run the test in a process of its own");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprint!("{stdout}");
+    // "1 passed": a filter that matched nothing would pass too.
+    assert!(out.status.success() && stdout.contains("1 passed"), "{name}, alone with {env:?}: {}", out.status);
+}
+
+/// One of the peer's counters (`STATS`).
+fn peer_stat(p: &mut Peer, key: &str) -> u64 {
+    let r = p.cmd("STATS");
+    r.split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == key)
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in {r}"))
+}
+
+/// Device memory (the simulated device) on both sides of real QPs. Soft-RoCE reaches neither
+/// side's device memory: no peer-memory client is loaded (`/proc/modules` has no
+/// `nvidia_peermem`, and rxe could not pin the device's `PROT_NONE` pages anyway), and
+/// rdma-core's rxe provider has no `ibv_reg_dmabuf_mr` (libibverbs answers EOPNOTSUPP). So
+/// registration succeeds with every NIC refusing, each saying why by route, and the bytes go
+/// through staging buffers: this process's for its own device memory (device copies), the
+/// peer's, lent over `STAGE_RDMA`, for the peer's. Device to peer host, host to peer device and
+/// device to peer device, WRITE and READ, odd lengths at odd offsets, each request cut into
+/// several staged pieces; every byte (and the bytes around each range) checked through the
+/// device platform, never with the CPU.
+#[test]
+fn device_memory_is_staged_on_both_sides_over_real_verbs() {
+    if !rdma_here() {
+        return;
+    }
+    // A process has one device platform for its life: this scenario runs in a process of its
+    // own, so the other scenarios keep running without one.
+    if std::env::var_os(SIM_DEVICES).is_none() {
+        run_alone("device_memory_is_staged_on_both_sides_over_real_verbs", &[(SIM_DEVICES, "2")]);
+        return;
+    }
+    const LEN: usize = (3 << 20) + 4321;
+    const CHUNK: usize = 1 << 20;
+    common::device::platform();
+    let mut b = Peer::start_with(free_port(), LEN, 0, &[(SIM_DEVICES, "2")]);
+    let r = b.cmd(&format!("DEV_ALLOC 1 {LEN} 0"));
+    let peer_dev: u64 = r.strip_prefix("OK ").and_then(|x| x.parse().ok()).unwrap_or_else(|| panic!("DEV_ALLOC: {r}"));
+    // Pieces of 1 MiB (the peer lends its default 4 MiB buffers): each request is several
+    // pieces, which the staging threads move at once.
+    let a = local_engine(&[("transports/rdma/staging/chunk_size", &CHUNK.to_string())]);
+    let h = a.open_segment(&b.name).expect("open the peer's segment");
+    let host = local_buffer(&a, LEN);
+    let dev = DevBuf::new(0, LEN, |_| 0);
+    dev.register(&a);
+
+    // Registered on both sides; every NIC refused it by both routes, and says so.
+    let ours = a.rdma().expect("rdma").device_refusals(dev.addr, LEN as u64).expect("a device registration");
+    let ours: Vec<String> = ours.into_iter().map(|r| r.unwrap_or_else(|| "-".into())).collect();
+    let r = b.cmd("DEV_REFUSALS");
+    let theirs: Vec<String> = r
+        .strip_prefix("REFUSALS ")
+        .unwrap_or_else(|| panic!("DEV_REFUSALS: {r}"))
+        .split(" | ")
+        .map(String::from)
+        .collect();
+    for (side, reasons) in [("this process", &ours), ("the peer", &theirs)] {
+        assert!(!reasons.is_empty(), "{side} has NICs");
+        for (nic, why) in reasons.iter().enumerate() {
+            eprintln!("{side}, NIC {nic} refused device memory: {why}");
+            assert!(why.contains("peermem") && why.contains("dmabuf:"), "{side}, NIC {nic}: {why}");
+        }
+    }
+
+    let rdma = a.rdma().expect("rdma").clone();
+    let c = rdma.core().counters();
+    let counts = || {
+        [&c.gpu_direct, &c.gpu_staged_local, &c.gpu_staged_remote, &c.gpu_staged_both, &c.staged_pieces]
+            .map(|x| x.load(Ordering::Relaxed))
+    };
+    // (local in device memory, remote in device memory, length, local offset, remote offset)
+    let cases = [
+        (true, false, (2 << 20) + 12345, 4097, 333),
+        (false, true, (2 << 20) + 777, 1, (1 << 20) + 3),
+        (true, true, (3 << 20) + 1, 1234, 4000),
+    ];
+    for (round, &(local_dev, remote_dev, len, lo, ro)) in cases.iter().enumerate() {
+        let what = format!(
+            "{} -> peer {}, {len} B",
+            if local_dev { "device" } else { "host" },
+            if remote_dev { "device" } else { "host" }
+        );
+        let (local_addr, remote_addr) =
+            (if local_dev { dev.addr } else { host as u64 }, if remote_dev { peer_dev } else { b.addr });
+        let prefix = if remote_dev { "DEV_" } else { "" };
+        // This side's buffer, whole, through the platform for device memory.
+        let put = |data: &[u8]| {
+            if local_dev {
+                dev.write(0, data);
+            } else {
+                // SAFETY: `host` holds LEN bytes, and no transfer is running.
+                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), host, LEN) };
+            }
+        };
+        let get = || -> Vec<u8> {
+            if local_dev {
+                dev.read()
+            } else {
+                // SAFETY: as above; volatile because the NIC wrote it.
+                (0..LEN).map(|i| unsafe { std::ptr::read_volatile(host.add(i)) }).collect()
+            }
+        };
+        let seed = 10 * round as u8 + 50;
+        let before = counts();
+        let leases = peer_stat(&mut b, "stage_leases");
+
+        // WRITE: the range holds the pattern of its remote offsets; the rest of the peer's
+        // buffer keeps its own.
+        b.expect_ok(&format!("{prefix}FILL 0 {LEN} {seed}"));
+        put(&(0..LEN).map(|i| pattern((i + ro).wrapping_sub(lo), seed + 1)).collect::<Vec<u8>>());
+        let (st, t) =
+            transfer(&a, &[req(Opcode::Write, local_addr + lo as u64, h, remote_addr + ro as u64, len as u64)]);
+        assert!(all_completed(&st), "WRITE {what}: {st:?}");
+        assert_eq!(b.cmd(&format!("{prefix}CHECK {ro} {len} {}", seed + 1)), "OK", "WRITE {what} landed intact");
+        assert_eq!(b.cmd(&format!("{prefix}CHECK 0 {ro} {seed}")), "OK", "WRITE {what}: nothing before the range");
+        let (end, rest) = (ro + len, LEN - ro - len);
+        assert_eq!(b.cmd(&format!("{prefix}CHECK {end} {rest} {seed}")), "OK", "WRITE {what}: nothing after it");
+
+        // READ: into a buffer of other bytes, which stay around the range.
+        b.expect_ok(&format!("{prefix}FILL 0 {LEN} {}", seed + 2));
+        let mut expect: Vec<u8> = (0..LEN).map(|i| pattern(i, seed + 3)).collect();
+        put(&expect);
+        let (st2, t2) =
+            transfer(&a, &[req(Opcode::Read, local_addr + lo as u64, h, remote_addr + ro as u64, len as u64)]);
+        assert!(all_completed(&st2), "READ {what}: {st2:?}");
+        for (i, x) in expect[lo..lo + len].iter_mut().enumerate() {
+            *x = pattern(ro + i, seed + 2);
+        }
+        let got = get();
+        assert_eq!(got.iter().zip(&expect).position(|(g, e)| g != e), None, "READ {what} arrived intact, alone");
+
+        // Both went through staging, on the sides that have device memory.
+        let after = counts();
+        let d: Vec<u64> = after.iter().zip(before).map(|(x, y)| x - y).collect();
+        let path = match (local_dev, remote_dev) {
+            (true, false) => 1,
+            (false, true) => 2,
+            _ => 3,
+        };
+        for (k, name) in ["gpu_direct", "gpu_staged_local", "gpu_staged_remote", "gpu_staged_both"].iter().enumerate() {
+            assert_eq!(d[k], if k == path { 2 } else { 0 }, "{what}: {name} {d:?}");
+        }
+        let pieces = 2 * len.div_ceil(CHUNK) as u64;
+        assert!(d[4] >= pieces, "{what}: {} pieces staged, {pieces} needed", d[4]);
+        let lent = peer_stat(&mut b, "stage_leases") - leases;
+        if remote_dev {
+            assert_eq!(lent, d[4], "{what}: the peer lent one staging buffer per piece");
+        } else {
+            assert_eq!(lent, 0, "{what}: the peer's host memory needs no staging");
+        }
+        eprintln!(
+            "{what}: WRITE {:.1} MB/s, READ {:.1} MB/s, {} pieces, {lent} lent by the peer",
+            len as f64 / t.as_secs_f64() / 1e6,
+            len as f64 / t2.as_secs_f64() / 1e6,
+            d[4]
+        );
+    }
 }

@@ -21,10 +21,14 @@
 //! - `OPEN <segment>`: `OK <handle>`; `REFRESH <handle>`: fetches its descriptor again, `OK`
 //! - `XFER ...` and `STREAM ...`, `STOP <id>`: transfers of this engine (see `transfers.rs`)
 //! - `STATS`: the RDMA transport's counters (see `transfers.rs`)
+//! - `DEV_ALLOC`, `DEV_FILL`, `DEV_CHECK`, `DEV_REFUSALS`: a device buffer peers read and write,
+//!   filled and checked through the device platform (see `device.rs`; it needs one:
+//!   `TENT_SIM_DEVICES=N` in the environment gives the simulated device)
 //! - `EXIT`: destroys the engine and exits 0 (so does the end of standard input)
 //!
 //! Streams run in the background and print `EV ...` lines of their own between the replies.
 
+mod device;
 mod transfers;
 
 use std::io::{BufRead, Write};
@@ -61,6 +65,7 @@ struct Peer {
     engine: Arc<Engine>,
     buf: Vec<u8>,
     transfers: transfers::Transfers,
+    device: device::DeviceBuffer,
 }
 
 impl Peer {
@@ -135,7 +140,10 @@ impl Peer {
                 None => "ERR no RDMA transport".to_string(),
             },
             "EXIT" => return None,
-            _ => self.transfers.command(&words),
+            _ => match self.device.command(&words) {
+                Some(reply) => reply,
+                None => self.transfers.command(&words),
+            },
         };
         Some(reply)
     }
@@ -187,7 +195,8 @@ fn start(args: &[String], out: Out) -> Result<Peer, String> {
     }
     let buf: Vec<u8> = (0..a.size).map(|i| pattern(i, a.seed)).collect();
     let transfers = transfers::Transfers::new(engine.clone(), a.work.unwrap_or(a.size), out)?;
-    let peer = Peer { engine, buf, transfers };
+    let device = device::DeviceBuffer::new(engine.clone());
+    let peer = Peer { engine, buf, transfers, device };
     // SAFETY: the memory stays alive until unregistered or the engine is dropped.
     unsafe { peer.engine.register_memory(&[peer.range()], &Peer::opts()) }.map_err(|e| format!("register: {e}"))?;
     Ok(peer)

@@ -27,7 +27,8 @@
 //! - `STATS`: `STATS` and `key=value` pairs: this host's realtime clock (`now_ns`), bytes
 //!   completed per local NIC (`nic_bytes`, by NicID), bootstraps sent and served, stale READY endpoints retired, root-cause errors and
 //!   retry-exceeded completions among them, flush resubmits, timeouts, paused rails and rail
-//!   pauses so far, endpoints created, evicted and reclaimed.
+//!   pauses so far, endpoints created, evicted and reclaimed, and for device memory: tasks by
+//!   GPUDirect and staged (this side, the peer's, both), pieces staged, staging buffers lent.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -447,7 +448,8 @@ impl Transfers {
         format!(
             "STATS now_ns={} nic_bytes={} boot_sent={} boot_served={} stale_retired={} root_errors={} retry_exceeded={} \
              flush_resubmits={} timeouts={} paused={} trips={} created={created} evicted={evicted} \
-             reclaimed={reclaimed} probes={} fenced={}",
+             reclaimed={reclaimed} probes={} fenced={} gpu_direct={} gpu_staged_local={} gpu_staged_remote={} \
+             gpu_staged_both={} staged_pieces={} stage_leases={}",
             unix_ns(),
             nic_bytes.join(","),
             load(&c.bootstraps_sent),
@@ -461,6 +463,12 @@ impl Transfers {
             core.rails().trips(),
             core.rails().probes(),
             load(&c.fenced_slices),
+            load(&c.gpu_direct),
+            load(&c.gpu_staged_local),
+            load(&c.gpu_staged_remote),
+            load(&c.gpu_staged_both),
+            load(&c.staged_pieces),
+            load(&c.stage_leases),
         )
     }
 }

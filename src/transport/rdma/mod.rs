@@ -400,10 +400,7 @@ impl RdmaTransport {
     /// range and holds it during each copy.
     pub fn serve_stage(&self, request: &[u8], memory: &dyn crate::control::server::RpcHandler) -> Vec<u8> {
         match &self.lender {
-            Some(l) => {
-                self.core.counters().stage_leases.fetch_add(1, Ordering::Relaxed);
-                l.serve(request, memory)
-            }
+            Some(l) => l.serve(request, memory, &self.core.counters().stage_leases),
             None => staging::StageReply::refusal("this engine has no device platform: nothing to stage").to_bytes(),
         }
     }

@@ -271,10 +271,17 @@ impl StageService {
 
     /// Answers a peer's `STAGE_RDMA` request; `memory` checks that the peer may reach the range
     /// (registered, with the permission the operation needs) and holds it during each copy.
-    pub fn serve(&self, request: &[u8], memory: &dyn RpcHandler) -> Vec<u8> {
+    /// Each buffer lent adds one to `lent` (releases, refusals and "busy" answers do not).
+    pub fn serve(&self, request: &[u8], memory: &dyn RpcHandler, lent: &AtomicU64) -> Vec<u8> {
         self.expire();
         let reply = match serde_json::from_slice::<StageRequest>(request) {
-            Ok(StageRequest::Lease { write, addr, len }) => self.lease(write, addr, len, memory),
+            Ok(StageRequest::Lease { write, addr, len }) => {
+                let reply = self.lease(write, addr, len, memory);
+                if reply.ok {
+                    lent.fetch_add(1, Ordering::Relaxed);
+                }
+                reply
+            }
             Ok(StageRequest::Release { id, commit }) => self.release(id, commit, memory),
             Err(e) => StageReply::refusal(format!("malformed staging request: {e}")),
         };
