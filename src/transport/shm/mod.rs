@@ -12,6 +12,8 @@
 //! transport's gate, so while HIGH work is queued or copied one piece of lower-level work is
 //! copied beside it.
 
+pub mod vmm;
+
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::sync::Arc;
