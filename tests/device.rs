@@ -101,6 +101,13 @@ fn shm_pair() -> (std::sync::Arc<tent::Engine>, std::sync::Arc<tent::Engine>) {
     (engine(&[("transports/shm/enable", "true")]), engine(&[("transports/shm/enable", "true")]))
 }
 
+/// Two engines of one host with SHM and no TCP: nothing else can carry a transfer.
+fn shm_only_pair() -> (std::sync::Arc<tent::Engine>, std::sync::Arc<tent::Engine>) {
+    platform();
+    let off = [("transports/shm/enable", "true"), ("transports/tcp/enable", "false")];
+    (engine(&off), engine(&off))
+}
+
 fn shm(r: tent::engine::types::Request) -> tent::engine::types::Request {
     tent::engine::types::Request { hint: tent::engine::types::TransportKind::Shm, ..r }
 }
@@ -174,9 +181,7 @@ fn a_device_handle_that_cannot_be_opened_fails_the_shm_attempt_with_a_reason() {
     }
     // SHM alone: a fallback to TCP would write into the freed memory, which by then may be
     // another test's buffer.
-    let off = [("transports/shm/enable", "true"), ("transports/tcp/enable", "false")];
-    platform();
-    let (a, b) = (engine(&off), engine(&off));
+    let (a, b) = shm_only_pair();
     let peer_dev = DevBuf::new(0, 1 << 20, |_| 0);
     peer_dev.register(&b);
     let src = buffer(&a, 4096, pattern, Permission::GlobalReadWrite);
@@ -201,9 +206,7 @@ fn shm_shares_vmm_memory_by_descriptor_until_it_is_unregistered() {
         return;
     }
     // SHM alone, so nothing but the descriptors handed over the socket can carry the bytes.
-    let off = [("transports/shm/enable", "true"), ("transports/tcp/enable", "false")];
-    platform();
-    let (a, b) = (engine(&off), engine(&off));
+    let (a, b) = shm_only_pair();
     // Four chunks, the last one short; the buffer registered starts inside the first chunk
     // and ends inside the last, so `shm_offset` and every chunk boundary count.
     let peer = DevBuf::vmm(second(), &[1 << 20, 1 << 20, 1 << 20, 64 << 10], |_| 0);
@@ -426,8 +429,7 @@ fn device_memory_no_loaded_transport_can_move_fails_with_a_reason_and_untouched(
     // SHM alone (TCP off): the peer's plain host buffer is not in a shared-memory object, so
     // no loaded transport reaches it. The submit says why; the CPU never touched the device
     // buffer, or this binary would die.
-    let off = [("transports/shm/enable", "true"), ("transports/tcp/enable", "false")];
-    let (a, b) = (engine(&off), engine(&off));
+    let (a, b) = shm_only_pair();
     let peer = buffer(&b, 4096, |_| 0, Permission::GlobalReadWrite);
     let dev = DevBuf::new(0, 4096, pattern);
     dev.register(&a);
