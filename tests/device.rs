@@ -101,6 +101,13 @@ fn shm_pair() -> (std::sync::Arc<tent::Engine>, std::sync::Arc<tent::Engine>) {
     (engine(&[("transports/shm/enable", "true")]), engine(&[("transports/shm/enable", "true")]))
 }
 
+/// Two engines of one host with SHM and no TCP: nothing else can carry a transfer.
+fn shm_only_pair() -> (std::sync::Arc<tent::Engine>, std::sync::Arc<tent::Engine>) {
+    platform();
+    let off = [("transports/shm/enable", "true"), ("transports/tcp/enable", "false")];
+    (engine(&off), engine(&off))
+}
+
 fn shm(r: tent::engine::types::Request) -> tent::engine::types::Request {
     tent::engine::types::Request { hint: tent::engine::types::TransportKind::Shm, ..r }
 }
@@ -174,9 +181,7 @@ fn a_device_handle_that_cannot_be_opened_fails_the_shm_attempt_with_a_reason() {
     }
     // SHM alone: a fallback to TCP would write into the freed memory, which by then may be
     // another test's buffer.
-    let off = [("transports/shm/enable", "true"), ("transports/tcp/enable", "false")];
-    platform();
-    let (a, b) = (engine(&off), engine(&off));
+    let (a, b) = shm_only_pair();
     let peer_dev = DevBuf::new(0, 1 << 20, |_| 0);
     peer_dev.register(&b);
     let src = buffer(&a, 4096, pattern, Permission::GlobalReadWrite);
@@ -194,6 +199,67 @@ fn b_addr(e: &tent::Engine) -> u64 {
     d.buffers.iter().find(|b| b.location.starts_with("cuda")).map(|b| b.addr).expect("a device buffer")
 }
 
+#[test]
+fn shm_shares_vmm_memory_by_descriptor_until_it_is_unregistered() {
+    if on_gpu() {
+        // The CUDA platform allocates no VMM memory of its own to test with.
+        return;
+    }
+    // SHM alone, so nothing but the descriptors handed over the socket can carry the bytes.
+    let (a, b) = shm_only_pair();
+    // Four chunks, the last one short; the buffer registered starts inside the first chunk
+    // and ends inside the last, so `shm_offset` and every chunk boundary count.
+    let peer = DevBuf::vmm(second(), &[1 << 20, 1 << 20, 1 << 20, 64 << 10], |_| 0);
+    let (start, n) = (peer.addr + 5000, peer.len as u64 - 8000);
+    register(&b, start, n, &format!("cuda:{}", second())).expect("register VMM memory");
+    let desc = b.local_segment().descriptor();
+    let published = desc.buffers.iter().find(|x| x.addr == start).expect("published");
+    assert!(published.shm_path.starts_with("tent-vmm://"), "a reference, not an IPC handle: {published:?}");
+    assert_eq!(published.shm_offset, 5000);
+    let reference = published.shm_path.clone();
+    let src = DevBuf::new(0, n as usize, pattern);
+    src.register(&a);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let st = run(&a, &[shm(req(Opcode::Write, src.addr, h, start, n))], BOUND);
+    assert_eq!(st[0], (Status::Completed, n), "device to VMM memory");
+    let got = peer.read();
+    assert!(got[5000..5000 + n as usize] == src.read()[..], "every byte, across every chunk");
+    assert!(got[..5000].iter().chain(&got[5000 + n as usize..]).all(|&x| x == 0), "nothing outside the buffer");
+    // READs into host memory, one block straddling each chunk boundary.
+    let back = buffer(&a, 3 * 8192, |_| 0, Permission::GlobalReadWrite);
+    let reads: Vec<_> = (1..=3u64)
+        .map(|i| {
+            let at = peer.addr + i * (1 << 20) - 4096;
+            shm(req(Opcode::Read, back.as_ptr() as u64 + (i - 1) * 8192, h, at, 8192))
+        })
+        .collect();
+    assert!(run(&a, &reads, BOUND).iter().all(|s| *s == (Status::Completed, 8192)));
+    for i in 1..=3usize {
+        let at = i * (1 << 20) - 4096 - 5000;
+        assert!(back[(i - 1) * 8192..i * 8192] == src.read()[at..at + 8192], "block {i}");
+    }
+    // Handed out while registered, refused once unregistered.
+    use tent::transport::shm::vmm;
+    let chunks = vmm::fetch(&reference).expect("granted while registered");
+    assert_eq!(chunks.iter().map(|c| c.len).collect::<Vec<_>>(), vec![1 << 20, 1 << 20, 1 << 20, 64 << 10]);
+    drop(chunks);
+    b.unregister_memory(&[(start, n)]).expect("unregister");
+    let refused = vmm::fetch(&reference).expect_err("refused once unregistered").to_string();
+    assert!(refused.contains("no registered buffer"), "{refused}");
+    // A token nobody issued is refused alike; the server thread ends with its engine.
+    let (socket, _) = vmm::parse_reference(&reference).expect("a reference");
+    let unknown = vmm::fetch(&format!("tent-vmm://{socket}/nosuchtoken")).expect_err("unknown token").to_string();
+    assert!(unknown.contains("no registered buffer"), "{unknown}");
+    register(&b, start, n, &format!("cuda:{}", second())).expect("register again");
+    let again = b.local_segment().descriptor().buffers.iter().find(|x| x.addr == start).map(|x| x.shm_path.clone());
+    let again = again.expect("published again");
+    assert_ne!(again, reference, "a new registration is a new token");
+    drop(b);
+    let gone = vmm::fetch(&again).expect_err("the engine is gone").to_string();
+    assert!(gone.contains("socket is gone"), "{gone}");
+    drop(a);
+}
+
 /// Ends a child process however the test ends.
 struct KillOnDrop(std::process::Child);
 
@@ -206,7 +272,7 @@ impl Drop for KillOnDrop {
 
 /// Starts `tent-bench` as a target holding VRAM (in its own process) and returns it with its
 /// segment name.
-fn vram_target(xport: &str, len: &str) -> (KillOnDrop, String) {
+fn vram_target(xport: &str, len: &str, env: &[(&str, &str)]) -> (KillOnDrop, String) {
     use std::io::{BufRead, BufReader};
     // scripts/gpu-check.sh runs this binary on another machine, with tent-bench beside it.
     let bench = std::env::var("TENT_BENCH").unwrap_or_else(|_| env!("CARGO_BIN_EXE_tent-bench").to_string());
@@ -220,6 +286,7 @@ fn vram_target(xport: &str, len: &str) -> (KillOnDrop, String) {
     if !on_gpu() {
         cmd.env("TENT_SIM_DEVICES", "2");
     }
+    cmd.envs(env.iter().copied());
     let mut child = cmd.spawn().expect("tent-bench target runs");
     let out = child.stdout.take().expect("stdout");
     let child = KillOnDrop(child);
@@ -241,11 +308,19 @@ fn via(hint: tent::engine::types::TransportKind, r: tent::engine::types::Request
 }
 
 /// Moves 8 MiB from local device memory into device memory of a `tent-bench` target in another
-/// process (over `xport`), and back in 1 MiB READs; every byte arrives.
-fn moves_device_memory_to_another_process(xport: &str, hint: tent::engine::types::TransportKind) {
+/// process (over `xport`; `target_env` set for the target), and back in 1 MiB READs; every
+/// byte arrives. `only` leaves `xport` the only transport of this side.
+fn moves_device_memory_to_another_process(
+    xport: &str,
+    hint: tent::engine::types::TransportKind,
+    target_env: &[(&str, &str)],
+    only: bool,
+) {
     platform();
-    let (_target, name) = vram_target(xport, "8M");
-    let a = engine(&[("transports/shm/enable", if xport == "shm" { "true" } else { "false" })]);
+    let (_target, name) = vram_target(xport, "8M", target_env);
+    let shm_on = if xport == "shm" { "true" } else { "false" };
+    let tcp_on = if only && xport != "tcp" { "false" } else { "true" };
+    let a = engine(&[("transports/shm/enable", shm_on), ("transports/tcp/enable", tcp_on)]);
     let h = a.open_segment(&name).expect("open the other process's segment");
     let info = a.segment_info(h).expect("info");
     let remote = &info.buffers[0];
@@ -267,12 +342,24 @@ fn moves_device_memory_to_another_process(xport: &str, hint: tent::engine::types
 
 #[test]
 fn shm_moves_device_memory_to_another_process_of_the_host() {
-    moves_device_memory_to_another_process("shm", tent::engine::types::TransportKind::Shm);
+    moves_device_memory_to_another_process("shm", tent::engine::types::TransportKind::Shm, &[], false);
+}
+
+#[test]
+fn shm_moves_vmm_memory_of_another_process_of_the_host_by_descriptor() {
+    if on_gpu() {
+        // tent-bench allocates VMM memory only on the simulated device.
+        return;
+    }
+    // The target's 8 MiB are eight chunks of VMM memory (no IPC handle); SHM is this side's
+    // only transport, so its chunks' descriptors, passed over the target's socket, carry it.
+    let vmm = [("TENT_SIM_VMM_CHUNK", "1048576")];
+    moves_device_memory_to_another_process("shm", tent::engine::types::TransportKind::Shm, &vmm, true);
 }
 
 #[test]
 fn tcp_moves_device_memory_to_another_process() {
-    moves_device_memory_to_another_process("tcp", tent::engine::types::TransportKind::Tcp);
+    moves_device_memory_to_another_process("tcp", tent::engine::types::TransportKind::Tcp, &[], false);
 }
 
 fn tcp(r: tent::engine::types::Request) -> tent::engine::types::Request {
@@ -342,8 +429,7 @@ fn device_memory_no_loaded_transport_can_move_fails_with_a_reason_and_untouched(
     // SHM alone (TCP off): the peer's plain host buffer is not in a shared-memory object, so
     // no loaded transport reaches it. The submit says why; the CPU never touched the device
     // buffer, or this binary would die.
-    let off = [("transports/shm/enable", "true"), ("transports/tcp/enable", "false")];
-    let (a, b) = (engine(&off), engine(&off));
+    let (a, b) = shm_only_pair();
     let peer = buffer(&b, 4096, |_| 0, Permission::GlobalReadWrite);
     let dev = DevBuf::new(0, 4096, pattern);
     dev.register(&a);

@@ -152,6 +152,9 @@ pub struct Engine {
     metrics_server: Option<MetricsServer>,
     /// The RDMA transport when loaded (also in the dispatcher); registration goes through it.
     rdma: Option<Arc<RdmaTransport>>,
+    /// The SHM transport when loaded (also in the dispatcher): it says how device memory is
+    /// shared with processes of the host, and stops sharing it when it is unregistered.
+    shm: Option<Arc<shm::ShmTransport>>,
     shm_dir: String,
     server: RpcServer,
     /// Decides failovers of parked units (`enable_progress_worker`).
@@ -229,7 +232,7 @@ impl Engine {
             Arc::new(Remote::new(client.clone(), store.clone(), name.clone(), rpc_addr, local.machine_id.clone()));
         let metrics = Arc::new(Metrics::default());
         let shm_dir = settings.shm.cxl_mount_path.clone();
-        let mut transports = load_transports(&settings, &client, &metrics)?;
+        let start::Loaded { all: mut transports, shm } = load_transports(&settings, &client, &metrics)?;
         if let Some(t) = &rdma {
             attach_rdma(t, &local, &remote, &metrics);
             transports.push(t.clone());
@@ -281,6 +284,7 @@ impl Engine {
             allocations: Mutex::new(HashMap::new()),
             dispatcher,
             rdma,
+            shm,
             shm_dir,
             server,
             progress: progress.map(|p| p.0),
@@ -470,18 +474,23 @@ impl Engine {
         }
     }
 
-    /// What the descriptor publishes for device memory at `addr` so that the SHM transport of
-    /// another process of the host can open it: the hex IPC handle of its allocation and the
-    /// offset of `addr` in it; nothing without SHM or when the platform cannot export it.
-    fn device_ipc(&self, addr: u64) -> (String, u64) {
-        if !self.dispatcher.loaded(TransportKind::Shm) {
-            return (String::new(), 0);
+    /// What the descriptor publishes for device memory `[addr, addr+len)` so that the SHM
+    /// transport of another process of the host can open it (see
+    /// [`shm::ShmTransport::share_device`]); nothing without SHM.
+    fn device_share(&self, addr: u64, len: u64) -> (String, u64) {
+        match &self.shm {
+            Some(t) => t.share_device(addr, len),
+            None => (String::new(), 0),
         }
-        match device::require("exporting device memory").and_then(|p| p.ipc_export(addr)) {
-            Ok(ex) => (device::to_hex(&ex.handle), addr - ex.range.base),
-            Err(e) => {
-                tracing::info!("device memory at {addr:#x} is not shared through SHM: {e}");
-                (String::new(), 0)
+    }
+
+    /// After a registration failed: stops sharing the device memory it shared for ranges
+    /// that did not end up registered (those registered before keep their reference).
+    fn withdraw_unregistered(&self, regs: &[Registration]) {
+        let Some(t) = &self.shm else { return };
+        for r in regs.iter().filter(|r| r.device.is_some() && !r.shm_path.is_empty()) {
+            if self.local.get(r.addr, r.len).is_none_or(|b| b.shm_path != r.shm_path) {
+                t.withdraw_device(&r.shm_path);
             }
         }
     }
@@ -544,9 +553,9 @@ impl Engine {
                 let (location, device) = memory::registration_location(addr, len, &opts.location)?;
                 // For a block this engine allocated, the offset inside the object is known exactly;
                 // for a caller's own object, `shm_offset` says where the range starts. Device
-                // memory is shared with processes of the host by its IPC handle instead.
+                // memory is shared below, once every range was accepted.
                 let (shm_path, shm_offset) = match (device, self.shm_backing(addr, len)) {
-                    (Some(_), _) => self.device_ipc(addr),
+                    (Some(_), _) => (String::new(), 0),
                     (None, Some((name, off))) if opts.shm_path.is_empty() || opts.shm_path == name => (name, off),
                     _ if opts.shm_path.is_empty() => (String::new(), 0),
                     _ => (opts.shm_path.clone(), opts.shm_offset as u64),
@@ -567,7 +576,27 @@ impl Engine {
             })
             .collect::<Result<Vec<Registration>>>()?;
         let mut regs = regs;
+        // Device memory is shared with processes of the host (by IPC handle, or by reference for
+        // VMM memory), and then offered over SHM.
+        for i in 0..regs.len() {
+            let r = &mut regs[i];
+            if r.device.is_none() {
+                continue;
+            }
+            (r.shm_path, r.shm_offset) = self.device_share(r.addr, r.len);
+            if r.shm_path.is_empty() {
+                continue;
+            }
+            match self.registration_transports(opts.transport, true) {
+                Ok(t) => r.transports = t,
+                Err(e) => {
+                    self.withdraw_unregistered(&regs[..=i]);
+                    return Err(e);
+                }
+            }
+        }
         let mut fresh_rdma: Vec<(u64, u64)> = Vec::new();
+        let mut rdma_failed = None;
         for r in &mut regs {
             let existing = self.local.get(r.addr, r.len);
             if existing.is_none() && r.device.is_none() {
@@ -592,12 +621,17 @@ impl Engine {
                     fresh_rdma.push((r.addr, r.len));
                 }
                 Err(e) => {
-                    for (a, l) in fresh_rdma {
+                    for (a, l) in fresh_rdma.drain(..) {
                         t.unregister_buffer(a, l);
                     }
-                    return Err(e);
+                    rdma_failed = Some(e);
+                    break;
                 }
             }
+        }
+        if let Some(e) = rdma_failed {
+            self.withdraw_unregistered(&regs);
+            return Err(e);
         }
         match self.local.register(&regs) {
             Ok(added) => {
@@ -627,6 +661,7 @@ impl Engine {
                         t.unregister_buffer(a, l);
                     }
                 }
+                self.withdraw_unregistered(&regs);
                 Err(e)
             }
         }
@@ -643,6 +678,10 @@ impl Engine {
         }
         for b in removed.iter().filter(|b| b.device.is_some()) {
             device::known::forget(b.addr);
+            // VMM memory shared by reference is refused to peers from now on.
+            if let Some(t) = &self.shm {
+                t.withdraw_device(&b.shm_path);
+            }
         }
         if !removed.is_empty() {
             self.published();

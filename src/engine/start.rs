@@ -55,16 +55,24 @@ pub(super) fn segment_name_for(m: &MetadataSection, rpc_addr: &str, port: u16) -
     }
 }
 
+/// The transports [`load_transports`] started.
+pub(super) struct Loaded {
+    /// Every one, in the dispatcher's order.
+    pub all: Vec<Arc<dyn Transport>>,
+    /// The SHM transport again, by its type: the engine asks it how to share device memory.
+    pub shm: Option<Arc<ShmTransport>>,
+}
+
 /// The SHM, TCP and file transports the config enables. Each stops its threads when dropped,
 /// so a failure here or later leaves none running.
-pub(super) fn load_transports(
-    settings: &Settings,
-    client: &Arc<RpcClient>,
-    metrics: &Arc<Metrics>,
-) -> Result<Vec<Arc<dyn Transport>>> {
+pub(super) fn load_transports(settings: &Settings, client: &Arc<RpcClient>, metrics: &Arc<Metrics>) -> Result<Loaded> {
     let mut transports: Vec<Arc<dyn Transport>> = Vec::new();
-    if settings.shm.enable {
-        transports.push(Arc::new(ShmTransport::new(settings)?));
+    let shm = match settings.shm.enable {
+        true => Some(Arc::new(ShmTransport::new(settings)?)),
+        false => None,
+    };
+    if let Some(t) = &shm {
+        transports.push(t.clone());
     }
     if settings.tcp.enable {
         transports.push(Arc::new(TcpTransport::new(client.clone(), settings, metrics.clone())?));
@@ -72,7 +80,7 @@ pub(super) fn load_transports(
     // File segments: io_uring, or the plain pread/pwrite path when io_uring is unavailable or
     // disabled.
     transports.extend(crate::transport::file::load(settings)?);
-    Ok(transports)
+    Ok(Loaded { all: transports, shm })
 }
 
 /// Publishes the RDMA NICs in the descriptor, routes notifications received over RDMA to the

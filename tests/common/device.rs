@@ -41,6 +41,15 @@ impl DevBuf {
         b
     }
 
+    /// VMM memory on the simulated device (as PyTorch's expandable segments make), one chunk
+    /// of each length in `chunks`, filled with `fill(i)`.
+    pub fn vmm(device: u32, chunks: &[usize], fill: impl Fn(usize) -> u8) -> DevBuf {
+        let addr = sim::install(2).allocate_vmm(device, chunks).expect("VMM allocation");
+        let b = DevBuf { addr, len: chunks.iter().sum(), device };
+        b.write(0, &(0..b.len).map(fill).collect::<Vec<u8>>());
+        b
+    }
+
     /// Copies `data` into the buffer at `offset`, through the platform.
     pub fn write(&self, offset: usize, data: &[u8]) {
         assert!(offset + data.len() <= self.len);

@@ -6,11 +6,17 @@
 //! descriptor) and copies directly. Copies run on a pool of threads, large requests split across
 //! them, so submit never blocks the caller for a large batch.
 //!
+//! Device memory is shared as well: a peer's buffer is opened from the CUDA IPC handle its
+//! descriptor publishes, or, for VMM memory (which has none), from the chunks' descriptors its
+//! owner hands out over a Unix socket ([`vmm`]); the platform copies to and from it.
+//!
 //! Priorities (`base::qos`): each level has its own copy threads (those of MEDIUM and LOW run
 //! at a lower CPU priority), only HIGH batches are copied on the submitting thread, and MEDIUM
 //! and LOW chunks are copied in pieces of `qos::PACE_PIECE` bytes, each under a pass of the
 //! transport's gate, so while HIGH work is queued or copied one piece of lower-level work is
 //! copied beside it.
+
+pub mod vmm;
 
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -27,7 +33,7 @@ use crate::base::shared_quota::{QuotaPath, SharedQuota};
 use crate::base::task::Task;
 use crate::config::{Settings, ShmSection};
 use crate::control::queue::{Pool, WorkQueue};
-use crate::device::{self, Platform};
+use crate::device::{self, DeviceRange, Platform};
 use crate::error::{Error, Result};
 use crate::transport::Transport;
 
@@ -126,9 +132,14 @@ struct Mapping {
     /// `clock` plus one (0: never), so that a stream of small requests pays the `fstat` once
     /// per [`ALIVE_RECHECK`] instead of once per request; [`GONE`] once it was found removed.
     seen_alive: AtomicU64,
-    /// For a peer's device memory, opened from its IPC handle: the platform that mapped it,
-    /// which alone may copy to and from it (`base` is then a device address; `fd` is -1).
+    /// For a peer's device memory: the platform that mapped it, which alone may copy to and
+    /// from it (`base` is then a device address; `fd` is -1).
     device: Option<&'static dyn Platform>,
+    /// The device ranges mapped, in the order of the peer's buffer: one for an allocation
+    /// opened from its IPC handle, one per chunk for VMM memory (each chunk is mapped where
+    /// the platform put it, so the buffer is contiguous only piece by piece). Empty for host
+    /// memory.
+    pieces: Vec<DeviceRange>,
 }
 
 // SAFETY: the mapping is plain shared memory; concurrent access is the transfer semantics the
@@ -140,7 +151,7 @@ unsafe impl Sync for Mapping {}
 impl Drop for Mapping {
     fn drop(&mut self) {
         if let Some(p) = self.device {
-            p.ipc_close(self.base as u64);
+            self.pieces.iter().for_each(|r| p.ipc_close(r.base));
             return;
         }
         // SAFETY: base/mapped come from one successful mmap, unmapped once here.
@@ -181,30 +192,60 @@ impl Mapping {
             unsafe { libc::close(fd) };
             return Err(e);
         }
-        Ok(Mapping { base: p.cast(), mapped, fd, seen_alive: AtomicU64::new(0), device: None })
+        Ok(Mapping { base: p.cast(), mapped, fd, seen_alive: AtomicU64::new(0), device: None, pieces: Vec::new() })
     }
 
-    /// Opens a peer's device memory from the IPC handle its descriptor publishes (hex, in
-    /// `shm_path`), with at least `needed` bytes.
-    fn open_device(handle_hex: &str, needed: u64) -> Result<Mapping> {
+    /// Opens a peer's device memory from what its descriptor publishes in `shm_path`: the
+    /// hex IPC handle of its allocation, or a [`vmm`] reference for VMM memory, whose chunks'
+    /// descriptors are fetched from the owner and mapped one by one. At least `needed` bytes.
+    fn open_device(shm_path: &str, needed: u64) -> Result<Mapping> {
         let platform = device::require("opening a peer's device memory")?;
-        let handle = device::from_hex(handle_hex)
-            .ok_or_else(|| Error::Remote("the peer's device memory handle is not hex".into()))?;
-        let r = platform.ipc_open(&handle)?;
-        if r.len < needed {
-            platform.ipc_close(r.base);
-            return Err(Error::Remote(format!(
-                "the peer's device allocation holds {} bytes, fewer than the {needed} its buffer needs",
-                r.len
-            )));
-        }
-        Ok(Mapping {
-            base: r.base as *mut u8,
-            mapped: r.len as usize,
+        let pieces = if vmm::is_reference(shm_path) {
+            let mut pieces = Vec::new();
+            let imported = vmm::fetch(shm_path)?.into_iter().try_for_each(|c| {
+                pieces.push(platform.shareable_import(c.fd, c.len, c.device)?);
+                Ok(())
+            });
+            if let Err(e) = imported {
+                pieces.iter().for_each(|r: &DeviceRange| platform.ipc_close(r.base));
+                return Err(e);
+            }
+            pieces
+        } else {
+            let handle = device::from_hex(shm_path)
+                .ok_or_else(|| Error::Remote("the peer's device memory handle is not hex".into()))?;
+            vec![platform.ipc_open(&handle)?]
+        };
+        let mapped = pieces.iter().map(|r| r.len).sum::<u64>();
+        // Built first, so that an early return unmaps every piece.
+        let m = Mapping {
+            base: pieces.first().map_or(0, |r| r.base) as *mut u8,
+            mapped: mapped as usize,
             fd: -1,
             seen_alive: AtomicU64::new(0),
             device: Some(platform),
-        })
+            pieces,
+        };
+        if mapped < needed {
+            return Err(Error::Remote(format!(
+                "the peer's device memory holds {mapped} bytes, fewer than the {needed} its buffer needs"
+            )));
+        }
+        Ok(m)
+    }
+
+    /// Where `offset` bytes into a peer's device memory lie here, and how many bytes from there
+    /// on lie in the same piece (at most `len`); `None` past the end.
+    fn device_span(&self, offset: u64, len: u64) -> Option<(u64, u64)> {
+        let mut start = 0u64;
+        for r in &self.pieces {
+            if offset < start + r.len {
+                let inside = offset - start;
+                return Some((r.base + inside, len.min(r.len - inside)));
+            }
+            start += r.len;
+        }
+        None
     }
 
     /// False once the owner removed the object (it freed the memory or restarted).
@@ -422,6 +463,8 @@ pub struct ShmTransport {
     /// The batch being submitted slice by slice (see `start`).
     staged: Mutex<Staged>,
     stopping: Arc<AtomicBool>,
+    /// This engine's VMM device memory shared with processes of the host by descriptor.
+    vmm: vmm::VmmShares,
 }
 
 impl ShmTransport {
@@ -454,7 +497,34 @@ impl ShmTransport {
             gate,
             staged: Mutex::new(Staged::default()),
             stopping,
+            vmm: vmm::VmmShares::default(),
         })
+    }
+
+    /// What a descriptor publishes for registered device memory `[addr, addr+len)` so that the
+    /// SHM transport of another process of the host can open it, as `(shm_path, shm_offset)`:
+    /// the hex IPC handle of its allocation and the offset of `addr` in it; for VMM memory,
+    /// which has no IPC handle, a [`vmm`] reference and the offset of `addr` in its first
+    /// chunk; nothing (`""`) when the platform can share it neither way.
+    pub fn share_device(&self, addr: u64, len: u64) -> (String, u64) {
+        let shared = device::require("exporting device memory").and_then(|p| match p.ipc_export(addr) {
+            Ok(ex) => Ok((device::to_hex(&ex.handle), addr - ex.range.base)),
+            Err(e) if p.is_vmm(addr) => self
+                .vmm
+                .share(p, addr, len)
+                .map_err(|v| Error::NotImplemented(format!("{e}; nor by its shareable descriptors: {v}"))),
+            Err(e) => Err(e),
+        });
+        shared.unwrap_or_else(|e| {
+            tracing::info!("device memory at {addr:#x} is not shared through SHM: {e}");
+            (String::new(), 0)
+        })
+    }
+
+    /// Stops sharing the device memory published as `shm_path` (it was unregistered): a VMM
+    /// reference is refused to every later request. An IPC handle needs nothing.
+    pub fn withdraw_device(&self, shm_path: &str) {
+        self.vmm.withdraw(shm_path);
     }
 
     /// The gate that orders this transport's copies by priority.
@@ -701,18 +771,36 @@ fn copy_chunk(c: &Chunk, paced: bool) {
     }
 }
 
-/// Copies a chunk of which either side is device memory with the device platform; a failure
+/// Copies a chunk of which either side is device memory with the device platform, piece by
+/// piece of the peer's memory (the chunks of VMM memory are mapped apart here); a failure
 /// fails the chunk's task (with the reason) and returns false.
 fn copy_device_chunk(c: &Chunk) -> bool {
     let r = c.owner.task().request();
-    let local = device::classify(r.source + c.offset, c.len);
-    let remote = c.map.at(c.remote_off + c.offset) as u64;
-    let remote = if c.map.device.is_some() { device::Mem::Device(remote) } else { device::Mem::Host(remote) };
-    let (from, to) = match r.opcode {
-        Opcode::Write => (local, remote),
-        Opcode::Read => (remote, local),
-    };
-    match device::require("copying device memory over SHM").and_then(|p| p.copy(to, from, c.len as usize)) {
+    let copied = device::require("copying device memory over SHM").and_then(|p| {
+        let mut done = 0u64;
+        while done < c.len {
+            let at = c.remote_off + c.offset + done;
+            let (remote, n) = match c.map.device {
+                Some(_) => {
+                    let (addr, n) = c
+                        .map
+                        .device_span(at, c.len - done)
+                        .ok_or_else(|| Error::Remote(format!("offset {at} lies past the peer's device memory")))?;
+                    (device::Mem::Device(addr), n)
+                }
+                None => (device::Mem::Host(c.map.at(at) as u64), c.len - done),
+            };
+            let local = device::classify(r.source + c.offset + done, n);
+            let (from, to) = match r.opcode {
+                Opcode::Write => (local, remote),
+                Opcode::Read => (remote, local),
+            };
+            p.copy(to, from, n as usize)?;
+            done += n;
+        }
+        Ok(())
+    });
+    match copied {
         Ok(()) => true,
         Err(e) => {
             c.owner.task().fail(format!("device copy over SHM failed: {e}"));
@@ -790,6 +878,7 @@ impl Transport for ShmTransport {
         }
         self.pools.iter().for_each(Pool::join);
         self.mappings.lock().clear();
+        self.vmm.stop();
     }
 }
 
