@@ -302,9 +302,9 @@ impl StageService {
             if write {
                 return Ok(());
             }
-            // SAFETY: the range was checked registered (and is held) by `with_memory`; the
-            // staging buffer holds at least `len` bytes.
-            unsafe { device::copy_any(staged, addr, len as usize) }.map_err(std::io::Error::other)
+            // The range was checked registered (and is held) by `with_memory`; the staging
+            // buffer, host memory, holds at least `len` bytes.
+            copy(Mem::Host(staged), device::classify(addr, len), len).map_err(std::io::Error::other)
         });
         match filled {
             Ok(Ok(())) => {}
@@ -326,8 +326,8 @@ impl StageService {
         }
         let (addr, len, staged) = (lease.addr, lease.len, lease.buf.addr());
         let placed = memory.with_memory(addr, len, true, &mut |_| {
-            // SAFETY: as in `lease`: the range is checked and held; the lent buffer is ours.
-            unsafe { device::copy_any(addr, staged, len as usize) }.map_err(std::io::Error::other)
+            // As in `lease`: the range is checked and held; the lent buffer is ours.
+            copy(device::classify(addr, len), Mem::Host(staged), len).map_err(std::io::Error::other)
         });
         match placed {
             Ok(Ok(())) => StageReply { ok: true, ..StageReply::default() },
@@ -340,6 +340,20 @@ impl StageService {
     fn expire(&self) {
         let now = Instant::now();
         self.leases.lock().retain(|_, l| now.duration_since(l.at) < self.expiry);
+    }
+}
+
+/// Copies `len` bytes between a staging buffer and the memory a lease is for: by the device
+/// for device memory (the lender's usual case), by the CPU for host memory.
+fn copy(dst: Mem, src: Mem, len: u64) -> Result<()> {
+    match (dst, src) {
+        (Mem::Host(d), Mem::Host(s)) => {
+            // SAFETY: both ranges are held for the copy by the caller (`with_memory` and the
+            // lease); they do not overlap, one being a staging buffer of ours.
+            unsafe { std::ptr::copy_nonoverlapping(s as *const u8, d as *mut u8, len as usize) };
+            Ok(())
+        }
+        (d, s) => device::require("staging device memory")?.copy(d, s, len as usize),
     }
 }
 

@@ -41,17 +41,21 @@ impl NicView {
     /// (VMM memory spans several) with its device, or an error for device memory the simulated
     /// NIC cannot reach (another platform's, or a range that is partly host memory).
     pub(super) fn of_range(addr: u64, len: u64) -> VerbsResult<Option<(NicView, u32)>> {
-        let touches_device = device::known::device_of(addr, len).is_some();
         let Some(sim) = device::sim::installed() else {
-            return if touches_device {
+            return if device::known::device_of(addr, len).is_some() {
                 Err(err("reg_mr", libc::EFAULT, "device memory of a platform the simulated NIC cannot reach"))
             } else {
                 Ok(None)
             };
         };
+        // The simulated device's own mappings say what is its memory: a record the engine
+        // keeps of memory freed under it must not make fresh host memory at the same
+        // address look like device memory.
         let Some(chunks) = sim.extent(addr, len) else {
-            let some_device =
-                touches_device || sim.locate(addr).is_some() || sim.locate(addr + len.max(1) - 1).is_some();
+            let end = addr + len.max(1);
+            let some_device = sim.locate(addr).is_some()
+                || sim.locate(end - 1).is_some()
+                || sim.locate(addr.next_multiple_of(4096)).is_some_and(|r| r.base < end);
             return if some_device {
                 Err(err("reg_mr", libc::EFAULT, "the range is partly device memory and partly not"))
             } else {
