@@ -186,10 +186,12 @@ fn a_device_handle_that_cannot_be_opened_fails_the_shm_attempt_with_a_reason() {
     peer_dev.register(&b);
     let src = buffer(&a, 4096, pattern, Permission::GlobalReadWrite);
     let h = a.open_segment(b.segment_name()).expect("open");
-    // The peer frees its device memory behind the engine's back: the handle names a descriptor
-    // that no longer exists.
+    // The peer frees its device memory behind the engine's back (still registered): the handle
+    // names a descriptor that no longer exists.
+    peer_dev.engines.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    let addr = b_addr(&b);
     drop(peer_dev);
-    let st = run(&a, &[shm(req(Opcode::Write, src.as_ptr() as u64, h, b_addr(&b), 4096))], BOUND);
+    let st = run(&a, &[shm(req(Opcode::Write, src.as_ptr() as u64, h, addr, 4096))], BOUND);
     assert_eq!(st[0].0, Status::Failed, "{st:?}");
 }
 

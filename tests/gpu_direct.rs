@@ -93,7 +93,7 @@ fn device_memory_moves_by_gpudirect_between_engines_both_ways() {
 
 /// Moves device memory of `a` to `b`'s device and back, checking every byte, and returns the
 /// staging counters of `a` (local, remote, both).
-fn round_trip(f: &SimFabric, a: &Engine, b: &Engine, n: usize) -> (u64, u64, u64) {
+fn round_trip(f: &SimFabric, a: &Arc<Engine>, b: &Arc<Engine>, n: usize) -> (u64, u64, u64) {
     let src = DevBuf::new(0, n, pattern);
     let dst = DevBuf::new(1, n, |_| 0);
     let back = DevBuf::new(1, n, |_| 0);
@@ -165,16 +165,10 @@ fn staging_stands_in_on_a_side_without_gpudirect() {
     assert!(local == 0 && remote == 0 && both >= 2, "{local} {remote} {both}");
 }
 
-/// `n` bytes of VMM memory on the simulated device (chunks of `chunk` bytes), filled with
-/// `fill`: as PyTorch's expandable segments, several physical allocations mapped one after
-/// the other.
+/// `n` bytes of VMM memory on the simulated device in chunks of `chunk` bytes.
 fn vmm(device: u32, n: usize, chunk: usize, fill: impl Fn(usize) -> u8) -> DevBuf {
     let chunks: Vec<usize> = (0..n.div_ceil(chunk)).map(|i| (n - i * chunk).min(chunk)).collect();
-    let addr =
-        tent::device::Platform::allocate_vmm(tent::device::sim::install(2), device, &chunks).expect("VMM allocation");
-    let b = DevBuf { addr, len: n, device };
-    b.write(0, &(0..n).map(fill).collect::<Vec<u8>>());
-    b
+    DevBuf::vmm(device, &chunks, fill)
 }
 
 #[test]

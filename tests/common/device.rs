@@ -25,18 +25,21 @@ pub fn second() -> u32 {
     if platform().device_count() > 1 { 1 } else { 0 }
 }
 
-/// Device memory on the simulated platform, freed on drop.
+/// Device memory on the simulated platform, unregistered from the engines it was registered
+/// with and freed on drop (freeing registered memory would leave the engine's record of device
+/// memory behind, which another test's host memory at the same address could then meet).
 pub struct DevBuf {
     pub addr: u64,
     pub len: usize,
     pub device: u32,
+    pub engines: std::sync::Mutex<Vec<std::sync::Weak<Engine>>>,
 }
 
 impl DevBuf {
     /// `len` bytes on `device`, filled with `fill(i)`.
     pub fn new(device: u32, len: usize, fill: impl Fn(usize) -> u8) -> DevBuf {
         let addr = platform().allocate(device, len).expect("device allocation");
-        let b = DevBuf { addr, len, device };
+        let b = DevBuf::at(addr, len, device);
         b.write(0, &(0..len).map(fill).collect::<Vec<u8>>());
         b
     }
@@ -45,9 +48,14 @@ impl DevBuf {
     /// of each length in `chunks`, filled with `fill(i)`.
     pub fn vmm(device: u32, chunks: &[usize], fill: impl Fn(usize) -> u8) -> DevBuf {
         let addr = sim::install(2).allocate_vmm(device, chunks).expect("VMM allocation");
-        let b = DevBuf { addr, len: chunks.iter().sum(), device };
+        let b = DevBuf::at(addr, chunks.iter().sum(), device);
         b.write(0, &(0..b.len).map(fill).collect::<Vec<u8>>());
         b
+    }
+
+    /// The device memory at `addr` (allocated by the caller), freed on drop.
+    pub fn at(addr: u64, len: usize, device: u32) -> DevBuf {
+        DevBuf { addr, len, device, engines: Default::default() }
     }
 
     /// Copies `data` into the buffer at `offset`, through the platform.
@@ -66,7 +74,8 @@ impl DevBuf {
     }
 
     /// Registers the buffer with `e` as `cuda:<device>`.
-    pub fn register(&self, e: &Engine) {
+    pub fn register(&self, e: &std::sync::Arc<Engine>) {
+        self.engines.lock().unwrap_or_else(|p| p.into_inner()).push(std::sync::Arc::downgrade(e));
         let opts = MemoryOptions { location: format!("cuda:{}", self.device), ..MemoryOptions::default() };
         // SAFETY: the buffer outlives the registration in every test (dropped after the engine
         // or after unregistering).
@@ -76,6 +85,10 @@ impl DevBuf {
 
 impl Drop for DevBuf {
     fn drop(&mut self) {
+        let engines = std::mem::take(&mut *self.engines.lock().unwrap_or_else(|p| p.into_inner()));
+        for e in engines.iter().filter_map(std::sync::Weak::upgrade) {
+            let _ = e.unregister_memory(&[(self.addr, self.len as u64)]);
+        }
         let _ = platform().free(self.addr);
     }
 }
