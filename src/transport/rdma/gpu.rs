@@ -197,14 +197,25 @@ pub fn register_device(
         why[i].push("the NIC is down".into());
     }
     let refusals: Vec<Option<String>> = (0..n).map(|i| regions[i].is_empty().then(|| why[i].join("; "))).collect();
-    for (i, r) in refusals.iter().enumerate() {
-        if let Some(r) = r.as_ref().filter(|_| live.contains(&i)) {
-            tracing::warn!(
-                "device memory {addr:#x}+{len} of cuda:{device} is not registered with NIC {}: {r}; its transfers \
-                 on this NIC go through staging buffers",
-                nics.names()[i]
-            );
-        }
+    // One line per buffer: which NICs refused it and why (once, when they all said the same).
+    let refused: Vec<(&str, &str)> = refusals
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| live.contains(i))
+        .filter_map(|(i, r)| Some((nics.names()[i].as_str(), r.as_deref()?)))
+        .collect();
+    if !refused.is_empty() {
+        let why = if refused.iter().all(|(_, r)| *r == refused[0].1) {
+            format!("{}: {}", refused.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", "), refused[0].1)
+        } else {
+            refused.iter().map(|(n, r)| format!("{n}: {r}")).collect::<Vec<_>>().join("; ")
+        };
+        tracing::warn!(
+            "device memory {addr:#x}+{len} of cuda:{device} is not registered with {} of {} NICs ({why}); its \
+             transfers there go through staging buffers",
+            refused.len(),
+            live.len()
+        );
     }
     let keys = piece_keys(&regions, addr, len, &parts, split, device);
     let rkeys = regions.iter().map(|r| if r.len() == 1 { r[0].rkey() } else { 0 }).collect();
