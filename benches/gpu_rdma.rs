@@ -1,0 +1,192 @@
+//! Device memory over RDMA on the simulated fabric and the simulated device, against host
+//! memory over the same fabric, measured in the same run, round after round:
+//!
+//! * GPUDirect: device -> peer device, both sides' NICs reaching device memory;
+//! * staged on one side: that side's NICs reach no device memory (peer memory and dma-buf
+//!   off), so its bytes go through staging buffers copied by the device;
+//! * staged on both sides: the peer lends staging buffers too;
+//!
+//! each as WRITE and READ of 16 MiB in 1 MiB requests and of 64 x 64 KiB (one batch each),
+//! as GB/s and as a ratio to host -> host in the same round; then the time to register 1 GiB
+//! of device memory with two NICs.
+//!
+//! `cargo bench --bench gpu_rdma [-- --rounds N --lanes N --staging-threads N
+//! --staging-chunk-kib N]`. Under `cargo test` it runs once,
+//! tiny, as a smoke test.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tent::config::Config;
+use tent::device::{Mem, Platform, sim};
+use tent::engine::types::{Opcode, Permission, Request, Status, TransportKind};
+use tent::engine::{Engine, MemoryOptions, effective_config};
+use tent::verbs::sim::SimFabric;
+
+fn engine(lanes: usize, gpu_direct: bool) -> Arc<Engine> {
+    let mut cfg = Config::new();
+    let threads = arg("--staging-threads").unwrap_or(4).to_string();
+    let chunk = arg("--staging-chunk-kib").unwrap_or(4096) << 10;
+    for (k, v) in [
+        ("rpc_server_hostname", "127.0.0.1".to_string()),
+        ("log_level", "error".to_string()),
+        ("transports/tcp/enable", "false".to_string()),
+        ("transports/shm/enable", "false".to_string()),
+        ("transports/rdma/provider", "sim".to_string()),
+        ("transports/rdma/sim/fabric", "gpu_bench".to_string()),
+        ("transports/rdma/sim/devices", "2".to_string()),
+        ("transports/rdma/sim/peer_memory", gpu_direct.to_string()),
+        ("transports/rdma/sim/dmabuf", gpu_direct.to_string()),
+        ("transports/rdma/num_lanes", lanes.to_string()),
+        ("transports/rdma/staging/threads", threads.clone()),
+        ("transports/rdma/staging/chunk_size", chunk.to_string()),
+    ] {
+        cfg.set_from_string(k, &v);
+    }
+    Engine::new(effective_config(cfg)).expect("engine starts")
+}
+
+/// `len` bytes of host memory (`device` None) or of a simulated device, registered with `e`;
+/// host memory is kept alive by the returned vector.
+fn buffer(e: &Engine, len: usize, device: Option<u32>, keep: &mut Vec<Vec<u8>>) -> u64 {
+    let (addr, location) = match device {
+        Some(d) => (sim::install(2).allocate(d, len).expect("device memory"), format!("cuda:{d}")),
+        None => {
+            let v = vec![0u8; len];
+            let a = v.as_ptr() as u64;
+            keep.push(v);
+            (a, "*".to_string())
+        }
+    };
+    let opts = MemoryOptions { location, permission: Permission::GlobalReadWrite, ..MemoryOptions::default() };
+    // SAFETY: the memory stays alive until the end of the run.
+    unsafe { e.register_memory(&[(addr, len as u64)], &opts) }.expect("register");
+    addr
+}
+
+/// Moves `n` requests of `len` bytes each (one batch) between `local` and `remote` and returns
+/// the seconds it took.
+fn pass(e: &Engine, h: u64, op: Opcode, local: u64, remote: u64, n: usize, len: usize) -> f64 {
+    let reqs: Vec<Request> = (0..n as u64)
+        .map(|i| Request {
+            opcode: op,
+            source: local + i * len as u64,
+            target_id: h,
+            target_offset: remote + i * len as u64,
+            length: len as u64,
+            priority: 0,
+            deadline_ns: 0,
+            hint: TransportKind::Rdma,
+        })
+        .collect();
+    let start = Instant::now();
+    let b = e.allocate_batch(n).expect("batch");
+    // SAFETY: the requests' memory stays alive until their tasks end.
+    unsafe { e.submit(b, &reqs, None) }.expect("submit");
+    loop {
+        let (s, _) = e.overall_status(b).expect("status");
+        if s == Status::Completed {
+            break;
+        }
+        assert_eq!(s, Status::Pending, "transfer failed: {:?}", e.task_error(b, 0));
+        std::thread::yield_now();
+    }
+    let t = start.elapsed().as_secs_f64();
+    e.free_batch(b).expect("free");
+    t
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn arg(name: &str) -> Option<usize> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok())
+}
+
+/// One way of moving the bytes: its name, the initiator and target engines, and whether the
+/// buffers are device memory.
+struct Path {
+    name: &'static str,
+    initiator: Arc<Engine>,
+    target: Arc<Engine>,
+    device: bool,
+}
+
+fn main() {
+    let bench = std::env::args().any(|a| a == "--bench");
+    let rounds = arg("--rounds").unwrap_or(if bench { 5 } else { 1 }).max(1);
+    let lanes = arg("--lanes").unwrap_or(2).max(1);
+    let total: usize = if bench { 16 << 20 } else { 1 << 20 };
+    let platform: &dyn Platform = sim::install(2);
+    let fabric = SimFabric::new_realtime();
+    fabric.register_as("gpu_bench");
+    let paths = [
+        Path { name: "host -> host", initiator: engine(lanes, true), target: engine(lanes, true), device: false },
+        Path { name: "GPUDirect", initiator: engine(lanes, true), target: engine(lanes, true), device: true },
+        Path { name: "staged here", initiator: engine(lanes, false), target: engine(lanes, true), device: true },
+        Path { name: "staged both", initiator: engine(lanes, false), target: engine(lanes, false), device: true },
+    ];
+    let shapes = [(total >> 20, 1usize << 20), (64usize, 64usize << 10)];
+    let pattern: Vec<u8> = (0..total).map(|i| (i * 131 + (i >> 11)) as u8).collect();
+    let mut keep = Vec::new();
+    // Per path: (handle, local source, local landing, remote).
+    let mut bufs = Vec::new();
+    for p in &paths {
+        let (d0, d1) = if p.device { (Some(0), Some(1)) } else { (None, None) };
+        let src = buffer(&p.initiator, total, d0, &mut keep);
+        let back = buffer(&p.initiator, total, d0, &mut keep);
+        let remote = buffer(&p.target, total, d1, &mut keep);
+        let dst = if p.device { Mem::Device(src) } else { Mem::Host(src) };
+        platform.copy(dst, Mem::Host(pattern.as_ptr() as u64), total).expect("fill");
+        let h = p.initiator.open_segment(p.target.segment_name()).expect("open");
+        pass(&p.initiator, h, Opcode::Write, src, remote, 1, total);
+        bufs.push((h, src, back, remote));
+    }
+    // times[path][shape][op]
+    let mut times = vec![vec![vec![Vec::new(); 2]; shapes.len()]; paths.len()];
+    for _ in 0..rounds {
+        for (s, &(n, len)) in shapes.iter().enumerate() {
+            for (k, p) in paths.iter().enumerate() {
+                let (h, src, back, remote) = bufs[k];
+                times[k][s][0].push(pass(&p.initiator, h, Opcode::Write, src, remote, n, len));
+                times[k][s][1].push(pass(&p.initiator, h, Opcode::Read, back, remote, n, len));
+            }
+        }
+    }
+    for (k, p) in paths.iter().enumerate() {
+        let (_, _, back, _) = bufs[k];
+        let mut got = vec![0u8; total];
+        let src = if p.device { Mem::Device(back) } else { Mem::Host(back) };
+        platform.copy(Mem::Host(got.as_mut_ptr() as u64), src, total).expect("read back");
+        assert!(got == pattern, "{}: data mismatch", p.name);
+    }
+    println!("gpu_rdma: sim fabric, {lanes} lanes, median of {rounds} rounds (GB/s, and x host -> host)");
+    for (s, &(n, len)) in shapes.iter().enumerate() {
+        for (o, op) in ["WRITE", "READ"].iter().enumerate() {
+            let gbps = |k: usize| (n * len) as f64 / median(times[k][s][o].clone()) / 1e9;
+            let base = gbps(0);
+            let row: Vec<String> = (0..paths.len())
+                .map(|k| format!("{}: {:5.2} ({:.2}x)", paths[k].name, gbps(k), gbps(k) / base))
+                .collect();
+            println!("  {op:5} {n:3} x {:5} KiB | {}", len >> 10, row.join(" | "));
+        }
+    }
+    // Registering 1 GiB of device memory with two NICs (a fresh range each time).
+    let gib = if bench { 1usize << 30 } else { 64 << 20 };
+    let e = &paths[1].initiator;
+    let mut reg = Vec::new();
+    for _ in 0..rounds.min(3) {
+        let addr = platform.allocate(0, gib).expect("device memory");
+        let opts = MemoryOptions { location: "cuda:0".into(), ..MemoryOptions::default() };
+        let t = Instant::now();
+        // SAFETY: unregistered below before the memory is freed.
+        unsafe { e.register_memory(&[(addr, gib as u64)], &opts) }.expect("register");
+        reg.push(t.elapsed().as_secs_f64());
+        e.unregister_memory(&[(addr, gib as u64)]).expect("unregister");
+        platform.free(addr).expect("free");
+    }
+    println!("  registering {} MiB of device memory with 2 NICs: {:.2} ms", gib >> 20, median(reg) * 1e3);
+}
