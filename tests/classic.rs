@@ -64,6 +64,20 @@ fn classic_api_c_program() {
 }
 
 #[test]
+fn classic_api_moves_device_memory_over_rdma() {
+    let exe = build_c("classic_gpu", &[root().join("c_tests/classic_gpu.c")], false, &[]);
+    for gpu_direct in [true, false] {
+        let conf = format!(
+            r#"{{"transports":{{"tcp":{{"enable":false}},"rdma":{{"provider":"sim","sim":{{"devices":2,"peer_memory":{gpu_direct},"dmabuf":{gpu_direct}}}}}}}}}"#
+        );
+        let mut cmd = Command::new(&exe);
+        cmd.env("TENT_SIM_DEVICES", "2").env("MC_TENT_CONF", conf).env("MC_LOG_LEVEL", "error");
+        let (ok, out) = run(&mut cmd);
+        assert!(ok && out.contains(", 0 failed"), "GPUDirect {gpu_direct}:\n{out}");
+    }
+}
+
+#[test]
 fn cxx17_program_with_both_headers_and_the_wrapper() {
     let exe = build_c("classic_cpp", &[root().join("c_tests/classic_cpp.cpp")], true, &[]);
     let out = run_c(&exe, &[]);
