@@ -355,3 +355,73 @@ fn device_memory_freed_while_registered_leaves_the_nics_first_and_is_refused_aft
     let st = go(&f, &a, &[req(Opcode::Write, src.addr, h, addr, 65536)]);
     assert_eq!(st[0].0, Status::Failed, "{st:?}");
 }
+
+/// Serves `b`'s descriptor as an upstream engine would publish it had none of its NICs taken
+/// the device buffer at `addr`: RDMA offered with key 0 (and TCP, where `tcp`), no staging lent.
+/// Only the descriptor comes from the fake; where `to_b`, every other request goes to `b`.
+fn as_upstream(b: &Engine, addr: u64, tcp: bool, to_b: bool) -> common::fake_peer::FakePeer {
+    let desc = b.local_segment().descriptor_json();
+    common::fake_peer::FakePeer::start(move |own| {
+        let mut d: serde_json::Value = serde_json::from_str(&desc).ok()?;
+        d["name"] = own.into();
+        if !to_b {
+            d["rpc_server_addr"] = own.into();
+        }
+        let detail = d.get_mut("detail")?.as_object_mut()?;
+        detail.remove("tent_rs_staging");
+        for buf in detail.get_mut("buffers")?.as_array_mut()? {
+            if buf["addr"].as_u64() == Some(addr) {
+                let nics = buf["rkey"].as_array().map_or(0, Vec::len);
+                buf["rkey"] = serde_json::json!(vec![0; nics.max(1)]);
+                buf["transports"] = if tcp { serde_json::json!([1, 7]) } else { serde_json::json!([1]) };
+            }
+        }
+        Some(d.to_string())
+    })
+}
+
+/// An upstream engine that publishes device memory with RDMA but with key 0 (no NIC of its
+/// took it) and lends no staging buffers: a task to it fails at once, with the reason, and
+/// never reaches the memory (nor is the peer asked for anything but its descriptor); with TCP
+/// on both sides, the task fails over to TCP staging and completes.
+#[test]
+fn an_upstream_peers_device_memory_without_a_key_fails_with_the_reason_or_takes_tcp() {
+    let (f, a, b) = pair("gdr-upstream-nokey", &[]);
+    host(&b).set_peer_memory(false);
+    host(&b).set_dmabuf(false);
+    let peer = DevBuf::new(1, 65536, |_| 0);
+    peer.register(&b);
+    let upstream = as_upstream(&b, peer.addr, false, false);
+    let dev = DevBuf::new(0, 65536, pattern);
+    dev.register(&a);
+    let h = a.open_segment(&upstream.addr).expect("open");
+    let batch = a.allocate_batch(1).expect("batch");
+    // SAFETY: both buffers outlive the batch, which is waited for below.
+    unsafe { a.submit(batch, &[req(Opcode::Write, dev.addr, h, peer.addr, 4096)], None) }.expect("submit");
+    let mut why = None;
+    until(&f, Duration::from_micros(100), || {
+        why = a.task_error(batch, 0).ok().flatten();
+        why.is_some()
+    });
+    let why = why.expect("a reason");
+    assert_eq!(a.task_status(batch, 0).expect("status").0, Status::Failed);
+    assert!(why.contains("no RDMA key") && why.contains("lends no staging buffers"), "{why}");
+    let _ = a.free_batch(batch);
+    assert_eq!(counter(&b, |c| &c.stage_leases), 0, "no staging was asked of the real engine behind it");
+    assert!(peer.read().iter().all(|&x| x == 0), "no byte reached the device memory");
+
+    // With TCP on both sides, the same task moves by TCP staging.
+    let tcp = [("transports/tcp/enable", "true")];
+    let (f, a, b) = pair("gdr-upstream-tcp", &tcp);
+    host(&b).set_peer_memory(false);
+    host(&b).set_dmabuf(false);
+    let peer = DevBuf::new(1, 65536, |_| 0);
+    peer.register(&b);
+    let upstream = as_upstream(&b, peer.addr, true, true);
+    dev.register(&a);
+    let h = a.open_segment(&upstream.addr).expect("open");
+    let st = go(&f, &a, &[req(Opcode::Write, dev.addr, h, peer.addr, 65536)]);
+    assert!(completed(&st, &[65536]), "{st:?}");
+    assert_eq!(peer.read(), dev.read(), "the bytes arrived through TCP staging");
+    assert_eq!(counter(&b, |c| &c.stage_leases), 0, "no RDMA staging was asked of the engine");
+}
