@@ -30,9 +30,9 @@
 //! - the io_uring ring's state lock is held across `io_uring_enter` without waiting
 //!   (submission only); completions are ended after it is released.
 //!
-//! Ending a task (`TaskState::finish`) takes only leaf locks: the task's error and unit slots,
-//! the batch table's slots when a freed batch is reclaimed, and a lane's queue when a
-//! notification is due. So a transport may end tasks while holding its own locks.
+//! Ending a task (`TaskState::finish`) takes only leaf locks: the task's error and carrier
+//! slots, the admission queue's state when its ticket gives room back, the batch table's slots
+//! when a freed batch is reclaimed, and a lane's queue when a notification is due. So a transport may end tasks while holding its own locks.
 
 /// cbindgen:ignore
 pub mod base;

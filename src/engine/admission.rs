@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::batch::Entry;
+use super::task::{EndListener, Entry};
 use super::types::{Request, Status, monotonic_ns};
 use crate::base::qos::{Level, QosParams};
 use crate::config::RuntimeQueueSection;
@@ -64,10 +64,10 @@ struct Key {
     seq: u64,
 }
 
-impl Ticket {
+impl EndListener for Ticket {
     /// The task ended with `status`: a task that was moving gives its window room back, a task
     /// still queued (cancelled, dropped, or failed at shutdown) leaves the queue.
-    pub fn ended(&self, status: Status) {
+    fn task_ended(&self, status: Status) {
         let was = self.state.swap(ENDED, Ordering::AcqRel);
         if was == ENDED {
             return;
@@ -160,7 +160,7 @@ impl Admission {
     pub fn submit(
         self: &Arc<Self>,
         requests: &[Request],
-        append: impl FnOnce(Vec<Option<Arc<Ticket>>>) -> Result<Vec<Entry>>,
+        append: impl FnOnce(Vec<Option<Arc<dyn EndListener>>>) -> Result<Vec<Entry>>,
     ) -> Result<()> {
         let p = &self.params;
         let (owners, bytes) = requests
@@ -217,11 +217,12 @@ impl Admission {
                     })
                 })
                 .collect();
-            let entries = append(tickets)?;
+            let listening = tickets.iter().map(|t| t.clone().map(|t| t as Arc<dyn EndListener>)).collect();
+            let entries = append(listening)?;
             st.outstanding.0 += owners;
             st.outstanding.1 += bytes;
-            for entry in entries {
-                match entry.state.ticket().cloned() {
+            for (entry, ticket) in entries.into_iter().zip(tickets) {
+                match ticket {
                     Some(ticket) => {
                         let key = ticket.key;
                         st.oldest[key.level].insert(key.seq, key);

@@ -1,68 +1,23 @@
-//! Batches and tasks.
+//! Batches: the tasks of one batch id, and the table of live batches.
 //!
 //! A batch id is `(generation << 32) | (slot + 1)`: a freed or made-up id fails the generation
 //! check and is rejected without touching memory. Task state is a pair of atomics that
 //! transports update on completion; polling reads them without any engine-wide lock.
 
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
+use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
-use super::types::{Opcode, Request, Status, TransportKind};
+pub use super::task::Entry;
+use super::task::{EndListener, Listeners, Parent, TaskState};
+use super::types::{Request, Status, TransportKind};
 use crate::error::{Error, Result};
-use crate::metrics::{LOCAL_COPY_TRANSPORT, Metrics};
-use std::time::Instant;
+use crate::metrics::Metrics;
 
-/// Runs when the last task of a submit-with-notification ends.
-pub trait HookSink: Send + Sync {
-    /// Sends `name`/`msg` to every target of the submit; called once, only if all its tasks
-    /// COMPLETED.
-    fn fire(&self, targets: &[u64], name: &str, msg: &str);
-}
-
-/// A notification attached to one submit.
-pub struct NotifyHook {
-    remaining: AtomicUsize,
-    failed: AtomicBool,
-    targets: Vec<u64>,
-    name: String,
-    msg: String,
-    sink: Weak<dyn HookSink>,
-}
-
-impl NotifyHook {
-    /// Creates a hook that fires after `tasks` tasks complete.
-    pub fn new(
-        tasks: usize,
-        targets: Vec<u64>,
-        name: String,
-        msg: String,
-        sink: Weak<dyn HookSink>,
-    ) -> Arc<NotifyHook> {
-        Arc::new(NotifyHook {
-            remaining: AtomicUsize::new(tasks),
-            failed: AtomicBool::new(false),
-            targets,
-            name,
-            msg,
-            sink,
-        })
-    }
-
-    fn task_ended(&self, status: Status) {
-        if status != Status::Completed {
-            self.failed.store(true, Ordering::Release);
-        }
-        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 && !self.failed.load(Ordering::Acquire) {
-            if let Some(sink) = self.sink.upgrade() {
-                sink.fire(&self.targets, &self.name, &self.msg);
-            }
-        }
-    }
-}
-
-/// Shared between a batch and its tasks so the last ending task can reclaim a freed batch.
+/// The counters the tasks of one batch share (each task holds them as its [`Parent`]); their
+/// link to the table is weak, so a batch is reclaimed once freed and ended.
 struct BatchLife {
     id: u64,
     pending: AtomicUsize,
@@ -103,221 +58,45 @@ impl BatchLife {
     }
 }
 
+impl Parent for BatchLife {
+    fn suspended(&self, delta: isize) {
+        if delta >= 0 {
+            self.suspended.fetch_add(delta.unsigned_abs(), Ordering::AcqRel);
+        } else {
+            self.suspended.fetch_sub(delta.unsigned_abs(), Ordering::AcqRel);
+        }
+    }
+
+    fn handed_to(&self, kind: TransportKind) {
+        let bit = kind_bit(kind);
+        if self.transports.load(Ordering::Relaxed) & bit == 0 {
+            self.transports.fetch_or(bit, Ordering::Relaxed);
+        }
+    }
+
+    fn freed(&self) -> bool {
+        self.free_requested.load(Ordering::SeqCst)
+    }
+
+    fn task_ended(&self, status: Status, bytes: u64) {
+        if status == Status::Completed {
+            // Before `pending` drops: a poll that sees nothing pending scans the tasks anyway.
+            self.completed_bytes.fetch_add(bytes, Ordering::AcqRel);
+        }
+        if self.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.wake_waiters();
+        }
+        self.maybe_reclaim();
+    }
+
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+}
+
 /// The bit of transport `kind` in a batch's set of transports.
 pub fn kind_bit(kind: TransportKind) -> u32 {
     1 << (kind as u32 % 32)
-}
-
-/// Transient status while one finisher publishes bytes and reason; reads as PENDING.
-const FINISHING: i32 = 100;
-/// The transport failed the task and a failover may still run it elsewhere; reads as PENDING.
-const SUSPENDED: i32 = 101;
-
-/// The live state of one public task.
-pub struct TaskState {
-    status: AtomicI32,
-    transferred: AtomicU64,
-    /// This task's own request length (what it reports when completed, even when merged).
-    length: u64,
-    /// For metrics: the op, whether it targets the local segment, and when it was submitted.
-    write: bool,
-    local: bool,
-    submitted: Instant,
-    cancel_requested: AtomicBool,
-    error: Mutex<Option<String>>,
-    life: Arc<BatchLife>,
-    hook: Option<Arc<NotifyHook>>,
-    /// Its place in the admission queue, when the queue is on: told when the task ends.
-    ticket: Option<Arc<super::admission::Ticket>>,
-    /// Nanoseconds from submit to the request's deadline (0: none, or already passed), for the
-    /// deadline metric.
-    deadline_window_ns: u64,
-    /// The unit of work carrying this task (set when it is dispatched to a transport).
-    /// Held until the task ends (then released, breaking the unit <-> task reference cycle), so
-    /// a parked task can always reach its unit for the failover decision.
-    unit: Mutex<Option<Arc<super::unit::Unit>>>,
-}
-
-impl TaskState {
-    /// The current status and bytes moved (bytes are published before the status).
-    pub fn load(&self) -> (Status, u64) {
-        let raw = self.status.load(Ordering::Acquire);
-        let s = if raw == FINISHING || raw == SUSPENDED { Status::Pending } else { Status::from_i32(raw) };
-        (s, self.transferred.load(Ordering::Acquire))
-    }
-
-    /// True while a failed transport attempt waits for a failover decision.
-    pub fn is_suspended(&self) -> bool {
-        self.status.load(Ordering::Acquire) == SUSPENDED
-    }
-
-    /// When the task was submitted.
-    pub fn submitted(&self) -> Instant {
-        self.submitted
-    }
-
-    /// Its place in the admission queue, when it was given one.
-    pub(super) fn ticket(&self) -> Option<&Arc<super::admission::Ticket>> {
-        self.ticket.as_ref()
-    }
-
-    /// The task's own length.
-    pub fn length(&self) -> u64 {
-        self.length
-    }
-
-    /// True when the caller asked to cancel; transports check it between chunks.
-    pub fn cancel_requested(&self) -> bool {
-        self.cancel_requested.load(Ordering::Acquire)
-    }
-
-    /// Records the unit that carries this task.
-    pub fn set_unit(&self, unit: &Arc<super::unit::Unit>) {
-        if !self.load().0.is_terminal() {
-            *self.unit.lock() = Some(unit.clone());
-        }
-    }
-
-    /// The unit that carries this task, if it was dispatched and still exists.
-    pub fn unit(&self) -> Option<Arc<super::unit::Unit>> {
-        self.unit.lock().clone()
-    }
-
-    /// Parks a pending task after a failed attempt; returns false if it already ended.
-    pub fn suspend(&self, reason: String) -> bool {
-        // Counted before the task shows as suspended, so the finisher's decrement never runs
-        // first and a poll that sees the state also sees the count.
-        self.life.suspended.fetch_add(1, Ordering::AcqRel);
-        if self.status.compare_exchange(Status::Pending as i32, SUSPENDED, Ordering::AcqRel, Ordering::Acquire).is_err()
-        {
-            self.life.suspended.fetch_sub(1, Ordering::AcqRel);
-            return false;
-        }
-        *self.error.lock() = Some(reason);
-        true
-    }
-
-    /// Makes a suspended task pending again for a new attempt; false if it is not suspended.
-    pub fn resume(&self) -> bool {
-        let resumed = self
-            .status
-            .compare_exchange(SUSPENDED, Status::Pending as i32, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok();
-        if resumed {
-            self.life.suspended.fetch_sub(1, Ordering::AcqRel);
-        }
-        resumed
-    }
-
-    /// Records that the task (and so its batch) was handed to the transport of `kind`.
-    pub fn handed_to(&self, kind: TransportKind) {
-        let bit = kind_bit(kind);
-        if self.life.transports.load(Ordering::Relaxed) & bit == 0 {
-            self.life.transports.fetch_or(bit, Ordering::Relaxed);
-        }
-    }
-
-    /// Ends a pending or suspended task with `status` once; later calls are ignored so that
-    /// nothing revives a task that already ended. Returns whether this call ended the task.
-    pub fn finish(&self, status: Status, bytes: u64, error: Option<String>) -> bool {
-        debug_assert!(status.is_terminal());
-        // Claim the task first so a late second finisher cannot overwrite bytes or reason.
-        let claimed = [Status::Pending as i32, SUSPENDED]
-            .into_iter()
-            .find(|&from| self.status.compare_exchange(from, FINISHING, Ordering::AcqRel, Ordering::Acquire).is_ok());
-        match claimed {
-            None => return false,
-            Some(SUSPENDED) => {
-                self.life.suspended.fetch_sub(1, Ordering::AcqRel);
-            }
-            Some(_) => {}
-        }
-        if error.is_some() {
-            *self.error.lock() = error;
-        }
-        // Reported before the status is published, so a caller that sees the task ended also
-        // sees it counted.
-        let unit = self.unit.lock().take();
-        self.report(status, bytes, unit.as_deref());
-        self.transferred.store(bytes, Ordering::Release);
-        self.status.store(status as i32, Ordering::Release);
-        if status == Status::Completed {
-            // Before `pending` drops: a poll that sees nothing pending scans the tasks anyway.
-            self.life.completed_bytes.fetch_add(bytes, Ordering::AcqRel);
-        }
-        if let Some(h) = &self.hook {
-            h.task_ended(status);
-        }
-        if let Some(t) = &self.ticket {
-            t.ended(status);
-        }
-        if self.life.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.life.wake_waiters();
-        }
-        self.life.maybe_reclaim();
-        true
-    }
-
-    /// Tells the metrics how the task ended (atomics only). A task its unit carries reports
-    /// the unit, under the transport it ended on, when it is the unit's first task (a merged
-    /// unit is one request, as upstream counts it), and closes the unit's open attempt; a task
-    /// that never reached a transport reports itself: under `shm` when it was a copy within
-    /// this engine, else under `unspec` (upstream's label for "no transport was chosen").
-    fn report(&self, status: Status, bytes: u64, unit: Option<&super::unit::Unit>) {
-        let op = if self.write { Opcode::Write } else { Opcode::Read };
-        let metrics = &self.life.metrics;
-        match unit {
-            Some(u) => {
-                if !u.reports(self) {
-                    return;
-                }
-                // Two clock subtractions for every figure: the rest is integer arithmetic on
-                // the unit's times (nanoseconds after its creation).
-                let end = u.nanos_since_created(Instant::now());
-                let queue_wait = u.created.saturating_duration_since(self.submitted);
-                u.close_attempt(matches!(status, Status::Failed | Status::Timeout), end);
-                let completed = status == Status::Completed;
-                let bytes = if completed { u.request.length } else { 0 };
-                let stages = if completed { u.stages(queue_wait, end) } else { None };
-                let latency = queue_wait + std::time::Duration::from_nanos(end);
-                if completed && self.deadline_window_ns > 0 {
-                    metrics.deadline_mlu(u.transport(), latency.as_nanos() as f64 / self.deadline_window_ns as f64);
-                }
-                metrics.request_ended(u.transport(), op, status, bytes, latency, stages);
-            }
-            None => {
-                let kind = if self.local { LOCAL_COPY_TRANSPORT } else { TransportKind::Unspec };
-                metrics.request_ended(kind, op, status, bytes, self.submitted.elapsed(), None);
-            }
-        }
-    }
-
-    /// Marks success with the task's own length moved.
-    pub fn complete(&self) -> bool {
-        self.finish(Status::Completed, self.length, None)
-    }
-
-    /// Marks failure, keeping the reason for logs and `tent_last_error`.
-    pub fn fail(&self, reason: String) -> bool {
-        self.finish(Status::Failed, 0, Some(reason))
-    }
-
-    /// True once the caller freed the batch (no more polls will come).
-    pub fn batch_freed(&self) -> bool {
-        self.life.free_requested.load(Ordering::SeqCst)
-    }
-
-    /// The reason a task failed, when it did.
-    pub fn error(&self) -> Option<String> {
-        self.error.lock().clone()
-    }
-}
-
-/// One public task of a batch.
-#[derive(Clone)]
-pub struct Entry {
-    pub request: Request,
-    pub state: Arc<TaskState>,
 }
 
 /// A batch of tasks, appended across submits up to its capacity.
@@ -330,17 +109,18 @@ pub struct Batch {
 impl Batch {
     /// Appends tasks for `requests` atomically (all or none); fails when the capacity would be
     /// exceeded or the batch is being freed. Returns the new tasks and the id of the first.
-    pub fn append(&self, requests: &[Request], hook: Option<Arc<NotifyHook>>) -> Result<(usize, Vec<Entry>)> {
+    /// `hook`, where given, hears of every new task's end.
+    pub fn append(&self, requests: &[Request], hook: Option<Arc<dyn EndListener>>) -> Result<(usize, Vec<Entry>)> {
         self.append_queued(requests, hook, Vec::new())
     }
 
-    /// As [`Batch::append`], the task of `requests[i]` holding admission ticket `tickets[i]`
-    /// (none where `tickets` is shorter).
+    /// As [`Batch::append`], the task of `requests[i]` also heard by `tickets[i]` (its
+    /// admission ticket, told after the hook; none where `tickets` is shorter).
     pub fn append_queued(
         &self,
         requests: &[Request],
-        hook: Option<Arc<NotifyHook>>,
-        tickets: Vec<Option<Arc<super::admission::Ticket>>>,
+        hook: Option<Arc<dyn EndListener>>,
+        tickets: Vec<Option<Arc<dyn EndListener>>>,
     ) -> Result<(usize, Vec<Entry>)> {
         let mut tasks = self.tasks.write();
         if self.life.free_requested.load(Ordering::SeqCst) {
@@ -369,24 +149,9 @@ impl Batch {
             if r.deadline_ns != 0 && r.deadline_ns <= mono {
                 self.life.metrics.deadline_infeasible(r.hint);
             }
-            let t = Entry {
-                request: *r,
-                state: Arc::new(TaskState {
-                    status: AtomicI32::new(Status::Pending as i32),
-                    transferred: AtomicU64::new(0),
-                    length: r.length,
-                    write: r.opcode == super::types::Opcode::Write,
-                    local: r.target_id == 0,
-                    submitted,
-                    cancel_requested: AtomicBool::new(false),
-                    error: Mutex::new(None),
-                    life: self.life.clone(),
-                    hook: hook.clone(),
-                    ticket: tickets.next().flatten(),
-                    deadline_window_ns: r.deadline_ns.saturating_sub(mono),
-                    unit: Mutex::new(None),
-                }),
-            };
+            let listeners = Listeners::of(hook.clone(), tickets.next().flatten());
+            let parent: Arc<dyn Parent> = self.life.clone();
+            let t = Entry { request: *r, state: Arc::new(TaskState::new(r, submitted, mono, parent, listeners)) };
             tasks.push(t.clone());
             out.push(t);
         }
@@ -490,7 +255,7 @@ impl Batch {
     /// Asks every pending task to stop; returns whether task `i` ended as CANCELED by this call.
     pub fn cancel(&self, i: usize) -> Result<bool> {
         let t = self.task(i)?;
-        t.state.cancel_requested.store(true, Ordering::Release);
+        t.state.request_cancel();
         Ok(t.state.finish(Status::Canceled, t.state.load().1, None))
     }
 }
@@ -632,7 +397,7 @@ impl BatchTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::types::{Opcode, TransportKind};
+    use crate::engine::types::Opcode;
 
     fn req() -> Request {
         Request {

@@ -4,9 +4,10 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::batch::{Entry, TaskState, kind_bit};
+use super::batch::kind_bit;
 use super::policy::{self, Policy, SelectCtx};
 use super::segment::{BufferDesc, BufferRef, LocalSegment, SegmentDesc};
+use super::task::{Entry, TaskState};
 use super::types::{Request, TransportKind, range_within};
 use super::unit::{FailoverConfig, Members, Plan, Task, Unit};
 use crate::error::{Error, Result};
@@ -393,7 +394,7 @@ impl Dispatcher {
     /// may do so).
     pub fn on_poll(&self, state: &TaskState) {
         if self.failover.on_poll && state.is_suspended() {
-            if let Some(unit) = state.unit() {
+            if let Some(unit) = state.carrier().and_then(|c| c.as_any().downcast::<Unit>().ok()) {
                 self.fail_over(&unit);
             }
         }

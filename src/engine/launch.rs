@@ -6,9 +6,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::batch::Entry;
 use super::peers::Fetcher;
 use super::segment::LocalSegment;
+use super::task::Entry;
 use super::types::{Opcode, Request};
 use crate::device;
 use crate::error::{Error, Result};

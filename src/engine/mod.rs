@@ -7,12 +7,14 @@ pub mod classic;
 pub mod dispatch;
 pub mod launch;
 pub mod memory;
+pub mod notify;
 pub mod peers;
 pub mod policy;
 pub mod remote;
 pub mod segment;
 mod serve;
 mod start;
+pub mod task;
 pub mod topology;
 pub mod types;
 pub mod unit;
@@ -36,14 +38,16 @@ use crate::transport::Transport;
 use crate::transport::rdma::RdmaTransport;
 use crate::transport::shm;
 use background::{ProgressPool, Published, Publisher};
-use batch::{Batch, BatchTable, HookSink, NotifyHook};
+use batch::{Batch, BatchTable};
 use dispatch::Dispatcher;
+use notify::{HookSink, NotifyHook};
 use peers::{Fetcher, HookLanes, PeerLanes};
 use remote::Remote;
 use segment::{LocalSegment, Registration, SegmentDesc};
 use serve::ServerView;
 pub use start::effective_config;
 use start::{attach_rdma, load_transports, segment_name_for, start_metrics_server};
+use task::EndListener;
 use types::{Notification, Permission, Request, Status, TransportKind};
 
 /// Pending polls of one batch answered with a yield; later ones wait for the batch's end.
@@ -746,7 +750,7 @@ impl Engine {
             targets.sort_unstable();
             targets.dedup();
             let sink: Weak<dyn HookSink> = Arc::downgrade(&self.hooks) as Weak<dyn HookSink>;
-            NotifyHook::new(requests.len(), targets, name, msg, sink)
+            NotifyHook::new(requests.len(), targets, name, msg, sink) as Arc<dyn EndListener>
         });
         if requests.is_empty() {
             // Nothing to run and no target to notify.

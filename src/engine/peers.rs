@@ -12,10 +12,11 @@ use std::thread::JoinHandle;
 
 use parking_lot::Mutex;
 
-use super::batch::{Entry, HookSink};
 use super::dispatch::Dispatcher;
+use super::notify::HookSink;
 use super::remote::Remote;
 use super::segment::SegmentDesc;
+use super::task::Entry;
 
 /// One piece of work for a peer.
 pub type Job = Box<dyn FnOnce() + Send>;

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::batch::TaskState;
 use super::segment::{BufferRef, SegmentDesc};
-use super::types::{Request, TransportKind};
+use super::task::{Carrier, TaskState};
+use super::types::{Opcode, Request, Status, TransportKind};
 pub use crate::base::task::{Task, TaskSink};
 use crate::control::queue::Pool;
 
@@ -125,7 +125,7 @@ impl TaskSink for Unit {
         if attempt == self.attempt.load(Ordering::Acquire) {
             self.close_attempt(true, self.nanos_since_created(Instant::now()));
             for m in &self.members {
-                m.finish(super::types::Status::Timeout, 0, Some(reason.clone()));
+                m.finish(Status::Timeout, 0, Some(reason.clone()));
             }
         }
     }
@@ -140,6 +140,36 @@ impl TaskSink for Unit {
 
     fn devices(&self) -> &[String] {
         self.devices.as_deref().unwrap_or(&[])
+    }
+}
+
+impl Carrier for Unit {
+    /// Reports the unit, under the transport it ended on, when `task` is its first task, and
+    /// closes the unit's open attempt.
+    fn report_end(&self, task: &TaskState, status: Status) {
+        if !self.reports(task) {
+            return;
+        }
+        let op = if task.writes() { Opcode::Write } else { Opcode::Read };
+        let metrics = task.metrics();
+        // Two clock subtractions for every figure: the rest is integer arithmetic on the
+        // unit's times (nanoseconds after its creation).
+        let end = self.nanos_since_created(Instant::now());
+        let queue_wait = self.created.saturating_duration_since(task.submitted());
+        self.close_attempt(matches!(status, Status::Failed | Status::Timeout), end);
+        let completed = status == Status::Completed;
+        let bytes = if completed { self.request.length } else { 0 };
+        let stages = if completed { self.stages(queue_wait, end) } else { None };
+        let latency = queue_wait + Duration::from_nanos(end);
+        let window = task.deadline_window_ns();
+        if completed && window > 0 {
+            metrics.deadline_mlu(self.transport(), latency.as_nanos() as f64 / window as f64);
+        }
+        metrics.request_ended(self.transport(), op, status, bytes, latency, stages);
+    }
+
+    fn as_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
+        self
     }
 }
 
@@ -176,7 +206,7 @@ impl Unit {
             attempt_open: AtomicBool::new(false),
         });
         for m in &unit.members {
-            m.set_unit(&unit);
+            m.set_carrier(unit.clone());
         }
         unit
     }
@@ -188,7 +218,7 @@ impl Unit {
 
     /// Whether `task` is the unit's first public task: the one that reports the unit's outcome
     /// to the metrics (a merged unit is one request there, as upstream counts it).
-    pub fn reports(&self, task: &TaskState) -> bool {
+    fn reports(&self, task: &TaskState) -> bool {
         self.members.as_slice().first().is_some_and(|m| std::ptr::eq(Arc::as_ptr(m), task))
     }
 
