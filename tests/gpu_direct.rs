@@ -425,3 +425,31 @@ fn an_upstream_peers_device_memory_without_a_key_fails_with_the_reason_or_takes_
     assert_eq!(peer.read(), dev.read(), "the bytes arrived through TCP staging");
     assert_eq!(counter(&b, |c| &c.stage_leases), 0, "no RDMA staging was asked of the engine");
 }
+
+/// Device memory takes the NICs closest to its GPU, as host memory takes its NUMA node's:
+/// with NIC 0 on node 0 and NIC 1 on node 1 (the simulated GPU N sits on node N mod 2),
+/// slices from GPU 0 go out on NIC 0 and slices from GPU 1 on NIC 1, one at a time.
+#[test]
+fn device_memory_takes_the_nic_closest_to_its_gpu() {
+    let (f, a, b) = pair("gdr-nic-rank", &[("transports/rdma/sim/numa_nodes", "0,1")]);
+    let rdma = a.rdma().expect("rdma");
+    let nics = rdma.core().nics();
+    assert_eq!((nics.placement(0).0, nics.placement(1).0), (0, 1), "the NICs report their nodes");
+    assert_eq!((nics.gpu_rank(0, 0), nics.gpu_rank(0, 1), nics.gpu_rank(1, 1)), (1, 2, 1));
+    let sent = |nic: usize| nics.stats()[nic].completed.load(Ordering::Relaxed);
+    let dst = buffer(&b, 16384, |_| 0, Permission::GlobalReadWrite);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    for (gpu, close) in [(0u32, 0usize), (1, 1)] {
+        let dev = DevBuf::new(gpu, 16384, pattern);
+        dev.register(&a);
+        let before = (sent(0), sent(1));
+        for _ in 0..8 {
+            let st = go(&f, &a, &[req(Opcode::Write, dev.addr, h, dst.as_ptr() as u64, 16384)]);
+            assert!(completed(&st, &[16384]), "{st:?}");
+        }
+        let moved = (sent(0) - before.0, sent(1) - before.1);
+        let on_close = if close == 0 { moved.0 } else { moved.1 };
+        assert_eq!(on_close, 8 * 16384, "GPU {gpu}: every slice on NIC {close} ({moved:?})");
+        assert!(dst.iter().enumerate().all(|(i, &x)| x == pattern(i)));
+    }
+}

@@ -156,6 +156,9 @@ pub struct SimSection {
     pub peer_memory: bool,
     /// The simulated host's NICs import dma-bufs.
     pub dmabuf: bool,
+    /// The NUMA node each simulated NIC reports, by position (-1, and NICs past the list:
+    /// unknown).
+    pub numa_nodes: Vec<i32>,
 }
 
 /// `transports/rdma/endpoint/*` QP attributes.
@@ -539,6 +542,22 @@ fn endpoint(r: &mut Reader) -> EndpointSection {
     }
 }
 
+/// `transports/rdma/sim/numa_nodes`: comma-separated NUMA nodes, one per simulated NIC.
+fn numa_nodes(r: &mut Reader) -> Vec<i32> {
+    const KEY: &str = "transports/rdma/sim/numa_nodes";
+    let text = r.string(KEY, "");
+    let nodes: Option<Vec<i32>> = text
+        .split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(|t| t.parse::<i32>().ok().filter(|n| *n >= -1))
+        .collect();
+    nodes.unwrap_or_else(|| {
+        r.fail(KEY, &serde_json::Value::String(text), "is not a comma-separated list of NUMA nodes (-1 or more)");
+        Vec::new()
+    })
+}
+
 fn rdma(r: &mut Reader) -> RdmaSection {
     let section = RdmaSection {
         enable: r.bool(keys::RDMA_ENABLE, true),
@@ -550,6 +569,7 @@ fn rdma(r: &mut Reader) -> RdmaSection {
             fail_status: r.string(keys::SIM_FAIL_STATUS, "RETRY_EXC_ERR"),
             peer_memory: r.bool("transports/rdma/sim/peer_memory", true),
             dmabuf: r.bool("transports/rdma/sim/dmabuf", true),
+            numa_nodes: numa_nodes(r),
         },
         num_lanes: lanes(r),
         port: r.int("transports/rdma/device/port", 1, 1, 255) as u8,
@@ -828,6 +848,14 @@ mod tests {
         assert!(notes.warnings.iter().any(|w| w.contains("deprecated")));
         let e = parse(json!({"transports": {"rdma": {"num_lanes": 1, "endpoint": {"qp_mul_factor": 2}}}}));
         assert!(e.unwrap_err().contains("Inconsistent RDMA lane configuration"));
+    }
+
+    #[test]
+    fn simulated_nics_take_numa_nodes_from_a_list() {
+        let (s, _) = parse(json!({"transports": {"rdma": {"sim": {"numa_nodes": "0, 1,-1"}}}})).expect("ok");
+        assert_eq!(s.rdma.sim.numa_nodes, vec![0, 1, -1]);
+        let e = parse(json!({"transports": {"rdma": {"sim": {"numa_nodes": "0,x"}}}})).map(|_| ());
+        assert!(e.unwrap_err().contains("transports/rdma/sim/numa_nodes"));
     }
 
     #[test]

@@ -459,8 +459,10 @@ impl Platform for SimDevice {
         format!("0000:{:02x}:00.0", 0x30 + device)
     }
 
-    fn numa_node(&self, _device: u32) -> i32 {
-        0
+    /// Device `N` sits on node `N mod 2`, as the GPUs of a two-socket server split between
+    /// its nodes: so a test can place simulated NICs near one device and far from another.
+    fn numa_node(&self, device: u32) -> i32 {
+        (device % 2) as i32
     }
 }
 

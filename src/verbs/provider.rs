@@ -84,6 +84,11 @@ pub trait DeviceOps: Send + Sync {
     fn async_fd(&self) -> Option<RawFd> {
         None
     }
+    /// Where the device sits: its NUMA node (-1 unknown) and its PCI address as upstream's
+    /// topology names it ("" unknown, `virtual` for a software device).
+    fn placement(&self) -> (i32, String) {
+        (-1, String::new())
+    }
     /// Closes the device. Called once, by [`Device`]'s `Drop`.
     fn close(&self) -> VerbsResult<()>;
 }
@@ -197,6 +202,12 @@ impl Device {
     /// One GID table slot; ENODATA when empty.
     pub fn query_gid(&self, port: u8, index: u32) -> VerbsResult<GidEntry> {
         self.ops.query_gid(port, index)
+    }
+
+    /// The device's NUMA node (-1 unknown) and PCI address ("" unknown): what ranks a NIC
+    /// for a buffer's node or a GPU.
+    pub fn placement(&self) -> (i32, String) {
+        self.ops.placement()
     }
 
     /// The populated slots of `port`'s GID table, in index order.

@@ -273,10 +273,11 @@ impl RdmaTransport {
                 let gid = ctx.and_then(|c| c.gid());
                 let port = ctx.map(|c| c.port()).unwrap_or(0);
                 let attr = ctx.and_then(|c| c.device()).and_then(|d| d.query_port(port).ok());
+                let (numa_node, pci_bus_id) = nics.placement(i);
                 NicLink {
                     device: name.clone(),
-                    numa_node: nics.stats().get(i).map_or(-1, |n| n.numa_node),
-                    pci_bus_id: nics::pci_bus_id_of(name),
+                    numa_node,
+                    pci_bus_id: pci_bus_id.to_string(),
                     gid: gid.as_ref().map(|g| g.gid.to_wire_string()).unwrap_or_default(),
                     gid_index: gid.map(|g| g.index as i32).unwrap_or(-1),
                     port,

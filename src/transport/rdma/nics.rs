@@ -26,30 +26,13 @@ pub struct Nics {
     /// on its NUMA node, 2 farther; see `device::nic_rank`): device memory prefers close NICs
     /// as host memory prefers the NICs of its NUMA node.
     gpu_ranks: Vec<Vec<usize>>,
+    /// By NicID: the NUMA node (-1 unknown) and PCI address ("" unknown) its device reports.
+    placements: Vec<(i32, String)>,
     /// What endpoints are made with (`transports/rdma/endpoint/*`, `num_lanes`, `notify`).
     cfg: Arc<RdmaSection>,
     /// Our NIC paths' server part (the segment name).
     local_server: String,
     clock: Arc<dyn Clock>,
-}
-
-/// The NUMA node sysfs gives for verbs device `name` (-1 for devices sysfs does not know, such
-/// as the simulated ones).
-pub fn numa_node_of(name: &str) -> i32 {
-    std::fs::read_to_string(format!("/sys/class/infiniband/{name}/device/numa_node"))
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(-1)
-}
-
-/// The bus address of verbs device `name` as upstream's topology names it: the last part of the
-/// device's sysfs folder two levels up (`0000:3b:00.0` for a PCI NIC, `virtual` for soft-RoCE),
-/// or "" when sysfs does not know the device (the simulated ones).
-pub fn pci_bus_id_of(name: &str) -> String {
-    std::fs::canonicalize(format!("/sys/class/infiniband/{name}/../.."))
-        .ok()
-        .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()))
-        .unwrap_or_default()
 }
 
 impl Nics {
@@ -75,6 +58,10 @@ impl Nics {
         // Each NIC's rate starts at its port's speed (the configured default when it reports
         // none) and is learned from its completions from then on.
         let default_rate = cfg.default_bandwidth_gbps * 1e9 / 8.0;
+        // Where each NIC sits, as its device reports (unknown for a NIC that did not open).
+        let placements: Vec<(i32, String)> = (0..names.len())
+            .map(|i| contexts.get(i).and_then(|c| c.device()).map_or((-1, String::new()), |d| d.placement()))
+            .collect();
         let stats = (0..names.len())
             .map(|i| {
                 let ctx = contexts.get(i);
@@ -83,13 +70,13 @@ impl Nics {
                     .map(|a| f64::from(a.speed_gbps()) * 1e9 / 8.0)
                     .filter(|b| *b > 0.0)
                     .unwrap_or(default_rate);
-                Arc::new(NicStats::new(numa_node_of(&names[i]), speed))
+                Arc::new(NicStats::new(placements[i].0, speed))
             })
             .collect();
         let gpu_ranks = crate::device::platform()
             .map(|p| {
                 (0..p.device_count())
-                    .map(|d| names.iter().map(|n| device::nic_rank(p, d, &pci_bus_id_of(n), numa_node_of(n))).collect())
+                    .map(|d| placements.iter().map(|(numa, pci)| device::nic_rank(p, d, pci, *numa)).collect())
                     .collect()
             })
             .unwrap_or_default();
@@ -100,6 +87,7 @@ impl Nics {
             stats,
             numa_distances: spray::numa_distances(),
             gpu_ranks,
+            placements,
             cfg: cfg.clone(),
             local_server: local_server.to_string(),
             clock: provider.clock(),
@@ -140,6 +128,11 @@ impl Nics {
     /// farther (2 for an unknown device or NIC).
     pub fn gpu_rank(&self, gpu: u32, nic: usize) -> usize {
         self.gpu_ranks.get(gpu as usize).and_then(|r| r.get(nic)).copied().unwrap_or(2)
+    }
+
+    /// The NUMA node (-1 unknown) and PCI address ("" unknown) NIC `nic` reports.
+    pub fn placement(&self, nic: usize) -> (i32, &str) {
+        self.placements.get(nic).map_or((-1, ""), |(n, p)| (*n, p.as_str()))
     }
 
     /// The host's NUMA distance table (empty on a host with one node).

@@ -27,7 +27,11 @@ pub fn open_provider(r: &RdmaSection) -> Result<Arc<dyn Provider>> {
             Error::InvalidArgument(format!("config key {}: no simulated fabric named {:?}", keys::SIM_FABRIC, s.fabric))
         })?
     };
-    let host = fabric.add_host(sim::HostSpec::with_devices(s.devices));
+    let mut spec = sim::HostSpec::with_devices(s.devices);
+    for (d, node) in spec.devices.iter_mut().zip(&s.numa_nodes) {
+        d.numa_node = *node;
+    }
+    let host = fabric.add_host(spec);
     host.set_fail_every_nth_wr(s.fail_every_nth_wr, status);
     host.set_peer_memory(s.peer_memory);
     host.set_dmabuf(s.dmabuf);

@@ -316,6 +316,23 @@ fn gid_type_from_sysfs(dev: &str, port: u8, index: u32) -> GidType {
     }
 }
 
+/// The NUMA node sysfs gives for device `name` (-1 when it gives none).
+fn numa_node_from_sysfs(name: &str) -> i32 {
+    std::fs::read_to_string(format!("/sys/class/infiniband/{name}/device/numa_node"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(-1)
+}
+
+/// The bus address of device `name` as upstream's topology names it: the last part of the
+/// device's sysfs folder two levels up (`0000:3b:00.0` for a PCI NIC, `virtual` for soft-RoCE).
+fn pci_bus_id_from_sysfs(name: &str) -> String {
+    std::fs::canonicalize(format!("/sys/class/infiniband/{name}/../.."))
+        .ok()
+        .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()))
+        .unwrap_or_default()
+}
+
 fn netdev_from_sysfs(dev: &str, port: u8, index: u32) -> Option<String> {
     let p = format!("/sys/class/infiniband/{dev}/ports/{port}/gid_attrs/ndevs/{index}");
     std::fs::read_to_string(p).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
@@ -462,6 +479,10 @@ impl DeviceOps for IbvDevice {
     fn async_fd(&self) -> Option<RawFd> {
         // SAFETY: live context.
         Some(unsafe { (*self.ctx).async_fd })
+    }
+
+    fn placement(&self) -> (i32, String) {
+        (numa_node_from_sysfs(&self.name), pci_bus_id_from_sysfs(&self.name))
     }
 
     fn close(&self) -> VerbsResult<()> {

@@ -181,6 +181,12 @@ impl Hosts {
     }
 
     /// The attributes of NIC `dev`, which must exist.
+    /// The NUMA node and PCI address device `dev` reports.
+    pub(super) fn placement(&self, dev: u32) -> (i32, String) {
+        let s = &self.devices[&dev].spec;
+        (s.numa_node, s.pci_bus_id.clone())
+    }
+
     pub(super) fn device_attr(&self, dev: u32) -> DeviceAttr {
         let s = &self.devices[&dev].spec;
         DeviceAttr {

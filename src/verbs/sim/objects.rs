@@ -38,6 +38,10 @@ impl DeviceOps for SimDevice {
         self.with("query_port", |st| st.hosts().port_attr(self.dev, port))
     }
 
+    fn placement(&self) -> (i32, String) {
+        self.with("placement", |st| Ok(st.hosts().placement(self.dev))).unwrap_or((-1, String::new()))
+    }
+
     fn query_gid(&self, port: u8, index: u32) -> VerbsResult<GidEntry> {
         self.with("query_gid", |st| st.hosts().gid_entry(self.dev, port, index))
     }

@@ -44,6 +44,10 @@ pub struct DeviceSpec {
     /// Completion vectors; creating a CQ on a vector past them fails with EINVAL, as on real
     /// devices (rxe has one per CPU).
     pub num_comp_vectors: u32,
+    /// The NUMA node the NIC reports (-1: unknown, as for a device sysfs does not know).
+    pub numa_node: i32,
+    /// The PCI address the NIC reports ("" unknown).
+    pub pci_bus_id: String,
 }
 
 impl DeviceSpec {
@@ -76,6 +80,8 @@ impl DeviceSpec {
             max_sge: 30,
             max_qp_rd_atom: 16,
             num_comp_vectors: 4,
+            numa_node: -1,
+            pci_bus_id: String::new(),
         }
     }
 }
