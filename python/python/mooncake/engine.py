@@ -10,6 +10,7 @@ calling thread.
 from mooncake import _native as _n
 
 _m = _n.engine
+__version__ = _n.__version__
 SUPPORT_EFA = _m.SUPPORT_EFA
 SUPPORT_HIP = _m.SUPPORT_HIP
 SUPPORT_MNNVL = _m.SUPPORT_MNNVL

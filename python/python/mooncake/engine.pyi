@@ -10,6 +10,7 @@ class _HasDataPtr(Protocol):
 # buffer protocol (bytearray, memoryview, numpy arrays), whose length is then checked.
 Address = Union[int, _HasDataPtr, bytearray, memoryview, Any]
 
+__version__: str  # tent-rs's version, the same in every package
 SUPPORT_EFA: bool
 SUPPORT_HIP: bool
 SUPPORT_MNNVL: bool

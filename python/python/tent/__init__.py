@@ -11,3 +11,4 @@ from mooncake import _native as _n
 _m = _n.tent
 __all__ = [name for name in dir(_m) if not name.startswith("_")]
 globals().update({name: getattr(_m, name) for name in __all__})
+__version__ = _n.__version__
