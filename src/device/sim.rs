@@ -111,8 +111,11 @@ fn map_twice(fd: &OwnedFd, len: usize) -> Result<(u64, usize)> {
 
 /// A fresh memfd of `len` bytes, the physical memory of one simulated allocation.
 fn new_memfd(len: usize) -> Result<OwnedFd> {
-    // SAFETY: memfd_create takes a NUL-terminated name; the result is checked.
-    let raw = unsafe { libc::memfd_create(c"tent-sim-device".as_ptr(), libc::MFD_CLOEXEC) };
+    // Through `syscall`: glibc's memfd_create wrapper is from 2.27, and the packages load on
+    // glibc 2.17 (the kernel call itself is older, 3.17).
+    // SAFETY: memfd_create takes a NUL-terminated name and flags; the result is checked.
+    let raw = unsafe { libc::syscall(libc::SYS_memfd_create, c"tent-sim-device".as_ptr(), libc::MFD_CLOEXEC) };
+    let raw = libc::c_int::try_from(raw).unwrap_or(-1);
     if raw < 0 {
         return Err(os_err("simulated device: memfd_create failed"));
     }

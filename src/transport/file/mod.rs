@@ -185,8 +185,19 @@ fn page_size() -> u64 {
 fn dio_alignment(fd: RawFd) -> Option<(u64, u64)> {
     // SAFETY: `statx` is plain old data; all-zero is a valid value.
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // Through `syscall`: glibc's statx wrapper is from 2.28, and the packages load on glibc
+    // 2.17; a kernel without statx answers ENOSYS, which reads as "does not say".
     // SAFETY: an empty path with AT_EMPTY_PATH queries fd itself; stx is a valid out-parameter.
-    let rc = unsafe { libc::statx(fd, c"".as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_DIOALIGN, &mut stx) };
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_statx,
+            fd,
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_DIOALIGN,
+            &mut stx as *mut libc::statx,
+        )
+    };
     if rc != 0 || stx.stx_mask & libc::STATX_DIOALIGN == 0 {
         return None;
     }
