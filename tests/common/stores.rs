@@ -3,17 +3,14 @@
 //! running inside the test process. Each is stopped when dropped.
 #![allow(dead_code)]
 
-use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tent::control::metadata::http::url_decode;
+use tent::control::metadata::http_server::HttpMetadataServer;
 use tent::control::metadata::{MetadataStore, etcd::EtcdStore, http_store::HttpStore, redis};
 
 /// Where a server binary is, or why the test cannot run: a missing binary fails the test
@@ -217,71 +214,26 @@ impl Drop for Etcd {
     }
 }
 
-/// Upstream's HTTP metadata protocol served from a thread of the test process; keys live in
+/// Upstream's HTTP metadata server (the library's, which the wheel's
+/// `mooncake_http_metadata_server` runs) served from a thread of the test process; keys live in
 /// memory, so a restart loses them (as upstream's server does).
 pub struct HttpMeta {
     port: u16,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    server: Option<HttpMetadataServer>,
 }
 
 impl HttpMeta {
     /// Starts serving on a free port.
     pub fn start() -> HttpMeta {
-        let mut h = HttpMeta { port: free_port(), stop: Arc::new(AtomicBool::new(false)), thread: None };
+        let mut h = HttpMeta { port: free_port(), server: None };
         StoreServer::start(&mut h);
         h
     }
 }
 
-/// Reads one HTTP/1.x request from `s`: its request line and its body (`Content-Length`
-/// bytes); `None` when the connection ends or times out first.
-pub fn read_http_request(s: &TcpStream) -> Option<(String, Vec<u8>)> {
-    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-    let mut reader = BufReader::new(s.try_clone().ok()?);
-    let mut line = String::new();
-    reader.read_line(&mut line).ok()?;
-    let mut length = 0usize;
-    loop {
-        let mut h = String::new();
-        if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
-            break;
-        }
-        if let Some((k, v)) = h.split_once(':') {
-            if k.eq_ignore_ascii_case("content-length") {
-                length = v.trim().parse().unwrap_or(0);
-            }
-        }
-    }
-    let mut body = vec![0u8; length];
-    reader.read_exact(&mut body).ok()?;
-    Some((line, body))
-}
-
-/// Answers one request of upstream's protocol.
-fn serve_http(mut s: TcpStream, map: &Mutex<HashMap<String, String>>) {
-    let Some((line, body)) = read_http_request(&s) else { return };
-    let mut parts = line.split_whitespace();
-    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let key = target.split_once("?key=").and_then(|(_, k)| url_decode(k.split('&').next().unwrap_or("")));
-    let (status, reply) = match (method, key) {
-        (_, None) => (400, String::new()),
-        ("GET", Some(k)) => match map.lock().unwrap().get(&k) {
-            Some(v) => (200, v.clone()),
-            None => (404, "metadata not found".into()),
-        },
-        ("PUT", Some(k)) => {
-            map.lock().unwrap().insert(k, String::from_utf8_lossy(&body).into_owned());
-            (200, "metadata updated".into())
-        }
-        ("DELETE", Some(k)) => match map.lock().unwrap().remove(&k) {
-            Some(_) => (200, "metadata deleted".into()),
-            None => (404, "metadata not found".into()),
-        },
-        _ => (405, String::new()),
-    };
-    let _ = write!(s, "HTTP/1.1 {status} X\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{reply}", reply.len());
-}
+/// Reads one HTTP/1.x request from a connection: its request line and its body.
+#[allow(unused_imports)] // used by some of the test binaries that include this module
+pub use tent::control::metadata::http_server::read_request as read_http_request;
 
 impl StoreServer for HttpMeta {
     fn kind(&self) -> &'static str {
@@ -294,33 +246,10 @@ impl StoreServer for HttpMeta {
         Arc::new(HttpStore::new(&self.servers(), QUICK).expect("http store"))
     }
     fn start(&mut self) {
-        let listener = TcpListener::bind(("127.0.0.1", self.port)).expect("bind http store");
-        self.stop.store(false, Ordering::SeqCst);
-        let stop = self.stop.clone();
-        self.thread = Some(std::thread::spawn(move || {
-            let map = Mutex::new(HashMap::new());
-            for s in listener.incoming() {
-                if stop.load(Ordering::SeqCst) {
-                    break;
-                }
-                if let Ok(s) = s {
-                    serve_http(s, &map);
-                }
-            }
-        }));
+        self.server = Some(HttpMetadataServer::start("127.0.0.1", self.port).expect("start the http metadata server"));
     }
     fn stop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        // Wake the accept loop so it sees the flag.
-        let _ = TcpStream::connect(("127.0.0.1", self.port));
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for HttpMeta {
-    fn drop(&mut self) {
-        self.stop();
+        // Dropping the server stops it and joins its threads.
+        self.server = None;
     }
 }

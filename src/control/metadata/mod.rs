@@ -7,6 +7,7 @@
 
 pub mod etcd;
 pub mod http;
+pub mod http_server;
 pub mod http_store;
 pub mod p2p;
 pub mod redis;
