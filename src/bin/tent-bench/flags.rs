@@ -86,9 +86,116 @@ pub fn parse_size(v: &str) -> Option<usize> {
     num.parse::<usize>().ok()?.checked_mul(mul)
 }
 
-/// Parses the command line; the error is what to print (the usage for `--help`).
-pub fn parse_args() -> Result<Opts, String> {
-    parse(std::env::args().skip(1))
+/// What `transfer_engine_bench --help` and a bad option print.
+pub const CLASSIC_USAGE: &str = "usage: transfer_engine_bench [--mode=target|initiator] \
+[--metadata_server=P2PHANDSHAKE|http://H:P/metadata|redis://H:P|etcd://H:P|H:P] [--segment_id=NAME] \
+[--local_server_name=HOST[:PORT]] [--protocol=tcp|rdma|shm] [--device_name=NIC[,NIC...]] [--auto_discovery] \
+[--operation=read|write] [--buffer_size=B] [--batch_size=N] [--block_size=B] [--threads=N] [--duration=SECONDS] \
+[--backend=classic|tent] [--use_vram] [--gpu_id=N] [--report_unit=GB] [--check_consistency]
+(upstream's classic benchmark flags, run by tent-bench; `--flag value` works as `--flag=value`)";
+
+/// A `transfer_engine_bench` command line turned into tent-bench's: the tebench flags it means,
+/// and the RDMA NICs to use (`--device_name`), which the engine reads from `MC_TE_FILTERS`.
+#[derive(Debug, PartialEq)]
+pub struct ClassicLine {
+    pub args: Vec<String>,
+    pub device_filter: Option<String>,
+}
+
+/// Reads upstream's classic `transfer_engine_bench` flags (gflags style: `--k=v`, `-k=v` or
+/// `--k v`) with upstream's defaults (1 GiB buffer, batches of 128 blocks of 64 KiB, 12
+/// threads, 10 s) and says them as tent-bench flags. The error is what to print.
+pub fn classic_args(args: impl Iterator<Item = String>) -> Result<ClassicLine, String> {
+    let mut mode = "initiator".to_string();
+    let mut metadata = tent::engine::classic::P2P_HANDSHAKE.to_string();
+    let (mut segment, mut local, mut protocol, mut operation) =
+        (String::new(), String::new(), "rdma".to_string(), "read".to_string());
+    let (mut buffer, mut batch, mut block, mut threads, mut duration) =
+        ("1G".to_string(), "128".to_string(), "65536".to_string(), "12".to_string(), "10".to_string());
+    let mut rest = Vec::new();
+    let mut device_filter = None;
+    let mut args = args.peekable();
+    while let Some(a) = args.next() {
+        let a = a.trim_start_matches('-').to_string();
+        let bool_flag = matches!(a.as_str(), "auto_discovery" | "use_vram" | "check_consistency" | "help" | "h");
+        let (k, v) = match a.split_once('=') {
+            Some((k, v)) => (k.to_string(), v.to_string()),
+            None if bool_flag => (a.clone(), "true".to_string()),
+            None => match args.next_if(|n| !n.starts_with('-')) {
+                Some(v) => (a.clone(), v),
+                None => return Err(format!("--{a} needs a value\n{CLASSIC_USAGE}")),
+            },
+        };
+        match k.as_str() {
+            "mode" => mode = v,
+            "metadata_server" => metadata = v,
+            "segment_id" => segment = v,
+            "local_server_name" => local = v,
+            "protocol" => protocol = v,
+            "operation" => operation = v,
+            "buffer_size" => buffer = v,
+            "batch_size" => batch = v,
+            "block_size" => block = v,
+            "threads" => threads = v,
+            "duration" => duration = v,
+            "device_name" => device_filter = Some(v).filter(|d| !d.trim().is_empty()),
+            // tent-rs always discovers the NICs itself; a device list still filters them.
+            "auto_discovery" => {}
+            "backend" => rest.push(format!("--backend={v}")),
+            "use_vram" if matches!(v.as_str(), "true" | "1" | "yes") => rest.push("--seg_type=VRAM".into()),
+            "use_vram" => {}
+            "gpu_id" => {
+                rest.push(format!("--local_gpu_id={v}"));
+                rest.push(format!("--target_gpu_id={v}"));
+            }
+            "report_unit" if v == "GB" => {}
+            "report_unit" => return Err(format!("--report_unit: tent-bench reports GB/s only, not {v}")),
+            "check_consistency" => rest.push(format!("--check_consistency={v}")),
+            "help" | "h" => return Err(CLASSIC_USAGE.into()),
+            _ => return Err(format!("unknown option --{k}\n{CLASSIC_USAGE}")),
+        }
+    }
+    let (metadata_type, servers) = tent::engine::classic::parse_connection(&metadata);
+    let mut line = vec![format!("--role={mode}"), format!("--metadata_type={metadata_type}")];
+    if !servers.is_empty() {
+        line.push(format!("--metadata_url_list={servers}"));
+    }
+    match mode.as_str() {
+        "initiator" if segment.is_empty() => return Err("--mode=initiator needs --segment_id (the target's)".into()),
+        "initiator" => line.push(format!("--target_seg_name={segment}")),
+        "target" => {}
+        m => return Err(format!("--mode must be target or initiator, not {m}")),
+    }
+    if !local.is_empty() {
+        let (host, port) = tent::engine::classic::split_server_name(&local);
+        // A p2p segment is named by its RPC address; with a store it is the name given.
+        if metadata_type == "p2p" {
+            line.push(format!("--rpc_server_hostname={host}"));
+            if let Some(p) = port {
+                line.push(format!("--rpc_server_port={p}"));
+            }
+        } else {
+            line.push(format!("--seg_name={local}"));
+        }
+    }
+    match protocol.as_str() {
+        // The classic bench's rdma is the real NICs, not tent-bench's default simulated fabric.
+        "rdma" => line.extend(["--xport_type=rdma".into(), "--rdma_provider=ibverbs".into()]),
+        "tcp" | "shm" => line.push(format!("--xport_type={protocol}")),
+        p => return Err(format!("--protocol must be rdma, tcp or shm, not {p}")),
+    }
+    if !matches!(operation.as_str(), "read" | "write") {
+        return Err(format!("--operation must be read or write, not {operation}"));
+    }
+    line.push(format!("--op_type={operation}"));
+    line.push(format!("--total_buffer_size={buffer}"));
+    for (what, v) in [("block_size", &block), ("batch_size", &batch), ("num_threads", &threads)] {
+        line.push(format!("--start_{what}={v}"));
+        line.push(format!("--max_{what}={v}"));
+    }
+    line.push(format!("--duration={duration}"));
+    line.extend(rest);
+    Ok(ClassicLine { args: line, device_filter })
 }
 
 /// Parses `args` (without the program name).
@@ -283,6 +390,43 @@ mod tests {
         assert!(parse_line("--seg_type=VRAM").is_ok());
         assert!(parse_line("--seg_type=VRAM --check_consistency").is_err());
         assert!(parse_line("--backend=nccl").is_err());
+    }
+
+    #[test]
+    fn classic_bench_lines_become_tebench_lines() {
+        let line = |l: &str| classic_args(l.split_whitespace().map(str::to_string));
+        let c = line(
+            "--mode=initiator --metadata_server=P2PHANDSHAKE --segment_id=10.0.0.2:15001 --protocol=tcp \
+                      --operation=write --block_size=4096 --batch_size 8 --threads=2 --duration=1 --buffer_size=64M",
+        )
+        .expect("a classic initiator");
+        let o = parse(c.args.clone().into_iter()).expect("a tebench line");
+        assert_eq!((o.role.as_str(), o.metadata_type.as_str()), ("initiator", "p2p"));
+        assert_eq!(o.targets(), vec!["10.0.0.2:15001".to_string()]);
+        assert_eq!((o.xport_type.as_str(), o.op_type.as_str()), ("tcp", "write"));
+        assert_eq!((o.start_block_size, o.max_block_size, o.start_batch_size, o.max_batch_size), (4096, 4096, 8, 8));
+        assert_eq!((o.start_num_threads, o.max_num_threads, o.total_buffer_size), (2, 2, 64 << 20));
+        assert_eq!((o.duration, c.device_filter), (1.0, None));
+
+        let c = line(
+            "--mode=target --metadata_server=http://h:8080/metadata --local_server_name=node1 \
+                      --device_name=mlx5_0,mlx5_1 --auto_discovery",
+        )
+        .expect("a classic target on an HTTP store");
+        let o = parse(c.args.into_iter()).expect("a tebench line");
+        assert_eq!((o.role.as_str(), o.metadata_type.as_str()), ("target", "http"));
+        assert_eq!((o.metadata_url_list.as_str(), o.seg_name.as_str()), ("http://h:8080/metadata", "node1"));
+        assert_eq!((o.xport_type.as_str(), o.rdma_provider.as_str()), ("rdma", "ibverbs"), "rdma is the real NICs");
+        assert_eq!((o.op_type.as_str(), o.start_batch_size, o.start_num_threads), ("read", 128, 12));
+        assert_eq!(c.device_filter.as_deref(), Some("mlx5_0,mlx5_1"));
+
+        let o = parse(line("--mode=target --local_server_name=10.0.0.1:17000").expect("p2p").args.into_iter())
+            .expect("a tebench line");
+        assert_eq!((o.rpc_server_hostname.as_str(), o.rpc_server_port), ("10.0.0.1", 17000));
+        assert!(line("--mode=initiator").is_err(), "an initiator needs a target");
+        assert!(line("--protocol=nvlink --mode=target").is_err());
+        assert!(line("--report_unit=Gb --mode=target").is_err());
+        assert!(line("--no_such_flag=1").is_err());
     }
 
     #[test]

@@ -25,10 +25,12 @@
 //! blocks, scattered over the target buffer (no two adjacent, so no request merging helps),
 //! written and read back with every byte checked; see [`run_kv`].
 
-mod flags;
-mod kv;
-mod reference;
-mod runner;
+// pub(crate): the Python package builds this file into its native module (the wheel's
+// `tent-bench` and `transfer_engine_bench` console scripts) and names these modules from there.
+pub(crate) mod flags;
+pub(crate) mod kv;
+pub(crate) mod reference;
+pub(crate) mod runner;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -38,7 +40,7 @@ use std::time::Duration;
 use tent::ffi::tent::*;
 use tent::ffi::types::tent_engine_t;
 
-use flags::parse_args;
+use flags::{classic_args, parse};
 use kv::run_kv;
 use runner::{buffer_on, fill_buffer, is_file_xport, open_target, run_file, run_initiator, segment_name, start_engine};
 
@@ -77,11 +79,37 @@ fn serve_until_signalled(e: tent_engine_t) {
 }
 
 fn main() -> ExitCode {
-    let o = match parse_args() {
+    ExitCode::from(run(std::env::args().skip(1)))
+}
+
+/// Runs upstream's classic `transfer_engine_bench` command line (`--mode`, `--metadata_server`,
+/// `--segment_id`, `--protocol`, `--operation`, ...) as the tebench line it means; returns the
+/// exit code (2 for a bad command line).
+pub fn run_classic(args: impl Iterator<Item = String>) -> u8 {
+    match classic_args(args) {
+        Ok(line) => {
+            if let Some(nics) = line.device_filter {
+                // SAFETY: a console entry point, before any engine (or other thread of ours)
+                // exists; the engine reads its NIC filter from this variable, as upstream's.
+                unsafe { std::env::set_var("MC_TE_FILTERS", nics) };
+            }
+            run(line.args.into_iter())
+        }
+        Err(e) => {
+            eprintln!("transfer_engine_bench: {e}");
+            2
+        }
+    }
+}
+
+/// Runs one tent-bench command line (without the program name) and returns the exit code: 0
+/// when every case ran (and checked, where asked), 1 on a failure, 2 for a bad command line.
+pub fn run(args: impl Iterator<Item = String>) -> u8 {
+    let o = match parse(args) {
         Ok(o) => o,
         Err(e) => {
             eprintln!("{e}");
-            return ExitCode::from(2);
+            return 2;
         }
     };
     let result = (|| -> Result<u64, String> {
@@ -127,11 +155,11 @@ fn main() -> ExitCode {
         r
     })();
     match result {
-        Ok(0) => ExitCode::SUCCESS,
-        Ok(_) => ExitCode::from(1),
+        Ok(0) => 0,
+        Ok(_) => 1,
         Err(e) => {
             eprintln!("tent-bench: {e}");
-            ExitCode::from(1)
+            1
         }
     }
 }
