@@ -10,12 +10,21 @@
 use std::sync::{Arc, Weak};
 
 use parking_lot::{Mutex, RwLock};
-use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
+mod buffer;
 mod classic;
+mod cli;
 mod tent_module;
+
+// tent-bench's own source, built into this module for the console scripts (see `cli`); its
+// files name each other as `crate::flags` and so on, which these re-exports answer here.
+#[path = "../../src/bin/tent-bench/main.rs"]
+#[allow(dead_code)]
+mod tent_bench;
+#[allow(unused_imports)]
+pub(crate) use tent_bench::{flags, kv, reference, runner};
 
 /// The engine of one Python object, closed at interpreter exit or by the owner, and never
 /// touched in a forked child (the engine's threads do not exist there).
@@ -123,7 +132,7 @@ pub(crate) struct Mem {
 
 /// Keeps a Python object's memory valid while the engine uses it.
 enum Hold {
-    Buffer(#[allow(dead_code)] PyBuffer<u8>),
+    Buffer(#[allow(dead_code)] buffer::HeldBuffer),
     Object(#[allow(dead_code)] Py<PyAny>),
 }
 
@@ -161,13 +170,13 @@ pub(crate) fn mem(obj: &Bound<'_, PyAny>) -> PyResult<Mem> {
             .and_then(|n| n.extract::<u64>().ok());
         return Ok(Mem { addr, len, readonly: false, _hold: Some(Hold::Object(obj.clone().unbind())) });
     }
-    if let Ok(buf) = PyBuffer::<u8>::get(obj) {
+    if let Some(buf) = buffer::HeldBuffer::get(obj) {
         if !buf.is_c_contiguous() {
             return Err(PyValueError::new_err("the buffer is not contiguous"));
         }
         return Ok(Mem {
-            addr: buf.buf_ptr() as u64,
-            len: Some(buf.len_bytes() as u64),
+            addr: buf.addr(),
+            len: Some(buf.len_bytes()),
             readonly: buf.readonly(),
             _hold: Some(Hold::Buffer(buf)),
         });
@@ -202,6 +211,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     tent_module::register(&tent)?;
     m.add_submodule(&tent)?;
     m.add_function(wrap_pyfunction!(_close_all, m)?)?;
+    cli::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     let close = m.getattr("_close_all")?;
     py.import("atexit")?.call_method1("register", (close,))?;

@@ -383,7 +383,8 @@ def test_c_engine_peer(tmp_path):
     """A Python engine and a C engine (classic C API) exchange data."""
     cc = os.environ.get("CC", "cc")
     lib_dir = os.environ.get("TENT_LIB_DIR")
-    include = os.path.join(os.path.dirname(__file__), "..", "..", "include")
+    # The headers of the checkout, or of an installed copy (tests run from outside the checkout).
+    include = os.environ.get("TENT_INCLUDE_DIR") or os.path.join(os.path.dirname(__file__), "..", "..", "include")
     if not lib_dir or not os.path.exists(os.path.join(lib_dir, "libtent.so")):
         pytest.skip("TENT_LIB_DIR does not hold libtent.so (scripts/python-tests.sh sets it)")
     exe = tmp_path / "c_peer"
