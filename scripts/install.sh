@@ -133,7 +133,7 @@ unset(_tent_lib)
 unset(_tent_prefix)
 EOF
 cat >"$dest/$libdir/cmake/tent/tentConfigVersion.cmake" <<EOF
-# Any tent-rs of the same series (major.minor while the major is 0) at or above the one asked for.
+# Any tent-rs of the asked major.minor series, at or above the version asked for.
 set(PACKAGE_VERSION "$version")
 string(REGEX MATCH "^[0-9]+\\\\.[0-9]+" _tent_series "\${PACKAGE_VERSION}")
 string(REGEX MATCH "^[0-9]+\\\\.[0-9]+" _tent_asked "\${PACKAGE_FIND_VERSION}")
