@@ -3,7 +3,8 @@
 //!
 //! * GPUDirect: device -> peer device, both sides' NICs reaching device memory;
 //! * staged on one side: that side's NICs reach no device memory (peer memory and dma-buf
-//!   off), so its bytes go through staging buffers copied by the device;
+//!   off), so its bytes go through staging buffers copied by the device: the initiator's
+//!   ("staged here"), or the target's, which lends its staging buffers ("staged there");
 //! * staged on both sides: the peer lends staging buffers too;
 //!
 //! each as WRITE and READ of 16 MiB in 1 MiB requests and of 64 x 64 KiB (one batch each),
@@ -130,6 +131,7 @@ fn main() {
         Path { name: "host -> host", initiator: engine(lanes, true), target: engine(lanes, true), device: false },
         Path { name: "GPUDirect", initiator: engine(lanes, true), target: engine(lanes, true), device: true },
         Path { name: "staged here", initiator: engine(lanes, false), target: engine(lanes, true), device: true },
+        Path { name: "staged there", initiator: engine(lanes, true), target: engine(lanes, false), device: true },
         Path { name: "staged both", initiator: engine(lanes, false), target: engine(lanes, false), device: true },
     ];
     let shapes = [(total >> 20, 1usize << 20), ((total >> 16).min(64), 64usize << 10)];

@@ -8,7 +8,7 @@
 #
 #   scripts/rxe-cluster.sh                 boot the cluster, run every scenario, power off
 #   scripts/rxe-cluster.sh --bench         the same, then the benchmarks (tent-bench against
-#                                          perftest on both rails; figures in docs/rdma-cluster.md)
+#                                          perftest on both rails; figures in docs/measurements/rdma-cluster.md)
 #   scripts/rxe-cluster.sh --bench-only    only the benchmarks
 #   scripts/rxe-cluster.sh --shell         boot the cluster and wait (agents up) until Ctrl-C
 #

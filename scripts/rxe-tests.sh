@@ -7,7 +7,7 @@
 #   - tent-bench between two processes with every byte checked, WRITE and READ.
 # TENT_REQUIRE_RDMA=1 in the guest turns a test that would skip for want of a device into a
 # failure. With --bench it also measures tent-bench against ib_write_bw / ib_read_bw in the
-# same guest run (not part of the test command: figures under emulation are in docs/rdma.md);
+# same guest run (not part of the test command: figures under emulation are in docs/measurements/rdma.md);
 # --bench-only measures without running the checks.
 #
 # Exit status: 0 when everything passed; 77 when this machine cannot run QEMU (said loudly);

@@ -5,7 +5,7 @@
 //! and prints them with the p99 task latency.
 //!
 //! The traffic runs for `TENT_MANY_PEERS_SECS` seconds (2 by default, so the test stays short);
-//! the figures in docs/cost-at-scale.md come from a minute-long run in release:
+//! the figures in docs/measurements/cost-at-scale.md come from a minute-long run in release:
 //! `TENT_MANY_PEERS_SECS=60 cargo test --release --test many_peers -- --nocapture --test-threads=1`.
 
 mod common;

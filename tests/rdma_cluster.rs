@@ -1242,7 +1242,7 @@ fn sweep_mb_per_s(out: &str, block: usize) -> f64 {
 
 /// The benchmarks of the cluster (`scripts/rxe-cluster.sh --bench`): tent-bench against perftest
 /// between two hosts, on both rails at once and on rail 0 alone, at 1 MiB and at the KV shapes'
-/// message sizes. Figures are printed, not asserted (docs/rdma-cluster.md keeps them).
+/// message sizes. Figures are printed, not asserted (docs/measurements/rdma-cluster.md keeps them).
 #[test]
 #[ignore]
 fn bench_tent_bench_against_perftest() {

@@ -550,9 +550,9 @@ pub const BACKGROUND_NICE: i32 = 10;
 /// background work: on a path whose bottleneck is the CPU (TCP, SHM), a foreground request and
 /// the threads that answer it then preempt background copies instead of waiting for their time
 /// slice (with one background stream moving beside a foreground probe on 2 vCPUs, the probe's
-/// p99 went from 4-8 ms to the figures in `docs/priorities.md`). Only this thread changes
-/// (Linux keeps a niceness per thread); raising niceness needs no privilege. A failure is
-/// logged and harmless.
+/// p99 went from 4-8 ms to the figures in `docs/measurements/priorities.md`). Only this thread
+/// changes (Linux keeps a niceness per thread); raising niceness needs no privilege. A failure
+/// is logged and harmless.
 pub fn background_thread() {
     // SAFETY: gettid and setpriority take no pointers; PRIO_PROCESS with a thread id changes
     // that thread only.
