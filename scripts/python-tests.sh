@@ -6,7 +6,8 @@
 # tests outside the checkout, so they import the installed package and not the source tree. The
 # tests include the exchange with a C engine (built against the packages' libtent.so) and the
 # wheel's console scripts. Also imports the abi3 module under the other CPythons found here
-# (pyenv's 3.10 and up), and prints the install and import times. Called by scripts/test.sh.
+# (pyenv's 3.10 and up), and prints the install and import times. The venv stays in
+# target/pyvenv for scripts/rxe-tests.sh. Called by scripts/test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-$PWD/target}"
@@ -41,7 +42,10 @@ fi
 
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-venv="$scratch/venv"
+# Made anew each run; kept afterwards, since scripts/rxe-tests.sh runs the installed package in
+# its soft-RoCE guest.
+venv="$target/pyvenv"
+rm -rf "$venv"
 python3 -m venv "$venv"
 start=$EPOCHREALTIME
 run "$venv/bin/pip" install -q --disable-pip-version-check --no-index --find-links "$links" tent-rs

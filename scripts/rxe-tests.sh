@@ -35,7 +35,7 @@ if [ "$bench" = 1 ]; then
     bench_bin=$(cd target/release && pwd)/tent-bench
 fi
 
-# --- Python (issue 28): mooncake.engine over RDMA, with the package scripts/python-tests.sh
+# --- Python (issue 28): mooncake.engine over RDMA, with the wheel scripts/python-tests.sh
 # installed. /root is a tmpfs in the guest (hiding a pyenv interpreter), so the venv's packages
 # run on Debian's /usr/bin/python3.X of the same version; without one the check says it skipped.
 py_bin="" py_site=""
