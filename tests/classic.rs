@@ -8,17 +8,6 @@ use std::process::Command;
 
 use common::{build_c, compiler, lib_dir, out_dir, root, run, run_c};
 
-#[test]
-fn committed_classic_header_is_current() {
-    let generated = include_str!(concat!(env!("OUT_DIR"), "/transfer_engine_c.h"));
-    let committed =
-        std::fs::read_to_string(root().join("include/transfer_engine_c.h")).expect("committed classic header");
-    assert!(
-        generated == committed,
-        "include/transfer_engine_c.h is stale: run `TENT_UPDATE_HEADERS=1 cargo build` and commit it"
-    );
-}
-
 /// Compiles a probe that includes `headers` (each twice, in the given order) with warnings as
 /// errors, as C11 or C++17.
 fn compile_probe(name: &str, headers: &[&str], cxx: bool) {
