@@ -34,6 +34,10 @@
 //! slots, the admission queue's state when its ticket gives room back, the batch table's slots
 //! when a freed batch is reclaimed, and a lane's queue when a notification is due. So a transport may end tasks while holding its own locks.
 
+// First, so that every module below may declare its integer enums with it.
+/// cbindgen:ignore
+#[macro_use]
+mod int_enum;
 /// cbindgen:ignore
 pub mod base;
 /// cbindgen:ignore

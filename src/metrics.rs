@@ -75,10 +75,7 @@ pub fn transport_label(kind: TransportKind) -> &'static str {
 }
 
 fn op_index(op: Opcode) -> usize {
-    match op {
-        Opcode::Read => 0,
-        Opcode::Write => 1,
-    }
+    usize::from(op as u8)
 }
 
 /// Which labels a family's series carry; the series index encodes the label values.

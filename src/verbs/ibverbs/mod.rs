@@ -370,15 +370,8 @@ impl DeviceOps for IbvDevice {
         let mut a: sys::ibv_port_attr = unsafe { std::mem::zeroed() };
         // SAFETY: live context and a valid out-pointer.
         check("query_port", unsafe { (self.lib.query_port)(self.ctx, port, &mut a) })?;
-        let state = match a.state {
-            1 => PortState::Down,
-            2 => PortState::Init,
-            3 => PortState::Armed,
-            4 => PortState::Active,
-            other => PortState::Other(other),
-        };
         Ok(PortAttr {
-            state,
+            state: PortState::from_int(a.state),
             max_mtu: Mtu::from_ibv(a.max_mtu).unwrap_or(Mtu::Mtu1024),
             active_mtu: Mtu::from_ibv(a.active_mtu).unwrap_or(Mtu::Mtu1024),
             lid: a.lid,
@@ -396,11 +389,7 @@ impl DeviceOps for IbvDevice {
             // SAFETY: live context, valid out-pointer of the size passed.
             let rc = unsafe { q(self.ctx, u32::from(port), index, &mut e, 0, std::mem::size_of::<RawGidEntry>()) };
             check("query_gid_ex", rc)?;
-            let gid_type = match e.gid_type {
-                0 => GidType::Ib,
-                1 => GidType::RoceV1,
-                _ => GidType::RoceV2,
-            };
+            let gid_type = GidType::from_int(e.gid_type).unwrap_or(GidType::RoceV2);
             return Ok(GidEntry {
                 index,
                 gid: Gid(e.gid),
@@ -625,18 +614,11 @@ impl CqOps for IbvCq {
         // SAFETY: the provider wrote the first `n` entries; only those are read.
         let raw = unsafe { std::slice::from_raw_parts(raw.as_ptr().cast::<sys::ibv_wc>(), n) };
         for (o, w) in out.iter_mut().zip(raw.iter()) {
-            let opcode = match w.opcode {
-                0 => WcOpcode::Send,
-                1 => WcOpcode::RdmaWrite,
-                2 => WcOpcode::RdmaRead,
-                128 => WcOpcode::Recv,
-                other => WcOpcode::Other(other),
-            };
             let with_imm = w.wc_flags & 2 != 0; // IBV_WC_WITH_IMM
             *o = Wc {
                 wr_id: w.wr_id,
                 status: WcStatus::from_ibv(w.status),
-                opcode,
+                opcode: WcOpcode::from_int(w.opcode),
                 byte_len: w.byte_len,
                 qp_num: w.qp_num,
                 vendor_err: w.vendor_err,
@@ -781,15 +763,7 @@ impl QpOps for IbvQp {
         let mut i: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
         // SAFETY: live QP and valid out-pointers.
         check("query_qp", unsafe { (self.lib.query_qp)(self.qp, &mut a, M_STATE, &mut i) })?;
-        Ok(match a.qp_state {
-            0 => QpState::Reset,
-            1 => QpState::Init,
-            2 => QpState::Rtr,
-            3 => QpState::Rts,
-            4 => QpState::Sqd,
-            5 => QpState::Sqe,
-            _ => QpState::Err,
-        })
+        Ok(QpState::from_int(a.qp_state).unwrap_or(QpState::Err))
     }
 
     fn post_send(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
