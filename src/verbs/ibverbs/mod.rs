@@ -673,6 +673,53 @@ unsafe impl Send for IbvQp {}
 // SAFETY: as above.
 unsafe impl Sync for IbvQp {}
 
+/// A libibverbs work request that links to the next one of its list (`ibv_send_wr`,
+/// `ibv_recv_wr`).
+trait Chained: Sized {
+    fn set_next(&mut self, next: *mut Self);
+}
+
+impl Chained for sys::ibv_send_wr {
+    fn set_next(&mut self, next: *mut Self) {
+        self.next = next;
+    }
+}
+
+impl Chained for sys::ibv_recv_wr {
+    fn set_next(&mut self, next: *mut Self) {
+        self.next = next;
+    }
+}
+
+/// Links `wrs` into one list and posts it with `post(first, &mut bad)` (`None`: the provider
+/// has no such op); a refusal names the first request the provider did not take.
+///
+/// # Safety
+/// `post` is the QP's post op: it reads the list (and the SGEs it points to, which outlive the
+/// call) and, on failure, sets `bad` to NULL or an element of it.
+unsafe fn post_chain<W: Chained>(
+    wrs: &mut [W],
+    post: impl FnOnce(*mut W, *mut *mut W) -> Option<c_int>,
+) -> std::result::Result<(), PostError> {
+    let base = wrs.as_mut_ptr();
+    for i in 0..wrs.len().saturating_sub(1) {
+        // SAFETY: both indices are within `wrs`, which is not moved while linked.
+        unsafe { (*base.add(i)).set_next(base.add(i + 1)) };
+    }
+    let mut bad: *mut W = std::ptr::null_mut();
+    let rc = post(base, &mut bad).unwrap_or(libc::ENOSYS);
+    if rc == 0 {
+        return Ok(());
+    }
+    let index = if bad.is_null() {
+        0
+    } else {
+        // SAFETY: `bad` points into `wrs` when set (the caller's contract).
+        unsafe { bad.offset_from(base) }.max(0) as usize
+    };
+    Err(PostError { index, errno: errno_of(rc) })
+}
+
 /// All SGEs of a post, in order, as rdma-core structs.
 fn flat_sges<'a>(lists: impl Iterator<Item = &'a [Sge]> + Clone) -> Vec<sys::ibv_sge> {
     let total = lists.clone().map(<[Sge]>::len).sum();
@@ -804,31 +851,11 @@ impl QpOps for IbvQp {
                 }
             }
         }
-        let base = raw.as_mut_ptr();
-        for i in 0..raw.len().saturating_sub(1) {
-            // SAFETY: both indices are within `raw`, which is not moved while linked.
-            unsafe { (*base.add(i)).next = base.add(i + 1) };
-        }
-        let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
         // SAFETY: live QP; the chain and its SGE arrays live until the call returns (the NIC
         // copies WQEs at post time); post_send comes from the context's stable ops table.
-        let rc = unsafe {
-            let ctx = (*self.qp).context;
-            match (*ctx).ops.post_send {
-                Some(f) => f(self.qp, base, &mut bad),
-                None => libc::ENOSYS,
-            }
-        };
-        if rc == 0 {
-            return Ok(());
+        unsafe {
+            post_chain(&mut raw, |first, bad| (*(*self.qp).context).ops.post_send.map(|f| f(self.qp, first, bad)))
         }
-        let index = if bad.is_null() {
-            0
-        } else {
-            // SAFETY: `bad` points into `raw` when set.
-            unsafe { bad.offset_from(base) }.max(0) as usize
-        };
-        Err(PostError { index, errno: errno_of(rc) })
     }
 
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
@@ -852,30 +879,10 @@ impl QpOps for IbvQp {
                 }
             })
             .collect();
-        let base = raw.as_mut_ptr();
-        for i in 0..raw.len().saturating_sub(1) {
-            // SAFETY: indices within `raw`, not moved while linked.
-            unsafe { (*base.add(i)).next = base.add(i + 1) };
+        // SAFETY: as for post_send, with post_recv from the same table.
+        unsafe {
+            post_chain(&mut raw, |first, bad| (*(*self.qp).context).ops.post_recv.map(|f| f(self.qp, first, bad)))
         }
-        let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
-        // SAFETY: as for post_send.
-        let rc = unsafe {
-            let ctx = (*self.qp).context;
-            match (*ctx).ops.post_recv {
-                Some(f) => f(self.qp, base, &mut bad),
-                None => libc::ENOSYS,
-            }
-        };
-        if rc == 0 {
-            return Ok(());
-        }
-        let index = if bad.is_null() {
-            0
-        } else {
-            // SAFETY: `bad` points into `raw` when set.
-            unsafe { bad.offset_from(base) }.max(0) as usize
-        };
-        Err(PostError { index, errno: errno_of(rc) })
     }
 
     fn destroy(&self) -> VerbsResult<()> {
