@@ -37,8 +37,20 @@ pub trait MetadataStore: Send + Sync {
     /// Removes `key`; removing a missing key is not an error.
     fn delete(&self, key: &str) -> Result<()>;
     /// Extends the life of `key`, which this store last wrote with `value`, by another TTL; it
-    /// writes `value` again when the store lost the key (for example after a restart).
-    fn keep_alive(&self, key: &str, value: &str) -> Result<()>;
+    /// writes `value` again when the store lost the key (it expired while the store was
+    /// unreachable, or the store restarted without it).
+    fn keep_alive(&self, key: &str, value: &str) -> Result<()> {
+        if !self.refresh(key)? {
+            tracing::info!("{} lost {key}; writing it again", self.kind());
+            self.put(key, value)?;
+        }
+        Ok(())
+    }
+    /// Renews the life of `key` by another TTL; false when the store no longer has it. Keys of
+    /// a store without TTLs live until removed.
+    fn refresh(&self, _key: &str) -> Result<bool> {
+        Ok(true)
+    }
     /// Whether keys expire unless kept alive (then [`KeepAlive`] must run).
     fn needs_keep_alive(&self) -> bool;
 }
@@ -272,12 +284,12 @@ mod tests {
             self.map.lock().remove(key);
             Ok(())
         }
-        fn keep_alive(&self, _key: &str, _value: &str) -> Result<()> {
+        fn refresh(&self, _key: &str) -> Result<bool> {
             if *self.fail.lock() {
                 return Err(Error::Metadata("down".into()));
             }
             self.log.lock().push("keepalive".into());
-            Ok(())
+            Ok(true)
         }
         fn needs_keep_alive(&self) -> bool {
             true

@@ -45,10 +45,6 @@ impl MetadataStore for P2pStore {
         Ok(())
     }
 
-    fn keep_alive(&self, _key: &str, _value: &str) -> Result<()> {
-        Ok(())
-    }
-
     fn needs_keep_alive(&self) -> bool {
         false
     }
