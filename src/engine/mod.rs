@@ -914,6 +914,12 @@ impl Engine {
         self.dispatcher.transports.iter().find_map(|t| t.direct_io(&name))
     }
 
+    /// Whether every thread of the loaded transport `kind` is asleep until a submit wakes it;
+    /// `None` when it is not loaded or does not say (see `Transport::asleep`).
+    pub fn transport_asleep(&self, kind: TransportKind) -> Option<bool> {
+        self.dispatcher.transport(kind)?.asleep()
+    }
+
     /// Per-NIC load; empty without RDMA.
     pub fn nic_load_stats(&self) -> Vec<NicLoad> {
         self.rdma

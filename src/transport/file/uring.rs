@@ -215,6 +215,11 @@ impl Transport for IoUringTransport {
         self.files.direct(name)
     }
 
+    /// Every ring's reaper sleeps until a submit rings its bell.
+    fn asleep(&self) -> Option<bool> {
+        Some(self.rings.iter().all(|r| r.deep.load(Ordering::SeqCst)))
+    }
+
     fn shutdown(&self) {
         for r in &self.rings {
             r.close();
