@@ -165,12 +165,11 @@ fn malformed_frames_are_handled_and_the_server_keeps_serving() {
     c.write_all(&[frame::MAGIC, 0]).expect("send");
     drop(c);
 
-    // Others are still served, quickly, while `stuck` holds its partial header.
-    let start = Instant::now();
+    // Others are still served while `stuck` holds its partial header (a server held up by it
+    // would answer them only after dropping it, and then the stuck client could not finish).
     let mut s2 = connect(port);
     assert_eq!(call(&mut s2, 0, msg::PROBE, &[]).0, 0);
     assert_eq!(call(&mut s2, 1, msg::GET_SEGMENT_DESC, &[]).0, 0);
-    assert!(start.elapsed() < Duration::from_secs(5), "served while a partial header is pending");
     // The stuck client can still finish its request.
     let rest = &frame::encode_request(7, msg::PROBE, 0, 0)[3..];
     stuck.write_all(rest).expect("rest");
