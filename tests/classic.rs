@@ -6,7 +6,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{build_c, compiler, lib_dir, out_dir, root, run, run_c};
+use common::{build_c, compiler, lib_dir, out_dir, root, run};
 
 /// Compiles a probe that includes `headers` (each twice, in the given order) with warnings as
 /// errors, as C11 or C++17.
@@ -43,34 +43,6 @@ fn classic_header_compiles_alone_and_with_the_tent_header() {
     }
     // The C++ wrapper, pedantic, with the classic header after it.
     compile_probe("wrapper_cxx", &["tent/tent.hpp", "transfer_engine_c.h"], true);
-}
-
-#[test]
-fn classic_api_c_program() {
-    let exe = build_c("classic_api", &[root().join("c_tests/classic_api.c")], false, &[]);
-    let out = run_c(&exe, &[]);
-    assert!(out.contains(", 0 failed"), "{out}");
-}
-
-#[test]
-fn classic_api_moves_device_memory_over_rdma() {
-    let exe = build_c("classic_gpu", &[root().join("c_tests/classic_gpu.c")], false, &[]);
-    for gpu_direct in [true, false] {
-        let conf = format!(
-            r#"{{"transports":{{"tcp":{{"enable":false}},"rdma":{{"provider":"sim","sim":{{"devices":2,"peer_memory":{gpu_direct},"dmabuf":{gpu_direct}}}}}}}}}"#
-        );
-        let mut cmd = Command::new(&exe);
-        cmd.env("TENT_SIM_DEVICES", "2").env("MC_TENT_CONF", conf).env("MC_LOG_LEVEL", "error");
-        let (ok, out) = run(&mut cmd);
-        assert!(ok && out.contains(", 0 failed"), "GPUDirect {gpu_direct}:\n{out}");
-    }
-}
-
-#[test]
-fn cxx17_program_with_both_headers_and_the_wrapper() {
-    let exe = build_c("classic_cpp", &[root().join("c_tests/classic_cpp.cpp")], true, &[]);
-    let out = run_c(&exe, &[]);
-    assert!(out.contains(", 0 failed"), "{out}");
 }
 
 /// The names of the functions a generated header declares (its declarations start at column 0
@@ -175,21 +147,6 @@ fn go_program_on_the_classic_api_like_the_p2p_store() {
 #[test]
 fn go_program_on_the_tent_api() {
     go_program("tent_api");
-}
-
-/// Where upstream's callers depend on upstream's behaviour (c_tests/classic_upstream.c): its
-/// declarations compile against our header, P2PHANDSHAKE binds a free port whatever the name
-/// says and keeps the host as given, and showLinks reports the NICs, first without RDMA, then
-/// with the simulated provider selected through `MC_TENT_CONF`.
-#[test]
-fn classic_behaviour_upstream_callers_rely_on() {
-    let exe = build_c("classic_upstream", &[root().join("c_tests/classic_upstream.c")], false, &[]);
-    let out = run_c(&exe, &[]);
-    assert!(out.contains("classic_upstream: ") && out.contains(", 0 failed"), "{out}");
-    let sim = r#"{"transports": {"rdma": {"provider": "sim"}}}"#;
-    let (ok, out) = run(Command::new(&exe).arg("sim").env("MC_LOG_LEVEL", "error").env("MC_TENT_CONF", sim));
-    println!("{out}");
-    assert!(ok && out.contains("classic_upstream sim: ") && out.contains(", 0 failed"), "{out}");
 }
 
 /// Upstream's Rust binding links the classic library as `-l static=transfer_engine` (with

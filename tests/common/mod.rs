@@ -116,6 +116,7 @@ pub fn run_c(exe: &Path, envs: &[(&str, &str)]) -> String {
     out
 }
 
+pub mod c_programs;
 pub mod cluster;
 pub mod device;
 pub mod engines;
