@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU8;
 
 use super::classic_types::*;
-use super::{Handle, c_str, calloc_array, copy_counted, copy_out, fill_fixed, guard, non_null, write_c_string};
+use super::{Handle, c_str, calloc_array, copy_counted, copy_out, guard, non_null, write_c_string};
 use crate::control::metadata::MetadataStore;
 use crate::engine::Engine;
 use crate::engine::classic;
@@ -599,13 +599,11 @@ pub unsafe extern "C" fn getNicLoadStats(
         // SAFETY: `count` checked non-NULL; `stats` holds `*count` per the caller's contract.
         unsafe {
             copy_counted(&all, stats, count, |s| {
-                let mut rec = nic_load_stat {
-                    device_name: [0; 64],
-                    inflight_bytes: s.inflight_bytes,
-                    ewma_bandwidth_bps: s.ewma_bandwidth_bps,
-                };
-                fill_fixed(&mut rec.device_name, &s.device);
-                rec
+                super::nic_record(s, |device_name, inflight_bytes, ewma_bandwidth_bps| nic_load_stat {
+                    device_name,
+                    inflight_bytes,
+                    ewma_bandwidth_bps,
+                })
             })
         };
         Ok(0)

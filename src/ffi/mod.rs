@@ -281,6 +281,14 @@ pub(crate) unsafe fn copy_counted<S, T>(items: &[S], out: *mut T, count: *mut us
     unsafe { *count = items.len() };
 }
 
+/// A NIC's load as one of the two APIs' records (`tent_nic_load_stat`, `nic_load_stat`, alike
+/// field for field): `make` gets the name as a NUL-terminated `char[64]` and the two counters.
+pub(crate) fn nic_record<T>(s: &crate::engine::NicLoad, make: impl Fn([c_char; 64], u64, f64) -> T) -> T {
+    let mut name = [0; 64];
+    fill_fixed(&mut name, &s.device);
+    make(name, s.inflight_bytes, s.ewma_bandwidth_bps)
+}
+
 /// Frees an array handed out in a C struct (`calloc_records`) and resets the struct's pointer
 /// and count, so a second call is harmless.
 ///

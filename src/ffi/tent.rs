@@ -842,13 +842,11 @@ pub unsafe extern "C" fn tent_get_nic_load_stats(
         // SAFETY: both checked non-NULL; `stats` holds `*count` per the caller's contract.
         unsafe {
             copy_counted(&list, stats, count, |s| {
-                let mut rec = tent_nic_load_stat {
-                    device_name: [0; 64],
-                    inflight_bytes: s.inflight_bytes,
-                    ewma_bandwidth_bps: s.ewma_bandwidth_bps,
-                };
-                fill_fixed(&mut rec.device_name, &s.device);
-                rec
+                super::nic_record(s, |device_name, inflight_bytes, ewma_bandwidth_bps| tent_nic_load_stat {
+                    device_name,
+                    inflight_bytes,
+                    ewma_bandwidth_bps,
+                })
             })
         };
         Ok(0)
