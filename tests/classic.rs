@@ -1,6 +1,8 @@
-//! The classic Mooncake C API and its three kinds of callers: C and C++ programs linked against
-//! libtent.so, programs that dlopen the library under each of its names, and Go programs through
-//! cgo (`go` is required: scripts/setup.sh installs it; `TENT_SKIP_GO_TESTS=1` skips them).
+//! The classic Mooncake C API as its callers meet it beyond the programs of c_tests/ (which
+//! tests/c_programs.rs runs): its header alone and beside the TENT header, programs that dlopen
+//! the library under each of its names, the exported symbols, a static link from Rust and C,
+//! and Go programs through cgo (`go` is required: scripts/setup.sh installs it;
+//! `TENT_SKIP_GO_TESTS=1` skips them).
 
 mod common;
 
