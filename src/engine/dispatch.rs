@@ -249,8 +249,8 @@ impl Dispatcher {
             let length = group.iter().map(|&i| entries[i].request.length).sum();
             let request = Request { length, ..first };
             let members = match group[..] {
-                [only] => Members::One(entries[only].state.clone()),
-                _ => Members::Many(group.iter().map(|&i| entries[i].state.clone()).collect()),
+                [only] => Members::one(entries[only].state.clone()),
+                _ => Members::many(group.iter().map(|&i| entries[i].state.clone()).collect()),
             };
             let mut located = None;
             let candidates = if desc.is_file() {

@@ -38,18 +38,30 @@ struct Route {
 }
 
 /// The public tasks a unit completes: one, unless requests were merged, and then kept without a
-/// heap allocation of their own (a KV batch makes hundreds of units per submit).
-pub enum Members {
-    One(Arc<TaskState>),
-    Many(Vec<Arc<TaskState>>),
+/// heap allocation of their own (a KV batch makes hundreds of units per submit). A struct with
+/// every field always set rather than an enum: the optimiser reads both arms' words before it
+/// picks one, and memcheck would see the unset word of the other arm.
+pub struct Members {
+    one: Option<Arc<TaskState>>,
+    many: Vec<Arc<TaskState>>,
 }
 
 impl Members {
+    /// One task.
+    pub fn one(task: Arc<TaskState>) -> Members {
+        Members { one: Some(task), many: Vec::new() }
+    }
+
+    /// Several tasks, in submission order.
+    pub fn many(tasks: Vec<Arc<TaskState>>) -> Members {
+        Members { one: None, many: tasks }
+    }
+
     /// The tasks, in submission order.
     pub fn as_slice(&self) -> &[Arc<TaskState>] {
-        match self {
-            Members::One(m) => std::slice::from_ref(m),
-            Members::Many(v) => v,
+        match &self.one {
+            Some(m) => std::slice::from_ref(m),
+            None => &self.many,
         }
     }
 }
