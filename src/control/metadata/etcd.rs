@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 use serde_json::{Value, json};
 
 use super::http::{base64_decode, base64_encode, request};
-use super::{MetadataStore, with_retries};
+use super::store::{MetadataStore, with_retries};
 use crate::error::{Error, Result};
 
 /// Splits `host:port` lists separated by `,` or `;` (an `http://` or `etcd://` prefix is

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::MetadataStore;
+use super::store::MetadataStore;
 use crate::control::client::RpcClient;
 use crate::control::frame::msg;
 use crate::error::{Error, Result};

@@ -7,7 +7,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use redis::{ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo};
 
-use super::{MetadataStore, with_retries};
+use super::store::{MetadataStore, with_retries};
 use crate::error::{Error, Result};
 
 /// Redis credentials and database, as upstream reads them from the environment.
