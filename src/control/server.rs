@@ -26,8 +26,8 @@ use crate::device::Mem;
 
 use super::conn_io::{ConnIo, Pending, READ_BUF};
 use super::frame::{self, FrameError, msg};
-use super::queue::{Pool, WorkQueue};
 use super::rawio;
+use crate::base::pool::{Pool, WorkQueue};
 use crate::config::RpcSection;
 use crate::error::Result;
 

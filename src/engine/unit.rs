@@ -14,8 +14,8 @@ use parking_lot::Mutex;
 use super::segment::{BufferRef, SegmentDesc};
 use super::task::{Carrier, TaskState};
 use super::types::{Opcode, Request, Status, TransportKind};
+use crate::base::pool::Pool;
 pub use crate::base::task::{Task, TaskSink};
-use crate::control::queue::Pool;
 
 /// How failures are handled for the units of one engine.
 pub struct FailoverConfig {

@@ -14,12 +14,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use parking_lot::Mutex;
 
 use super::open_file::{AlignedBuf, FileCache, OpenFile, Piece, Step, bounce_copy, moves_device_memory, plan_tasks};
+use crate::base::pool::{Pool, WorkQueue};
 use crate::base::qos::{self, Gate, Level, QosParams, Ticket};
 use crate::base::request::{Opcode, TransportKind};
 use crate::base::segment::SegmentDesc;
 use crate::base::task::Task;
 use crate::config::{FileSection, Settings};
-use crate::control::queue::{Pool, WorkQueue};
 use crate::error::Result;
 use crate::transport::Transport;
 

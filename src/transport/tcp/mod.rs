@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use crate::base::pool::{Pool, WorkQueue};
 use crate::base::qos::{Foreign, Gate, Level, QosParams};
 use crate::base::request::{Opcode, TransportKind};
 use crate::base::segment::SegmentDesc;
@@ -35,7 +36,6 @@ use crate::base::task::Task;
 use crate::config::{Settings, TcpSection};
 use crate::control::client::{DataLane, DataOp, RpcClient};
 use crate::control::pipe::Pipe;
-use crate::control::queue::{Pool, WorkQueue};
 use crate::control::rawio::RawRange;
 use crate::device::Mem;
 use crate::error::{Error, Result};

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use super::chunk::Group;
+use crate::base::pool::Pool;
 use crate::base::qos::Gate;
 use crate::config::TcpSection;
 use crate::control::client::RpcClient;
-use crate::control::queue::Pool;
 use crate::metrics::Metrics;
 
 /// What the workers, the reaper and the callers' threads share.
