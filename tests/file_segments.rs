@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::engines::{engine, req, wait};
-use tent::engine::types::{Opcode, Request, Status, TransportKind};
+use tent::base::request::{Opcode, Request, Status, TransportKind};
 use tent::engine::{Engine, MemoryOptions};
 
 const BOUND: Duration = Duration::from_secs(60);

@@ -13,8 +13,8 @@ use std::time::Duration;
 use common::device::{DevBuf, platform};
 use common::engines::{buffer, req};
 use common::sim::{fabric, rdma_engine, until};
+use tent::base::request::{Opcode, Permission, Request, Status};
 use tent::engine::Engine;
-use tent::engine::types::{Opcode, Permission, Request, Status};
 use tent::transport::rdma::Counters;
 use tent::verbs::sim::{SimFabric, SimHost};
 

@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 
 use common::engines::{buffer, engine, req, run, wait};
 use common::fake_peer::FakePeer;
+use tent::base::request::{Opcode, Permission, Status};
 use tent::control::frame::{self, msg};
 use tent::engine::Engine;
-use tent::engine::types::{Opcode, Permission, Status};
 
 /// The peer stays stuck for this long unless the engine gives up on it first.
 const STALL_TIMEOUT: &str = "15000";
@@ -274,7 +274,7 @@ fn frozen_rdma_bootstrap_holds_up_only_its_own_peer() {
     ];
     let (a, b, c) = (engine(rdma), engine(rdma), engine(rdma));
     for e in [&a, &b, &c] {
-        assert!(e.loaded_transports().contains(&tent::engine::types::TransportKind::Rdma));
+        assert!(e.loaded_transports().contains(&tent::base::request::TransportKind::Rdma));
     }
     let src = buffer(&a, 65536, |i| (i % 199) as u8, Permission::GlobalReadWrite);
     let dst_b = buffer(&b, 65536, |_| 0, Permission::GlobalReadWrite);

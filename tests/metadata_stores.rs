@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use common::engines::{buffer, engine, req, run, wait};
 use common::stores::{Etcd, HttpMeta, Redis, StoreServer, eventually, free_port};
+use tent::base::request::{Opcode, Permission, Status};
 use tent::config::Config;
 use tent::control::metadata::{MetadataStore, redis::RedisAuth, segment_key};
-use tent::engine::types::{Opcode, Permission, Status};
 use tent::engine::{Engine, effective_config};
 
 const BOUND: Duration = Duration::from_secs(30);

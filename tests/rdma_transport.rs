@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use common::engines::{buffer, engine, req, run, wait};
 use common::sim::{fabric, rdma_engine, until};
+use tent::base::request::{Opcode, Permission, Status, TransportKind};
 use tent::engine::Engine;
-use tent::engine::types::{Opcode, Permission, Status, TransportKind};
 use tent::transport::rdma::EpState;
 use tent::verbs::sim::{SimFabric, SimHost};
 
@@ -27,7 +27,7 @@ fn host(e: &Engine) -> SimHost {
 
 /// One WRITE of all of `src` from `a` into a fresh buffer of each peer; returns the requests and
 /// the destination buffers.
-fn writes_to_each(a: &Engine, peers: &[Arc<Engine>], src: &[u8]) -> (Vec<tent::engine::types::Request>, Vec<Vec<u8>>) {
+fn writes_to_each(a: &Engine, peers: &[Arc<Engine>], src: &[u8]) -> (Vec<tent::base::request::Request>, Vec<Vec<u8>>) {
     peers
         .iter()
         .map(|p| {
@@ -346,7 +346,7 @@ fn scenario02_fail_every_nth_wr_knob() {
 fn run_advancing(
     f: &SimFabric,
     e: &Engine,
-    reqs: &[tent::engine::types::Request],
+    reqs: &[tent::base::request::Request],
     step: Duration,
 ) -> Vec<(Status, u64)> {
     let b = e.allocate_batch(reqs.len()).expect("batch");
@@ -966,7 +966,7 @@ fn high_work_goes_before_background_promoted_past_its_timeouts() {
         r.priority = priority;
         r
     };
-    let submit = |reqs: &[tent::engine::types::Request]| {
+    let submit = |reqs: &[tent::base::request::Request]| {
         let batch = a.allocate_batch(reqs.len()).expect("batch");
         // SAFETY: `src` and `dst` outlive the batches, which are waited for below.
         unsafe { a.submit(batch, reqs, None) }.expect("submit");

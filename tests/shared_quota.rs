@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 
 use common::engines::{buffer, engine, req, wait};
 use tent::base::qos::{Foreign, Gate, Level, QosParams};
+use tent::base::request::{Opcode, Permission, Status};
 use tent::base::shared_quota::{QuotaPath, SharedQuota, file_for};
 use tent::engine::Engine;
-use tent::engine::types::{Opcode, Permission, Status};
 
 const ROLE: &str = "TENT_SHARED_QUOTA_CHILD";
 const READY: &str = "child holds HIGH work";

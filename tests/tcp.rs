@@ -5,7 +5,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::engines::{buffer, engine, req, run};
-use tent::engine::types::{Opcode, Permission, Status};
+use tent::base::request::{Opcode, Permission, Status};
 
 const BOUND: Duration = Duration::from_secs(30);
 

@@ -8,8 +8,8 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::engines::{buffer, engine};
+use tent::base::request::Permission;
 use tent::control::frame::{self, msg};
-use tent::engine::types::Permission;
 
 fn connect(port: u16) -> TcpStream {
     let s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
@@ -305,10 +305,10 @@ fn auth_token_gates_every_request() {
     let src = buffer(&a, 4096, |i| i as u8, Permission::GlobalReadWrite);
     let st = common::engines::run(
         &a,
-        &[common::engines::req(tent::engine::types::Opcode::Write, src.as_ptr() as u64, h, peer.as_ptr() as u64, 4096)],
+        &[common::engines::req(tent::base::request::Opcode::Write, src.as_ptr() as u64, h, peer.as_ptr() as u64, 4096)],
         Duration::from_secs(30),
     );
-    assert_eq!(st[0].0, tent::engine::types::Status::Completed);
+    assert_eq!(st[0].0, tent::base::request::Status::Completed);
     assert!(peer[..] == src[..]);
     // No token or a wrong one: refused.
     let h = plain.open_segment(b.segment_name()).expect("open");

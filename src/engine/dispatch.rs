@@ -8,8 +8,8 @@ use super::batch::kind_bit;
 use super::policy::{self, Policy, SelectCtx};
 use super::segment::{BufferDesc, BufferRef, LocalSegment, SegmentDesc};
 use super::task::{Entry, TaskState};
-use super::types::{Request, TransportKind, range_within};
 use super::unit::{FailoverConfig, Members, Plan, Task, Unit};
+use crate::base::request::{Request, TransportKind, range_within};
 use crate::error::{Error, Result};
 use crate::transport::Transport;
 

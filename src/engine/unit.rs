@@ -13,8 +13,8 @@ use parking_lot::Mutex;
 
 use super::segment::{BufferRef, SegmentDesc};
 use super::task::{Carrier, TaskState};
-use super::types::{Opcode, Request, Status, TransportKind};
 use crate::base::pool::Pool;
+use crate::base::request::{Opcode, Request, Status, TransportKind};
 pub use crate::base::task::{Task, TaskSink};
 
 /// How failures are handled for the units of one engine.

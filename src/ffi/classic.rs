@@ -13,10 +13,10 @@ use std::sync::atomic::AtomicU8;
 
 use super::classic_types::*;
 use super::{Handle, c_str, calloc_array, copy_counted, copy_out, guard, non_null, write_c_string};
+use crate::base::request::{Request, TransportKind};
 use crate::control::metadata::MetadataStore;
 use crate::engine::Engine;
 use crate::engine::classic;
-use crate::engine::types::{Request, TransportKind};
 use crate::error::{Error, Result};
 
 /// Reads an optional C string: NULL is "".

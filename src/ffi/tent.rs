@@ -13,8 +13,8 @@ use super::{
     Handle, c_str, calloc_records, copy_counted, copy_out, fill_fixed, fixed_str, free_records, guard, non_null,
     write_c_string,
 };
+use crate::base::request::{Opcode, Permission, Request, TransportKind};
 use crate::config::Config;
-use crate::engine::types::{Opcode, Permission, Request, TransportKind};
 use crate::engine::{self, Engine, MemoryOptions};
 use crate::error::{Error, Result};
 
@@ -51,7 +51,7 @@ fn thread_config() -> Config {
     })
 }
 
-fn status_out(st: (crate::engine::types::Status, u64)) -> tent_status {
+fn status_out(st: (crate::base::request::Status, u64)) -> tent_status {
     tent_status { status: st.0 as c_int, transferred_bytes: st.1 }
 }
 
