@@ -248,10 +248,10 @@ impl Dispatcher {
             let first = entries[group[0]].request;
             let length = group.iter().map(|&i| entries[i].request.length).sum();
             let request = Request { length, ..first };
-            let members = match group[..] {
-                [only] => Members::one(entries[only].state.clone()),
-                _ => Members::many(group.iter().map(|&i| entries[i].state.clone()).collect()),
-            };
+            let members = Members::new(
+                entries[group[0]].state.clone(),
+                group[1..].iter().map(|&i| entries[i].state.clone()).collect(),
+            );
             let mut located = None;
             let candidates = if desc.is_file() {
                 self.file_candidates(desc, &request)
@@ -357,7 +357,7 @@ impl Dispatcher {
             }
             return;
         };
-        if let Some(m) = units.first().and_then(|u| u.members().first()) {
+        if let Some(m) = units.first().map(|u| u.members().first()) {
             // One per slice: the units of a submit all belong to one batch.
             m.handed_to(kind);
         }
