@@ -1,8 +1,9 @@
 //! Generates the C headers from the Rust source with cbindgen and gives the built library
 //! upstream's file names.
 //!
-//! The headers are written to `OUT_DIR`; `tests/headers.rs` fails when the committed copies under
-//! `include/` differ. Run `TENT_UPDATE_HEADERS=1 cargo build` to refresh the committed copies.
+//! The headers are written to `OUT_DIR` only: a build never writes into the source tree.
+//! `tests/headers.rs` fails when the committed copies under `include/` differ, and refreshes
+//! them when run with `TENT_UPDATE_HEADERS=1` (`TENT_UPDATE_HEADERS=1 cargo test --test headers`).
 
 use std::env;
 use std::fs;
@@ -12,14 +13,14 @@ fn main() {
     let crate_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let out_dir = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
 
-    println!("cargo:rerun-if-changed=src");
-    println!("cargo:rerun-if-changed=cbindgen.toml");
-    println!("cargo:rerun-if-changed=cbindgen-classic.toml");
-    println!("cargo:rerun-if-env-changed=TENT_UPDATE_HEADERS");
+    // What cbindgen reads: every module but `ffi` carries `cbindgen:ignore` in src/lib.rs
+    // (tests/headers.rs checks it), so the crate's other files never change a header.
+    for input in ["src/lib.rs", "src/ffi", "cbindgen.toml", "cbindgen-classic.toml"] {
+        println!("cargo:rerun-if-changed={input}");
+    }
 
-    let update = env::var_os("TENT_UPDATE_HEADERS").is_some();
-    generate(&crate_dir, &out_dir, "cbindgen.toml", "transfer_engine.h", "include/tent/transfer_engine.h", update);
-    generate_classic(&crate_dir, &out_dir, update);
+    generate(&crate_dir, &out_dir);
+    generate_classic(&crate_dir, &out_dir);
 
     link_upstream_names(&out_dir);
 
@@ -31,52 +32,30 @@ fn main() {
     }
 }
 
-fn generate(crate_dir: &Path, out_dir: &Path, config: &str, out_name: &str, committed: &str, update: bool) {
-    let cfg = cbindgen::Config::from_file(crate_dir.join(config)).expect("cbindgen.toml parses");
-    let bindings = cbindgen::Builder::new()
+/// Generates transfer_engine.h (the TENT API) from the crate, of which only `src/ffi` outside
+/// the two classic files is visible to cbindgen.
+fn generate(crate_dir: &Path, out_dir: &Path) {
+    let cfg = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml")).expect("cbindgen.toml parses");
+    cbindgen::Builder::new()
         .with_crate(crate_dir)
         .with_config(cfg)
         .generate()
-        .expect("cbindgen generates the header");
-    write_header(bindings, crate_dir, out_dir, out_name, committed, update);
+        .expect("cbindgen generates the header")
+        .write_to_file(out_dir.join("transfer_engine.h"));
 }
 
-/// Generates include/transfer_engine_c.h (upstream's classic API) from the two classic source
-/// files only; `src/ffi/mod.rs` hides them from the crate-wide pass that writes the TENT header.
-fn generate_classic(crate_dir: &Path, out_dir: &Path, update: bool) {
+/// Generates transfer_engine_c.h (upstream's classic API) from the two classic source files
+/// only; `src/ffi/mod.rs` hides them from the crate-wide pass that writes the TENT header.
+fn generate_classic(crate_dir: &Path, out_dir: &Path) {
     let cfg =
         cbindgen::Config::from_file(crate_dir.join("cbindgen-classic.toml")).expect("cbindgen-classic.toml parses");
-    let bindings = cbindgen::Builder::new()
+    cbindgen::Builder::new()
         .with_src(crate_dir.join("src/ffi/classic_types.rs"))
         .with_src(crate_dir.join("src/ffi/classic.rs"))
         .with_config(cfg)
         .generate()
-        .expect("cbindgen generates the classic header");
-    write_header(bindings, crate_dir, out_dir, "transfer_engine_c.h", "include/transfer_engine_c.h", update);
-}
-
-/// Writes a generated header to `OUT_DIR` and, when asked (or when it is missing), refreshes the
-/// committed copy.
-fn write_header(
-    bindings: cbindgen::Bindings,
-    crate_dir: &Path,
-    out_dir: &Path,
-    out_name: &str,
-    committed: &str,
-    update: bool,
-) {
-    let out = out_dir.join(out_name);
-    bindings.write_to_file(&out);
-    let committed = crate_dir.join(committed);
-    if update || !committed.exists() {
-        if let Some(parent) = committed.parent() {
-            fs::create_dir_all(parent).expect("create include dir");
-        }
-        let fresh = fs::read(&out).expect("read generated header");
-        if fs::read(&committed).ok().as_deref() != Some(&fresh[..]) {
-            fs::write(&committed, fresh).expect("write committed header");
-        }
-    }
+        .expect("cbindgen generates the classic header")
+        .write_to_file(out_dir.join("transfer_engine_c.h"));
 }
 
 /// Creates empty `libbase.a` / `libasio.a` next to the build output. Upstream's library names

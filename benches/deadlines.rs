@@ -23,8 +23,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{arg, benching, engine, median, pass, registered};
+use tent::base::request::{Opcode, Request, Status, TransportKind, monotonic_ns};
 use tent::engine::Engine;
-use tent::engine::types::{Opcode, Request, Status, TransportKind, monotonic_ns};
 
 const MIB: u64 = 1 << 20;
 const BURST: u64 = 32;

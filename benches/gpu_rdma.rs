@@ -18,9 +18,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use tent::base::request::{Opcode, Permission, Request, Status, TransportKind};
 use tent::config::Config;
 use tent::device::{Mem, Platform, sim};
-use tent::engine::types::{Opcode, Permission, Request, Status, TransportKind};
 use tent::engine::{Engine, MemoryOptions, effective_config};
 use tent::verbs::sim::SimFabric;
 

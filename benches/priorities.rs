@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{arg, benching, engine, registered};
-use tent::engine::types::{Opcode, Request, Status, TransportKind};
+use tent::base::request::{Opcode, Request, Status, TransportKind};
 use tent::engine::{Engine, MemoryOptions};
 use tent::verbs::sim::{SimFabric, SimHost};
 

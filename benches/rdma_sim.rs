@@ -13,8 +13,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use tent::base::request::{Opcode, Permission, Request, Status, TransportKind};
 use tent::config::Config;
-use tent::engine::types::{Opcode, Permission, Request, Status, TransportKind};
 use tent::engine::{Engine, MemoryOptions, effective_config};
 use tent::verbs::sim::SimFabric;
 

@@ -11,8 +11,8 @@ mod common;
 use std::time::Instant;
 
 use common::{arg, benching, engine, median, pass, registered};
+use tent::base::request::{Opcode, TransportKind};
 use tent::engine::MemoryOptions;
-use tent::engine::types::{Opcode, TransportKind};
 
 fn main() {
     let bench = benching();

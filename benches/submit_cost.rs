@@ -12,8 +12,8 @@ mod common;
 use std::time::Instant;
 
 use common::{arg, benching, engine, median, registered};
+use tent::base::request::{Opcode, Request, Status, TransportKind};
 use tent::engine::MemoryOptions;
-use tent::engine::types::{Opcode, Request, Status, TransportKind};
 
 const REQ: u64 = 64;
 

@@ -12,7 +12,7 @@ use std::net::{TcpListener, TcpStream};
 use std::time::Instant;
 
 use common::{arg, benching, engine, median, pass, registered};
-use tent::engine::types::{Opcode, TransportKind};
+use tent::base::request::{Opcode, TransportKind};
 
 /// One plain connection: the client writes `len` bytes in 1 MiB writes, the server reads them
 /// into a buffer; returns seconds until the server holds every byte.

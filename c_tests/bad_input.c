@@ -78,6 +78,14 @@ int main(void) {
     CHECK_EQ(tent_last_error(err, sizeof err), 0);
     CHECK_EQ(tent_free_batch(NULL, 1), -1);
     CHECK(tent_last_error(err, sizeof err) > 0);
+    /* tent_allocate_batch keeps upstream's two failure values: (uint64_t)-1 for a NULL engine,
+     * 0 for every other failure, each with its reason. */
+    CHECK(tent_allocate_batch(NULL, 4) == UINT64_MAX);
+    CHECK_EQ(tent_last_error_code(), 1);
+    CHECK(tent_last_error(err, sizeof err) > 0 && strstr(err, "engine is NULL") != NULL);
+    CHECK(tent_allocate_batch((tent_engine_t)(uintptr_t)0x1234, 4) == 0);
+    CHECK_EQ(tent_last_error_code(), 1);
+    CHECK(tent_last_error(err, sizeof err) > 0 && strstr(err, "not a live engine handle") != NULL);
     all_calls_fail((tent_engine_t)(uintptr_t)0xdeadbeef, "a garbage");
 
     /* A bad config value: no engine at all, and the error names the key. */

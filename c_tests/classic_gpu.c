@@ -3,7 +3,7 @@
  * MC_TENT_CONF and TENT_SIM_DEVICES=2) register device memory with a `cuda:N` location and move
  * it with submitTransfer; a third (tent_*) engine allocates the device memory and copies it to
  * and from host memory to check every byte, since the CPU must never touch device memory.
- * Run twice by tests/classic.rs: with GPUDirect, and with neither side's NICs reaching device
+ * Run twice (tests/common/c_programs.rs): with GPUDirect, and with neither side's NICs reaching device
  * memory (staging buffers on both sides). */
 #include <stdint.h>
 #include <stdio.h>

@@ -4,8 +4,8 @@
 //! Layers, from the top; each may use only the ones below it (`tests/layers.rs` checks the
 //! code against this): `ffi` (C boundary) -> `engine` (runtime: segments, batches, dispatch,
 //! failover) -> `transport` (TCP, SHM, RDMA, files) -> `control` (RPC framing, server and
-//! client, worker pools, metadata stores) -> `verbs`. Below all of them: `base` (the types
-//! every layer shares: requests, segment descriptors, the task handle transports report to),
+//! client, metadata stores) -> `verbs`. Below all of them: `base` (what every layer shares:
+//! requests, segment descriptors, the task handle transports report to, the worker pool),
 //! `device` (device platforms: where GPU memory is and how it is copied, never by the CPU) and
 //! the support modules `config`, `error`, `log` and `metrics`. Inbound control messages
 //! reach the engine through the `RpcHandler` trait it registers with the server.
@@ -34,6 +34,10 @@
 //! slots, the admission queue's state when its ticket gives room back, the batch table's slots
 //! when a freed batch is reclaimed, and a lane's queue when a notification is due. So a transport may end tasks while holding its own locks.
 
+// First, so that every module below may declare its integer enums with it.
+/// cbindgen:ignore
+#[macro_use]
+mod int_enum;
 /// cbindgen:ignore
 pub mod base;
 /// cbindgen:ignore

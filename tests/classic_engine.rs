@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
+use tent::base::request::{Opcode, Status, TransportKind};
 use tent::engine::classic::{self, CheckedStatus, ClassicEngine};
-use tent::engine::types::{Opcode, Status, TransportKind};
 
 fn engine() -> ClassicEngine {
     ClassicEngine::over(

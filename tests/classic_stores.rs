@@ -14,13 +14,13 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use common::stores::{Etcd, HttpMeta, Redis, StoreServer, eventually, free_port};
-use common::{build_c, root, run};
+use common::{c_programs, run};
 use tent::control::metadata::{MetadataStore, segment_key};
 
 /// c_tests/classic_store.c, built once for all tests of this binary (they run in parallel).
 fn classic_store() -> &'static PathBuf {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
-    EXE.get_or_init(|| build_c("classic_store", &[root().join("c_tests/classic_store.c")], false, &[]))
+    EXE.get_or_init(|| c_programs::build(c_programs::program("classic_store.c"), c_programs::Build::Plain))
 }
 
 /// Runs c_tests/classic_store.c on `conn` with engines named `a` and `b`; returns its output
@@ -100,7 +100,7 @@ fn etcd_connection_strings_with_and_without_scheme() {
 
 /// A classic_shutdown process registered in `conn` as `name`, once it printed READY.
 fn shutdown_child(conn: &str, name: &str, mode: &str) -> Child {
-    let exe = build_c("classic_shutdown", &[root().join("c_tests/classic_shutdown.c")], false, &[]);
+    let exe = c_programs::build(c_programs::program("classic_shutdown.c"), c_programs::Build::Plain);
     let mut child = Command::new(exe)
         .args([conn, name, mode])
         .env("MC_LOG_LEVEL", "error")

@@ -1,15 +1,15 @@
 //! Upstream's classic C++ class `mooncake::TransferEngine` (include/mooncake/, header-only over
-//! the classic C API): c_tests/classic_class.cpp, built as C++20 and run against the library,
-//! c_tests/classic_class_stores.cpp on real HTTP, Redis and etcd metadata servers, and every
+//! the classic C API): c_tests/classic_class_stores.cpp on real HTTP, Redis and etcd metadata
+//! servers (tests/c_programs.rs runs c_tests/classic_class.cpp and cpp_headers.cpp), and every
 //! classic header compiling on its own.
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use common::stores::{Etcd, HttpMeta, Redis, StoreServer};
-use common::{compiler, lib_dir, out_dir, root, run, run_c};
+use common::{c_programs, compiler, lib_dir, out_dir, root, run};
 
 /// The library the class's callers link (`-l<LIBRARY>`), as Mooncake Store links it.
 const LIBRARY: &str = "transfer_engine";
@@ -53,25 +53,6 @@ fn build_cxx(name: &str, source: &str, includes: &[PathBuf], flags: &[String], l
     exe
 }
 
-#[test]
-fn classic_class_two_engines_over_tcp() {
-    let includes = [root().join("include"), root().join("c_tests")];
-    let exe = build_cxx("classic_class", "c_tests/classic_class.cpp", &includes, &[], &[]);
-    let out = run_c(&exe, &[]);
-    assert!(out.contains("classic_class: ") && out.contains(", 0 failed"), "{out}");
-}
-
-/// Every public C++ header of both classes in one translation unit (c_tests/cpp_headers.cpp),
-/// with the classic tree on the include path as Store puts it, compiles as C++20 with -pedantic
-/// and warnings as errors, links and runs.
-#[test]
-fn headers_of_both_classes_together() {
-    let includes = [root().join("include/mooncake"), root().join("include")];
-    let exe = build_cxx("cpp_headers", "c_tests/cpp_headers.cpp", &includes, &["-pedantic".into()], &[]);
-    let out = run_c(&exe, &[]);
-    assert!(out.contains("cpp_headers: 1 passed, 0 failed"), "{out}");
-}
-
 /// Each header compiles alone (it includes what it uses), as C++20 with warnings as errors,
 /// with the classic tree on the include path as a caller such as Mooncake Store puts it.
 #[test]
@@ -97,27 +78,10 @@ fn classic_class_benchmark_runs() {
     assert!(ok && out.contains("C++ class"), "{out}");
 }
 
-/// MC_TENT_CONF for the store program: a metadata TTL of an hour.
-const LONG_TTL: &str = r#"{"metadata_ttl_secs": 3600}"#;
-
-/// jsoncpp's header directory when it is installed: the store program then uses the Json::Value
-/// forms of MetadataStoragePlugin too (as Store's master does).
-fn jsoncpp() -> Option<&'static Path> {
-    let dir = Path::new("/usr/include/jsoncpp");
-    dir.join("json/json.h").is_file().then_some(dir)
-}
-
 /// c_tests/classic_class_stores.cpp, built once for every store test of this binary.
 fn classic_class_stores() -> &'static PathBuf {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
-    EXE.get_or_init(|| {
-        let includes = [root().join("include"), root().join("c_tests")];
-        let (flags, libs) = match jsoncpp() {
-            Some(dir) => (vec![format!("-I{}", dir.display()), "-DTENT_TEST_JSONCPP".into()], vec!["-ljsoncpp"]),
-            None => (Vec::new(), Vec::new()),
-        };
-        build_cxx("classic_class_stores", "c_tests/classic_class_stores.cpp", &includes, &flags, &libs)
-    })
+    EXE.get_or_init(|| c_programs::build(c_programs::program("classic_class_stores.cpp"), c_programs::Build::Plain))
 }
 
 /// Runs the store program on `conn` and asserts every check passed. A long metadata TTL keeps
@@ -126,7 +90,7 @@ fn class_on_store(conn: &str) {
     let (ok, out) = run(std::process::Command::new(classic_class_stores())
         .arg(conn)
         .env("MC_LOG_LEVEL", "error")
-        .env("MC_TENT_CONF", LONG_TTL));
+        .env("MC_TENT_CONF", c_programs::LONG_TTL));
     println!("{conn}: {out}");
     assert!(ok && out.contains("classic_class_stores: ") && out.contains(", 0 failed"), "{conn}:\n{out}");
 }

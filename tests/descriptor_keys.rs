@@ -11,7 +11,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use common::engines::{buffer, engine};
-use tent::engine::types::{Permission, TransportKind};
+use tent::base::request::{Permission, TransportKind};
 use tent::engine::{Engine, MemoryOptions};
 use tent::transport::rdma::bootstrap::{BootstrapDesc, BootstrapResult};
 use tent::verbs::sim::SimFabric;

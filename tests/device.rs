@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use common::device::{DevBuf, on_gpu, platform, second};
 use common::engines::{buffer, engine, req, run};
+use tent::base::request::{Opcode, Permission, Status};
 use tent::engine::MemoryOptions;
-use tent::engine::types::{Opcode, Permission, Status};
 
 const BOUND: Duration = Duration::from_secs(30);
 
@@ -108,8 +108,8 @@ fn shm_only_pair() -> (std::sync::Arc<tent::Engine>, std::sync::Arc<tent::Engine
     (engine(&off), engine(&off))
 }
 
-fn shm(r: tent::engine::types::Request) -> tent::engine::types::Request {
-    tent::engine::types::Request { hint: tent::engine::types::TransportKind::Shm, ..r }
+fn shm(r: tent::base::request::Request) -> tent::base::request::Request {
+    tent::base::request::Request { hint: tent::base::request::TransportKind::Shm, ..r }
 }
 
 #[test]
@@ -121,7 +121,7 @@ fn shm_moves_device_memory_between_engines_of_a_host_through_ipc_handles() {
     // Host memory reaches SHM only inside a shared-memory object.
     let shm_opts = MemoryOptions {
         location: "cpu:0".into(),
-        transport: tent::engine::types::TransportKind::Shm,
+        transport: tent::base::request::TransportKind::Shm,
         ..MemoryOptions::default()
     };
     let (peer_host_addr, _) = b.allocate_memory(len, &shm_opts).expect("shm allocation");
@@ -305,8 +305,8 @@ fn vram_target(xport: &str, len: &str, env: &[(&str, &str)]) -> (KillOnDrop, Str
 }
 
 /// The request with `hint` as its transport.
-fn via(hint: tent::engine::types::TransportKind, r: tent::engine::types::Request) -> tent::engine::types::Request {
-    tent::engine::types::Request { hint, ..r }
+fn via(hint: tent::base::request::TransportKind, r: tent::base::request::Request) -> tent::base::request::Request {
+    tent::base::request::Request { hint, ..r }
 }
 
 /// Moves 8 MiB from local device memory into device memory of a `tent-bench` target in another
@@ -314,7 +314,7 @@ fn via(hint: tent::engine::types::TransportKind, r: tent::engine::types::Request
 /// byte arrives. `only` leaves `xport` the only transport of this side.
 fn moves_device_memory_to_another_process(
     xport: &str,
-    hint: tent::engine::types::TransportKind,
+    hint: tent::base::request::TransportKind,
     target_env: &[(&str, &str)],
     only: bool,
 ) {
@@ -344,7 +344,7 @@ fn moves_device_memory_to_another_process(
 
 #[test]
 fn shm_moves_device_memory_to_another_process_of_the_host() {
-    moves_device_memory_to_another_process("shm", tent::engine::types::TransportKind::Shm, &[], false);
+    moves_device_memory_to_another_process("shm", tent::base::request::TransportKind::Shm, &[], false);
 }
 
 #[test]
@@ -356,16 +356,16 @@ fn shm_moves_vmm_memory_of_another_process_of_the_host_by_descriptor() {
     // The target's 8 MiB are eight chunks of VMM memory (no IPC handle); SHM is this side's
     // only transport, so its chunks' descriptors, passed over the target's socket, carry it.
     let vmm = [("TENT_SIM_VMM_CHUNK", "1048576")];
-    moves_device_memory_to_another_process("shm", tent::engine::types::TransportKind::Shm, &vmm, true);
+    moves_device_memory_to_another_process("shm", tent::base::request::TransportKind::Shm, &vmm, true);
 }
 
 #[test]
 fn tcp_moves_device_memory_to_another_process() {
-    moves_device_memory_to_another_process("tcp", tent::engine::types::TransportKind::Tcp, &[], false);
+    moves_device_memory_to_another_process("tcp", tent::base::request::TransportKind::Tcp, &[], false);
 }
 
-fn tcp(r: tent::engine::types::Request) -> tent::engine::types::Request {
-    via(tent::engine::types::TransportKind::Tcp, r)
+fn tcp(r: tent::base::request::Request) -> tent::base::request::Request {
+    via(tent::base::request::TransportKind::Tcp, r)
 }
 
 #[test]
@@ -449,7 +449,7 @@ fn device_memory_no_loaded_transport_can_move_fails_with_a_reason_and_untouched(
     };
     assert!(why.contains("moves device memory to host memory"), "{why}");
     assert!(peer.iter().all(|&x| x == 0));
-    let _ = a.free_batch(batch);
+    a.free_batch(batch).expect("free");
 }
 
 #[test]
@@ -473,7 +473,7 @@ fn device_memory_fails_over_from_tcp_to_shm() {
     let st = run(&a, &[req(Opcode::Write, src.addr, h, peer.addr, len as u64)], BOUND);
     assert_eq!(st[0], (Status::Completed, len as u64));
     assert!(peer.read() == src.read(), "every byte, after the failover");
-    use tent::engine::types::TransportKind;
+    use tent::base::request::TransportKind;
     assert_eq!(a.units_submitted(TransportKind::Tcp), 1, "TCP was tried first");
     assert_eq!(a.units_submitted(TransportKind::Shm), 1, "and SHM finished it");
 }

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use common::device::{DevBuf, on_gpu, platform, second};
 use common::engines::{engine, req, run};
-use tent::engine::types::{Opcode, Status};
+use tent::base::request::{Opcode, Status};
 
 const BOUND: Duration = Duration::from_secs(60);
 

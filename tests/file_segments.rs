@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::engines::{engine, req, wait};
-use tent::engine::types::{Opcode, Request, Status, TransportKind};
+use tent::base::request::{Opcode, Request, Status, TransportKind};
 use tent::engine::{Engine, MemoryOptions};
 
 const BOUND: Duration = Duration::from_secs(60);
@@ -250,8 +250,12 @@ fn transfers_end_when_nobody_polls() {
     unsafe { e.submit(b, &reqs(Opcode::Write, m.base), None) }.expect("submit");
     ended_without_polling(&e, Status::Completed, 8);
     e.free_batch(b).expect("free");
-    // Idle long enough for the reaper to sleep until the next submit wakes it.
-    std::thread::sleep(Duration::from_millis(400));
+    // Idle until the reaper sleeps, for the next submit to wake it.
+    let start = std::time::Instant::now();
+    while e.transport_asleep(TransportKind::IoUring) != Some(true) {
+        assert!(start.elapsed() < BOUND, "the io_uring reaper never went to sleep");
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let b = e.allocate_batch(8).expect("batch");
     // SAFETY: the requests' local memory stays alive until their tasks end.
     unsafe { e.submit(b, &reqs(Opcode::Read, m.base + 8 * MIB), None) }.expect("submit");

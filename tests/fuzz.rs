@@ -15,12 +15,12 @@ mod common;
 use std::time::Duration;
 
 use bolero::generator::TypeGenerator;
+use tent::base::request::Opcode;
 use tent::config::Config;
 use tent::control::frame;
 use tent::control::server::{json_string, parse_notification};
 use tent::engine::policy;
 use tent::engine::segment::SegmentDesc;
-use tent::engine::types::Opcode;
 
 fn corpus(target: &str) -> Vec<Vec<u8>> {
     let dir = common::root().join("fuzz/corpus").join(target);
@@ -262,7 +262,7 @@ fn live_server_survives_mutated_frames() {
 fn live_rdma_engine_survives_mutated_bootstraps() {
     use std::io::{Read, Write};
     let e = common::engines::engine(&[("transports/rdma/provider", "sim")]);
-    assert!(e.loaded_transports().contains(&tent::engine::types::TransportKind::Rdma));
+    assert!(e.loaded_transports().contains(&tent::base::request::TransportKind::Rdma));
     let port = e.rpc_port();
     let seeds = corpus("bootstrap");
     let s = std::sync::Mutex::new(std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect"));

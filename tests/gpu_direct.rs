@@ -13,8 +13,8 @@ use std::time::Duration;
 use common::device::{DevBuf, platform};
 use common::engines::{buffer, req};
 use common::sim::{fabric, rdma_engine, until};
+use tent::base::request::{Opcode, Permission, Request, Status};
 use tent::engine::Engine;
-use tent::engine::types::{Opcode, Permission, Request, Status};
 use tent::transport::rdma::Counters;
 use tent::verbs::sim::{SimFabric, SimHost};
 
@@ -322,7 +322,7 @@ fn bad_device_input_fails_with_a_reason_and_never_touches_the_memory() {
     // SAFETY: both buffers outlive the batch.
     let submitted = unsafe { a.submit(batch, &[req(Opcode::Write, dev.addr, h, peer.addr, 4096)], None) };
     assert!(submitted.is_err() || common::engines::wait(&a, batch, BOUND)[0].0 == Status::Failed);
-    let _ = a.free_batch(batch);
+    a.free_batch(batch).expect("free");
     // The peer unregistered (and freed) its device buffer: the task fails, with the reason.
     dev.register(&a);
     b.unregister_memory(&[(peer.addr, 65536)]).expect("unregister");

@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::engines::{buffer, engine, req, run};
+use tent::base::request::{Opcode, Permission, Status};
 use tent::engine::Engine;
-use tent::engine::types::{Opcode, Permission, Status};
 use tent::verbs::sim::SimFabric;
 
 const PEERS: usize = 512;

@@ -11,11 +11,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::engines::{buffer, engine, req, run};
+use common::engines::{buffer, engine, req, run, wait};
 use common::stores::{Etcd, HttpMeta, Redis, StoreServer, eventually, free_port};
+use tent::base::request::{Opcode, Permission, Status};
 use tent::config::Config;
 use tent::control::metadata::{MetadataStore, redis::RedisAuth, segment_key};
-use tent::engine::types::{Opcode, Permission, Status};
 use tent::engine::{Engine, effective_config};
 
 const BOUND: Duration = Duration::from_secs(30);
@@ -127,14 +127,10 @@ fn store_restart(srv: &mut dyn StoreServer) {
     a.close_segment(h0).expect("close");
     let h = a.open_segment("owner").expect("open");
     assert_ne!(h, h0, "a new handle has nothing cached");
-    let started = Instant::now();
     let err = a.segment_info(h).expect_err("no store, no lookup");
-    assert!(
-        started.elapsed() < Duration::from_secs(15),
-        "a failed lookup returns promptly, took {:?}",
-        started.elapsed()
-    );
-    assert!(err.to_string().contains("metadata"), "{err}");
+    // It failed because nothing answered at the store's address, not after waiting out a
+    // timeout (a few quick retries, no hang).
+    assert!(err.to_string().contains("metadata") && err.to_string().contains("Connection refused"), "{err}");
     // Transfers to a segment that cannot be looked up fail rather than hang.
     let w = req(Opcode::Write, src.as_ptr() as u64, h, peer.as_ptr() as u64, 16);
     assert_eq!(run(&a, &[w], BOUND)[0].0, Status::Failed);
@@ -409,8 +405,13 @@ fn http_killed_engine_transfers_fail_fast() {
     }));
     let info = info.expect("descriptor");
     child.kill();
-    let started = Instant::now();
     let w = req(Opcode::Write, src.as_ptr() as u64, h, info.buffers[0].base, 4096);
-    assert_eq!(run(&a, &[w], BOUND)[0].0, Status::Failed);
-    assert!(started.elapsed() < Duration::from_secs(15));
+    let b = a.allocate_batch(1).expect("batch");
+    // SAFETY: `src` outlives the batch.
+    unsafe { a.submit(b, &[w], None) }.expect("submit");
+    assert_eq!(wait(&a, b, BOUND)[0].0, Status::Failed);
+    // It failed because the peer's address refused it, not after waiting out a timeout.
+    let why = a.task_error(b, 0).expect("task").unwrap_or_default();
+    assert!(why.contains("peer is down"), "{why}");
+    a.free_batch(b).expect("free");
 }

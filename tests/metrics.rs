@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::engines::{buffer, engine, req, run};
 use prometheus_parse::{Sample, Scrape, Value};
-use tent::engine::types::{Opcode, Permission, Request, Status, TransportKind};
+use tent::base::request::{Opcode, Permission, Request, Status, TransportKind};
 use tent::engine::{Engine, MemoryOptions};
 use tent::metrics::{LATENCY_BUCKETS_US, SIZE_BUCKETS_BYTES, STAGE_BUCKETS_US};
 

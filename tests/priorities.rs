@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::engines::{buffer, engine, req, run, wait};
-use tent::engine::types::{Opcode, Permission, Request, Status, TransportKind};
+use tent::base::request::{Opcode, Permission, Request, Status, TransportKind};
 use tent::engine::{Engine, MemoryOptions};
 
 const BOUND: Duration = Duration::from_secs(60);

@@ -5,8 +5,8 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 
 use serde_json::json;
+use tent::base::request::Permission;
 use tent::config::{Config, RdmaSection, Settings};
-use tent::engine::types::Permission;
 use tent::transport::rdma::context::*;
 use tent::transport::rdma::provider::provider_from_config;
 use tent::verbs::sim::{DeviceSpec, GidSpec, HostSpec, SimFabric, SimHost};

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use common::engines::{buffer, req, wait};
 use common::sim::{fabric, nic, rdma_engine, until};
+use tent::base::request::{Opcode, Permission, Status};
 use tent::engine::Engine;
-use tent::engine::types::{Opcode, Permission, Status};
 use tent::verbs::sim::SimFabric;
 
 const BOUND: Duration = Duration::from_secs(60);

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use common::device::DevBuf;
 use common::engines::{engine, req, wait};
 use common::stores::free_port;
-use tent::engine::types::{Opcode, Permission, Request, Status};
+use tent::base::request::{Opcode, Permission, Request, Status};
 use tent::engine::{Engine, MemoryOptions};
 
 /// How long one peer command or one transfer may take before the test fails. Software RDMA

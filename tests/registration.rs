@@ -7,7 +7,7 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use common::engines::{buffer, engine, req, run};
-use tent::engine::types::{Opcode, Permission, Status, TransportKind};
+use tent::base::request::{Opcode, Permission, Status, TransportKind};
 use tent::engine::{Engine, MemoryOptions};
 use tent::verbs::sim::{SimFabric, SimHost};
 

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::engines::{buffer, engine, req, run, wait};
-use tent::engine::types::{Opcode, Permission, Request, Status, monotonic_ns};
+use tent::base::request::{Opcode, Permission, Request, Status, monotonic_ns};
 use tent::error::Error;
 
 const BOUND: Duration = Duration::from_secs(60);

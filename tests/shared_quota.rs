@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 
 use common::engines::{buffer, engine, req, wait};
 use tent::base::qos::{Foreign, Gate, Level, QosParams};
+use tent::base::request::{Opcode, Permission, Status};
 use tent::base::shared_quota::{QuotaPath, SharedQuota, file_for};
 use tent::engine::Engine;
-use tent::engine::types::{Opcode, Permission, Status};
 
 const ROLE: &str = "TENT_SHARED_QUOTA_CHILD";
 const READY: &str = "child holds HIGH work";
@@ -205,13 +205,24 @@ fn rdma_low_beside(name: &str, other: Level, promotion_us: &str) -> u64 {
     let other_gate = Gate::new(params(), Some(watcher as Arc<dyn Foreign>));
     let ticket = other_gate.enter(other);
     let (batch, src, dst) = submit_write(&a, &b, LEN, 2);
+    // Once a slice is on the wire the endpoint is connected; the count is read when every slice
+    // is either on the wire or held in a lane and the lanes have gone a few passes without
+    // posting anything more (nothing completes while the virtual clock stands still).
+    let rdma = a.rdma().expect("rdma");
+    let settled = || {
+        let posted = rdma_in_flight(&a);
+        let held = rdma.lanes_settled(16)?;
+        (posted > 0 && held * SLICE + posted as usize == LEN).then_some(posted)
+    };
     let deadline = Instant::now() + BOUND;
-    while rdma_in_flight(&a) == 0 && Instant::now() < deadline {
+    let mut posted = settled();
+    while posted.is_none() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(1));
+        posted = settled();
     }
-    // The lanes post within microseconds of seeing work: give them ample time to post more.
-    std::thread::sleep(Duration::from_millis(50));
-    let posted = rdma_in_flight(&a);
+    let posted = posted.unwrap_or_else(|| {
+        panic!("lanes never settled: {} bytes on the wire, {:?} held", rdma_in_flight(&a), rdma.lanes_settled(16))
+    });
     drop(ticket);
     common::sim::until(&f, Duration::from_micros(100), || {
         a.task_status_list(batch).expect("status").iter().all(|(s, _)| *s != Status::Pending)

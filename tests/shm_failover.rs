@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::engines::{buffer, engine, req, run, wait};
-use tent::engine::types::{Opcode, Permission, Status, TransportKind};
+use tent::base::request::{Opcode, Permission, Status, TransportKind};
 use tent::engine::{Engine, MemoryOptions};
 
 const BOUND: Duration = Duration::from_secs(30);

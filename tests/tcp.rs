@@ -5,7 +5,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::engines::{buffer, engine, req, run};
-use tent::engine::types::{Opcode, Permission, Status};
+use tent::base::request::{Opcode, Permission, Status};
 
 const BOUND: Duration = Duration::from_secs(30);
 
@@ -202,9 +202,19 @@ fn descriptor_updates_reach_subscribers() {
     drop(first);
 }
 
-/// A fake peer that serves a descriptor pointing at itself, then never answers data requests.
-fn hung_peer() -> (String, u64) {
+/// A fake peer that serves a descriptor pointing at itself, then holds every data request
+/// unanswered until `release` is dropped; `held` counts the data requests it holds.
+struct HungPeer {
+    addr: String,
+    base: u64,
+    held: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    release: Option<std::sync::mpsc::Sender<()>>,
+}
+
+fn hung_peer() -> HungPeer {
     use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex, mpsc};
     use tent::control::frame;
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = l.local_addr().expect("addr").to_string();
@@ -212,10 +222,14 @@ fn hung_peer() -> (String, u64) {
     let desc = format!(
         r#"{{"detail":{{"buffers":[{{"addr":{base},"internal":false,"length":1048576,"location":"cpu:0","mnnvl_handle":"","regions":[],"rkey":[],"shm_path":"","transport_attrs":[],"transports":[7]}}],"device_attrs":{{}},"devices":[]}},"machine_id":"elsewhere","name":"{addr}","rpc_server_addr":"{addr}","type":"memory"}}"#
     );
+    let held = Arc::new(AtomicUsize::new(0));
+    let (release, released) = mpsc::channel::<()>();
+    let released = Arc::new(Mutex::new(released));
+    let counter = held.clone();
     std::thread::spawn(move || {
         for c in l.incoming() {
             let Ok(mut c) = c else { return };
-            let desc = desc.clone();
+            let (desc, held, released) = (desc.clone(), counter.clone(), released.clone());
             std::thread::spawn(move || {
                 loop {
                     let mut h = [0u8; 20];
@@ -237,8 +251,9 @@ fn hung_peer() -> (String, u64) {
                             let _ = c.write_all(&out);
                         }
                         Ok(frame::msg::SEND_DATA) | Ok(frame::msg::RECV_DATA) => {
-                            // Hang: hold the connection, never reply.
-                            std::thread::sleep(Duration::from_secs(120));
+                            // Hang: hold the connection, never reply, until released.
+                            held.fetch_add(1, Ordering::SeqCst);
+                            let _ = released.lock().map(|r| r.recv());
                             return;
                         }
                         _ => {
@@ -249,29 +264,45 @@ fn hung_peer() -> (String, u64) {
             });
         }
     });
-    (addr, base)
+    HungPeer { addr, base, held, release: Some(release) }
 }
 
 #[test]
 fn destroying_an_engine_never_waits_for_a_hung_peer() {
-    let (addr, base) = hung_peer();
+    let mut peer = hung_peer();
     let a = engine(&[]);
     let src = buffer(&a, 4096, pattern, Permission::GlobalReadWrite);
-    let h = a.open_segment(&addr).expect("open");
+    let h = a.open_segment(&peer.addr).expect("open");
     let batch = a.allocate_batch(1).expect("batch");
     // SAFETY: the requests' local memory stays alive until their tasks end.
-    unsafe { a.submit(batch, &[req(Opcode::Write, src.as_ptr() as u64, h, base, 4096)], None) }.expect("submit");
-    std::thread::sleep(Duration::from_millis(100));
-    assert_eq!(a.task_status(batch, 0).expect("status").0, Status::Pending, "the peer never answers");
+    unsafe { a.submit(batch, &[req(Opcode::Write, src.as_ptr() as u64, h, peer.base, 4096)], None) }.expect("submit");
     let start = Instant::now();
-    drop(a);
-    assert!(start.elapsed() < Duration::from_secs(5), "teardown took {:?}", start.elapsed());
+    while peer.held.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(start.elapsed() < BOUND, "the write never reached the peer");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(a.task_status(batch, 0).expect("status").0, Status::Pending, "the peer holds the write");
+    // The engine is destroyed on another thread while the peer still holds the write: that
+    // must end without the peer's answer, which only comes once the teardown ended (or the
+    // bound passed, which fails the test).
+    let (done, ended) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        drop(a);
+        let _ = done.send(());
+    });
+    let teardown = ended.recv_timeout(BOUND);
+    drop(peer.release.take());
+    if teardown.is_err() {
+        // The engine may still read it.
+        std::mem::forget(src);
+        panic!("destroying the engine waited for the hung peer");
+    }
 }
 
 #[test]
 fn ipv6_loopback_names_are_bracketed_and_work() {
-    if std::net::TcpListener::bind("[::1]:0").is_err() {
-        println!("skipped: this host has no IPv6 loopback");
+    let ipv6 = std::net::TcpListener::bind("[::1]:0").is_ok();
+    if !common::required(ipv6, "this host has no IPv6 loopback (::1)", "TENT_SKIP_IPV6_TESTS") {
         return;
     }
     let a = engine(&[("rpc_server_hostname", "::1")]);

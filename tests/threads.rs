@@ -12,8 +12,8 @@ use std::time::Duration;
 use common::engines::{buffer, engine, req, run};
 use common::fake_peer::threads;
 use common::stores::{eventually, read_http_request};
+use tent::base::request::{Opcode, Permission, Status};
 use tent::config::Config;
-use tent::engine::types::{Opcode, Permission, Status};
 use tent::engine::{Engine, effective_config};
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -65,7 +65,7 @@ fn an_idle_engine_runs_at_most_twelve_threads() {
         let idle = threads() - base;
         eprintln!("{what} ({:?}): {} threads per idle engine", a.loaded_transports(), idle / 2);
         if what.contains("RDMA") {
-            assert!(a.loaded_transports().contains(&tent::engine::types::TransportKind::Rdma));
+            assert!(a.loaded_transports().contains(&tent::base::request::TransportKind::Rdma));
         }
         assert!(idle / 2 <= 12, "{what}: {} threads per idle engine", idle / 2);
         // A burst of transfers between the two.
@@ -142,7 +142,7 @@ fn failed_starts_leave_no_thread_behind() {
     let plain = threads() - base;
     drop(without);
     let bad = engine(&[("transports/rdma/provider", "sim"), ("transports/rdma/sim/fabric", "no_such_fabric")]);
-    assert!(!bad.loaded_transports().contains(&tent::engine::types::TransportKind::Rdma));
+    assert!(!bad.loaded_transports().contains(&tent::base::request::TransportKind::Rdma));
     assert_eq!(threads() - base, plain, "a refused RDMA setup left threads behind");
     drop(bad);
     assert_eq!(threads(), base);

@@ -282,7 +282,6 @@ fn write_and_read_move_bytes_and_complete_in_order() {
         assert_eq!(&b.buf[50..58], b"abcdefgh");
         assert_eq!(&a.buf[200..202], b"WX");
         assert_eq!(&a.buf[300..302], b"YZ");
-        let _ = (&mut a, &mut b);
     });
 }
 
@@ -454,7 +453,7 @@ fn vanished_responder_ends_in_retry_exceeded() {
 /// outcome that matters (the bytes never land) as the requester running out of retries.
 #[test]
 fn mismatched_first_psns_never_deliver() {
-    let (fabric, _ha, _hb, mut a, mut b) = sim_pair();
+    let (fabric, _ha, _hb, mut a, b) = sim_pair();
     for s in [&a, &b] {
         to_init(s, all_access()).unwrap();
     }
@@ -472,7 +471,6 @@ fn mismatched_first_psns_never_deliver() {
     fabric.advance(Duration::from_millis(10));
     assert_eq!(poll_all(&a.cq)[0].status, WcStatus::RetryExcErr);
     assert_eq!(&b.buf[..4], &[0, 0, 0, 0]);
-    let _ = (&mut a, &mut b);
 }
 
 /// Sim-only: proving "forever" takes an hour of virtual time.
@@ -557,7 +555,7 @@ fn cq_overflow_raises_cq_err_and_breaks_the_cq() {
 #[test]
 fn send_without_recv_follows_rnr_rules() {
     // rnr_retry 7: waits for a receive however long it takes.
-    let (fabric, _ha, _hb, mut a, mut b) = sim_pair();
+    let (fabric, _ha, _hb, mut a, b) = sim_pair();
     connect_with(&a, &b, 14, 7, 7);
     a.buf[..5].copy_from_slice(b"hello");
     let sg = [sge(&a, 0, 5)];
@@ -571,7 +569,6 @@ fn send_without_recv_follows_rnr_rules() {
     let r = poll_all(&b.cq);
     assert_eq!((r[0].wr_id, r[0].opcode, r[0].byte_len, r[0].imm), (77, WcOpcode::Recv, 5, Some(0xabcd)));
     assert_eq!(&b.buf[1000..1005], b"hello");
-    let _ = &mut b;
 
     // rnr_retry 1 with the responder's min_rnr_timer 12 (0.64 ms): fails after 2 * 0.64 ms.
     let (fabric, _ha, _hb, a, b) = sim_pair();
@@ -719,7 +716,6 @@ fn stalled_completions_are_held_until_released() {
     assert_eq!(&b.buf[..3], b"xyz", "the data moved; only the completion is held");
     fabric.stall_cq(a.cq.handle(), false).unwrap();
     assert_eq!(poll_all(&a.cq)[0].wr_id, 1);
-    let _ = &mut a;
 }
 
 /// Sim-only: pins when unsignaled slots come back, which drivers differ on (NICs: when a
@@ -1029,7 +1025,6 @@ fn threads_drive_a_realtime_fabric_concurrently() {
                 let last = PER_THREAD - 1;
                 let slot = (last % 256) as usize * 8;
                 assert_eq!(b.buf[slot..slot + 8], last.to_le_bytes());
-                let _ = &mut a;
             })
         })
         .collect();

@@ -8,8 +8,8 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::engines::{buffer, engine};
+use tent::base::request::Permission;
 use tent::control::frame::{self, msg};
-use tent::engine::types::Permission;
 
 fn connect(port: u16) -> TcpStream {
     let s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
@@ -165,12 +165,11 @@ fn malformed_frames_are_handled_and_the_server_keeps_serving() {
     c.write_all(&[frame::MAGIC, 0]).expect("send");
     drop(c);
 
-    // Others are still served, quickly, while `stuck` holds its partial header.
-    let start = Instant::now();
+    // Others are still served while `stuck` holds its partial header (a server held up by it
+    // would answer them only after dropping it, and then the stuck client could not finish).
     let mut s2 = connect(port);
     assert_eq!(call(&mut s2, 0, msg::PROBE, &[]).0, 0);
     assert_eq!(call(&mut s2, 1, msg::GET_SEGMENT_DESC, &[]).0, 0);
-    assert!(start.elapsed() < Duration::from_secs(5), "served while a partial header is pending");
     // The stuck client can still finish its request.
     let rest = &frame::encode_request(7, msg::PROBE, 0, 0)[3..];
     stuck.write_all(rest).expect("rest");
@@ -306,10 +305,10 @@ fn auth_token_gates_every_request() {
     let src = buffer(&a, 4096, |i| i as u8, Permission::GlobalReadWrite);
     let st = common::engines::run(
         &a,
-        &[common::engines::req(tent::engine::types::Opcode::Write, src.as_ptr() as u64, h, peer.as_ptr() as u64, 4096)],
+        &[common::engines::req(tent::base::request::Opcode::Write, src.as_ptr() as u64, h, peer.as_ptr() as u64, 4096)],
         Duration::from_secs(30),
     );
-    assert_eq!(st[0].0, tent::engine::types::Status::Completed);
+    assert_eq!(st[0].0, tent::base::request::Status::Completed);
     assert!(peer[..] == src[..]);
     // No token or a wrong one: refused.
     let h = plain.open_segment(b.segment_name()).expect("open");

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tent::base::request::{Opcode, Permission, Request, Status, TransportKind};
 use tent::config::Config;
-use tent::engine::types::{Opcode, Permission, Request, Status, TransportKind};
 use tent::engine::{Engine, MemoryOptions, effective_config};
 
 /// An engine on 127.0.0.1 with `extra` config keys (typed as `tent_set_config` does).

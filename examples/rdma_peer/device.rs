@@ -14,8 +14,8 @@
 
 use std::sync::Arc;
 
+use tent::base::request::Permission;
 use tent::device::{self, Mem};
-use tent::engine::types::Permission;
 use tent::engine::{Engine, MemoryOptions};
 
 use super::pattern;

@@ -36,8 +36,8 @@ use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
+use tent::base::request::Permission;
 use tent::config::Config;
-use tent::engine::types::Permission;
 use tent::engine::{Engine, MemoryOptions, effective_config};
 
 /// The byte at `offset` of a buffer filled with `seed`: position-dependent, so a block that

@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use tent::engine::types::{Opcode, Permission, Request, Status, TransportKind};
+use tent::base::request::{Opcode, Permission, Request, Status, TransportKind};
 use tent::engine::{Engine, MemoryOptions};
 
 use super::{Out, pattern};

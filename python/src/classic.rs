@@ -13,8 +13,8 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+use tent::base::request::Opcode;
 use tent::engine::classic::{self, CheckedStatus, ClassicEngine};
-use tent::engine::types::Opcode;
 use tent::error::{Api, Error};
 
 use crate::{Mem, Slot, mem, mems};

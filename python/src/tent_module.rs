@@ -14,8 +14,8 @@ use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 
+use tent::base::request::{Opcode, Permission as EnginePermission, Request as EngineRequest, Status, TransportKind};
 use tent::config::Config;
-use tent::engine::types::{Opcode, Permission as EnginePermission, Request as EngineRequest, Status, TransportKind};
 use tent::engine::{self, Engine, MemoryOptions as EngineMemoryOptions};
 use tent::error::Error;
 

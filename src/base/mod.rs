@@ -1,9 +1,11 @@
 //! Types every layer shares, below all of them: requests and their kinds, segment
-//! descriptors, and the handle through which a transport reports a task's end. Nothing here
+//! descriptors, the handle through which a transport reports a task's end, and the elastic
+//! worker pool the server, the transports and the engine run their threads in. Nothing here
 //! imports a layer above (`engine`, `transport`, `control`, `verbs`, `ffi`).
 
 pub mod copy;
 pub mod idhash;
+pub mod pool;
 pub mod prefetch;
 pub mod qos;
 pub mod request;

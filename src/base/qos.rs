@@ -25,15 +25,17 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-/// A priority level. Lower values go first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Level {
-    /// `PRIO_HIGH` (0): foreground work (a KV handoff that gates a token).
-    High = 0,
-    /// `PRIO_MEDIUM` (1).
-    Medium = 1,
-    /// `PRIO_LOW` (2): background work (offload) that can wait.
-    Low = 2,
+int_enum! {
+    /// A priority level. Lower values go first.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+    pub enum Level: u8 {
+        /// `PRIO_HIGH` (0): foreground work (a KV handoff that gates a token).
+        High = 0,
+        /// `PRIO_MEDIUM` (1).
+        Medium = 1,
+        /// `PRIO_LOW` (2): background work (offload) that can wait.
+        Low = 2,
+    }
 }
 
 impl Level {
@@ -54,11 +56,7 @@ impl Level {
 
     /// The level of [`Level::index`] `i` (LOW for anything above 2).
     pub fn from_index(i: usize) -> Level {
-        match i {
-            0 => Level::High,
-            1 => Level::Medium,
-            _ => Level::Low,
-        }
+        u8::try_from(i).ok().and_then(Level::from_int).unwrap_or(Level::Low)
     }
 }
 

@@ -2,49 +2,48 @@
 
 use crate::error::{Error, Result};
 
-/// Direction of a transfer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Opcode {
-    /// Copy from the target segment into local memory.
-    Read,
-    /// Copy from local memory into the target segment.
-    Write,
+int_enum! {
+    /// Direction of a transfer.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub enum Opcode: u8 {
+        /// Copy from the target segment into local memory.
+        Read = 0,
+        /// Copy from local memory into the target segment.
+        Write = 1,
+    }
 }
 
 impl Opcode {
     /// Converts the C `OPCODE_*` value; anything else is an invalid argument.
     pub fn from_c(v: i32) -> Result<Opcode> {
-        match v {
-            0 => Ok(Opcode::Read),
-            1 => Ok(Opcode::Write),
-            other => {
-                Err(Error::InvalidArgument(format!("opcode {other} is neither OPCODE_READ (0) nor OPCODE_WRITE (1)")))
-            }
-        }
+        u8::try_from(v).ok().and_then(Opcode::from_int).ok_or_else(|| {
+            Error::InvalidArgument(format!("opcode {v} is neither OPCODE_READ (0) nor OPCODE_WRITE (1)"))
+        })
     }
 }
 
-/// Transports by their upstream wire value (`TRANSPORT_*`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[repr(i32)]
-pub enum TransportKind {
-    Unspec = 0,
-    Rdma = 1,
-    Mnnvl = 2,
-    Shm = 3,
-    Nvlink = 4,
-    Gds = 5,
-    IoUring = 6,
-    Tcp = 7,
-    AscendDirect = 8,
-    SunriseLink = 9,
-    Tpu = 10,
-    Ub = 11,
-    Mpcomm = 12,
-    /// tent-rs only, never on the wire or in C: plain `pread`/`pwrite` on file segments, used
-    /// when io_uring is unavailable or disabled. `from_i32` never yields it, so a C hint cannot
-    /// name it.
-    BufIo = 13,
+int_enum! {
+    /// Transports by their upstream wire value (`TRANSPORT_*`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub enum TransportKind: i32 {
+        Unspec = 0,
+        Rdma = 1,
+        Mnnvl = 2,
+        Shm = 3,
+        Nvlink = 4,
+        Gds = 5,
+        IoUring = 6,
+        Tcp = 7,
+        AscendDirect = 8,
+        SunriseLink = 9,
+        Tpu = 10,
+        Ub = 11,
+        Mpcomm = 12,
+        /// tent-rs only, never on the wire or in C: plain `pread`/`pwrite` on file segments, used
+        /// when io_uring is unavailable or disabled. `from_i32` never yields it, so a C hint cannot
+        /// name it.
+        BufIo = 13,
+    }
 }
 
 impl TransportKind {
@@ -58,23 +57,7 @@ impl TransportKind {
 
     /// Converts a wire or C value; out-of-range values are `None`.
     pub fn from_i32(v: i32) -> Option<TransportKind> {
-        use TransportKind::*;
-        Some(match v {
-            0 => Unspec,
-            1 => Rdma,
-            2 => Mnnvl,
-            3 => Shm,
-            4 => Nvlink,
-            5 => Gds,
-            6 => IoUring,
-            7 => Tcp,
-            8 => AscendDirect,
-            9 => SunriseLink,
-            10 => Tpu,
-            11 => Ub,
-            12 => Mpcomm,
-            _ => return None,
-        })
+        TransportKind::from_int(v).filter(|k| *k != TransportKind::BufIo)
     }
 
     /// The lower-case name used in config and logs.
@@ -99,35 +82,31 @@ impl TransportKind {
     }
 }
 
-/// Who may access a registered buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Permission {
-    /// Only this process.
-    LocalReadWrite,
-    /// Peers may read, not write.
-    GlobalReadOnly,
-    /// Peers may read and write.
-    GlobalReadWrite,
+int_enum! {
+    /// Who may access a registered buffer.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Permission: u8 {
+        /// Only this process.
+        LocalReadWrite = 0,
+        /// Peers may read, not write.
+        GlobalReadOnly = 1,
+        /// Peers may read and write.
+        GlobalReadWrite = 2,
+    }
 }
 
 impl Permission {
     /// Converts the C `PERM_*` value; anything else is an invalid argument.
     pub fn from_c(v: i32) -> Result<Permission> {
-        match v {
-            0 => Ok(Permission::LocalReadWrite),
-            1 => Ok(Permission::GlobalReadOnly),
-            2 => Ok(Permission::GlobalReadWrite),
-            other => Err(Error::InvalidArgument(format!("permission {other} is not one of PERM_* (0, 1, 2)"))),
-        }
+        u8::try_from(v)
+            .ok()
+            .and_then(Permission::from_int)
+            .ok_or_else(|| Error::InvalidArgument(format!("permission {v} is not one of PERM_* (0, 1, 2)")))
     }
 
     /// The C / descriptor value.
     pub fn as_c(self) -> i32 {
-        match self {
-            Permission::LocalReadWrite => 0,
-            Permission::GlobalReadOnly => 1,
-            Permission::GlobalReadWrite => 2,
-        }
+        i32::from(self as u8)
     }
 
     /// Whether `op` may target the memory: from a peer (`remote`), or through this engine's own
@@ -141,32 +120,25 @@ impl Permission {
     }
 }
 
-/// Task status, with the values of the C `STATUS_*` constants.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(i32)]
-pub enum Status {
-    Waiting = 0,
-    Pending = 1,
-    Invalid = 2,
-    Canceled = 3,
-    Completed = 4,
-    Timeout = 5,
-    Failed = 6,
+int_enum! {
+    /// Task status, with the values of the C `STATUS_*` constants.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Status: i32 {
+        Waiting = 0,
+        Pending = 1,
+        Invalid = 2,
+        Canceled = 3,
+        Completed = 4,
+        Timeout = 5,
+        Failed = 6,
+    }
 }
 
 impl Status {
     /// Converts a stored value back; unknown values read as FAILED so a task never looks alive
     /// by accident.
     pub fn from_i32(v: i32) -> Status {
-        match v {
-            0 => Status::Waiting,
-            1 => Status::Pending,
-            2 => Status::Invalid,
-            3 => Status::Canceled,
-            4 => Status::Completed,
-            5 => Status::Timeout,
-            _ => Status::Failed,
-        }
+        Status::from_int(v).unwrap_or(Status::Failed)
     }
 
     /// True once the task can no longer change.

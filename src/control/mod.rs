@@ -8,6 +8,5 @@ pub mod conn_io;
 pub mod frame;
 pub mod metadata;
 pub mod pipe;
-pub mod queue;
 pub mod rawio;
 pub mod server;

@@ -8,10 +8,11 @@
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::OnceLock;
 
 use parking_lot::Mutex;
 
-use super::{DeviceRange, IpcExport, Mem, PendingCopy, Platform, ShareableExport};
+use super::platform::{DeviceRange, IpcExport, Mem, PendingCopy, Platform, ShareableExport};
 use crate::error::{Error, Result};
 
 type CuResult = c_int;
@@ -335,9 +336,27 @@ impl Drop for CudaCopy {
     }
 }
 
+/// The process's CUDA platform, or why there is none, worked out once.
+static CUDA: OnceLock<std::result::Result<Cuda, String>> = OnceLock::new();
+
+/// The process's CUDA platform, opening the driver at the first call; `None` when the driver
+/// does not load or has no device.
+pub fn process_cuda() -> Option<&'static Cuda> {
+    CUDA.get_or_init(Cuda::open).as_ref().ok()
+}
+
+/// Why the process has no CUDA platform, once opening it was tried and failed; `None` before
+/// the first try and when it succeeded.
+pub fn why_absent() -> Option<String> {
+    match CUDA.get() {
+        Some(Err(why)) => Some(why.clone()),
+        _ => None,
+    }
+}
+
 /// The process's CUDA platform, for the `'static` borrows copies keep.
 fn this() -> Option<&'static Cuda> {
-    match super::CUDA.get() {
+    match CUDA.get() {
         Some(Ok(c)) => Some(c),
         _ => None,
     }

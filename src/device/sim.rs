@@ -14,7 +14,8 @@ use std::sync::OnceLock;
 
 use parking_lot::RwLock;
 
-use super::{DeviceRange, Done, IpcExport, Mem, PendingCopy, Platform, ShareableExport, known};
+use super::known;
+use super::platform::{DeviceRange, Done, IpcExport, Mem, PendingCopy, Platform, ShareableExport};
 use crate::error::{Error, Result};
 
 /// The first bytes of a simulated IPC handle.

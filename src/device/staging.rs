@@ -5,7 +5,7 @@
 
 use parking_lot::Mutex;
 
-use super::Platform;
+use super::platform::Platform;
 use crate::error::Result;
 
 /// Bytes in one staging buffer: the unit a device path moves per copy.

@@ -34,8 +34,8 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use super::task::{EndListener, Entry};
-use super::types::{Request, Status, monotonic_ns};
 use crate::base::qos::{Level, QosParams};
+use crate::base::request::{Request, Status, monotonic_ns};
 use crate::config::RuntimeQueueSection;
 use crate::error::{Error, Result};
 
@@ -491,8 +491,8 @@ mod tests {
     use std::sync::mpsc;
 
     use super::*;
+    use crate::base::request::{Opcode, TransportKind};
     use crate::engine::batch::{Batch, BatchTable};
-    use crate::engine::types::{Opcode, TransportKind};
 
     const MIB: u64 = 1 << 20;
     const WAIT: Duration = Duration::from_secs(10);

@@ -12,8 +12,8 @@ use super::dispatch::Dispatcher;
 use super::peers::{self, PeerLanes};
 use super::remote::Remote;
 use super::unit::Unit;
+use crate::base::pool::{Pool, WorkQueue};
 use crate::control::metadata::Publication;
-use crate::control::queue::{Pool, WorkQueue};
 use crate::error::Result;
 
 /// The progress worker: decides failovers of units parked in its queue

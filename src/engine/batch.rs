@@ -12,7 +12,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 
 pub use super::task::Entry;
 use super::task::{EndListener, Listeners, Parent, TaskState};
-use super::types::{Request, Status, TransportKind};
+use crate::base::request::{Request, Status, TransportKind};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 
@@ -140,7 +140,7 @@ impl Batch {
         let submitted = Instant::now();
         // The deadline clock is read only for a submit that carries deadlines.
         let mono = match requests.iter().any(|r| r.deadline_ns != 0) {
-            true => super::types::monotonic_ns(),
+            true => crate::base::request::monotonic_ns(),
             false => 0,
         };
         self.life.pending.fetch_add(requests.len(), Ordering::SeqCst);
@@ -397,7 +397,7 @@ impl BatchTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::types::Opcode;
+    use crate::base::request::Opcode;
 
     fn req() -> Request {
         Request {

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::types::{Opcode, Permission, Request, Status, TransportKind};
 use super::{Engine, MemoryOptions};
+use crate::base::request::{Opcode, Permission, Request, Status, TransportKind};
 use crate::config::{Config, keys};
 use crate::error::{Error, Result};
 

@@ -8,8 +8,8 @@ use super::batch::kind_bit;
 use super::policy::{self, Policy, SelectCtx};
 use super::segment::{BufferDesc, BufferRef, LocalSegment, SegmentDesc};
 use super::task::{Entry, TaskState};
-use super::types::{Request, TransportKind, range_within};
 use super::unit::{FailoverConfig, Members, Plan, Task, Unit};
+use crate::base::request::{Request, TransportKind, range_within};
 use crate::error::{Error, Result};
 use crate::transport::Transport;
 
@@ -248,10 +248,10 @@ impl Dispatcher {
             let first = entries[group[0]].request;
             let length = group.iter().map(|&i| entries[i].request.length).sum();
             let request = Request { length, ..first };
-            let members = match group[..] {
-                [only] => Members::One(entries[only].state.clone()),
-                _ => Members::Many(group.iter().map(|&i| entries[i].state.clone()).collect()),
-            };
+            let members = Members::new(
+                entries[group[0]].state.clone(),
+                group[1..].iter().map(|&i| entries[i].state.clone()).collect(),
+            );
             let mut located = None;
             let candidates = if desc.is_file() {
                 self.file_candidates(desc, &request)
@@ -357,7 +357,7 @@ impl Dispatcher {
             }
             return;
         };
-        if let Some(m) = units.first().and_then(|u| u.members().first()) {
+        if let Some(m) = units.first().map(|u| u.members().first()) {
             // One per slice: the units of a submit all belong to one batch.
             m.handed_to(kind);
         }

@@ -9,7 +9,7 @@ use std::time::Instant;
 use super::peers::Fetcher;
 use super::segment::LocalSegment;
 use super::task::Entry;
-use super::types::{Opcode, Request};
+use crate::base::request::{Opcode, Request};
 use crate::device;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;

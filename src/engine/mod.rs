@@ -16,7 +16,6 @@ mod serve;
 mod start;
 pub mod task;
 pub mod topology;
-pub mod types;
 pub mod unit;
 
 use std::collections::HashMap;
@@ -26,6 +25,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use crate::base::request::{Notification, Permission, Request, Status, TransportKind};
 use crate::config::{Config, Notes, Settings};
 use crate::control::addr;
 use crate::control::client::RpcClient;
@@ -48,7 +48,6 @@ use serve::ServerView;
 pub use start::effective_config;
 use start::{attach_rdma, load_transports, segment_name_for, start_metrics_server};
 use task::EndListener;
-use types::{Notification, Permission, Request, Status, TransportKind};
 
 /// Pending polls of one batch answered with a yield; later ones wait for the batch's end.
 const YIELDING_POLLS: u32 = 8;
@@ -504,7 +503,7 @@ impl Engine {
     fn shm_backing(&self, addr: u64, len: u64) -> Option<(String, u64)> {
         self.allocations.lock().iter().find_map(|(&base, a)| {
             let name = a.shm_name.as_ref()?;
-            types::range_within(addr, len, base, a.size as u64).then(|| (name.clone(), addr - base))
+            crate::base::request::range_within(addr, len, base, a.size as u64).then(|| (name.clone(), addr - base))
         })
     }
 
@@ -912,6 +911,12 @@ impl Engine {
     pub fn file_direct_io(&self, handle: u64) -> Option<bool> {
         let name = self.remote.segments.name_of(handle)?;
         self.dispatcher.transports.iter().find_map(|t| t.direct_io(&name))
+    }
+
+    /// Whether every thread of the loaded transport `kind` is asleep until a submit wakes it;
+    /// `None` when it is not loaded or does not say (see `Transport::asleep`).
+    pub fn transport_asleep(&self, kind: TransportKind) -> Option<bool> {
+        self.dispatcher.transport(kind)?.asleep()
     }
 
     /// Per-NIC load; empty without RDMA.

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 use super::task::EndListener;
-use super::types::Status;
+use crate::base::request::Status;
 
 /// Sends a submit's notification when its last task ends.
 pub trait HookSink: Send + Sync {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::types::TransportKind;
+use crate::base::request::TransportKind;
 
 /// One policy entry.
 #[derive(Debug, Clone, PartialEq)]

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 
 use super::segment::{SegmentDesc, SegmentTable};
-use super::types::Notification;
+use crate::base::request::Notification;
 use crate::control::client::RpcClient;
 use crate::control::frame::msg;
 use crate::control::metadata::{MetadataStore, segment_key};

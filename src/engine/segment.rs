@@ -12,7 +12,7 @@ use iset::IntervalMap;
 use parking_lot::{Condvar, Mutex, RwLock};
 use serde_json::Value;
 
-use super::types::{Opcode, Permission, TransportKind, range_within};
+use crate::base::request::{Opcode, Permission, TransportKind, range_within};
 use crate::base::segment::SortedStarts;
 pub use crate::base::segment::{BufferDesc, BufferRef, FILE_SEGMENT_PREFIX, FileTarget, SegmentDesc};
 use crate::error::{Error, Result};

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::remote::Remote;
 use super::segment::{LocalSegment, RangeCheck};
-use super::types::Opcode;
+use crate::base::request::Opcode;
 use crate::control::server::{Refusal, RpcHandler};
 use crate::error::Error;
 use crate::transport::rdma::RdmaTransport;

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
-use super::types::{Request, Status, TransportKind};
+use crate::base::request::{Request, Status, TransportKind};
 use crate::metrics::{LOCAL_COPY_TRANSPORT, Metrics};
 
 /// Hears that a task ended (once per task): the admission queue's ticket gives its room back,
@@ -104,7 +104,7 @@ impl TaskState {
             status: AtomicI32::new(Status::Pending as i32),
             transferred: AtomicU64::new(0),
             length: r.length,
-            write: r.opcode == super::types::Opcode::Write,
+            write: r.opcode == crate::base::request::Opcode::Write,
             local: r.target_id == 0,
             submitted,
             cancel_requested: AtomicBool::new(false),
@@ -242,7 +242,7 @@ impl TaskState {
     /// was a copy within this engine, else under `unspec` (upstream's label for "no transport
     /// was chosen").
     fn report_alone(&self, status: Status, bytes: u64) {
-        let op = if self.write { super::types::Opcode::Write } else { super::types::Opcode::Read };
+        let op = if self.write { crate::base::request::Opcode::Write } else { crate::base::request::Opcode::Read };
         let kind = if self.local { LOCAL_COPY_TRANSPORT } else { TransportKind::Unspec };
         self.metrics().request_ended(kind, op, status, bytes, self.submitted.elapsed(), None);
     }

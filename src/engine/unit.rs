@@ -13,9 +13,9 @@ use parking_lot::Mutex;
 
 use super::segment::{BufferRef, SegmentDesc};
 use super::task::{Carrier, TaskState};
-use super::types::{Opcode, Request, Status, TransportKind};
+use crate::base::pool::Pool;
+use crate::base::request::{Opcode, Request, Status, TransportKind};
 pub use crate::base::task::{Task, TaskSink};
-use crate::control::queue::Pool;
 
 /// How failures are handled for the units of one engine.
 pub struct FailoverConfig {
@@ -37,29 +37,39 @@ struct Route {
     failovers: u32,
 }
 
-/// The public tasks a unit completes: one, unless requests were merged, and then kept without a
-/// heap allocation of their own (a KV batch makes hundreds of units per submit).
-pub enum Members {
-    One(Arc<TaskState>),
-    Many(Vec<Arc<TaskState>>),
+/// The public tasks a unit completes: one, unless requests were merged; the others are kept
+/// without a heap allocation when there are none (a KV batch makes hundreds of units per
+/// submit). The first task is a field of its own, always set, so reading it never picks between
+/// two layouts (an enum's optimised select read the unset word of the arm not taken, which
+/// valgrind flagged in every C program).
+pub struct Members {
+    first: Arc<TaskState>,
+    rest: Vec<Arc<TaskState>>,
 }
 
 impl Members {
+    /// `first` and the tasks merged after it, in submission order.
+    pub fn new(first: Arc<TaskState>, rest: Vec<Arc<TaskState>>) -> Members {
+        Members { first, rest }
+    }
+
+    /// The first task: the one that reports the unit to the metrics.
+    pub fn first(&self) -> &Arc<TaskState> {
+        &self.first
+    }
+
     /// The tasks, in submission order.
-    pub fn as_slice(&self) -> &[Arc<TaskState>] {
-        match self {
-            Members::One(m) => std::slice::from_ref(m),
-            Members::Many(v) => v,
-        }
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<TaskState>> {
+        std::iter::once(&self.first).chain(&self.rest)
     }
 }
 
 impl<'a> IntoIterator for &'a Members {
     type Item = &'a Arc<TaskState>;
-    type IntoIter = std::slice::Iter<'a, Arc<TaskState>>;
+    type IntoIter = std::iter::Chain<std::iter::Once<&'a Arc<TaskState>>, std::slice::Iter<'a, Arc<TaskState>>>;
 
     fn into_iter(self) -> Self::IntoIter {
-        self.as_slice().iter()
+        std::iter::once(&self.first).chain(&self.rest)
     }
 }
 
@@ -131,7 +141,7 @@ impl TaskSink for Unit {
     }
 
     fn cancel_requested(&self) -> bool {
-        self.members.as_slice().iter().all(|m| m.cancel_requested())
+        self.members.iter().all(|m| m.cancel_requested())
     }
 
     fn target_buffer(&self) -> Option<BufferRef> {
@@ -219,7 +229,7 @@ impl Unit {
     /// Whether `task` is the unit's first public task: the one that reports the unit's outcome
     /// to the metrics (a merged unit is one request there, as upstream counts it).
     fn reports(&self, task: &TaskState) -> bool {
-        self.members.as_slice().first().is_some_and(|m| std::ptr::eq(Arc::as_ptr(m), task))
+        std::ptr::eq(Arc::as_ptr(self.members.first()), task)
     }
 
     /// Nanoseconds from the unit's creation to `at` (0 for an earlier `at`).
@@ -268,8 +278,8 @@ impl Unit {
     }
 
     /// The public tasks it completes.
-    pub fn members(&self) -> &[Arc<TaskState>] {
-        self.members.as_slice()
+    pub fn members(&self) -> &Members {
+        &self.members
     }
 
     /// A task for the current attempt.
@@ -298,7 +308,7 @@ impl Unit {
         // The attempt is over whatever comes next (a failover runs a new one).
         self.close_attempt(true, self.nanos_since_created(Instant::now()));
         let deferred = self.failover.on_poll || self.failover.progress.is_some();
-        let freed = self.members.as_slice().iter().all(|m| m.batch_freed());
+        let freed = self.members.iter().all(|m| m.batch_freed());
         if deferred && !freed && self.can_fail_over() {
             // Park the tasks; a status poll or the progress worker decides, exactly once.
             let mut any = false;
@@ -342,8 +352,7 @@ impl Unit {
                 None
             }
         };
-        let reason =
-            || self.members.as_slice().iter().find_map(|m| m.error()).unwrap_or_else(|| "transfer failed".into());
+        let reason = || self.members.iter().find_map(|m| m.error()).unwrap_or_else(|| "transfer failed".into());
         match next {
             Some(kind) => {
                 self.attempt.fetch_add(1, Ordering::AcqRel);

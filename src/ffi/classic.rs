@@ -7,17 +7,16 @@
 //! callers testing `ret < 0` never see). The reason of the last failure on a thread is readable
 //! with `tent_last_error`. No call crashes on NULL, made-up or destroyed handles.
 
-use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void};
+use std::sync::Arc;
 use std::sync::atomic::AtomicU8;
-use std::sync::{Arc, OnceLock};
 
 use super::classic_types::*;
-use super::{Handle, c_str, calloc_array, copy_out, fill_fixed, guard, non_null, write_c_string};
+use super::{Handle, c_str, calloc_array, copy_counted, copy_out, guard, non_null, write_c_string};
+use crate::base::request::{Request, TransportKind};
 use crate::control::metadata::MetadataStore;
 use crate::engine::Engine;
 use crate::engine::classic;
-use crate::engine::types::{Request, TransportKind};
 use crate::error::{Error, Result};
 
 /// Reads an optional C string: NULL is "".
@@ -101,15 +100,15 @@ pub unsafe extern "C" fn createTransferEngine(
     rpc_port: u64,
     auto_discover: c_int,
 ) -> transfer_engine_t {
-    let _ = (auto_discover, rpc_port);
     guard!("createTransferEngine", classic_or(std::ptr::null_mut()), {
+        let _ = (auto_discover, rpc_port);
         // SAFETY: forwarded contract.
         let conn = unsafe { c_str(metadata_conn_string, "metadata_conn_string") }?;
         // SAFETY: forwarded contract.
         let name = unsafe { opt_str(local_server_name, "local_server_name") }?;
         // SAFETY: forwarded contract.
         let host = unsafe { opt_str(ip_or_host_name, "ip_or_host_name") }?;
-        Ok(super::publish(Handle::Ready(classic::start(&conn, &name, &host, &[])?)))
+        Ok(super::ENGINES.publish(Arc::new(Handle::Ready(classic::start(&conn, &name, &host, &[])?))))
     })
 }
 
@@ -236,8 +235,10 @@ pub extern "C" fn closeSegment(engine: transfer_engine_t, segment_id: segment_id
 /// `segment_name` is NULL or a NUL-terminated string.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn removeLocalSegment(engine: transfer_engine_t, segment_name: *const c_char) -> c_int {
-    let _ = segment_name;
-    guard!("removeLocalSegment", classic, { super::engine(engine).map(|_| 0) })
+    guard!("removeLocalSegment", classic, {
+        let _ = segment_name;
+        super::engine(engine).map(|_| 0)
+    })
 }
 
 /// Accepted for compatibility and does nothing (there is no EFA transport). Returns 0 for a live
@@ -247,8 +248,10 @@ pub unsafe extern "C" fn removeLocalSegment(engine: transfer_engine_t, segment_n
 /// `segment_name` is NULL or a NUL-terminated string.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn warmupEfaSegment(engine: transfer_engine_t, segment_name: *const c_char) -> c_int {
-    let _ = segment_name;
-    guard!("warmupEfaSegment", classic, { super::engine(engine).map(|_| 0) })
+    guard!("warmupEfaSegment", classic, {
+        let _ = segment_name;
+        super::engine(engine).map(|_| 0)
+    })
 }
 
 /// Destroys an engine: stops its server and workers and frees its batches. NULL and unknown
@@ -258,7 +261,7 @@ pub extern "C" fn destroyTransferEngine(engine: transfer_engine_t) {
     guard!("destroyTransferEngine", (), {
         super::shutdown::forget(engine);
         // Dropped here, outside the registry lock: joining the engine's threads takes a while.
-        drop(super::retire(engine));
+        drop(super::ENGINES.retire(engine));
         Ok(())
     })
 }
@@ -589,23 +592,20 @@ pub unsafe extern "C" fn getNicLoadStats(
         let e = super::engine(engine)?;
         non_null(count, "count")?;
         // SAFETY: non-NULL per the check.
-        let room = unsafe { *count };
-        if room > 0 {
+        if unsafe { *count } > 0 {
             non_null(stats, "stats")?;
         }
         let all = e.nic_load_stats();
-        for (i, s) in all.iter().take(room).enumerate() {
-            let mut rec = nic_load_stat {
-                device_name: [0; 64],
-                inflight_bytes: s.inflight_bytes,
-                ewma_bandwidth_bps: s.ewma_bandwidth_bps,
-            };
-            fill_fixed(&mut rec.device_name, &s.device);
-            // SAFETY: i < room, the capacity the caller declared.
-            unsafe { *stats.add(i) = rec };
-        }
-        // SAFETY: non-NULL per the check.
-        unsafe { *count = all.len() };
+        // SAFETY: `count` checked non-NULL; `stats` holds `*count` per the caller's contract.
+        unsafe {
+            copy_counted(&all, stats, count, |s| {
+                super::nic_record(s, |device_name, inflight_bytes, ewma_bandwidth_bps| nic_load_stat {
+                    device_name,
+                    inflight_bytes,
+                    ewma_bandwidth_bps,
+                })
+            })
+        };
         Ok(0)
     })
 }
@@ -702,7 +702,7 @@ pub unsafe extern "C" fn tent_classic_create_filtered(
                 devices.push(unsafe { c_str(f, "filters[i]") }?);
             }
         }
-        Ok(super::publish(Handle::Ready(classic::start(&conn, &name, &host, &devices)?)))
+        Ok(super::ENGINES.publish(Arc::new(Handle::Ready(classic::start(&conn, &name, &host, &devices)?))))
     })
 }
 
@@ -790,21 +790,8 @@ pub extern "C" fn tent_classic_probe(engine: transfer_engine_t, segment_id: segm
     })
 }
 
-/// Open metadata stores by handle value, so that a closed or made-up handle is refused instead
-/// of dereferenced.
-fn stores() -> &'static parking_lot::RwLock<HashMap<usize, Arc<dyn MetadataStore>>> {
-    static STORES: OnceLock<parking_lot::RwLock<HashMap<usize, Arc<dyn MetadataStore>>>> = OnceLock::new();
-    STORES.get_or_init(Default::default)
-}
-
-/// The store behind handle `store`, or an invalid argument.
-fn store(store: *mut c_void) -> Result<Arc<dyn MetadataStore>> {
-    stores()
-        .read()
-        .get(&(store as usize))
-        .cloned()
-        .ok_or_else(|| Error::InvalidArgument(format!("{store:p} is not an open metadata store")))
-}
+/// Open metadata stores (`tent_metadata_store_open`).
+static STORES: super::Handles<Arc<dyn MetadataStore>> = super::Handles::new(0x5e70_0000_0000, "an open metadata store");
 
 /// Opens the metadata store that `conn` names (`http://host:port/path`, `redis://servers`,
 /// `etcd://servers` or bare etcd servers; upstream's `MetadataStoragePlugin::Create`) and checks
@@ -820,12 +807,7 @@ pub unsafe extern "C" fn tent_metadata_store_open(conn: *const c_char) -> *mut c
         // SAFETY: forwarded contract.
         let conn = unsafe { c_str(conn, "conn") }?;
         let s = classic::open_metadata_store(&conn)?;
-        // Handle values come from a counter, so a closed handle's value is never reused.
-        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let token = 0x5e70_0000_0000usize.wrapping_add(n.wrapping_mul(16));
-        stores().write().insert(token, s);
-        Ok(token as *mut c_void)
+        Ok(STORES.publish(s))
     })
 }
 
@@ -846,7 +828,7 @@ pub unsafe extern "C" fn tent_metadata_store_get(
     value_len: *mut usize,
 ) -> c_int {
     guard!("tent_metadata_store_get", classic, {
-        let s = store(store_handle)?;
+        let s = STORES.live_or_err(store_handle)?;
         // SAFETY: forwarded contract.
         let key = unsafe { c_str(key, "key") }?;
         non_null(value_len, "value_len")?;
@@ -856,14 +838,8 @@ pub unsafe extern "C" fn tent_metadata_store_get(
         let Some(value) = s.get(&key)? else {
             return Ok(1);
         };
-        if len > 0 {
-            let n = value.len().min(len - 1);
-            // SAFETY: `buf` holds `len` bytes per the contract and n + 1 <= len.
-            unsafe {
-                std::ptr::copy_nonoverlapping(value.as_ptr(), buf.cast::<u8>(), n);
-                *buf.add(n) = 0;
-            }
-        }
+        // SAFETY: `buf` is NULL only when `len` is 0, else holds `len` bytes per the contract.
+        unsafe { copy_out(&value, buf, len) };
         // SAFETY: non-NULL and writable per the contract.
         unsafe { *value_len = value.len() };
         Ok(0)
@@ -882,7 +858,7 @@ pub unsafe extern "C" fn tent_metadata_store_set(
     value: *const c_char,
 ) -> c_int {
     guard!("tent_metadata_store_set", classic, {
-        let s = store(store_handle)?;
+        let s = STORES.live_or_err(store_handle)?;
         // SAFETY: forwarded contract.
         let key = unsafe { c_str(key, "key") }?;
         // SAFETY: forwarded contract.
@@ -900,7 +876,7 @@ pub unsafe extern "C" fn tent_metadata_store_set(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tent_metadata_store_remove(store_handle: *mut c_void, key: *const c_char) -> c_int {
     guard!("tent_metadata_store_remove", classic, {
-        let s = store(store_handle)?;
+        let s = STORES.live_or_err(store_handle)?;
         // SAFETY: forwarded contract.
         let key = unsafe { c_str(key, "key") }?;
         s.delete(&key)?;
@@ -913,8 +889,7 @@ pub unsafe extern "C" fn tent_metadata_store_remove(store_handle: *mut c_void, k
 pub extern "C" fn tent_metadata_store_close(store_handle: *mut c_void) {
     guard!("tent_metadata_store_close", (), {
         // Dropped outside the lock: closing may wait for the store's connection.
-        let closed = stores().write().remove(&(store_handle as usize));
-        drop(closed);
+        drop(STORES.retire(store_handle));
         Ok(())
     })
 }

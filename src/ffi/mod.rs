@@ -7,15 +7,16 @@
 pub mod classic;
 /// cbindgen:ignore
 pub mod classic_types;
+mod handles;
 mod shutdown;
 pub mod tent;
 pub mod types;
 
 use std::cell::RefCell;
 use std::ffi::{CStr, c_char, c_int, c_void};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use parking_lot::RwLock;
+pub(crate) use handles::Handles;
 
 use crate::engine::Engine;
 use crate::error::{Error, Result};
@@ -51,6 +52,14 @@ pub(crate) fn set_last_error(func: &str, msg: &str) {
     });
 }
 
+/// Records `e` as this thread's last error, with its upstream `Status::Code`: what the guard
+/// does with an `Err`, for a body that returns a value other than the guard's while still
+/// reporting why.
+pub(crate) fn record_error(func: &str, e: &Error) {
+    set_last_error(func, &e.to_string());
+    set_last_error_code(e.c_code(crate::error::Api::TentStatus));
+}
+
 /// Forgets this thread's last error (its last call succeeded).
 pub(crate) fn clear_last_error() {
     LAST_ERROR.with(|e| e.borrow_mut().clear());
@@ -62,10 +71,10 @@ pub(crate) fn last_error() -> String {
     LAST_ERROR.with(|e| e.borrow().clone())
 }
 
-/// The one boundary every export runs its body in (all but `tent_last_error`, which reads the
-/// message kept here). It turns a panic into the function's error value instead of unwinding
-/// into C, and an `Err` into the error value for the API, with the message stored for
-/// `tent_last_error`. Each call starts by clearing that message, so after a call that
+/// The one boundary every export runs its body in, as its first and only statement
+/// (`tests/ffi_exports.rs` checks it). It turns a panic into the function's error value
+/// instead of unwinding into C, and an `Err` into the error value for the API, with the
+/// message stored for `tent_last_error`. Each call starts by clearing that message, so after a call that
 /// succeeded it is empty and `tent_last_error` always speaks of the thread's last call (as
 /// blazesym-c does); a body may still leave a message while returning a value (an engine that
 /// failed to start is returned as a handle, with the reason).
@@ -76,7 +85,16 @@ pub(crate) fn last_error() -> String {
 ///   classic callers often have no way to read the message.
 /// - `guard!(name, classic_or(value), { body })`: a classic function whose error value is not
 ///   a code (a NULL pointer, `INVALID_BATCH`), logged the same way.
+/// - `guard!(name, keeps_last_error(value), { body })`: the functions that read the last error
+///   (`tent_last_error`, `tent_last_error_code`); they neither clear nor set it, and a panic or
+///   an error returns `value`.
 macro_rules! guard {
+    ($name:expr, keeps_last_error($err:expr), $body:block) => {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> $crate::error::Result<_> { $body })) {
+            Ok(Ok(v)) => v,
+            Ok(Err(_)) | Err(_) => $err,
+        }
+    };
     ($name:expr, classic, $body:block) => {
         $crate::ffi::guard!(@run $name, $crate::error::ERR_CONTEXT, |e: &$crate::error::Error| {
             tracing::warn!("{}: {e}", $name);
@@ -98,8 +116,7 @@ macro_rules! guard {
         match result {
             Ok(Ok(v)) => v,
             Ok(Err(e)) => {
-                $crate::ffi::set_last_error($name, &e.to_string());
-                $crate::ffi::set_last_error_code(e.c_code($crate::error::Api::TentStatus));
+                $crate::ffi::record_error($name, &e);
                 ($on_error)(&e)
             }
             Err(panic) => {
@@ -123,39 +140,21 @@ pub(crate) enum Handle {
     Failed(String),
 }
 
-/// Handles by token, hashed cheaply: every export looks its handle up, several times per
-/// request (see `base::idhash`).
-type Registry = crate::base::idhash::IdMap<usize, Arc<Handle>>;
+/// Live engine handles (`tent_engine_t`, `transfer_engine_t`: both APIs share them).
+pub(crate) static ENGINES: Handles<Arc<Handle>> = Handles::new(0x7e47_0000_0000, "a live engine handle");
 
-/// Live handles by address, so a destroyed or made-up handle is rejected instead of
-/// dereferenced.
-fn registry() -> &'static RwLock<Registry> {
-    static REG: OnceLock<RwLock<Registry>> = OnceLock::new();
-    REG.get_or_init(|| RwLock::new(Registry::default()))
-}
-
-/// Registers a handle and returns the opaque pointer given to C (never NULL).
-pub(crate) fn publish(handle: Handle) -> *mut c_void {
-    // The pointer value only names the entry; C never dereferences it and neither do we. A
-    // counter (not a heap address) makes sure a destroyed handle's value is never reused.
-    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let token = 0x7e47_0000_0000usize.wrapping_add(n.wrapping_mul(16));
-    registry().write().insert(token, Arc::new(handle));
-    token as *mut c_void
-}
-
-/// Removes a handle; returns it so the caller can drop the engine outside the lock.
-pub(crate) fn retire(ptr: *mut c_void) -> Option<Arc<Handle>> {
-    registry().write().remove(&(ptr as usize))
-}
-
-/// The handle behind `ptr`, if it is live.
-pub(crate) fn lookup(ptr: *mut c_void) -> Option<Arc<Handle>> {
-    if ptr.is_null() {
-        return None;
-    }
-    registry().read().get(&(ptr as usize)).cloned()
+/// Publishes the handle of an engine that started or, as upstream, of one that did not: every
+/// call on that handle fails with the reason, which is also the caller's last error now.
+pub(crate) fn publish_engine(func: &str, started: Result<Arc<Engine>>) -> *mut c_void {
+    let handle = match started {
+        Ok(e) => Handle::Ready(e),
+        Err(e) => {
+            tracing::error!("transfer engine failed to start: {e}");
+            record_error(func, &e);
+            Handle::Failed(e.to_string())
+        }
+    };
+    ENGINES.publish(Arc::new(handle))
 }
 
 /// The started engine behind `ptr`, or an error saying why there is none.
@@ -163,11 +162,13 @@ pub(crate) fn engine(ptr: *mut c_void) -> Result<Arc<Engine>> {
     if ptr.is_null() {
         return Err(Error::InvalidArgument("engine is NULL".into()));
     }
-    // The engine is taken under the registry's lock, without holding the handle as well.
-    match registry().read().get(&(ptr as usize)).map(|h| &**h) {
-        Some(Handle::Ready(e)) => Ok(e.clone()),
-        Some(Handle::Failed(why)) => Err(Error::Unavailable(why.clone())),
-        None => Err(Error::InvalidArgument(format!("{ptr:p} is not a live engine handle"))),
+    // The engine is taken under the table's lock, without holding the handle as well.
+    match ENGINES.with(ptr, |h| match &**h {
+        Handle::Ready(e) => Ok(e.clone()),
+        Handle::Failed(why) => Err(Error::Unavailable(why.clone())),
+    }) {
+        Some(found) => found,
+        None => Err(ENGINES.not_live(ptr)),
     }
 }
 
@@ -248,6 +249,58 @@ pub(crate) fn calloc_array<T>(n: usize) -> Result<*mut T> {
     Ok(p)
 }
 
+/// A malloc'd array of one record per item (NULL for none), zeroed, then filled by `fill`, so
+/// C callers can release it with free().
+///
+/// # Safety
+/// All-zero bytes are a valid `T` (a `#[repr(C)]` record of integers and arrays).
+pub(crate) unsafe fn calloc_records<S, T>(items: &[S], fill: impl Fn(&mut T, &S)) -> Result<*mut T> {
+    let arr = calloc_array::<T>(items.len())?;
+    for (i, item) in items.iter().enumerate() {
+        // SAFETY: `arr` holds items.len() zeroed records, valid per the caller's contract, and
+        // i is within them.
+        fill(unsafe { &mut *arr.add(i) }, item);
+    }
+    Ok(arr)
+}
+
+/// Copies the first `*count` of `items` (as `make` converts them) into `out` and sets `*count`
+/// to how many there are, so a caller can size its array and call again.
+///
+/// # Safety
+/// `count` is valid for reads and writes; `out` is valid for `*count` writes (it may be NULL
+/// when `*count` is 0).
+pub(crate) unsafe fn copy_counted<S, T>(items: &[S], out: *mut T, count: *mut usize, make: impl Fn(&S) -> T) {
+    // SAFETY: valid per the caller's contract.
+    let room = unsafe { *count };
+    for (i, item) in items.iter().take(room).enumerate() {
+        // SAFETY: i < room, the capacity the caller declared.
+        unsafe { out.add(i).write(make(item)) };
+    }
+    // SAFETY: valid per the caller's contract.
+    unsafe { *count = items.len() };
+}
+
+/// A NIC's load as one of the two APIs' records (`tent_nic_load_stat`, `nic_load_stat`, alike
+/// field for field): `make` gets the name as a NUL-terminated `char[64]` and the two counters.
+pub(crate) fn nic_record<T>(s: &crate::engine::NicLoad, make: impl Fn([c_char; 64], u64, f64) -> T) -> T {
+    let mut name = [0; 64];
+    fill_fixed(&mut name, &s.device);
+    make(name, s.inflight_bytes, s.ewma_bandwidth_bps)
+}
+
+/// Frees an array handed out in a C struct (`calloc_records`) and resets the struct's pointer
+/// and count, so a second call is harmless.
+///
+/// # Safety
+/// `*records` is NULL or came from malloc and is not used after this.
+pub(crate) unsafe fn free_records<T>(records: &mut *mut T, count: &mut c_int) {
+    // SAFETY: NULL or malloc'd per the contract; free(NULL) does nothing.
+    unsafe { libc::free(records.cast()) };
+    *records = std::ptr::null_mut();
+    *count = 0;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -268,9 +321,9 @@ mod tests {
     fn unknown_handles_are_rejected() {
         assert!(engine(std::ptr::null_mut()).is_err());
         assert!(engine(0x1234 as *mut c_void).is_err());
-        let p = publish(Handle::Failed("no".into()));
+        let p = ENGINES.publish(Arc::new(Handle::Failed("no".into())));
         assert!(matches!(engine(p), Err(Error::Unavailable(_))));
-        assert!(retire(p).is_some());
+        assert!(ENGINES.retire(p).is_some());
         assert!(engine(p).is_err());
     }
 

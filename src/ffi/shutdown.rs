@@ -67,7 +67,7 @@ fn cleanup_engines() {
     }
     let handles = std::mem::take(&mut *REGISTERED.lock());
     for h in handles {
-        let Some(handle) = super::retire(h as *mut c_void) else { continue };
+        let Some(handle) = super::ENGINES.retire(h as *mut c_void) else { continue };
         let Handle::Ready(engine) = &*handle else { continue };
         let engine = engine.clone();
         drop(handle);

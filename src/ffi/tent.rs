@@ -9,9 +9,12 @@ use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void};
 
 use super::types::*;
-use super::{Handle, c_str, calloc_array, copy_out, fill_fixed, fixed_str, guard, non_null, write_c_string};
+use super::{
+    Handle, c_str, calloc_records, copy_counted, copy_out, fill_fixed, fixed_str, free_records, guard, non_null,
+    write_c_string,
+};
+use crate::base::request::{Opcode, Permission, Request, TransportKind};
 use crate::config::Config;
-use crate::engine::types::{Opcode, Permission, Request, TransportKind};
 use crate::engine::{self, Engine, MemoryOptions};
 use crate::error::{Error, Result};
 
@@ -48,7 +51,7 @@ fn thread_config() -> Config {
     })
 }
 
-fn status_out(st: (crate::engine::types::Status, u64)) -> tent_status {
+fn status_out(st: (crate::base::request::Status, u64)) -> tent_status {
     tent_status { status: st.0 as c_int, transferred_bytes: st.1 }
 }
 
@@ -167,16 +170,7 @@ pub extern "C" fn tent_create_engine() -> tent_engine_t {
     guard!("tent_create_engine", std::ptr::null_mut(), {
         let cfg = engine::effective_config(thread_config());
         let parsed = crate::config::Settings::parse(&cfg).map_err(Error::InvalidArgument)?;
-        let handle = match Engine::with_settings(cfg, parsed) {
-            Ok(e) => Handle::Ready(e),
-            Err(e) => {
-                tracing::error!("transfer engine failed to start: {e}");
-                super::set_last_error("tent_create_engine", &e.to_string());
-                super::set_last_error_code(e.c_code(crate::error::Api::TentStatus));
-                Handle::Failed(e.to_string())
-            }
-        };
-        Ok(super::publish(handle))
+        Ok(super::publish_engine("tent_create_engine", Engine::with_settings(cfg, parsed)))
     })
 }
 
@@ -185,7 +179,7 @@ pub extern "C" fn tent_create_engine() -> tent_engine_t {
 #[unsafe(no_mangle)]
 pub extern "C" fn tent_destroy_engine(engine: tent_engine_t) {
     guard!("tent_destroy_engine", (), {
-        drop(super::retire(engine));
+        drop(super::ENGINES.retire(engine));
         Ok(())
     })
 }
@@ -295,13 +289,13 @@ pub unsafe extern "C" fn tent_get_segment_info(
         if n > c_int::MAX as usize {
             return Err(Error::Internal("too many buffers".into()));
         }
-        let arr = calloc_array::<tent_buffer_info>(n)?;
-        for (i, b) in seg.buffers.iter().enumerate() {
-            let mut rec = tent_buffer_info { base: b.base, length: b.length, location: [0; 64] };
-            fill_fixed(&mut rec.location, &b.location);
-            // SAFETY: arr holds n zeroed records and i < n.
-            unsafe { arr.add(i).write(rec) };
-        }
+        // SAFETY: a tent_buffer_info of zeroes is valid.
+        let arr = unsafe {
+            calloc_records(&seg.buffers, |rec: &mut tent_buffer_info, b| {
+                (rec.base, rec.length) = (b.base, b.length);
+                fill_fixed(&mut rec.location, &b.location);
+            })
+        }?;
         info.r#type = if seg.is_file { TYPE_FILE } else { TYPE_MEMORY };
         info.num_buffers = n as c_int;
         info.buffers = arr;
@@ -316,14 +310,10 @@ pub unsafe extern "C" fn tent_get_segment_info(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tent_free_segment_info(info: *mut tent_segment_info_t) {
     guard!("tent_free_segment_info", (), {
-        if info.is_null() {
-            return Ok(());
-        }
-        // SAFETY: non-NULL, filled by us; buffers came from calloc.
-        unsafe {
-            libc::free((*info).buffers.cast());
-            (*info).buffers = std::ptr::null_mut();
-            (*info).num_buffers = 0;
+        // SAFETY: NULL or filled by `tent_get_segment_info`, whose buffers came from calloc.
+        if let Some(info) = unsafe { info.as_mut() } {
+            // SAFETY: as above.
+            unsafe { free_records(&mut info.buffers, &mut info.num_buffers) };
         }
         Ok(())
     })
@@ -396,12 +386,14 @@ pub extern "C" fn tent_unregister_memory(engine: tent_engine_t, addr: *mut c_voi
 /// `UINT64_MAX` for a NULL engine, as upstream.
 #[unsafe(no_mangle)]
 pub extern "C" fn tent_allocate_batch(engine: tent_engine_t, batch_size: usize) -> tent_batch_id_t {
-    if engine.is_null() {
-        super::set_last_error("tent_allocate_batch", "engine is NULL");
-        super::set_last_error_code(crate::error::status_codes::INVALID_ARGUMENT);
-        return u64::MAX;
-    }
-    guard!("tent_allocate_batch", 0, { super::engine(engine)?.allocate_batch(batch_size) })
+    guard!("tent_allocate_batch", 0, {
+        if engine.is_null() {
+            // Upstream's two failure values: (uint64_t)-1 for a NULL engine, 0 for the rest.
+            super::record_error("tent_allocate_batch", &Error::InvalidArgument("engine is NULL".into()));
+            return Ok(u64::MAX);
+        }
+        super::engine(engine)?.allocate_batch(batch_size)
+    })
 }
 
 /// Frees a batch. A batch with pending tasks stays pollable and is reclaimed when they end.
@@ -554,7 +546,15 @@ pub unsafe extern "C" fn tent_recv_notifs(engine: tent_engine_t, info: *mut tent
         let e = super::engine(engine)?;
         let notes = e.recv_notifications();
         let n = notes.len().min(c_int::MAX as usize);
-        let arr = match calloc_array::<tent_notifi_record>(n) {
+        // SAFETY: a tent_notifi_record of zeroes is valid.
+        let filled = unsafe {
+            calloc_records(&notes[..n], |rec: &mut tent_notifi_record, note| {
+                rec.handle = note.handle;
+                fill_fixed(&mut rec.name, &note.name);
+                fill_fixed(&mut rec.msg, &note.msg);
+            })
+        };
+        let arr = match filled {
             Ok(a) => a,
             Err(err) => {
                 // Nothing may be lost: put them back.
@@ -562,13 +562,6 @@ pub unsafe extern "C" fn tent_recv_notifs(engine: tent_engine_t, info: *mut tent
                 return Err(err);
             }
         };
-        for (i, note) in notes.iter().take(n).enumerate() {
-            // SAFETY: arr holds n zeroed records and i < n.
-            let rec = unsafe { &mut *arr.add(i) };
-            rec.handle = note.handle;
-            fill_fixed(&mut rec.name, &note.name);
-            fill_fixed(&mut rec.msg, &note.msg);
-        }
         info.num_records = n as c_int;
         info.records = arr;
         Ok(0)
@@ -582,14 +575,10 @@ pub unsafe extern "C" fn tent_recv_notifs(engine: tent_engine_t, info: *mut tent
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tent_free_notifs(info: *mut tent_notifi_info) {
     guard!("tent_free_notifs", (), {
-        if info.is_null() {
-            return Ok(());
-        }
-        // SAFETY: non-NULL, filled by us; records came from calloc.
-        unsafe {
-            libc::free((*info).records.cast());
-            (*info).records = std::ptr::null_mut();
-            (*info).num_records = 0;
+        // SAFETY: NULL or filled by `tent_recv_notifs`, whose records came from calloc.
+        if let Some(info) = unsafe { info.as_mut() } {
+            // SAFETY: as above.
+            unsafe { free_records(&mut info.records, &mut info.num_records) };
         }
         Ok(())
     })
@@ -673,7 +662,9 @@ pub unsafe extern "C" fn tent_overall_status(
 /// 1 when the engine started and can be used, 0 otherwise (including NULL and unknown handles).
 #[unsafe(no_mangle)]
 pub extern "C" fn tent_available(engine: tent_engine_t) -> c_int {
-    guard!("tent_available", 0, { Ok(matches!(super::lookup(engine).as_deref(), Some(Handle::Ready(_))) as c_int) })
+    guard!("tent_available", 0, {
+        Ok(matches!(super::ENGINES.get(engine).as_deref(), Some(Handle::Ready(_))) as c_int)
+    })
 }
 
 /// Registers memory with a caller-chosen `PERM_*` permission, enforced for every peer.
@@ -827,14 +818,8 @@ pub unsafe extern "C" fn tent_task_status_list(
         non_null(statuses, "statuses")?;
         non_null(count, "count")?;
         let list = super::engine(engine)?.task_status_list(batch_id)?;
-        // SAFETY: count checked non-NULL.
-        let cap = unsafe { *count };
-        for (i, st) in list.iter().take(cap).enumerate() {
-            // SAFETY: i < cap, and statuses holds cap elements per the caller's contract.
-            unsafe { *statuses.add(i) = status_out(*st) };
-        }
-        // SAFETY: checked non-NULL.
-        unsafe { *count = list.len() };
+        // SAFETY: both checked non-NULL; `statuses` holds `*count` per the caller's contract.
+        unsafe { copy_counted(&list, statuses, count, |st| status_out(*st)) };
         Ok(0)
     })
 }
@@ -854,20 +839,16 @@ pub unsafe extern "C" fn tent_get_nic_load_stats(
         non_null(stats, "stats")?;
         non_null(count, "count")?;
         let list = super::engine(engine)?.nic_load_stats();
-        // SAFETY: count checked non-NULL.
-        let cap = unsafe { *count };
-        for (i, s) in list.iter().take(cap).enumerate() {
-            let mut rec = tent_nic_load_stat {
-                device_name: [0; 64],
-                inflight_bytes: s.inflight_bytes,
-                ewma_bandwidth_bps: s.ewma_bandwidth_bps,
-            };
-            fill_fixed(&mut rec.device_name, &s.device);
-            // SAFETY: i < cap elements the caller provided.
-            unsafe { *stats.add(i) = rec };
-        }
-        // SAFETY: checked non-NULL.
-        unsafe { *count = list.len() };
+        // SAFETY: both checked non-NULL; `stats` holds `*count` per the caller's contract.
+        unsafe {
+            copy_counted(&list, stats, count, |s| {
+                super::nic_record(s, |device_name, inflight_bytes, ewma_bandwidth_bps| tent_nic_load_stat {
+                    device_name,
+                    inflight_bytes,
+                    ewma_bandwidth_bps,
+                })
+            })
+        };
         Ok(0)
     })
 }
@@ -887,8 +868,10 @@ pub extern "C" fn tent_version() -> *const c_char {
 /// `buf` is NULL or valid for `len` bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tent_last_error(buf: *mut c_char, len: usize) -> c_int {
-    // SAFETY: forwarded contract (NULL or `len` bytes).
-    unsafe { copy_out(&super::last_error(), buf, len) }
+    guard!("tent_last_error", keeps_last_error(0), {
+        // SAFETY: forwarded contract (NULL or `len` bytes).
+        Ok(unsafe { copy_out(&super::last_error(), buf, len) })
+    })
 }
 
 /// The upstream C++ `Status::Code` of this thread's last call: 0 when it succeeded, else the
@@ -898,7 +881,9 @@ pub unsafe extern "C" fn tent_last_error(buf: *mut c_char, len: usize) -> c_int 
 /// right after the failed call, like `tent_last_error`; this call itself does not clear it.
 #[unsafe(no_mangle)]
 pub extern "C" fn tent_last_error_code() -> c_int {
-    super::last_error_code()
+    guard!("tent_last_error_code", keeps_last_error(crate::error::status_codes::INTERNAL_ERROR), {
+        Ok(super::last_error_code())
+    })
 }
 
 /// Checks that the peer owning segment `handle` answers a probe over its RPC address (0 = this
@@ -935,22 +920,13 @@ pub type tent_config_t = *mut c_void;
 /// One configuration, shared by its handle and an engine being made from it.
 type SharedConfig = std::sync::Arc<parking_lot::Mutex<Config>>;
 
-/// Live configurations by token, so a destroyed or made-up handle is rejected, never
-/// dereferenced (as engine handles are).
-fn configs() -> &'static parking_lot::RwLock<std::collections::HashMap<usize, SharedConfig>> {
-    static CONFIGS: std::sync::OnceLock<parking_lot::RwLock<std::collections::HashMap<usize, SharedConfig>>> =
-        std::sync::OnceLock::new();
-    CONFIGS.get_or_init(Default::default)
-}
+/// Live configurations (`tent_config_t`).
+static CONFIGS: super::Handles<SharedConfig> = super::Handles::new(0x7c0f_0000_0000, "a live config handle");
 
 /// The configuration behind `cfg`, or an error saying why there is none.
 fn config_of(cfg: tent_config_t) -> Result<SharedConfig> {
     non_null(cfg, "config")?;
-    configs()
-        .read()
-        .get(&(cfg as usize))
-        .cloned()
-        .ok_or_else(|| Error::InvalidArgument(format!("{cfg:p} is not a live config handle")))
+    CONFIGS.live_or_err(cfg)
 }
 
 /// Makes an empty configuration (every key at its default), the state behind upstream's C++
@@ -959,12 +935,7 @@ fn config_of(cfg: tent_config_t) -> Result<SharedConfig> {
 #[unsafe(no_mangle)]
 pub extern "C" fn tent_config_create() -> tent_config_t {
     guard!("tent_config_create", std::ptr::null_mut(), {
-        // A counter, not an address, names the entry, so a destroyed handle is never reused.
-        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let token = 0x7c0f_0000_0000usize.wrapping_add(n.wrapping_mul(16));
-        configs().write().insert(token, std::sync::Arc::new(parking_lot::Mutex::new(Config::new())));
-        Ok(token as tent_config_t)
+        Ok(CONFIGS.publish(std::sync::Arc::new(parking_lot::Mutex::new(Config::new()))))
     })
 }
 
@@ -973,7 +944,7 @@ pub extern "C" fn tent_config_create() -> tent_config_t {
 #[unsafe(no_mangle)]
 pub extern "C" fn tent_config_destroy(cfg: tent_config_t) {
     guard!("tent_config_destroy", (), {
-        configs().write().remove(&(cfg as usize));
+        drop(CONFIGS.retire(cfg));
         Ok(())
     })
 }
@@ -1128,15 +1099,46 @@ pub unsafe extern "C" fn tent_config_dump(cfg: tent_config_t, indent: c_int, buf
 pub extern "C" fn tent_create_engine_with_config(cfg: tent_config_t) -> tent_engine_t {
     guard!("tent_create_engine_with_config", std::ptr::null_mut(), {
         let explicit = if cfg.is_null() { Config::new() } else { config_of(cfg)?.lock().clone() };
-        let handle = match Engine::new(engine::effective_config(explicit)) {
-            Ok(e) => Handle::Ready(e),
-            Err(e) => {
-                tracing::error!("transfer engine failed to start: {e}");
-                super::set_last_error("tent_create_engine_with_config", &e.to_string());
-                super::set_last_error_code(e.c_code(crate::error::Api::TentStatus));
-                Handle::Failed(e.to_string())
-            }
-        };
-        Ok(super::publish(handle))
+        let started = Engine::new(engine::effective_config(explicit));
+        Ok(super::publish_engine("tent_create_engine_with_config", started))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::error::status_codes;
+    use crate::ffi::{ENGINES, last_error, last_error_code};
+
+    /// Upstream returns `(uint64_t)-1` for a NULL engine and 0 for every other failure; both
+    /// leave the reason. The guard's own value (0) is what a panic returns.
+    #[test]
+    fn allocate_batch_keeps_upstreams_two_failure_values() {
+        assert_eq!(tent_allocate_batch(std::ptr::null_mut(), 4), u64::MAX);
+        assert_eq!(last_error_code(), status_codes::INVALID_ARGUMENT);
+        assert_eq!(last_error(), "tent_allocate_batch: invalid argument: engine is NULL");
+        assert_eq!(tent_allocate_batch(0x1234 as tent_engine_t, 4), 0);
+        assert_eq!(last_error_code(), status_codes::INVALID_ARGUMENT);
+        assert!(last_error().contains("is not a live engine handle"), "{}", last_error());
+        let failed = ENGINES.publish(Arc::new(Handle::Failed("no NIC".into())));
+        assert_eq!(tent_allocate_batch(failed, 4), 0);
+        assert!(last_error().contains("no NIC"), "{}", last_error());
+        tent_destroy_engine(failed);
+        assert_eq!(last_error(), "", "a call that succeeds leaves no error");
+    }
+
+    #[test]
+    fn the_last_error_functions_keep_what_they_read() {
+        assert_eq!(tent_allocate_batch(std::ptr::null_mut(), 1), u64::MAX);
+        let mut buf = [0 as c_char; 8];
+        // SAFETY: `buf` holds 8 bytes.
+        let n = unsafe { tent_last_error(buf.as_mut_ptr(), buf.len()) };
+        assert_eq!(n as usize, last_error().len());
+        assert_eq!(tent_last_error_code(), status_codes::INVALID_ARGUMENT);
+        assert_eq!(tent_last_error_code(), status_codes::INVALID_ARGUMENT, "reading it does not clear it");
+        // SAFETY: NULL with length 0 asks for the length only.
+        assert_eq!(unsafe { tent_last_error(std::ptr::null_mut(), 0) }, n);
+    }
 }

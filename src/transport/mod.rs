@@ -80,6 +80,13 @@ pub trait Transport: Send + Sync {
         false
     }
 
+    /// Whether every thread of the transport is asleep until a submit wakes it (nothing in
+    /// flight, no timer running); `None` for a transport that does not say. Tests wait on it
+    /// instead of sleeping until a thread has gone idle.
+    fn asleep(&self) -> Option<bool> {
+        None
+    }
+
     /// Stops workers and waits for them; pending tasks end FAILED. A worker blocked on a peer
     /// ends with its call; the owner of the RPC client (the engine) aborts the client first, so
     /// that is at once.

@@ -149,15 +149,17 @@ impl fmt::Debug for Gid {
     }
 }
 
-/// The type of a GID table entry (`IBV_GID_TYPE_*`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum GidType {
-    /// InfiniBand.
-    Ib,
-    /// RoCE v1 (Ethernet, no IP header).
-    RoceV1,
-    /// RoCE v2 (UDP/IP).
-    RoceV2,
+int_enum! {
+    /// The type of a GID table entry (`IBV_GID_TYPE_*`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum GidType: u32 {
+        /// InfiniBand.
+        Ib = 0,
+        /// RoCE v1 (Ethernet, no IP header).
+        RoceV1 = 1,
+        /// RoCE v2 (UDP/IP).
+        RoceV2 = 2,
+    }
 }
 
 /// One populated GID table slot.
@@ -173,47 +175,42 @@ pub struct GidEntry {
     pub netdev: Option<String>,
 }
 
-/// Port state (`IBV_PORT_*`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PortState {
-    /// Link down.
-    Down,
-    /// Link up, not yet configured by the subnet manager.
-    Init,
-    /// Logical link up, not yet active.
-    Armed,
-    /// Ready for traffic.
-    Active,
-    /// Any other value reported by the device.
-    Other(u32),
+int_enum! {
+    /// Port state (`IBV_PORT_*`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum PortState: u32, else Other {
+        /// Link down.
+        Down = 1,
+        /// Link up, not yet configured by the subnet manager.
+        Init = 2,
+        /// Logical link up, not yet active.
+        Armed = 3,
+        /// Ready for traffic.
+        Active = 4,
+    }
 }
 
-/// Path MTU (`IBV_MTU_*`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Mtu {
-    /// 256 bytes.
-    Mtu256 = 1,
-    /// 512 bytes.
-    Mtu512 = 2,
-    /// 1024 bytes.
-    Mtu1024 = 3,
-    /// 2048 bytes.
-    Mtu2048 = 4,
-    /// 4096 bytes.
-    Mtu4096 = 5,
+int_enum! {
+    /// Path MTU (`IBV_MTU_*`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+    pub enum Mtu: u32 {
+        /// 256 bytes.
+        Mtu256 = 1,
+        /// 512 bytes.
+        Mtu512 = 2,
+        /// 1024 bytes.
+        Mtu1024 = 3,
+        /// 2048 bytes.
+        Mtu2048 = 4,
+        /// 4096 bytes.
+        Mtu4096 = 5,
+    }
 }
 
 impl Mtu {
     /// Converts the `IBV_MTU_*` value; unknown values are `None`.
     pub fn from_ibv(v: u32) -> Option<Mtu> {
-        Some(match v {
-            1 => Mtu::Mtu256,
-            2 => Mtu::Mtu512,
-            3 => Mtu::Mtu1024,
-            4 => Mtu::Mtu2048,
-            5 => Mtu::Mtu4096,
-            _ => return None,
-        })
+        Mtu::from_int(v)
     }
 
     /// Upstream's config mapping: 4096/2048/1024 pick that MTU, anything else 512.
@@ -320,23 +317,25 @@ impl PortAttr {
     }
 }
 
-/// QP states (`IBV_QPS_*`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum QpState {
-    /// Fresh or reset: no posting.
-    Reset = 0,
-    /// Receives may be posted; nothing is processed.
-    Init = 1,
-    /// Ready to receive: the responder works.
-    Rtr = 2,
-    /// Ready to send.
-    Rts = 3,
-    /// Send queue drain.
-    Sqd = 4,
-    /// Send queue error (not used on RC).
-    Sqe = 5,
-    /// Error: everything outstanding is flushed.
-    Err = 6,
+int_enum! {
+    /// QP states (`IBV_QPS_*`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+    pub enum QpState: u32 {
+        /// Fresh or reset: no posting.
+        Reset = 0,
+        /// Receives may be posted; nothing is processed.
+        Init = 1,
+        /// Ready to receive: the responder works.
+        Rtr = 2,
+        /// Ready to send.
+        Rts = 3,
+        /// Send queue drain.
+        Sqd = 4,
+        /// Send queue error (not used on RC).
+        Sqe = 5,
+        /// Error: everything outstanding is flushed.
+        Err = 6,
+    }
 }
 
 /// The address vector of a connected QP's peer.
@@ -520,74 +519,46 @@ pub struct RecvWr<'a> {
     pub sg_list: &'a [Sge],
 }
 
-/// Work-completion status (`IBV_WC_*` values).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum WcStatus {
-    /// Done.
-    Success,
-    /// Local length error.
-    LocLenErr,
-    /// Local QP operation error.
-    LocQpOpErr,
-    /// Local protection error (bad lkey, range or access).
-    LocProtErr,
-    /// Flushed because the QP entered ERR.
-    WrFlushErr,
-    /// Remote invalid request.
-    RemInvReqErr,
-    /// Remote access error (bad rkey, range or access).
-    RemAccessErr,
-    /// Remote operation error.
-    RemOpErr,
-    /// Transport retry counter exceeded: no answer from the peer QP.
-    RetryExcErr,
-    /// RNR retry counter exceeded: the peer had no receive posted.
-    RnrRetryExcErr,
-    /// Fatal error.
-    FatalErr,
-    /// General error.
-    GeneralErr,
-    /// Any other value.
-    Other(u32),
+int_enum! {
+    /// Work-completion status (`IBV_WC_*` values).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum WcStatus: u32, else Other {
+        /// Done.
+        Success = 0,
+        /// Local length error.
+        LocLenErr = 1,
+        /// Local QP operation error.
+        LocQpOpErr = 2,
+        /// Local protection error (bad lkey, range or access).
+        LocProtErr = 4,
+        /// Flushed because the QP entered ERR.
+        WrFlushErr = 5,
+        /// Remote invalid request.
+        RemInvReqErr = 9,
+        /// Remote access error (bad rkey, range or access).
+        RemAccessErr = 10,
+        /// Remote operation error.
+        RemOpErr = 11,
+        /// Transport retry counter exceeded: no answer from the peer QP.
+        RetryExcErr = 12,
+        /// RNR retry counter exceeded: the peer had no receive posted.
+        RnrRetryExcErr = 13,
+        /// Fatal error.
+        FatalErr = 19,
+        /// General error.
+        GeneralErr = 21,
+    }
 }
 
 impl WcStatus {
     /// The `IBV_WC_*` number.
     pub fn to_ibv(self) -> u32 {
-        match self {
-            WcStatus::Success => 0,
-            WcStatus::LocLenErr => 1,
-            WcStatus::LocQpOpErr => 2,
-            WcStatus::LocProtErr => 4,
-            WcStatus::WrFlushErr => 5,
-            WcStatus::RemInvReqErr => 9,
-            WcStatus::RemAccessErr => 10,
-            WcStatus::RemOpErr => 11,
-            WcStatus::RetryExcErr => 12,
-            WcStatus::RnrRetryExcErr => 13,
-            WcStatus::FatalErr => 19,
-            WcStatus::GeneralErr => 21,
-            WcStatus::Other(v) => v,
-        }
+        self.to_int()
     }
 
     /// Converts an `IBV_WC_*` number.
     pub fn from_ibv(v: u32) -> WcStatus {
-        match v {
-            0 => WcStatus::Success,
-            1 => WcStatus::LocLenErr,
-            2 => WcStatus::LocQpOpErr,
-            4 => WcStatus::LocProtErr,
-            5 => WcStatus::WrFlushErr,
-            9 => WcStatus::RemInvReqErr,
-            10 => WcStatus::RemAccessErr,
-            11 => WcStatus::RemOpErr,
-            12 => WcStatus::RetryExcErr,
-            13 => WcStatus::RnrRetryExcErr,
-            19 => WcStatus::FatalErr,
-            21 => WcStatus::GeneralErr,
-            other => WcStatus::Other(other),
-        }
+        WcStatus::from_int(v)
     }
 
     /// Parses a config name such as `"RETRY_EXC_ERR"` or `"rem_access_err"`.
@@ -630,19 +601,20 @@ impl WcStatus {
     }
 }
 
-/// The opcode of a successful completion (undefined on errors: route by `wr_id`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum WcOpcode {
-    /// A SEND finished.
-    Send,
-    /// An RDMA WRITE finished.
-    RdmaWrite,
-    /// An RDMA READ finished.
-    RdmaRead,
-    /// A receive consumed an incoming SEND.
-    Recv,
-    /// Any other value; error completions of the sim carry `Other(0xff)` as poison.
-    Other(u32),
+int_enum! {
+    /// The opcode of a successful completion (undefined on errors: route by `wr_id`).
+    /// Error completions of the sim carry `Other(0xff)` as poison.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum WcOpcode: u32, else Other {
+        /// A SEND finished.
+        Send = 0,
+        /// An RDMA WRITE finished.
+        RdmaWrite = 1,
+        /// An RDMA READ finished.
+        RdmaRead = 2,
+        /// A receive consumed an incoming SEND.
+        Recv = 128,
+    }
 }
 
 /// One work completion.
@@ -677,52 +649,39 @@ impl Wc {
     };
 }
 
-/// Kinds of asynchronous events (`IBV_EVENT_*`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum AsyncEventKind {
-    /// A CQ overran; it cannot be used any more.
-    CqErr,
-    /// A QP hit a catastrophic error and is in ERR.
-    QpFatal,
-    /// Invalid request on a QP.
-    QpReqErr,
-    /// Access violation on a QP.
-    QpAccessErr,
-    /// First packet arrived on a QP in RTR.
-    CommEst,
-    /// Send queue drained.
-    SqDrained,
-    /// The whole device failed.
-    DeviceFatal,
-    /// A port went up.
-    PortActive,
-    /// A port went down.
-    PortErr,
-    /// LID changed.
-    LidChange,
-    /// GID table changed.
-    GidChange,
-    /// Any other event number.
-    Other(u32),
+int_enum! {
+    /// Kinds of asynchronous events (`IBV_EVENT_*`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum AsyncEventKind: u32, else Other {
+        /// A CQ overran; it cannot be used any more.
+        CqErr = 0,
+        /// A QP hit a catastrophic error and is in ERR.
+        QpFatal = 1,
+        /// Invalid request on a QP.
+        QpReqErr = 2,
+        /// Access violation on a QP.
+        QpAccessErr = 3,
+        /// First packet arrived on a QP in RTR.
+        CommEst = 4,
+        /// Send queue drained.
+        SqDrained = 5,
+        /// The whole device failed.
+        DeviceFatal = 8,
+        /// A port went up.
+        PortActive = 9,
+        /// A port went down.
+        PortErr = 10,
+        /// LID changed.
+        LidChange = 11,
+        /// GID table changed.
+        GidChange = 18,
+    }
 }
 
 impl AsyncEventKind {
     /// Converts an `IBV_EVENT_*` number.
     pub fn from_ibv(v: u32) -> AsyncEventKind {
-        match v {
-            0 => AsyncEventKind::CqErr,
-            1 => AsyncEventKind::QpFatal,
-            2 => AsyncEventKind::QpReqErr,
-            3 => AsyncEventKind::QpAccessErr,
-            4 => AsyncEventKind::CommEst,
-            5 => AsyncEventKind::SqDrained,
-            8 => AsyncEventKind::DeviceFatal,
-            9 => AsyncEventKind::PortActive,
-            10 => AsyncEventKind::PortErr,
-            11 => AsyncEventKind::LidChange,
-            18 => AsyncEventKind::GidChange,
-            other => AsyncEventKind::Other(other),
-        }
+        AsyncEventKind::from_int(v)
     }
 }
 

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tent::base::request::{Opcode, Request, Status, TransportKind};
 use tent::config::Config;
-use tent::engine::types::{Opcode, Request, Status, TransportKind};
 use tent::engine::{Engine, MemoryOptions, effective_config};
 
 /// An engine on 127.0.0.1 with a random port and `extra` config keys (string-typed as
@@ -20,7 +20,7 @@ pub fn engine(extra: &[(&str, &str)]) -> Arc<Engine> {
 }
 
 /// A heap buffer registered with `e` (with `perm`), filled with `fill`.
-pub fn buffer(e: &Engine, len: usize, fill: impl Fn(usize) -> u8, perm: tent::engine::types::Permission) -> Vec<u8> {
+pub fn buffer(e: &Engine, len: usize, fill: impl Fn(usize) -> u8, perm: tent::base::request::Permission) -> Vec<u8> {
     let v: Vec<u8> = (0..len).map(fill).collect();
     let opts = MemoryOptions { permission: perm, ..MemoryOptions::default() };
     // SAFETY: the tests keep every buffer from here alive until its engine is dropped or the

@@ -88,6 +88,21 @@ pub fn build_c(name: &str, sources: &[PathBuf], cxx: bool, extra: &[&str]) -> Pa
     exe
 }
 
+/// Whether a test that needs `what` (a tool, an address family) may go on: true when
+/// `available`. Otherwise the test fails, naming what is missing, unless the environment sets
+/// `skip_var=1`: then it says on stderr that it skipped and returns false, and the test returns.
+/// A missing prerequisite is never a silent pass.
+pub fn required(available: bool, what: &str, skip_var: &str) -> bool {
+    if available {
+        return true;
+    }
+    if std::env::var(skip_var).as_deref() == Ok("1") {
+        eprintln!("skipped: {what} ({skip_var}=1)");
+        return false;
+    }
+    panic!("{what} (set {skip_var}=1 to skip the tests that need it)");
+}
+
 /// Runs a built C test program and asserts it exits 0, printing its output.
 pub fn run_c(exe: &Path, envs: &[(&str, &str)]) -> String {
     let mut cmd = Command::new(exe);
@@ -101,6 +116,7 @@ pub fn run_c(exe: &Path, envs: &[(&str, &str)]) -> String {
     out
 }
 
+pub mod c_programs;
 pub mod cluster;
 pub mod device;
 pub mod engines;

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::engines::engine;
+use tent::base::request::TransportKind;
 use tent::engine::Engine;
-use tent::engine::types::TransportKind;
 use tent::verbs::sim::{SimFabric, SimHost, SimNic};
 
 /// How long (real time) a test waits for a condition before it fails.

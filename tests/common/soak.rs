@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::engines::engine;
 use parking_lot::Mutex;
-use tent::engine::types::{Opcode, Permission, Request, Status, TransportKind};
+use tent::base::request::{Opcode, Permission, Request, Status, TransportKind};
 use tent::engine::{Engine, MemoryOptions};
 
 const BOUND: Duration = Duration::from_secs(60);

@@ -1,6 +1,17 @@
 //! The command line: upstream tebench's flags with tebench's meaning, and tent-bench's own.
 
-use crate::kv::KV_SHAPES;
+/// The KV shapes: `(block, batch)`. Batches of 32 blocks (one layer's pages), and one batch of
+/// 64 MiB in blocks of each size (a whole request's cache).
+pub const KV_SHAPES: [(usize, usize); 8] = [
+    (16 << 10, 32),
+    (64 << 10, 32),
+    (128 << 10, 32),
+    (256 << 10, 32),
+    (16 << 10, 4096),
+    (64 << 10, 1024),
+    (128 << 10, 512),
+    (256 << 10, 256),
+];
 
 /// Everything the command line says, after defaults and checks.
 #[derive(Debug, Clone)]
@@ -362,6 +373,21 @@ impl Opts {
     /// the range, so one run writes them and another (another process) checks them.
     pub fn seeded(&self) -> bool {
         matches!(self.op_type.as_str(), "write_seed" | "read_verify")
+    }
+
+    /// `--xport_type=io_uring|bufio`: a file segment is measured, not a peer's memory.
+    pub fn file_xport(&self) -> bool {
+        matches!(self.xport_type.as_str(), "io_uring" | "bufio")
+    }
+
+    /// The file the file transports are measured on: `--file_path`, or a scratch file in the
+    /// temporary directory (removed afterwards), and whether it is the scratch file.
+    pub fn bench_file(&self) -> (String, bool) {
+        if self.file_path.is_empty() {
+            (std::env::temp_dir().join(format!("tent-bench-{}.dat", std::process::id())).display().to_string(), true)
+        } else {
+            (self.file_path.clone(), false)
+        }
     }
 }
 

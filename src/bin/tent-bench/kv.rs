@@ -2,69 +2,14 @@
 
 use std::time::{Duration, Instant};
 
-use tent::ffi::tent::*;
 use tent::ffi::types::*;
 
+use crate::capi::{Target, batch_to_slots, buffer, fill};
 use crate::flags::Opts;
 use crate::reference::{OneShot, reference_for};
-use crate::runner::{Target, buffer, fill, last_error, median, status_name, wait_batch};
+use crate::stats::median;
 
-/// The KV shapes: `(block, batch)`. Batches of 32 blocks (one layer's pages), and one batch of
-/// 64 MiB in blocks of each size (a whole request's cache).
-pub const KV_SHAPES: [(usize, usize); 8] = [
-    (16 << 10, 32),
-    (64 << 10, 32),
-    (128 << 10, 32),
-    (256 << 10, 32),
-    (16 << 10, 4096),
-    (64 << 10, 1024),
-    (128 << 10, 512),
-    (256 << 10, 256),
-];
-
-/// Submits `batch` requests of `block` bytes (`op`, local block `i` at `local + i * block`,
-/// remote block `i` at `slots[i]`) as one batch and polls until it ends, as `poll` says.
-/// Returns the seconds it took, or what went wrong.
-pub fn kv_batch(
-    e: tent_engine_t,
-    t: &Target,
-    op: i32,
-    local: *mut u8,
-    slots: &[u64],
-    block: usize,
-    poll: &str,
-) -> Result<f64, String> {
-    let mut reqs: Vec<tent_request_t> = slots
-        .iter()
-        .enumerate()
-        .map(|(i, &remote)| tent_request {
-            opcode: op,
-            source: local.wrapping_add(i * block).cast(),
-            target_id: t.handle,
-            target_offset: remote,
-            length: block as u64,
-            priority: 0,
-            transport_hint: 0,
-        })
-        .collect();
-    let start = Instant::now();
-    let id = tent_allocate_batch(e, reqs.len());
-    // SAFETY: valid engine; reqs holds reqs.len() requests.
-    if unsafe { tent_submit(e, id, reqs.as_mut_ptr(), reqs.len()) } != 0 {
-        let msg = last_error();
-        tent_free_batch(e, id);
-        return Err(format!("tent_submit failed: {msg}"));
-    }
-    let st = wait_batch(e, id, poll);
-    let secs = start.elapsed().as_secs_f64();
-    tent_free_batch(e, id);
-    if st.status != STATUS_COMPLETED {
-        return Err(format!("a batch of {} x {block} B ended {}", slots.len(), status_name(st.status)));
-    }
-    Ok(secs)
-}
-
-/// `--kv`: for each of `--kv_shapes` ([`KV_SHAPES`] by default), `--kv_rounds` rounds of one WRITE batch and one READ batch
+/// `--kv`: for each of `--kv_shapes` (`flags::KV_SHAPES` by default), `--kv_rounds` rounds of one WRITE batch and one READ batch
 /// back into a second buffer, every byte compared; prints the median GB/s of each against the
 /// plain reference for the same bytes in the same run: for SHM a single-thread memcpy of the
 /// same blocks to the same scattered places of a plain buffer as large as the target's, for TCP
@@ -86,7 +31,7 @@ pub fn run_kv(o: &Opts, e: tent_engine_t, t: &Target) -> Result<u64, String> {
     let mut off = 0;
     while off < t.len {
         let len = (t.len - off).min(local_len);
-        kv_batch(e, t, OPCODE_WRITE, local, &[t.base + off as u64], len, "sleep")?;
+        batch_to_slots(e, t, OPCODE_WRITE, local, &[t.base + off as u64], len, "sleep")?;
         off += len;
     }
     let tcp = o.xport_type == "tcp";
@@ -127,8 +72,8 @@ pub fn run_kv(o: &Opts, e: tent_engine_t, t: &Target) -> Result<u64, String> {
             };
             fill(lbuf, region as u64, round as u64 ^ 0x6b76);
             bbuf.fill(0);
-            let tw = kv_batch(e, t, OPCODE_WRITE, local, &remote, block, &o.poll)?;
-            let tr = kv_batch(e, t, OPCODE_READ, back, &remote, block, &o.poll)?;
+            let tw = batch_to_slots(e, t, OPCODE_WRITE, local, &remote, block, &o.poll)?;
+            let tr = batch_to_slots(e, t, OPCODE_READ, back, &remote, block, &o.poll)?;
             mismatches += lbuf.iter().zip(bbuf.iter()).filter(|(a, b)| a != b).count() as u64;
             let src = lbuf.to_vec();
             let start = Instant::now();

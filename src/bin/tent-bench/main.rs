@@ -9,8 +9,11 @@
 //! `--op_type=write_seed|read_verify` as tebench. `--role=local` runs target and initiator in one
 //! process (a quick local measurement); `--role=target|initiator` says the role outright.
 //!
-//! Modules by job: `flags` (the command line), `runner` (the engine, the sweep and one batch),
-//! `kv` (the KV-cache preset), `reference` (what a run is compared with). `--compare` adds, for the same sizes and in the same run,
+//! Modules from the bottom: `flags` (the command line), `capi` (the engine through its C API:
+//! engines, buffers, targets, one batch and its wait), `stats` (results, medians,
+//! percentiles), `reference` (what a run is compared with); above them the modes: `sweep` (the
+//! initiator's sweep), `file` (file segments), `kv` (the KV-cache preset), and the target and
+//! the choice of mode here. `--compare` adds, for the same sizes and in the same run,
 //! the plain reference for the transport (a single-stream loopback socket copy for TCP, memcpy for
 //! SHM and sim RDMA) and the ratio. `--check_consistency` verifies every byte moved.
 //!
@@ -27,10 +30,13 @@
 
 // pub(crate): the Python package builds this file into its native module (the wheel's
 // `tent-bench` and `transfer_engine_bench` console scripts) and names these modules from there.
+pub(crate) mod capi;
+pub(crate) mod file;
 pub(crate) mod flags;
 pub(crate) mod kv;
 pub(crate) mod reference;
-pub(crate) mod runner;
+pub(crate) mod stats;
+pub(crate) mod sweep;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -40,9 +46,11 @@ use std::time::Duration;
 use tent::ffi::tent::*;
 use tent::ffi::types::tent_engine_t;
 
+use capi::{buffer_on, fill_buffer, open_target, segment_name, start_engine};
+use file::run_file;
 use flags::{classic_args, parse};
 use kv::run_kv;
-use runner::{buffer_on, fill_buffer, is_file_xport, open_target, run_file, run_initiator, segment_name, start_engine};
+use sweep::run_initiator;
 
 /// Cleared by SIGINT/SIGTERM: a target serves until then.
 static SERVING: AtomicBool = AtomicBool::new(true);
@@ -131,7 +139,7 @@ pub fn run(args: impl Iterator<Item = String>) -> u8 {
             tent_destroy_engine(e);
             return Ok(0);
         }
-        if is_file_xport(&o) {
+        if o.file_xport() {
             return run_file(&o);
         }
         let initiator = start_engine(&o)?;

@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::flags::Opts;
-use crate::runner::{bench_file, is_file_xport};
 
 /// The plain reference for the same bytes per round: a loopback socket copy (TCP) or memcpy.
 pub fn reference(o: &Opts, region: usize) -> f64 {
@@ -89,10 +88,10 @@ fn device_copy_reference(o: &Opts, region: usize, deadline: Instant) -> f64 {
 /// is driven), jobs (`threads`) and direct I/O (or not); without fio, a pread/pwrite loop. `None` for other
 /// transports.
 pub fn file_reference(o: &Opts, block: usize, batch: usize, threads: usize) -> Option<f64> {
-    if !is_file_xport(o) {
+    if !o.file_xport() {
         return None;
     }
-    let (path, _) = bench_file(o);
+    let (path, _) = o.bench_file();
     if !fio_available() {
         return Some(direct_loop(o, &path, block));
     }

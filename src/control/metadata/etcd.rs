@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 use serde_json::{Value, json};
 
 use super::http::{base64_decode, base64_encode, request};
-use super::{MetadataStore, with_retries};
+use super::store::{MetadataStore, with_retries};
 use crate::error::{Error, Result};
 
 /// Splits `host:port` lists separated by `,` or `;` (an `http://` or `etcd://` prefix is
@@ -172,7 +172,9 @@ impl MetadataStore for EtcdStore {
         self.call("/v3/kv/deleterange", &json!({"key": base64_encode(key.as_bytes())})).map(|_| ())
     }
 
-    fn keep_alive(&self, key: &str, value: &str) -> Result<()> {
+    /// Renews the store's lease (its keys all hang on it); false when it expired, and then the
+    /// next `put` takes a new one.
+    fn refresh(&self, _key: &str) -> Result<bool> {
         let id = self.lease.lock().clone();
         let alive = match id {
             Some(id) => {
@@ -183,11 +185,9 @@ impl MetadataStore for EtcdStore {
             None => false,
         };
         if !alive {
-            tracing::info!("etcd lease of {key} expired; writing the key with a new lease");
             *self.lease.lock() = None;
-            self.put(key, value)?;
         }
-        Ok(())
+        Ok(alive)
     }
 
     fn needs_keep_alive(&self) -> bool {

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use super::http::{request, url_encode};
-use super::{MetadataStore, with_retries};
+use super::store::{MetadataStore, with_retries};
 use crate::error::{Error, Result};
 
 /// A store behind one `[http://]host:port/path` URL.

@@ -11,6 +11,9 @@ pub mod http_server;
 pub mod http_store;
 pub mod p2p;
 pub mod redis;
+mod store;
+
+pub use store::{MetadataStore, segment_key, with_retries};
 
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
@@ -21,28 +24,6 @@ use parking_lot::Mutex;
 use crate::config::MetadataSection;
 use crate::control::client::RpcClient;
 use crate::error::{Error, Result};
-
-/// The store key of a segment, as upstream names it.
-pub fn segment_key(name: &str) -> String {
-    format!("mooncake/tent/{name}")
-}
-
-/// A key-value store holding segment descriptors.
-pub trait MetadataStore: Send + Sync {
-    /// The backend's name (`p2p`, `redis`, `etcd`, `http`), for messages.
-    fn kind(&self) -> &'static str;
-    /// Reads `key`: `Ok(None)` when it does not exist, an error when the store cannot answer.
-    fn get(&self, key: &str) -> Result<Option<String>>;
-    /// Writes `value` under `key`, bound to this store's TTL or lease where it has one.
-    fn put(&self, key: &str, value: &str) -> Result<()>;
-    /// Removes `key`; removing a missing key is not an error.
-    fn delete(&self, key: &str) -> Result<()>;
-    /// Extends the life of `key`, which this store last wrote with `value`, by another TTL; it
-    /// writes `value` again when the store lost the key (for example after a restart).
-    fn keep_alive(&self, key: &str, value: &str) -> Result<()>;
-    /// Whether keys expire unless kept alive (then [`KeepAlive`] must run).
-    fn needs_keep_alive(&self) -> bool;
-}
 
 /// Opens the store `metadata_type` names (with `metadata_servers`, `metadata_ttl_secs` and the
 /// request timeout of section `settings`; Redis also with `MC_REDIS_*` from the environment)
@@ -68,26 +49,6 @@ pub fn open(settings: &MetadataSection, client: Arc<RpcClient>) -> Result<Arc<dy
         Error::Metadata(format!("{} metadata store at {:?} is unreachable: {e}", settings.kind, settings.servers))
     })?;
     Ok(store)
-}
-
-/// Runs `op` up to `attempts` times with a short growing pause, returning the first success or
-/// the last error. Used for store requests so a blip (a restart, a dropped connection) does not
-/// fail a lookup outright.
-pub fn with_retries<T>(attempts: u32, mut op: impl FnMut() -> Result<T>) -> Result<T> {
-    let mut pause = Duration::from_millis(50);
-    let mut n = 1;
-    loop {
-        match op() {
-            Ok(v) => return Ok(v),
-            Err(e) if n >= attempts => return Err(e),
-            Err(e) => {
-                tracing::debug!("metadata request failed (attempt {n} of {attempts}): {e}");
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_millis(500));
-                n += 1;
-            }
-        }
-    }
 }
 
 /// What the store holds for this engine, written only under the publication lock.
@@ -273,12 +234,12 @@ mod tests {
             self.map.lock().remove(key);
             Ok(())
         }
-        fn keep_alive(&self, _key: &str, _value: &str) -> Result<()> {
+        fn refresh(&self, _key: &str) -> Result<bool> {
             if *self.fail.lock() {
                 return Err(Error::Metadata("down".into()));
             }
             self.log.lock().push("keepalive".into());
-            Ok(())
+            Ok(true)
         }
         fn needs_keep_alive(&self) -> bool {
             true
@@ -323,23 +284,6 @@ mod tests {
         p.remove().unwrap();
         p.rewrite().unwrap();
         assert!(store.map.lock().is_empty());
-    }
-
-    #[test]
-    fn retries_stop_at_the_first_success_or_after_the_last_attempt() {
-        let mut n = 0;
-        let r: Result<u32> = with_retries(3, || {
-            n += 1;
-            if n < 2 { Err(Error::Metadata("x".into())) } else { Ok(n) }
-        });
-        assert_eq!(r, Ok(2));
-        let mut m = 0;
-        let r: Result<()> = with_retries(3, || {
-            m += 1;
-            Err(Error::Metadata("x".into()))
-        });
-        assert!(r.is_err());
-        assert_eq!(m, 3);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::MetadataStore;
+use super::store::MetadataStore;
 use crate::control::client::RpcClient;
 use crate::control::frame::msg;
 use crate::error::{Error, Result};
@@ -42,10 +42,6 @@ impl MetadataStore for P2pStore {
     }
 
     fn delete(&self, _key: &str) -> Result<()> {
-        Ok(())
-    }
-
-    fn keep_alive(&self, _key: &str, _value: &str) -> Result<()> {
         Ok(())
     }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use redis::{ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo};
 
-use super::{MetadataStore, with_retries};
+use super::store::{MetadataStore, with_retries};
 use crate::error::{Error, Result};
 
 /// Redis credentials and database, as upstream reads them from the environment.
@@ -176,15 +176,9 @@ impl MetadataStore for RedisStore {
         self.run::<i64>(redis::cmd("DEL").arg(key)).map(|_| ())
     }
 
-    fn keep_alive(&self, key: &str, value: &str) -> Result<()> {
+    fn refresh(&self, key: &str) -> Result<bool> {
         let refreshed: i64 = self.run(redis::cmd("EXPIRE").arg(key).arg(self.ttl_secs))?;
-        if refreshed == 0 {
-            // The key is gone (expired while the store was unreachable, or a restart without
-            // persistence): write it again.
-            tracing::info!("redis lost {key}; writing it again");
-            self.put(key, value)?;
-        }
-        Ok(())
+        Ok(refreshed != 0)
     }
 
     fn needs_keep_alive(&self) -> bool {

@@ -13,13 +13,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
-use super::{AlignedBuf, FileCache, OpenFile, Piece, Step, bounce_copy, plan_tasks};
+use super::open_file::{AlignedBuf, FileCache, OpenFile, Piece, Step, bounce_copy, moves_device_memory, plan_tasks};
+use crate::base::pool::{Pool, WorkQueue};
 use crate::base::qos::{self, Gate, Level, QosParams, Ticket};
 use crate::base::request::{Opcode, TransportKind};
 use crate::base::segment::SegmentDesc;
 use crate::base::task::Task;
 use crate::config::{FileSection, Settings};
-use crate::control::queue::{Pool, WorkQueue};
 use crate::error::Result;
 use crate::transport::Transport;
 
@@ -157,7 +157,7 @@ fn piece_done(job: &Job) {
 
 impl Transport for PlainFileTransport {
     fn moves_device_memory(&self, local_device: bool, remote_device: bool) -> bool {
-        super::moves_device_memory(local_device, remote_device)
+        moves_device_memory(local_device, remote_device)
     }
 
     fn kind(&self) -> TransportKind {

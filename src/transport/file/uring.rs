@@ -41,7 +41,7 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::base::qos::{self, Level, LevelQueues, QosParams, Queued};
 
-use super::{AlignedBuf, FileCache, OpenFile, Piece, Step, bounce_copy, plan_tasks};
+use super::open_file::{AlignedBuf, FileCache, OpenFile, Piece, Step, bounce_copy, moves_device_memory, plan_tasks};
 use crate::base::request::{Opcode, TransportKind};
 use crate::base::segment::SegmentDesc;
 use crate::base::task::Task;
@@ -169,7 +169,7 @@ impl IoUringTransport {
 
 impl Transport for IoUringTransport {
     fn moves_device_memory(&self, local_device: bool, remote_device: bool) -> bool {
-        super::moves_device_memory(local_device, remote_device)
+        moves_device_memory(local_device, remote_device)
     }
 
     fn kind(&self) -> TransportKind {
@@ -213,6 +213,11 @@ impl Transport for IoUringTransport {
 
     fn direct_io(&self, name: &str) -> Option<bool> {
         self.files.direct(name)
+    }
+
+    /// Every ring's reaper sleeps until a submit rings its bell.
+    fn asleep(&self) -> Option<bool> {
+        Some(self.rings.iter().all(|r| r.deep.load(Ordering::SeqCst)))
     }
 
     fn shutdown(&self) {

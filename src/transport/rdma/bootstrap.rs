@@ -9,35 +9,29 @@
 
 use serde::{Deserialize, Serialize};
 
-/// What the passive side decided; carried as `result` in replies (0 in requests).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(i32)]
-pub enum BootstrapResult {
-    /// Connected (or an exact duplicate of an earlier bootstrap): `local_desc` is filled.
-    Ok = 0,
-    /// The peer retired its endpoint for this path; bootstrapping again gets a fresh one.
-    RetiredRetry = 1,
-    /// The NIC named in `peer_nic_path` does not exist (or is down) on the peer.
-    NoDevice = 2,
-    /// The two sides have different lane counts; retrying cannot help.
-    LaneMismatch = 3,
-    /// The peer has no RDMA transport.
-    NotReady = 4,
-    /// Anything else (malformed request, QP setup failure).
-    Error = 5,
+int_enum! {
+    /// What the passive side decided; carried as `result` in replies (0 in requests).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum BootstrapResult: i32 {
+        /// Connected (or an exact duplicate of an earlier bootstrap): `local_desc` is filled.
+        Ok = 0,
+        /// The peer retired its endpoint for this path; bootstrapping again gets a fresh one.
+        RetiredRetry = 1,
+        /// The NIC named in `peer_nic_path` does not exist (or is down) on the peer.
+        NoDevice = 2,
+        /// The two sides have different lane counts; retrying cannot help.
+        LaneMismatch = 3,
+        /// The peer has no RDMA transport.
+        NotReady = 4,
+        /// Anything else (malformed request, QP setup failure).
+        Error = 5,
+    }
 }
 
 impl BootstrapResult {
     /// Reads a wire value; unknown values count as errors.
     pub fn from_i32(v: i32) -> BootstrapResult {
-        match v {
-            0 => BootstrapResult::Ok,
-            1 => BootstrapResult::RetiredRetry,
-            2 => BootstrapResult::NoDevice,
-            3 => BootstrapResult::LaneMismatch,
-            4 => BootstrapResult::NotReady,
-            _ => BootstrapResult::Error,
-        }
+        BootstrapResult::from_int(v).unwrap_or(BootstrapResult::Error)
     }
 
     /// Whether bootstrapping the same endpoint again may succeed.

@@ -147,28 +147,24 @@ pub fn pick_best_gid(table: &[GidEntry]) -> Option<u32> {
         .or_else(|| table.iter().find(|e| !e.gid.is_zero()).map(|e| e.index))
 }
 
-/// Lifecycle of a context (upstream's DEVICE_* states).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum ContextState {
-    /// Not constructed.
-    Uninit = 0,
-    /// Constructed, holding no resources.
-    Disabled = 1,
-    /// Resources held and the port is ACTIVE.
-    Enabled = 2,
-    /// Resources held but the port is not ACTIVE (for example after PORT_ERR).
-    Paused = 3,
+int_enum! {
+    /// Lifecycle of a context (upstream's DEVICE_* states).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum ContextState: u8 {
+        /// Not constructed.
+        Uninit = 0,
+        /// Constructed, holding no resources.
+        Disabled = 1,
+        /// Resources held and the port is ACTIVE.
+        Enabled = 2,
+        /// Resources held but the port is not ACTIVE (for example after PORT_ERR).
+        Paused = 3,
+    }
 }
 
 impl ContextState {
     fn from_u8(v: u8) -> ContextState {
-        match v {
-            1 => ContextState::Disabled,
-            2 => ContextState::Enabled,
-            3 => ContextState::Paused,
-            _ => ContextState::Uninit,
-        }
+        ContextState::from_int(v).unwrap_or(ContextState::Uninit)
     }
 }
 

@@ -25,31 +25,26 @@ use crate::config::RdmaSection;
 use crate::error::{Error, Result};
 use crate::verbs::{Access, AddressVector, Gid, GlobalRoute, Mtu, Qp, QpCaps, QpInit, QpState, QpTransition};
 
-/// Endpoint states, in the only order they can be visited.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-#[repr(u8)]
-pub enum EpState {
-    /// Created, QPs not made yet.
-    Uninit = 0,
-    /// QPs exist; waiting for the peer's QP numbers.
-    Handshaking = 1,
-    /// Connected; work may be posted.
-    Ready = 2,
-    /// Retired: QPs in ERR, outstanding work flushing.
-    Destroying = 3,
-    /// Gone: QPs destroyed.
-    Destroyed = 4,
+int_enum! {
+    /// Endpoint states, in the only order they can be visited.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+    pub enum EpState: u8 {
+        /// Created, QPs not made yet.
+        Uninit = 0,
+        /// QPs exist; waiting for the peer's QP numbers.
+        Handshaking = 1,
+        /// Connected; work may be posted.
+        Ready = 2,
+        /// Retired: QPs in ERR, outstanding work flushing.
+        Destroying = 3,
+        /// Gone: QPs destroyed.
+        Destroyed = 4,
+    }
 }
 
 impl EpState {
     fn from_u8(v: u8) -> EpState {
-        match v {
-            0 => EpState::Uninit,
-            1 => EpState::Handshaking,
-            2 => EpState::Ready,
-            3 => EpState::Destroying,
-            _ => EpState::Destroyed,
-        }
+        EpState::from_int(v).unwrap_or(EpState::Destroyed)
     }
 
     /// Whether the endpoint may still carry work (not retired).

@@ -122,18 +122,57 @@ pub enum LaneMsg {
 /// A job and its slices, as (offset, length) pairs.
 pub type Launch = (Arc<Job>, Vec<(u64, u32)>);
 
+/// What a lane shows of its loop, for whoever waits for the lanes to settle (tests): how many
+/// passes in a row took no submission and posted and reaped nothing, and how many slices it
+/// holds waiting to be posted. Each lane writes its own after every pass.
+#[derive(Default)]
+pub struct LaneActivity {
+    quiet_passes: std::sync::atomic::AtomicU32,
+    waiting: std::sync::atomic::AtomicUsize,
+}
+
+impl LaneActivity {
+    fn record(&self, active: bool, waiting: usize) {
+        let quiet = if active { 0 } else { self.quiet_passes.load(Ordering::Relaxed).saturating_add(1) };
+        self.quiet_passes.store(quiet, Ordering::Release);
+        self.waiting.store(waiting, Ordering::Release);
+    }
+}
+
 /// The lanes' inboxes and the counter that spreads slices over them and, through their
 /// sequence numbers, over the rails, across jobs too: a batch of one-slice requests uses every
 /// rail.
 pub struct LaneSet {
     inboxes: parking_lot::Mutex<Vec<mpsc::Sender<LaneMsg>>>,
     next: std::sync::atomic::AtomicUsize,
+    activity: Vec<Arc<LaneActivity>>,
 }
 
 impl LaneSet {
     /// The lanes behind `inboxes`, lane *i* at position *i*.
     pub fn new(inboxes: Vec<mpsc::Sender<LaneMsg>>) -> LaneSet {
-        LaneSet { inboxes: parking_lot::Mutex::new(inboxes), next: Default::default() }
+        let activity = inboxes.iter().map(|_| Arc::default()).collect();
+        LaneSet { inboxes: parking_lot::Mutex::new(inboxes), next: Default::default(), activity }
+    }
+
+    /// What lane `i` shows of its loop (it writes there).
+    pub fn activity(&self, i: usize) -> Arc<LaneActivity> {
+        self.activity[i].clone()
+    }
+
+    /// The slices the lanes hold waiting to be posted, once every lane has gone `passes` passes
+    /// in a row without taking a submission, posting or reaping anything; `None` before. With
+    /// every slice of the work at hand handed over (held here or on the wire) and its endpoints
+    /// connected, what is on the wire then stays as it is until something completes.
+    pub fn settled(&self, passes: u32) -> Option<usize> {
+        let mut waiting = 0;
+        for a in &self.activity {
+            if a.quiet_passes.load(Ordering::Acquire) < passes {
+                return None;
+            }
+            waiting += a.waiting.load(Ordering::Acquire);
+        }
+        Some(waiting)
     }
 
     /// Whether the lanes are closed (the transport is shutting down).
@@ -185,6 +224,8 @@ pub struct Lane {
     rx: mpsc::Receiver<LaneMsg>,
     /// Slices waiting to be posted, one queue per priority level, HIGH posted first.
     pending: LevelQueues<Slice>,
+    /// Where this lane shows whether it is doing anything.
+    activity: Arc<LaneActivity>,
     slots: Vec<Slot>,
     free: Vec<usize>,
     in_flight: usize,
@@ -194,8 +235,8 @@ pub struct Lane {
 }
 
 impl Lane {
-    /// A lane over the CQs of `core`'s contexts.
-    pub fn new(id: usize, core: Arc<Core>, rx: mpsc::Receiver<LaneMsg>) -> Lane {
+    /// A lane over the CQs of `core`'s contexts, showing its activity in `activity`.
+    pub fn new(id: usize, core: Arc<Core>, rx: mpsc::Receiver<LaneMsg>, activity: Arc<LaneActivity>) -> Lane {
         let cqs = core.nics().contexts().live().filter_map(|(i, c)| c.cq(id).map(|cq| (i, cq))).collect();
         let qos = core.qos();
         Lane {
@@ -203,6 +244,7 @@ impl Lane {
             core,
             rx,
             pending: LevelQueues::new(qos),
+            activity,
             slots: Vec::new(),
             free: Vec::new(),
             in_flight: 0,
@@ -230,6 +272,7 @@ impl Lane {
             } else {
                 self.rx.try_recv().ok()
             };
+            let took = msg.is_some();
             if let Some(LaneMsg::Submit(v)) = msg {
                 v.into_iter().for_each(|s| self.queue(s));
                 while let Ok(LaneMsg::Submit(v)) = self.rx.try_recv() {
@@ -244,6 +287,8 @@ impl Lane {
                 self.last_scan = Instant::now();
                 self.scan(self.core.clock().now());
             }
+            let waiting_slices = (0..3).map(|q| self.pending.len(q)).sum();
+            self.activity.record(took || posted + polled > 0, waiting_slices);
             if posted + polled > 0 {
                 idle_passes = 0;
             } else if !waiting {

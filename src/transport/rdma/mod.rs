@@ -204,7 +204,7 @@ impl RdmaTransport {
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| std::thread::Builder::new().name(name).spawn(f);
         let result = (|| -> std::io::Result<()> {
             for (i, rx) in receivers.into_iter().enumerate() {
-                let lane = Lane::new(i, core.clone(), rx);
+                let lane = Lane::new(i, core.clone(), rx, lanes.activity(i));
                 threads.push(spawn(format!("tent-rdma-lane{i}"), Box::new(move || lane.run()))?);
             }
             if let Some(pool) = pools.first() {
@@ -250,6 +250,13 @@ impl RdmaTransport {
     /// The shared core (stores, counters, contexts), for tests and diagnostics.
     pub fn core(&self) -> &Arc<Core> {
         &self.core
+    }
+
+    /// The slices the lanes hold waiting, once every lane has gone `passes` passes in a row
+    /// without doing anything (see [`LaneSet::settled`]); `None` while one is busy. Tests wait
+    /// on it instead of sleeping while the lanes work.
+    pub fn lanes_settled(&self, passes: u32) -> Option<usize> {
+        self.lanes.settled(passes)
     }
 
     /// The `devices` list of the segment descriptor: one `{name, lid, gid, transport_attrs}` per

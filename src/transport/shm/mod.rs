@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
+use crate::base::pool::{Pool, WorkQueue};
 use crate::base::prefetch;
 use crate::base::qos::{self, Foreign, Gate, Level, QosParams, Ticket};
 use crate::base::request::{Opcode, TransportKind};
@@ -32,7 +33,6 @@ use crate::base::segment::{BufferDesc, BufferRef, SegmentDesc};
 use crate::base::shared_quota::{QuotaPath, SharedQuota};
 use crate::base::task::Task;
 use crate::config::{Settings, ShmSection};
-use crate::control::queue::{Pool, WorkQueue};
 use crate::device::{self, DeviceRange, Platform};
 use crate::error::{Error, Result};
 use crate::transport::Transport;

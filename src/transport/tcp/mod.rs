@@ -17,7 +17,9 @@
 //! a chunk (or each pipelined group), so while HIGH work is queued or moving, one piece of
 //! lower-level work moves at a time beside it.
 
+mod chunk;
 mod pipes;
+mod shared;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -25,7 +27,8 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::base::qos::{Foreign, Gate, Level, QosParams, Ticket};
+use crate::base::pool::{Pool, WorkQueue};
+use crate::base::qos::{Foreign, Gate, Level, QosParams};
 use crate::base::request::{Opcode, TransportKind};
 use crate::base::segment::SegmentDesc;
 use crate::base::shared_quota::{QuotaPath, SharedQuota};
@@ -33,13 +36,14 @@ use crate::base::task::Task;
 use crate::config::{Settings, TcpSection};
 use crate::control::client::{DataLane, DataOp, RpcClient};
 use crate::control::pipe::Pipe;
-use crate::control::queue::{Pool, WorkQueue};
 use crate::control::rawio::RawRange;
 use crate::device::Mem;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::transport::Transport;
+use chunk::{Chunk, Group, Job, finish_chunk, wanted};
 use pipes::Carriers;
+use shared::Shared;
 
 /// The delay before retry number `attempt` (0-based) of a chunk: `retry_base_delay_ms`
 /// doubling up to `retry_max_delay_ms`.
@@ -47,44 +51,6 @@ fn backoff(cfg: &TcpSection, attempt: u32) -> Duration {
     let ms = cfg.retry_base_delay_ms.saturating_mul(1u64 << attempt.min(30)).min(cfg.retry_max_delay_ms);
     Duration::from_millis(ms)
 }
-
-/// One task in flight: chunks count down, the last one completes the task.
-struct Job {
-    task: Task,
-    rpc_addr: String,
-    remaining: AtomicUsize,
-    failed: AtomicBool,
-    /// The local side is device memory: its chunks go through a staging buffer (see
-    /// [`move_chunk`]) and never through the pipelined paths, which hand the CPU the address.
-    device: bool,
-    /// The task's priority level, counted active on the gate until the last chunk ends.
-    ticket: Ticket,
-}
-
-impl Job {
-    fn level(&self) -> Level {
-        self.ticket.level()
-    }
-}
-
-struct Chunk {
-    job: Arc<Job>,
-    offset: u64,
-    len: u64,
-}
-
-impl Chunk {
-    /// The peer address and the local memory this chunk moves.
-    fn ranges(&self) -> (u64, RawRange) {
-        let r = self.job.task.request();
-        (r.target_offset + self.offset, RawRange { ptr: (r.source + self.offset) as *mut u8, len: self.len as usize })
-    }
-}
-
-/// What a worker takes off the queue: chunks to one peer, moved in one pipelined trip when
-/// there are several. A submit forms its groups itself, so a batch of small blocks wakes one
-/// worker per group, not every idle worker for its first chunks (who then found nothing left).
-type Group = Vec<Chunk>;
 
 /// Chunks of batches whose slices are still being submitted (see `TcpTransport::start`), and
 /// their bytes.
@@ -100,21 +66,10 @@ const EARLY_START_BYTES: u64 = 4 << 20;
 
 /// The TCP transport; `shutdown` (or drop) fails what is queued and joins the workers.
 pub struct TcpTransport {
-    inner: Arc<Inner>,
+    shared: Arc<Shared>,
+    /// The pipes the callers' threads send small HIGH requests on (see `pipes`).
+    carriers: Arc<Carriers>,
     staged: Mutex<Staged>,
-}
-
-/// What the workers, the reaper and the callers' threads share.
-struct Inner {
-    /// `transports/tcp/*`.
-    cfg: TcpSection,
-    client: Arc<RpcClient>,
-    /// The workers of each level, HIGH first.
-    pools: [Pool<Group>; 3],
-    gate: Arc<Gate>,
-    stopping: Arc<AtomicBool>,
-    carriers: Carriers,
-    metrics: Arc<Metrics>,
 }
 
 impl TcpTransport {
@@ -140,18 +95,18 @@ impl TcpTransport {
         let pools = [pool("tent-tcp", false)?, pool("tent-tcp-m", true)?, pool("tent-tcp-l", true)?];
         let quota = SharedQuota::open(&settings.qos.shared_quota_path, QuotaPath::Tcp);
         let gate = Gate::new(QosParams::from(&settings.qos), quota.map(|q| q as Arc<dyn Foreign>));
-        let inner = Arc::new(Inner { cfg, client, pools, gate, stopping, carriers: Carriers::default(), metrics });
-        Ok(TcpTransport { inner, staged: Mutex::new(Staged::default()) })
+        let shared = Arc::new(Shared { cfg, client, pools, gate, stopping, metrics });
+        Ok(TcpTransport { shared, carriers: Arc::default(), staged: Mutex::new(Staged::default()) })
     }
 
     /// The gate that orders this transport's work by priority.
     pub fn gate(&self) -> &Arc<Gate> {
-        &self.inner.gate
+        &self.shared.gate
     }
 
     /// The settings in use (`transports/tcp/*`).
     pub fn cfg(&self) -> TcpSection {
-        self.inner.cfg
+        self.shared.cfg
     }
 
     /// Cuts the tasks into chunks and queues them for the workers. While the submitter still
@@ -161,7 +116,7 @@ impl TcpTransport {
     /// batch's last submit queues everything held back; a long batch starts early (see
     /// [`EARLY_START_BYTES`]).
     fn start(&self, target: &Arc<SegmentDesc>, tasks: Vec<Task>, partial: bool) -> Result<()> {
-        if self.inner.cfg.refuse_submit {
+        if self.shared.cfg.refuse_submit {
             return Err(Error::Rpc("injected fault (transports/tcp/fault/refuse_submit)".into()));
         }
         let mut chunks = Vec::new();
@@ -172,9 +127,9 @@ impl TcpTransport {
                 task.complete();
                 continue;
             }
-            let n = len.div_ceil(self.inner.cfg.chunk_size) as usize;
+            let n = len.div_ceil(self.shared.cfg.chunk_size) as usize;
             let device = crate::device::known::device_of(task.request().source, len).is_some();
-            let ticket = self.inner.gate.enter(Level::of(task.request().priority));
+            let ticket = self.shared.gate.enter(Level::of(task.request().priority));
             let job = Arc::new(Job {
                 task,
                 rpc_addr: target.rpc_server_addr.clone(),
@@ -185,7 +140,7 @@ impl TcpTransport {
             });
             let mut off = 0;
             while off < len {
-                let l = (len - off).min(self.inner.cfg.chunk_size);
+                let l = (len - off).min(self.shared.cfg.chunk_size);
                 chunks.push(Chunk { job: job.clone(), offset: off, len: l });
                 off += l;
             }
@@ -195,7 +150,7 @@ impl TcpTransport {
             let mut staged = self.staged.lock();
             // Read under the lock `shutdown` takes after setting it: chunks staged here are
             // either failed by `shutdown` or refused now, never left behind.
-            if self.inner.stopping.load(Ordering::Acquire) {
+            if self.shared.stopping.load(Ordering::Acquire) {
                 drop(staged);
                 for c in chunks {
                     c.job.task.fail("tcp transport is shutting down".into());
@@ -220,19 +175,19 @@ impl TcpTransport {
         let total: u64 = queued.iter().map(|c| c.len).sum();
         let mut on_caller = if total > CALLER_MAX_BYTES { u64::MAX } else { 0 };
         let mut to_workers = Vec::new();
-        for group in group_chunks(queued, self.inner.cfg) {
+        for group in group_chunks(queued, self.shared.cfg) {
             let bytes: u64 = group.iter().map(|c| c.len).sum();
             let high = group.first().is_some_and(|c| c.job.level() == Level::High);
-            if !high || on_caller.saturating_add(bytes) > CALLER_MAX_BYTES || !pipelined(&group, self.inner.cfg) {
+            if !high || on_caller.saturating_add(bytes) > CALLER_MAX_BYTES || !pipelined(&group, self.shared.cfg) {
                 to_workers.push(group);
                 continue;
             }
-            match self.inner.send_on_pipe(group) {
+            match self.carriers.send_on_pipe(&self.shared, group) {
                 Ok(()) => on_caller = on_caller.saturating_add(bytes),
                 Err(group) => to_workers.push(group),
             }
         }
-        self.inner.to_workers(to_workers);
+        self.shared.to_workers(to_workers);
         Ok(())
     }
 }
@@ -319,25 +274,6 @@ fn worker(queue: &WorkQueue<Group>, client: &RpcClient, stopping: &AtomicBool, p
         } else if let Some(chunk) = group.pop() {
             run_chunk(client, &chunk, stopping, p, metrics);
         }
-    }
-}
-
-/// True when the chunk's task still wants its bytes moved.
-fn wanted(chunk: &Chunk) -> bool {
-    !chunk.job.failed.load(Ordering::Acquire) && !chunk.job.task.cancel_requested()
-}
-
-/// Records the outcome of one chunk: a failure fails its task; the last chunk of a task that
-/// did not fail completes it.
-fn finish_chunk(chunk: &Chunk, result: Result<()>) {
-    let job = &chunk.job;
-    if let Err(e) = result {
-        job.failed.store(true, Ordering::Release);
-        tracing::debug!("tcp transfer to {} failed: {e}", job.rpc_addr);
-        job.task.fail(e.to_string());
-    }
-    if job.remaining.fetch_sub(1, Ordering::AcqRel) == 1 && !job.failed.load(Ordering::Acquire) {
-        job.task.complete();
     }
 }
 
@@ -516,25 +452,24 @@ impl Transport for TcpTransport {
     }
 
     fn poll(&self) -> bool {
-        self.inner.drive_all()
+        self.carriers.drive_all(&self.shared)
     }
 
     fn wait(&self, limit: Duration) -> bool {
-        self.inner.wait_own(limit)
+        self.carriers.wait_own(&self.shared, limit)
     }
 
     fn shutdown(&self) {
-        let inner = &self.inner;
-        inner.stopping.store(true, Ordering::Release);
-        inner.carriers.stop_reaper();
+        let shared = &self.shared;
+        shared.stopping.store(true, Ordering::Release);
+        self.carriers.stop_reaper();
         let staged = std::mem::take(&mut *self.staged.lock()).chunks;
-        let on_pipes: Vec<Chunk> = inner.carriers.take_all().into_iter().flat_map(Pipe::abandon).collect();
-        let queued: Vec<Chunk> = inner.pools.iter().flat_map(Pool::close).flatten().collect();
+        let on_pipes: Vec<Chunk> = self.carriers.take_all().into_iter().flat_map(Pipe::abandon).collect();
+        let queued: Vec<Chunk> = shared.pools.iter().flat_map(Pool::close).flatten().collect();
         for c in queued.into_iter().chain(staged).chain(on_pipes) {
-            c.job.failed.store(true, Ordering::Release);
-            c.job.task.fail("tcp transport is shutting down".into());
+            c.fail_at_shutdown();
         }
-        inner.pools.iter().for_each(Pool::join);
+        shared.pools.iter().for_each(Pool::join);
     }
 }
 
@@ -671,7 +606,7 @@ mod tests {
         });
         let task = |len| Task::new(CountingSink::new(*chunk(Opcode::Write, len).job.task.request()), 0);
         t.submit_partial(&target, vec![task(4096), task(4096)]).expect("partial");
-        assert_eq!(t.inner.pools[0].queue().len(), 0, "no worker is handed a slice while the batch is submitted");
+        assert_eq!(t.shared.pools[0].queue().len(), 0, "no worker is handed a slice while the batch is submitted");
         assert_eq!(t.staged.lock().chunks.len(), 2);
         t.submit(&target, vec![]).expect("last submit");
         assert!(t.staged.lock().chunks.is_empty(), "the last submit hands everything over");

@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::{Chunk, Group, Inner, finish_chunk, wanted};
+use super::chunk::{Chunk, Group, finish_chunk, wanted};
+use super::shared::Shared;
 use crate::base::request::{Opcode, TransportKind};
 use crate::control::client::DataOp;
 use crate::control::pipe::Pipe;
@@ -130,23 +131,14 @@ impl Carriers {
         self.count.store(0, Ordering::Release);
         list.iter().filter_map(|c| c.pipe.lock().take()).collect()
     }
-}
 
-/// How a drive left a pipe.
-enum Left {
-    Out,
-    Answered(Pipe<Chunk>),
-    Broken(Vec<Chunk>, String),
-}
-
-impl Inner {
     /// Sends `group` (small chunks to one peer) from this thread on an idle pooled connection:
     /// writes what the socket takes and leaves the rest to this thread's polls or the reaper.
     /// Gives the group back when no idle connection is there (connecting may wait on the peer;
     /// a worker does that).
-    pub(super) fn send_on_pipe(self: &Arc<Inner>, group: Group) -> std::result::Result<(), Group> {
+    pub(super) fn send_on_pipe(self: &Arc<Self>, shared: &Arc<Shared>, group: Group) -> std::result::Result<(), Group> {
         let Some(addr) = group.first().map(|c| c.job.rpc_addr.clone()) else { return Ok(()) };
-        let Some(lent) = self.client.lend_idle(&addr) else { return Err(group) };
+        let Some(lent) = shared.client.lend_idle(&addr) else { return Err(group) };
         let (live, dropped): (Vec<Chunk>, Vec<Chunk>) = group.into_iter().partition(wanted);
         for c in dropped {
             finish_chunk(&c, Ok(()));
@@ -168,11 +160,11 @@ impl Inner {
         let pipe = match unsafe { Pipe::new(lent, ops) } {
             Ok(p) => p,
             Err((lent, chunks)) => {
-                self.client.give_back_lent(lent);
+                shared.client.give_back_lent(lent);
                 return Err(chunks);
             }
         };
-        let now = self.carriers.now();
+        let now = self.now();
         let carrier = Arc::new(Carrier {
             fd: pipe.fd(),
             pipe: Mutex::new(Some(pipe)),
@@ -182,37 +174,34 @@ impl Inner {
             driven: AtomicU64::new(now),
             progress: AtomicU64::new(now),
         });
-        self.carriers.add(carrier.clone());
-        if self.stopping.load(Ordering::Acquire) {
+        self.add(carrier.clone());
+        if shared.stopping.load(Ordering::Acquire) {
             // `shutdown` set `stopping` before it took the pipes: this one was added after, or
             // is taken already; either way it is ended here or there, never left behind.
             if let Some(pipe) = carrier.pipe.lock().take() {
-                self.carriers.remove(&carrier);
-                for c in pipe.abandon() {
-                    c.job.failed.store(true, Ordering::Release);
-                    c.job.task.fail("tcp transport is shutting down".into());
-                }
+                self.remove(&carrier);
+                pipe.abandon().iter().for_each(Chunk::fail_at_shutdown);
             }
             return Ok(());
         }
-        self.ensure_reaper();
-        self.drive(&carrier);
+        self.ensure_reaper(shared);
+        self.drive(shared, &carrier);
         Ok(())
     }
 
     /// Starts the reaper if none runs: it runs while pipes are out and ends [`REAP_LINGER`]
     /// after the last one, so an idle engine has no thread for it.
-    fn ensure_reaper(self: &Arc<Inner>) {
-        let mut r = self.carriers.reaper.lock();
-        if r.running || self.stopping.load(Ordering::Acquire) {
+    fn ensure_reaper(self: &Arc<Self>, shared: &Arc<Shared>) {
+        let mut r = self.reaper.lock();
+        if r.running || shared.stopping.load(Ordering::Acquire) {
             return;
         }
         if let Some(old) = r.thread.take() {
             // It ended (`running` is false): this only reaps it.
             let _ = old.join();
         }
-        let inner = self.clone();
-        match std::thread::Builder::new().name("tent-tcp-reaper".into()).spawn(move || reap(&inner)) {
+        let (carriers, shared) = (self.clone(), shared.clone());
+        match std::thread::Builder::new().name("tent-tcp-reaper".into()).spawn(move || reap(&carriers, &shared)) {
             Ok(t) => {
                 r.running = true;
                 r.thread = Some(t);
@@ -222,38 +211,13 @@ impl Inner {
         }
     }
 
-    /// Queues groups for the workers; fails their tasks when the transport is closed.
-    pub(super) fn to_workers(&self, groups: Vec<Group>) {
-        if groups.is_empty() {
-            return;
-        }
-        // Each level has its own workers, so a HIGH group never waits for a worker that
-        // LOW work holds back (see `base::qos`).
-        let mut by_level: [Vec<Group>; 3] = Default::default();
-        for g in groups {
-            let level = g.first().map(|c| c.job.ticket.level() as usize).unwrap_or(0);
-            by_level[level].push(g);
-        }
-        for (pool, groups) in self.pools.iter().zip(by_level) {
-            if groups.is_empty() {
-                continue;
-            }
-            if let Err(rest) = pool.push_all(groups) {
-                for c in rest.into_iter().flatten() {
-                    c.job.failed.store(true, Ordering::Release);
-                    c.job.task.fail("tcp transport is shutting down".into());
-                }
-            }
-        }
-    }
-
     /// Drives `c` if no other thread is: writes and reads what can be done now, ends the
     /// chunks answered, and ends the pipe once it is answered, broken, or silent past the
     /// request timeout. Returns whether anything moved.
-    fn drive(&self, c: &Arc<Carrier>) -> bool {
+    fn drive(&self, shared: &Shared, c: &Arc<Carrier>) -> bool {
         let Some(mut slot) = c.pipe.try_lock() else { return false };
         let Some(pipe) = slot.as_mut() else { return false };
-        let now = self.carriers.now();
+        let now = self.now();
         c.driven.store(now, Ordering::Relaxed);
         let mut done = Vec::new();
         let (moved, left) = match pipe.drive(&mut done) {
@@ -265,8 +229,8 @@ impl Inner {
                 let silent = Duration::from_nanos(now.saturating_sub(c.progress.load(Ordering::Relaxed)));
                 let left = if pipe.is_done() && !pipe.wants_write() {
                     slot.take().map_or(Left::Out, Left::Answered)
-                } else if silent > self.client.request_timeout() {
-                    let why = format!("{}: no reply within {:?}", pipe.addr(), self.client.request_timeout());
+                } else if silent > shared.client.request_timeout() {
+                    let why = format!("{}: no reply within {:?}", pipe.addr(), shared.client.request_timeout());
                     slot.take().map_or(Left::Out, |p| Left::Broken(p.abandon(), why))
                 } else {
                     Left::Out
@@ -290,48 +254,47 @@ impl Inner {
         match left {
             Left::Out => {}
             Left::Answered(pipe) => {
-                self.carriers.remove(c);
+                self.remove(c);
                 match pipe.finish() {
-                    Ok(lent) => self.client.give_back_lent(lent),
+                    Ok(lent) => shared.client.give_back_lent(lent),
                     Err(open) => retry.extend(open.into_iter().map(|c| vec![c])),
                 }
             }
             Left::Broken(chunks, why) => {
-                self.carriers.remove(c);
+                self.remove(c);
                 tracing::debug!("tcp pipe ended: {why}; its {} open chunks move again alone", chunks.len());
                 retry.extend(chunks.into_iter().map(|c| vec![c]));
             }
         }
         for _ in &retry {
-            self.metrics.retry(TransportKind::Tcp);
+            shared.metrics.retry(TransportKind::Tcp);
         }
-        self.to_workers(retry);
+        shared.to_workers(retry);
         moved
     }
 
     /// Drives the pipes a caller's status poll may drive (see [`Carrier::polled_here`]): true
     /// when bytes moved.
-    pub(super) fn drive_all(&self) -> bool {
-        let pipes = self.carriers.snapshot();
+    pub(super) fn drive_all(&self, shared: &Shared) -> bool {
+        let pipes = self.snapshot();
         if pipes.is_empty() {
             // Every status poll of every transport's batch passes here: no clock read for none.
             return false;
         }
-        let (me, now) = (std::thread::current().id(), self.carriers.now());
-        pipes.iter().filter(|c| c.polled_here(me, now)).fold(false, |moved, c| self.drive(c) | moved)
+        let (me, now) = (std::thread::current().id(), self.now());
+        pipes.iter().filter(|c| c.polled_here(me, now)).fold(false, |moved, c| self.drive(shared, c) | moved)
     }
 
     /// Waits, at most `limit`, for the sockets of the pipes this thread submitted to become
     /// readable (or writable, while requests are still to be written), then drives them. False
     /// when this thread has no pipe out, so there is nothing to wait for here.
-    pub(super) fn wait_own(&self, limit: Duration) -> bool {
+    pub(super) fn wait_own(&self, shared: &Shared, limit: Duration) -> bool {
         let me = std::thread::current().id();
-        let own: Vec<Arc<Carrier>> =
-            self.carriers.snapshot().into_iter().filter(|c| c.owner == me).take(MAX_WAIT_FDS).collect();
+        let own: Vec<Arc<Carrier>> = self.snapshot().into_iter().filter(|c| c.owner == me).take(MAX_WAIT_FDS).collect();
         if own.is_empty() {
             return false;
         }
-        let now = self.carriers.now();
+        let now = self.now();
         for c in &own {
             c.owner_polled.store(now + 1, Ordering::Relaxed);
         }
@@ -349,12 +312,19 @@ impl Inner {
         if n > 0 {
             for (c, f) in own.iter().zip(&fds) {
                 if f.revents != 0 {
-                    self.drive(c);
+                    self.drive(shared, c);
                 }
             }
         }
         true
     }
+}
+
+/// How a drive left a pipe.
+enum Left {
+    Out,
+    Answered(Pipe<Chunk>),
+    Broken(Vec<Chunk>, String),
 }
 
 impl Carrier {
@@ -374,8 +344,7 @@ impl Carrier {
 /// The reaper: drives the pipes nobody drove for a tick (a caller that does not poll, or polls
 /// rarely), which also ends those silent past the request timeout. Ends once no pipe was out
 /// for [`REAP_LINGER`]; the next pipe starts another.
-pub(super) fn reap(inner: &Inner) {
-    let c = &inner.carriers;
+fn reap(c: &Carriers, shared: &Shared) {
     let mut idle_since: Option<Instant> = None;
     loop {
         let list = c.snapshot();
@@ -398,12 +367,12 @@ pub(super) fn reap(inner: &Inner) {
             for carrier in &list {
                 let last = carrier.driven.load(Ordering::Relaxed);
                 if Duration::from_nanos(now.saturating_sub(last)) >= REAP_TICK {
-                    inner.drive(carrier);
+                    c.drive(shared, carrier);
                 }
             }
         }
         let mut r = c.reaper.lock();
-        if inner.stopping.load(Ordering::Acquire) {
+        if shared.stopping.load(Ordering::Acquire) {
             r.running = false;
             return;
         }

@@ -370,15 +370,8 @@ impl DeviceOps for IbvDevice {
         let mut a: sys::ibv_port_attr = unsafe { std::mem::zeroed() };
         // SAFETY: live context and a valid out-pointer.
         check("query_port", unsafe { (self.lib.query_port)(self.ctx, port, &mut a) })?;
-        let state = match a.state {
-            1 => PortState::Down,
-            2 => PortState::Init,
-            3 => PortState::Armed,
-            4 => PortState::Active,
-            other => PortState::Other(other),
-        };
         Ok(PortAttr {
-            state,
+            state: PortState::from_int(a.state),
             max_mtu: Mtu::from_ibv(a.max_mtu).unwrap_or(Mtu::Mtu1024),
             active_mtu: Mtu::from_ibv(a.active_mtu).unwrap_or(Mtu::Mtu1024),
             lid: a.lid,
@@ -396,11 +389,7 @@ impl DeviceOps for IbvDevice {
             // SAFETY: live context, valid out-pointer of the size passed.
             let rc = unsafe { q(self.ctx, u32::from(port), index, &mut e, 0, std::mem::size_of::<RawGidEntry>()) };
             check("query_gid_ex", rc)?;
-            let gid_type = match e.gid_type {
-                0 => GidType::Ib,
-                1 => GidType::RoceV1,
-                _ => GidType::RoceV2,
-            };
+            let gid_type = GidType::from_int(e.gid_type).unwrap_or(GidType::RoceV2);
             return Ok(GidEntry {
                 index,
                 gid: Gid(e.gid),
@@ -625,18 +614,11 @@ impl CqOps for IbvCq {
         // SAFETY: the provider wrote the first `n` entries; only those are read.
         let raw = unsafe { std::slice::from_raw_parts(raw.as_ptr().cast::<sys::ibv_wc>(), n) };
         for (o, w) in out.iter_mut().zip(raw.iter()) {
-            let opcode = match w.opcode {
-                0 => WcOpcode::Send,
-                1 => WcOpcode::RdmaWrite,
-                2 => WcOpcode::RdmaRead,
-                128 => WcOpcode::Recv,
-                other => WcOpcode::Other(other),
-            };
             let with_imm = w.wc_flags & 2 != 0; // IBV_WC_WITH_IMM
             *o = Wc {
                 wr_id: w.wr_id,
                 status: WcStatus::from_ibv(w.status),
-                opcode,
+                opcode: WcOpcode::from_int(w.opcode),
                 byte_len: w.byte_len,
                 qp_num: w.qp_num,
                 vendor_err: w.vendor_err,
@@ -690,6 +672,53 @@ struct IbvQp {
 unsafe impl Send for IbvQp {}
 // SAFETY: as above.
 unsafe impl Sync for IbvQp {}
+
+/// A libibverbs work request that links to the next one of its list (`ibv_send_wr`,
+/// `ibv_recv_wr`).
+trait Chained: Sized {
+    fn set_next(&mut self, next: *mut Self);
+}
+
+impl Chained for sys::ibv_send_wr {
+    fn set_next(&mut self, next: *mut Self) {
+        self.next = next;
+    }
+}
+
+impl Chained for sys::ibv_recv_wr {
+    fn set_next(&mut self, next: *mut Self) {
+        self.next = next;
+    }
+}
+
+/// Links `wrs` into one list and posts it with `post(first, &mut bad)` (`None`: the provider
+/// has no such op); a refusal names the first request the provider did not take.
+///
+/// # Safety
+/// `post` is the QP's post op: it reads the list (and the SGEs it points to, which outlive the
+/// call) and, on failure, sets `bad` to NULL or an element of it.
+unsafe fn post_chain<W: Chained>(
+    wrs: &mut [W],
+    post: impl FnOnce(*mut W, *mut *mut W) -> Option<c_int>,
+) -> std::result::Result<(), PostError> {
+    let base = wrs.as_mut_ptr();
+    for i in 0..wrs.len().saturating_sub(1) {
+        // SAFETY: both indices are within `wrs`, which is not moved while linked.
+        unsafe { (*base.add(i)).set_next(base.add(i + 1)) };
+    }
+    let mut bad: *mut W = std::ptr::null_mut();
+    let rc = post(base, &mut bad).unwrap_or(libc::ENOSYS);
+    if rc == 0 {
+        return Ok(());
+    }
+    let index = if bad.is_null() {
+        0
+    } else {
+        // SAFETY: `bad` points into `wrs` when set (the caller's contract).
+        unsafe { bad.offset_from(base) }.max(0) as usize
+    };
+    Err(PostError { index, errno: errno_of(rc) })
+}
 
 /// All SGEs of a post, in order, as rdma-core structs.
 fn flat_sges<'a>(lists: impl Iterator<Item = &'a [Sge]> + Clone) -> Vec<sys::ibv_sge> {
@@ -781,15 +810,7 @@ impl QpOps for IbvQp {
         let mut i: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
         // SAFETY: live QP and valid out-pointers.
         check("query_qp", unsafe { (self.lib.query_qp)(self.qp, &mut a, M_STATE, &mut i) })?;
-        Ok(match a.qp_state {
-            0 => QpState::Reset,
-            1 => QpState::Init,
-            2 => QpState::Rtr,
-            3 => QpState::Rts,
-            4 => QpState::Sqd,
-            5 => QpState::Sqe,
-            _ => QpState::Err,
-        })
+        Ok(QpState::from_int(a.qp_state).unwrap_or(QpState::Err))
     }
 
     fn post_send(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
@@ -830,31 +851,11 @@ impl QpOps for IbvQp {
                 }
             }
         }
-        let base = raw.as_mut_ptr();
-        for i in 0..raw.len().saturating_sub(1) {
-            // SAFETY: both indices are within `raw`, which is not moved while linked.
-            unsafe { (*base.add(i)).next = base.add(i + 1) };
-        }
-        let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
         // SAFETY: live QP; the chain and its SGE arrays live until the call returns (the NIC
         // copies WQEs at post time); post_send comes from the context's stable ops table.
-        let rc = unsafe {
-            let ctx = (*self.qp).context;
-            match (*ctx).ops.post_send {
-                Some(f) => f(self.qp, base, &mut bad),
-                None => libc::ENOSYS,
-            }
-        };
-        if rc == 0 {
-            return Ok(());
+        unsafe {
+            post_chain(&mut raw, |first, bad| (*(*self.qp).context).ops.post_send.map(|f| f(self.qp, first, bad)))
         }
-        let index = if bad.is_null() {
-            0
-        } else {
-            // SAFETY: `bad` points into `raw` when set.
-            unsafe { bad.offset_from(base) }.max(0) as usize
-        };
-        Err(PostError { index, errno: errno_of(rc) })
     }
 
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
@@ -878,30 +879,10 @@ impl QpOps for IbvQp {
                 }
             })
             .collect();
-        let base = raw.as_mut_ptr();
-        for i in 0..raw.len().saturating_sub(1) {
-            // SAFETY: indices within `raw`, not moved while linked.
-            unsafe { (*base.add(i)).next = base.add(i + 1) };
+        // SAFETY: as for post_send, with post_recv from the same table.
+        unsafe {
+            post_chain(&mut raw, |first, bad| (*(*self.qp).context).ops.post_recv.map(|f| f(self.qp, first, bad)))
         }
-        let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
-        // SAFETY: as for post_send.
-        let rc = unsafe {
-            let ctx = (*self.qp).context;
-            match (*ctx).ops.post_recv {
-                Some(f) => f(self.qp, base, &mut bad),
-                None => libc::ENOSYS,
-            }
-        };
-        if rc == 0 {
-            return Ok(());
-        }
-        let index = if bad.is_null() {
-            0
-        } else {
-            // SAFETY: `bad` points into `raw` when set.
-            unsafe { bad.offset_from(base) }.max(0) as usize
-        };
-        Err(PostError { index, errno: errno_of(rc) })
     }
 
     fn destroy(&self) -> VerbsResult<()> {
