@@ -24,7 +24,7 @@ mod tent_module;
 #[allow(dead_code)]
 mod tent_bench;
 #[allow(unused_imports)]
-pub(crate) use tent_bench::{flags, kv, reference, runner};
+pub(crate) use tent_bench::{capi, file, flags, kv, reference, stats, sweep};
 
 /// The engine of one Python object, closed at interpreter exit or by the owner, and never
 /// touched in a forked child (the engine's threads do not exist there).
