@@ -19,6 +19,7 @@
 
 use std::collections::HashMap;
 use std::hash::Hash;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -66,6 +67,10 @@ pub struct Breaker<K> {
     cooldown: Duration,
     probing: Probing,
     keys: Mutex<HashMap<K, State>>,
+    /// How many keys `keys` holds, readable without the lock: every completion reports a
+    /// success and every slice asks whether its pair is available, from every lane, so the
+    /// common case (nothing on record) must cost one load, not a shared lock and a key.
+    recorded: AtomicUsize,
     /// Probes let through so far.
     probes: std::sync::atomic::AtomicU64,
     /// Pauses so far.
@@ -82,6 +87,7 @@ impl<K: Eq + Hash + Clone + std::fmt::Debug> Breaker<K> {
             cooldown,
             probing,
             keys: Mutex::new(HashMap::new()),
+            recorded: AtomicUsize::new(0),
             probes: Default::default(),
             trips: Default::default(),
         }
@@ -90,6 +96,9 @@ impl<K: Eq + Hash + Clone + std::fmt::Debug> Breaker<K> {
     /// Whether `key` may be used at `now`. While it is paused, or probing after its pause, this
     /// is true only for the probe (the caller's slice is it).
     pub fn available(&self, key: &K, now: Duration) -> bool {
+        if self.is_clear() {
+            return true;
+        }
         let mut keys = self.keys.lock();
         let Some(r) = keys.get_mut(key) else { return true };
         match (r.paused_until, self.probing) {
@@ -100,7 +109,7 @@ impl<K: Eq + Hash + Clone + std::fmt::Debug> Breaker<K> {
                 }
                 r.probe_until = Some(now + interval * PROBE_PATIENCE);
                 r.next_probe = now + interval;
-                self.probes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.probes.fetch_add(1, Ordering::Relaxed);
                 true
             }
             (Some(_), Probing::Every(_)) => {
@@ -117,7 +126,7 @@ impl<K: Eq + Hash + Clone + std::fmt::Debug> Breaker<K> {
                 }
                 // A probe that never reports counts as lost after one more cooldown.
                 r.probe_until = Some(now + self.cooldown);
-                self.probes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.probes.fetch_add(1, Ordering::Relaxed);
                 true
             }
             (None, _) => true,
@@ -127,6 +136,9 @@ impl<K: Eq + Hash + Clone + std::fmt::Debug> Breaker<K> {
     /// Whether `key` is paused at `now`, or probing after its pause (no side effect: no probe
     /// is let through).
     pub fn is_paused(&self, key: &K, now: Duration) -> bool {
+        if self.is_clear() {
+            return false;
+        }
         let keys = self.keys.lock();
         keys.get(key).is_some_and(|r| r.paused_until.is_some_and(|t| now < t || self.probing == Probing::AfterCooldown))
     }
@@ -134,7 +146,7 @@ impl<K: Eq + Hash + Clone + std::fmt::Debug> Breaker<K> {
     /// Whether `key` waits for its probe at `now`: its pause ended ([`Probing::AfterCooldown`])
     /// and no probe is out. No side effect: [`Breaker::available`] lets the probe through.
     pub fn probe_due(&self, key: &K, now: Duration) -> bool {
-        if self.probing != Probing::AfterCooldown {
+        if self.probing != Probing::AfterCooldown || self.is_clear() {
             return false;
         }
         let keys = self.keys.lock();
@@ -145,7 +157,11 @@ impl<K: Eq + Hash + Clone + std::fmt::Debug> Breaker<K> {
     /// Counts a failure of `key`; returns true when this failure paused it.
     pub fn mark_failed(&self, key: &K, now: Duration) -> bool {
         let mut keys = self.keys.lock();
-        let r = keys.entry(key.clone()).or_default();
+        if !keys.contains_key(key) {
+            keys.insert(key.clone(), State::default());
+            self.recorded.store(keys.len(), Ordering::Release);
+        }
+        let Some(r) = keys.get_mut(key) else { return false };
         let relapse = self.probing == Probing::AfterCooldown && r.paused_until.is_some_and(|t| now >= t);
         if r.paused_until.is_some() && !relapse {
             // A failed probe (or a slice that was on the key before it paused): the pause
@@ -173,7 +189,7 @@ impl<K: Eq + Hash + Clone + std::fmt::Debug> Breaker<K> {
         r.probe_until = None;
         r.probing = false;
         r.next_cooldown = (cooldown * 2).min(MAX_COOLDOWN);
-        self.trips.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.trips.fetch_add(1, Ordering::Relaxed);
         r.errors = 0;
         tracing::warn!("{key:?} paused for {cooldown:?} after repeated failures");
         true
@@ -187,16 +203,23 @@ impl<K: Eq + Hash + Clone + std::fmt::Debug> Breaker<K> {
     /// [`Breaker::mark_recovered`] of the key `key` builds, built only when some key has a
     /// failure on record (a success is reported on every completion: it must cost one check).
     pub fn mark_recovered_with(&self, key: impl FnOnce() -> K) {
-        let mut keys = self.keys.lock();
-        if keys.is_empty() {
+        if self.is_clear() {
             return;
         }
-        keys.remove(&key());
+        let mut keys = self.keys.lock();
+        if keys.remove(&key()).is_some() {
+            self.recorded.store(keys.len(), Ordering::Release);
+        }
     }
 
     /// Whether any key has a failure on record (a cheap check before a success is reported).
     pub fn any(&self) -> bool {
-        !self.keys.lock().is_empty()
+        !self.is_clear()
+    }
+
+    /// Whether no key has anything on record (every key available): one atomic load.
+    pub fn is_clear(&self) -> bool {
+        self.recorded.load(Ordering::Acquire) == 0
     }
 
     /// How many keys are paused at `now` (or probing after their pause).
@@ -212,12 +235,12 @@ impl<K: Eq + Hash + Clone + std::fmt::Debug> Breaker<K> {
     /// How many times any key was paused (a count that never goes down: a key that recovers
     /// is forgotten, its pauses are not).
     pub fn trips(&self) -> u64 {
-        self.trips.load(std::sync::atomic::Ordering::Relaxed)
+        self.trips.load(Ordering::Relaxed)
     }
 
     /// How many probes paused keys let through.
     pub fn probes(&self) -> u64 {
-        self.probes.load(std::sync::atomic::Ordering::Relaxed)
+        self.probes.load(Ordering::Relaxed)
     }
 }
 
@@ -238,12 +261,13 @@ impl RailMonitor {
     /// Whether the pair may be used at `now`; an expired pause ends here. While the pair is
     /// paused this is true once per probe interval: the caller's slice is the probe.
     pub fn available(&self, local: usize, remote: &str, now: Duration) -> bool {
-        self.rails.available(&(local, remote.to_string()), now)
+        // The key is built (a string copy) only when some rail has a failure on record.
+        self.rails.is_clear() || self.rails.available(&(local, remote.to_string()), now)
     }
 
     /// Whether the pair is paused at `now` (no side effect: no probe is let through).
     pub fn is_paused(&self, local: usize, remote: &str, now: Duration) -> bool {
-        self.rails.is_paused(&(local, remote.to_string()), now)
+        !self.rails.is_clear() && self.rails.is_paused(&(local, remote.to_string()), now)
     }
 
     /// Counts a root-cause failure; returns true when this failure paused the rail.
@@ -295,6 +319,21 @@ mod tests {
         m.mark_recovered(0, "b@x");
         assert!(m.available(0, "b@x", Duration::from_millis(1)), "recovered");
         assert_eq!(m.trips(), 1, "the pause still counts");
+    }
+
+    #[test]
+    fn the_lock_free_check_follows_what_is_on_record() {
+        let s = Duration::from_secs;
+        let b: Breaker<&str> = Breaker::new(1, s(10), s(30), Probing::Every(s(1000)));
+        assert!(b.is_clear() && !b.any());
+        assert!(b.mark_failed(&"a", s(0)));
+        assert!(!b.is_clear(), "a failure is on record");
+        assert!(!b.available(&"a", s(1)) && b.is_paused(&"a", s(1)), "the pause is seen past the check");
+        assert!(b.available(&"b", s(1)), "another key stays available");
+        b.mark_recovered(&"b");
+        assert!(!b.is_clear(), "recovering a key with nothing on record leaves the others");
+        b.mark_recovered(&"a");
+        assert!(b.is_clear() && b.available(&"a", s(2)) && !b.is_paused(&"a", s(2)));
     }
 
     #[test]
