@@ -27,7 +27,7 @@ use tent::verbs::sim::SimFabric;
 fn engine(lanes: usize, gpu_direct: bool) -> Arc<Engine> {
     let mut cfg = Config::new();
     let threads = arg("--staging-threads").unwrap_or(4).to_string();
-    let chunk = arg("--staging-chunk-kib").unwrap_or(4096) << 10;
+    let chunk = arg("--staging-chunk-kib").unwrap_or(1024) << 10;
     for (k, v) in [
         ("rpc_server_hostname", "127.0.0.1".to_string()),
         ("log_level", "error".to_string()),

@@ -631,7 +631,7 @@ fn gpu_direct(r: &mut Reader) -> GpuDirectSection {
         error_threshold: r.uint("transports/rdma/gdr_error_threshold", 2, 1, 1 << 20) as u32,
         error_window: Duration::from_secs(r.uint("transports/rdma/gdr_error_window_secs", 10, 0, 86_400)),
         cooldown: Duration::from_secs(r.uint("transports/rdma/gdr_cooldown_secs", 30, 1, 86_400)),
-        staging_chunk: r.uint("transports/rdma/staging/chunk_size", 4 << 20, 4096, 1 << 30),
+        staging_chunk: r.uint("transports/rdma/staging/chunk_size", 1 << 20, 4096, 1 << 30),
         staging_buffers: r.uint("transports/rdma/staging/buffers", 16, 1, 4096) as usize,
         staging_threads: r.uint("transports/rdma/staging/threads", 4, 1, 64) as usize,
     }
