@@ -254,9 +254,19 @@ impl Peer {
     fn wait_good_rounds(&mut self, id: &str, since: usize, n: usize) {
         let deadline = Instant::now() + BOUND;
         while self.good_rounds(id) < since + n {
-            assert!(Instant::now() < deadline, "host {}: stream {id} made no progress: {:?}", self.node().index, {
-                self.events.iter().rev().take(5).collect::<Vec<_>>()
-            });
+            if Instant::now() >= deadline {
+                // What a stuck stream needs to be understood: its own last round, the host's
+                // last events and the transport's counters at this moment.
+                let prefix = format!("EV {id} ");
+                let last_own = self.events.iter().rev().find(|e| e.starts_with(&prefix)).cloned();
+                let last: Vec<String> = self.events.iter().rev().take(5).cloned().collect();
+                let stats = self.cmd("STATS");
+                panic!(
+                    "host {}: stream {id} made no progress in {BOUND:?}: its last round {last_own:?}; \
+                     the host's last events {last:?}; {stats}",
+                    self.node().index
+                );
+            }
             self.drain(Duration::from_millis(200));
         }
     }
