@@ -559,7 +559,8 @@ impl ShmTransport {
     /// Prepares the chunks of `tasks` and queues them (`partial`: more slices of the same batch
     /// follow from this thread).
     fn start(&self, target: &Arc<SegmentDesc>, tasks: Vec<Task>, partial: bool) -> Result<()> {
-        let mut chunks = Vec::new();
+        // At least one chunk per task: sized once, not grown (and copied) push by push.
+        let mut chunks = Vec::with_capacity(tasks.len());
         let total: u64 = tasks.iter().map(|t| t.request().length).fold(0, u64::saturating_add);
         // A KV batch sends hundreds of requests into the same peer buffer: look its mapping up
         // (and check the object is still alive, a syscall) once per buffer per submit, not once
@@ -661,7 +662,12 @@ impl ShmTransport {
         let streaming = staged.batch_bytes > STREAM_FROM;
         if partial {
             staged.chunk_bytes += chunks.iter().map(|c| c.len).sum::<u64>();
-            staged.chunks.extend(chunks);
+            if staged.chunks.is_empty() {
+                // The batch's first slice: its vector becomes the staging one, no copy.
+                staged.chunks = chunks;
+            } else {
+                staged.chunks.extend(chunks);
+            }
             // A long batch is worth sharing the cores for: once this much waits, the copy
             // threads start on it while the submitter prepares the rest.
             if staged.chunk_bytes < EARLY_START_BYTES {
