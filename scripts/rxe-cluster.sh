@@ -132,7 +132,11 @@ case "$mode" in
     *)
         if [ "$mode" != bench ]; then
             # One scenario at a time, each timed (the figures of the closing note).
-            names=$("$test_bin" --list 2>/dev/null | sed -n 's/: test$//p')
+            # The chaos run goes last: on this project's 2-vCPU machines a guest's virtio NIC has
+            # been seen to stop transmitting (NETDEV WATCHDOG in its console) during or after it,
+            # with old and new code alike, and a host wedged that way (its killed engine stuck in
+            # the kernel, holding the RPC port) would fail every scenario after it.
+            names=$("$test_bin" --list 2>/dev/null | sed -n 's/: test$//p' | grep -vx chaos; "$test_bin" --list 2>/dev/null | sed -n 's/: test$//p' | grep -x chaos || true)
             for name in $names; do
                 case $name in bench_*) continue ;; esac
                 if [ -n "${TENT_CLUSTER_FILTER:-}" ]; then
