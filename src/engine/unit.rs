@@ -41,7 +41,7 @@ struct Route {
 /// without a heap allocation when there are none (a KV batch makes hundreds of units per
 /// submit). The first task is a field of its own, always set, so reading it never picks between
 /// two layouts (an enum's optimised select read the unset word of the arm not taken, which
-/// valgrind flagged in every C program).
+/// valgrind flagged under `c_tests/classic_api.c`).
 pub struct Members {
     first: Arc<TaskState>,
     rest: Vec<Arc<TaskState>>,
