@@ -136,7 +136,8 @@ case "$mode" in
             # been seen to stop transmitting (NETDEV WATCHDOG in its console) during or after it,
             # with old and new code alike, and a host wedged that way (its killed engine stuck in
             # the kernel, holding the RPC port) would fail every scenario after it.
-            names=$("$test_bin" --list 2>/dev/null | sed -n 's/: test$//p' | grep -vx chaos; "$test_bin" --list 2>/dev/null | sed -n 's/: test$//p' | grep -x chaos || true)
+            all=$("$test_bin" --list 2>/dev/null | sed -n 's/: test$//p')
+            names=$(grep -vx chaos <<<"$all" || true; grep -x chaos <<<"$all" || true)
             for name in $names; do
                 case $name in bench_*) continue ;; esac
                 if [ -n "${TENT_CLUSTER_FILTER:-}" ]; then
