@@ -132,10 +132,9 @@ case "$mode" in
     *)
         if [ "$mode" != bench ]; then
             # One scenario at a time, each timed (the figures of the closing note).
-            # The chaos run goes last: on this project's 2-vCPU machines a guest's virtio NIC has
-            # been seen to stop transmitting (NETDEV WATCHDOG in its console) during or after it,
-            # with old and new code alike, and a host wedged that way (its killed engine stuck in
-            # the kernel, holding the RPC port) would fail every scenario after it.
+            # The chaos run goes last: it is the one most likely to leave a host in a bad state
+            # (a guest NIC that stopped transmitting did, before rxe-guest.sh kept the guests'
+            # memory barriers; see docs/rdma-cluster.md), which would fail every scenario after it.
             all=$("$test_bin" --list 2>/dev/null | sed -n 's/: test$//p')
             names=$(grep -vx chaos <<<"$all" || true; grep -x chaos <<<"$all" || true)
             for name in $names; do

@@ -145,8 +145,14 @@ EOF
     local extra=()
     read -r -a extra <<<"${TENT_RXE_QEMU_ARGS:-}"
     local t0=$SECONDS rc=0
+    # maxcpus is at least 2 even for a one-CPU guest: QEMU before 8.1 drops the guest's memory
+    # barriers and makes its atomics plain when a TCG machine can have only one vCPU (QEMU commit
+    # c914d46d0a fixed it). Virtio needs those barriers against QEMU's own device threads; without
+    # them a virtio NIC's kick is lost now and then and its transmit queue stalls for good (NETDEV
+    # WATCHDOG in the console; the guest's ring has buffers past the event index QEMU published).
+    local smp="cpus=$CPUS,maxcpus=$((CPUS > 1 ? CPUS : 2))"
     timeout --foreground -k 10 "$BOOT_TIMEOUT" qemu-system-x86_64 \
-        -accel tcg,thread=multi -cpu max -smp "$CPUS" -m "$MEM_MB" \
+        -accel tcg,thread=multi -cpu max -smp "$smp" -m "$MEM_MB" \
         -display none -monitor none -serial stdio -nic none -no-reboot \
         -kernel "$kdir/boot/vmlinuz-$ver" -initrd "$WORK/initrd.img" \
         -append "console=ttyS0 panic=-1 quiet loglevel=3 tent_out=$out" \
