@@ -421,10 +421,11 @@ fn resumed_at(samples: &[Stats], nic: usize, after_ns: i128) -> Option<i128> {
 }
 
 /// Every round of `rounds` ended within the bound a round has: a write and a read, each ending
-/// within the transfer timeout (plus a second for the report); none was stuck or moved a wrong
-/// byte.
+/// within the transfer timeout, plus up to 2 s for the slices of a failed task to settle (see
+/// `Job` in src/transport/rdma/job.rs) and a second for the report; none was stuck or moved a
+/// wrong byte.
 fn assert_rounds_bounded(rounds: &[Round], what: &str) {
-    let bound = 2 * (TASK_TIMEOUT + Duration::from_secs(1));
+    let bound = 2 * (TASK_TIMEOUT + Duration::from_secs(3));
     for r in rounds {
         assert!(r.kind != "bad", "{what}: a round moved wrong bytes: {r:?}");
         assert!(r.kind != "stuck", "{what}: a round never ended: {r:?}");

@@ -202,6 +202,64 @@ fn a_write_posted_again_is_not_overtaken_by_its_old_packets() {
     std::mem::forget((src, dst));
 }
 
+/// A task that fails moves no bytes after the caller is told: one slice of a 256 KiB request
+/// is refused on rail 1 (the task fails at once), while its slices on rail 0 are still held up
+/// on the wire for 100 ms. The caller, told FAILED, reuses the memory (B's owner writes new
+/// bytes into the target, or A's into its READ buffer); the held-up slices must not land on
+/// them later, so the task's end waits for them.
+fn a_failed_task_moves_no_bytes_after_its_end(name: &str, op: Opcode) {
+    let f = fabric(name);
+    let a = rail_engine(name, &[("transports/rdma/enable_smart_scheduling", "false")]);
+    let b = rail_engine(name, &[]);
+    let len = 256 << 10;
+    let local = buffer(&a, len, |i| pattern(i, 1), Permission::GlobalReadWrite);
+    let remote = buffer(&b, len, |i| pattern(i, 2), Permission::GlobalReadWrite);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let (lp, rp) = (local.as_ptr() as u64, remote.as_ptr() as u64);
+    let run = |op: Opcode| {
+        let batch = a.allocate_batch(1).expect("batch");
+        // SAFETY: the buffers outlive the batch, which ends before this returns.
+        unsafe { a.submit(batch, &[req(op, lp, h, rp, len as u64)], None) }.expect("submit");
+        until(&f, Duration::from_millis(1), || a.task_status(batch, 0).expect("status").0 != Status::Pending);
+        let st = a.task_status(batch, 0).expect("status").0;
+        a.free_batch(batch).expect("free");
+        st
+    };
+    // Both rails connected first (a READ: it changes no byte of `remote`).
+    assert_eq!(run(Opcode::Read), Status::Completed);
+    f.set_path_delay(nic(&a, 0), nic(&b, 0), Duration::from_millis(100));
+    let rail1: Vec<u32> =
+        endpoints_to(&a, &b).into_iter().filter(|ep| ep.nic_id == 1).flat_map(|ep| ep.qp_numbers()).collect();
+    assert!(!rail1.is_empty(), "rail 1 is connected");
+    for qpn in rail1 {
+        f.fail_nth_wr(qpn, 1, tent::verbs::WcStatus::RemAccessErr);
+    }
+    // The memory the caller gets back to reuse: the target for a WRITE, the buffer for a READ.
+    let (reused, seed) = if op == Opcode::Write { (rp, 2) } else { (lp, 1) };
+    assert_eq!(run(op), Status::Failed, "a refused slice fails the task");
+    for i in 0..len {
+        // SAFETY: the task ended, so no transfer touches this registered buffer any more.
+        unsafe { (reused as *mut u8).add(i).write_volatile(pattern(i, seed + 10)) };
+    }
+    // Past the delay: whatever was still on the wire has landed.
+    f.advance(Duration::from_millis(300));
+    std::thread::sleep(Duration::from_millis(50));
+    // SAFETY: as above; volatile because a NIC may have written it.
+    let wrong = (0..len).filter(|&i| unsafe { (reused as *const u8).add(i).read_volatile() } != pattern(i, seed + 10));
+    assert_eq!(wrong.count(), 0, "{op:?}: bytes landed in memory the caller had been given back");
+    std::mem::forget((local, remote));
+}
+
+#[test]
+fn a_failed_write_moves_no_bytes_after_its_end() {
+    a_failed_task_moves_no_bytes_after_its_end("rails-failed-write", Opcode::Write);
+}
+
+#[test]
+fn a_failed_read_moves_no_bytes_after_its_end() {
+    a_failed_task_moves_no_bytes_after_its_end("rails-failed-read", Opcode::Read);
+}
+
 /// Moves `len` bytes from `src` into `dst` of segment `h` as one WRITE, advancing the virtual
 /// clock until it ends; the virtual time it took.
 fn write_once(a: &Engine, f: &SimFabric, h: u64, src: &[u8], dst: &[u8], len: usize) -> Duration {

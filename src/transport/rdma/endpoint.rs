@@ -136,6 +136,8 @@ pub struct Endpoint {
     forced: AtomicBool,
     /// A work request completed on this endpoint (the store preempts only endpoints that did).
     progressed: AtomicBool,
+    /// Its QPs were moved to ERR on retirement: they move no more bytes.
+    stopped: AtomicBool,
     /// The peer cannot connect a notify QP to this endpoint: notifications use the RPC.
     notify_declined: AtomicBool,
     /// Retired because a request on it failed (a root-cause error, a timeout): the path it
@@ -247,6 +249,7 @@ impl Endpoint {
             peer_down: AtomicBool::new(false),
             forced: AtomicBool::new(false),
             progressed: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
             notify_declined: AtomicBool::new(false),
             path_failed: AtomicBool::new(false),
         };
@@ -757,7 +760,14 @@ impl Endpoint {
                 }
             }
         }
+        self.stopped.store(true, Ordering::Release);
         true
+    }
+
+    /// Whether it was retired and its QPs moved to ERR, so that the work posted on it moves no
+    /// more bytes on this side (its WRITEs may still land at the peer until fenced).
+    pub fn stopped(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
     }
 
     /// Phase two of destroy: destroys the QPs once every lane drained its outstanding work, or

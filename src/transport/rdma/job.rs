@@ -2,7 +2,7 @@
 //! (where GPUDirect is missing on a side) into pieces that go through staging buffers.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -24,6 +24,12 @@ pub struct GpuSides {
 
 /// One task in flight on RDMA: its units (slices, or staged pieces) count down; the last one
 /// completes the task.
+///
+/// A task that fails or times out is told so only once none of its slices can move bytes any
+/// more: every slice that was posted has completed (or was flushed) and every WRITE whose
+/// packets may still be in the network is fenced (`fence.rs`). A caller told FAILED frees or
+/// reuses its buffers at once, so a sibling slice still on the wire must not write into them,
+/// or put old bytes over the new ones at the peer, afterwards.
 pub struct Job {
     pub task: Task,
     pub peer_rpc: String,
@@ -43,6 +49,13 @@ pub struct Job {
     pub allowed_nics: Vec<usize>,
     remaining: AtomicUsize,
     done: AtomicBool,
+    /// Slices that were posted and may still move bytes (see [`Slice`]'s `drop`).
+    moving: AtomicUsize,
+    /// How the job failed, kept until `moving` is zero.
+    ending: Mutex<Option<Ending>>,
+    /// When the lanes first found it ended with slices still moving (provider clock, ns; 0:
+    /// not yet): what bounds the wait for them.
+    noticed_ns: AtomicU64,
     /// Its level counted active on the transport's gate while it runs (see `Core::gate`).
     ticket: Mutex<Option<Ticket>>,
 }
@@ -70,6 +83,9 @@ impl Job {
             allowed_nics: Vec::new(),
             remaining: AtomicUsize::new(units),
             done: AtomicBool::new(false),
+            moving: AtomicUsize::new(0),
+            ending: Mutex::new(None),
+            noticed_ns: AtomicU64::new(0),
             ticket: Mutex::new(None),
         }
     }
@@ -98,20 +114,53 @@ impl Job {
         }
     }
 
-    /// Fails the task for `reason` (once; later ends are ignored).
+    /// Fails the task for `reason` (once; later ends are ignored). No slice is posted for it
+    /// from now on; the caller is told once the slices already posted are settled.
     pub(super) fn fail(&self, reason: String) {
         if !self.done.swap(true, Ordering::AcqRel) {
             tracing::debug!("rdma task failed: {reason}");
-            self.release_ticket();
-            self.task.fail(reason);
+            self.end(Ending::Failed(reason));
         }
     }
 
-    /// Ends the task TIMEOUT for `reason` (once).
+    /// Ends the task TIMEOUT for `reason` (once), told as [`Job::fail`] is.
     pub(super) fn time_out(&self, reason: String) {
         if !self.done.swap(true, Ordering::AcqRel) {
-            self.release_ticket();
-            self.task.time_out(reason);
+            self.end(Ending::TimedOut(reason));
+        }
+    }
+
+    fn end(&self, ending: Ending) {
+        self.release_ticket();
+        *self.ending.lock() = Some(ending);
+        self.settle();
+    }
+
+    /// How long the job has been found ended at `now` (zero the first time it is asked): the
+    /// lanes stop its slices that still move after a while, and stop waiting for their fences
+    /// after a while longer.
+    pub(super) fn ended_for(&self, now: Duration) -> Duration {
+        let now_ns = u64::try_from(now.as_nanos()).unwrap_or(u64::MAX).max(1);
+        let first = match self.noticed_ns.compare_exchange(0, now_ns, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => now_ns,
+            Err(seen) => seen,
+        };
+        Duration::from_nanos(now_ns.saturating_sub(first))
+    }
+
+    /// Tells the task how it ended once it ended and no slice of it can move bytes any more.
+    /// Called by the end and by each settled slice, in either order: the end is stored before
+    /// `moving` is read, and `moving` drops before the end is looked for, so one of the two
+    /// finds both (the lock hands it over once).
+    fn settle(&self) {
+        if self.moving.load(Ordering::SeqCst) != 0 || !self.done.load(Ordering::Acquire) {
+            return;
+        }
+        let ending = self.ending.lock().take();
+        match ending {
+            Some(Ending::Failed(why)) => self.task.fail(why),
+            Some(Ending::TimedOut(why)) => self.task.time_out(why),
+            None => {}
         }
     }
 
@@ -124,6 +173,12 @@ impl Job {
     pub(super) fn is_done(&self) -> bool {
         self.done.load(Ordering::Acquire) || self.task.cancel_requested()
     }
+}
+
+/// How a job ended other than by completing.
+enum Ending {
+    Failed(String),
+    TimedOut(String),
 }
 
 /// A piece of a job one lane moves with one work request.
@@ -158,6 +213,14 @@ pub struct Slice {
     /// Why the slice failed for good, reported once its fence is done (boxed: a slice stays
     /// small enough to move by value through the lanes' queues).
     pub(super) failure: Option<Box<str>>,
+    /// It was posted, so its job's failure is not told until it is dropped (settled).
+    moving: bool,
+}
+
+impl Drop for Slice {
+    fn drop(&mut self) {
+        self.settled();
+    }
 }
 
 impl Slice {
@@ -167,6 +230,27 @@ impl Slice {
         self.charge = nics.get(ep.nic_id).map(|n| Charge::new(n, u64::from(self.len)));
         self.ep = Some((ep, remote));
         self.bound_at = now;
+    }
+
+    /// Marks the slice posted: from now on its job's failure waits for it (see [`Job`]).
+    pub(super) fn posted(&mut self) {
+        if !self.moving {
+            self.moving = true;
+            self.job.moving.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether it was posted and is not yet known to move no more bytes.
+    pub(super) fn moving(&self) -> bool {
+        self.moving
+    }
+
+    /// Marks the slice as one that can move no bytes any more (idempotent): its job's failure
+    /// no longer waits for it.
+    pub(super) fn settled(&mut self) {
+        if std::mem::take(&mut self.moving) && self.job.moving.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.job.settle();
+        }
     }
 
     /// Unbinds the slice: it picks an endpoint again when next posted.
@@ -192,6 +276,7 @@ impl Slice {
             charge: None,
             fence: None,
             failure: None,
+            moving: false,
         }
     }
 }

@@ -114,6 +114,12 @@ type Posting = std::result::Result<(), Option<Slice>>;
 /// 0.38-0.41x once the sim link shared itself between QPs (`benches/priorities.rs --sim`).
 const BACKGROUND_LINGER: Duration = Duration::from_millis(1);
 
+/// How long a failed task waits for its slices still on the wire to complete before their
+/// endpoints are retired, and then for its WRITEs' fences, before the task is told its end
+/// anyway: slices on a working path complete in far less; one fence is one bootstrap of a
+/// reachable peer.
+const SETTLE_GRACE: Duration = Duration::from_secs(1);
+
 /// A message to a lane.
 pub enum LaneMsg {
     Submit(Vec<Slice>),
@@ -579,17 +585,17 @@ impl Lane {
         self.post_slice(s, ep, remote)
     }
 
-    /// Drops a slice whose job has ended or whose deadline has passed, and finds the endpoint
-    /// it goes over: the one it is bound to while that one lives, a newly chosen one otherwise.
+    /// Drops a slice whose job has ended or whose deadline has passed (once its fence is done,
+    /// see [`Lane::settle_ended`]), and finds the endpoint it goes over: the one it is bound to
+    /// while that one lives, a newly chosen one otherwise.
     fn route(&self, mut s: Slice) -> std::result::Result<(Slice, Arc<Endpoint>, usize), Option<Slice>> {
         let core = self.core.clone();
-        if s.job.is_done() {
-            return Err(None);
-        }
-        if core.clock().now() >= s.job.deadline {
+        if !s.job.is_done() && core.clock().now() >= s.job.deadline {
             core.counters().timeouts.fetch_add(1, Ordering::Relaxed);
             s.job.time_out("RDMA transfer timed out before it could be posted".into());
-            return Err(None);
+        }
+        if s.job.is_done() {
+            return Err(self.settle_ended(s));
         }
         if let Some(old) = s.fence.clone() {
             let state = core.fences().state(&old);
@@ -660,6 +666,21 @@ impl Lane {
         Ok((s, ep, remote))
     }
 
+    /// A slice of a job that has ended: dropped (which lets the job tell its end, see [`Job`]),
+    /// but a WRITE whose old packets may still reach the peer is kept until its fence is done,
+    /// for at most twice [`SETTLE_GRACE`] after the end was found (a peer cut off from the
+    /// control plane cannot be fenced, and the task's end must come).
+    fn settle_ended(&self, mut s: Slice) -> Option<Slice> {
+        let old = s.fence.take()?;
+        let core = &self.core;
+        if core.fences().state(&old) == FenceState::Open && s.job.ended_for(core.clock().now()) < 2 * SETTLE_GRACE {
+            core.start_fence(&old, &s.job.peer_rpc);
+            s.fence = Some(old);
+            return Some(s);
+        }
+        None
+    }
+
     /// Whether `ep` takes one more request from this lane now. A HANDSHAKING endpoint is queued
     /// for the connector.
     fn ready_for(&self, ep: &Arc<Endpoint>, s: &Slice) -> bool {
@@ -707,6 +728,7 @@ impl Lane {
                     n.posted(u64::from(s.len), || core.clock().now());
                 }
                 // (`background_on_wire` was counted by `post_queue`.)
+                s.posted();
                 self.slots[slot].record = Some(Record { slice: s, ep, remote });
                 self.in_flight += 1;
                 Ok(())
@@ -806,7 +828,20 @@ impl Lane {
                 }
                 slice.job.slice_done();
             }
-            _ if slice.job.is_done() => {}
+            status if slice.job.is_done() => {
+                // The task ended already (another slice failed, it timed out, or it was
+                // cancelled) and waits for this slice to settle: the endpoint goes as after
+                // any error, and a WRITE whose packets may still arrive waits for its fence.
+                if status != WcStatus::WrFlushErr {
+                    ep.mark_path_failed();
+                    core.retire_endpoint(&ep);
+                }
+                if slice.job.task.request().opcode == Opcode::Write && !nak(status) {
+                    slice.fence = Some(ep.clone());
+                    slice.unbind();
+                    self.queue(slice);
+                }
+            }
             WcStatus::WrFlushErr if !ep.state().is_live() => {
                 core.counters().flush_resubmits.fetch_add(1, Ordering::Relaxed);
                 slice.flushes += 1;
@@ -887,27 +922,48 @@ impl Lane {
     fn scan(&mut self, now: Duration) {
         let core = self.core.clone();
         let mut forced = Vec::new();
-        let mut expired: Vec<(Arc<Endpoint>, Arc<Job>)> = Vec::new();
-        for (i, slot) in self.slots.iter().enumerate() {
-            let Some(r) = &slot.record else { continue };
+        let mut stuck: Vec<Arc<Endpoint>> = Vec::new();
+        let mut expired: Vec<Arc<Job>> = Vec::new();
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            let Some(r) = &mut slot.record else { continue };
+            if r.slice.moving() && r.slice.job.is_done() {
+                // Work of an ended task: once its QP is in ERR it moves no more bytes here, nor
+                // at the peer once a WRITE is fenced, and its task's end need not wait for the
+                // completion (which a stalled CQ may hold back for long). Work still moving
+                // after the grace has its endpoint retired.
+                let ended_for = r.slice.job.ended_for(now);
+                let write = r.slice.job.task.request().opcode == Opcode::Write;
+                if !r.ep.stopped() {
+                    if ended_for >= SETTLE_GRACE && !stuck.iter().any(|ep| Arc::ptr_eq(ep, &r.ep)) {
+                        stuck.push(r.ep.clone());
+                    }
+                } else if write && ended_for < 2 * SETTLE_GRACE && core.fences().state(&r.ep) == FenceState::Open {
+                    core.start_fence(&r.ep, &r.slice.job.peer_rpc);
+                } else {
+                    r.slice.settled();
+                }
+            }
             if r.ep.state() == EpState::Destroyed {
                 forced.push(encode_wr_id(self.id, i, slot.generation));
-            } else if !r.slice.job.is_done()
-                && now >= r.slice.job.deadline
-                && !expired.iter().any(|(_, job)| Arc::ptr_eq(job, &r.slice.job))
-            {
-                // A job times out once, through its first expired slice, and that slice's
-                // endpoint is the one retired.
-                expired.push((r.ep.clone(), r.slice.job.clone()));
+            } else if now >= r.slice.job.deadline {
+                // Work past its task's deadline: its endpoint goes, so that the task's end
+                // (which waits for its posted slices, see `Job`) comes now. A job times out
+                // once.
+                if r.ep.state().is_live() && !stuck.iter().any(|ep| Arc::ptr_eq(ep, &r.ep)) {
+                    stuck.push(r.ep.clone());
+                }
+                if !r.slice.job.is_done() && !expired.iter().any(|job| Arc::ptr_eq(job, &r.slice.job)) {
+                    expired.push(r.slice.job.clone());
+                }
             }
         }
         // The endpoints go first: a caller that sees TIMEOUT may free the batch or send again
         // at once, and must find the stuck endpoint already retired, not reused.
-        for (ep, _) in &expired {
+        for ep in &stuck {
             ep.mark_path_failed();
             core.retire_endpoint(ep);
         }
-        for (_, job) in expired {
+        for job in expired {
             core.counters().timeouts.fetch_add(1, Ordering::Relaxed);
             job.time_out("RDMA transfer timed out".into());
         }
