@@ -260,6 +260,54 @@ fn a_failed_read_moves_no_bytes_after_its_end() {
     a_failed_task_moves_no_bytes_after_its_end("rails-failed-read", Opcode::Read);
 }
 
+/// A WRITE that times out puts no old bytes over newer ones afterwards. Rail 0 holds A's
+/// packets for 300 ms, and they outlive their QP (a lingering path); the task's deadline is
+/// 100 ms, so it ends TIMEOUT with part of it still held there. B's owner then writes new bytes
+/// to the same place. When the held packets arrive, B's side of the old endpoint must no longer
+/// take them: the TIMEOUT was told only once B had retired it (the fence).
+#[test]
+fn a_timed_out_write_puts_no_old_bytes_over_newer_ones() {
+    let name = "rails-timeout-fence";
+    let f = fabric(name);
+    let a = rail_engine(
+        name,
+        &[("transports/rdma/enable_smart_scheduling", "false"), ("transports/rdma/max_timeout_ns", "100000000")],
+    );
+    let b = rail_engine(name, &[]);
+    let len = 256 << 10;
+    let src = buffer(&a, len, |i| pattern(i, 1), Permission::GlobalReadWrite);
+    let dst = buffer(&b, len, |_| 0, Permission::GlobalReadWrite);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let (sp, dp) = (src.as_ptr() as u64, dst.as_ptr() as u64);
+    let write = || {
+        let batch = a.allocate_batch(1).expect("batch");
+        // SAFETY: the buffers outlive the batch, which ends before this returns.
+        unsafe { a.submit(batch, &[req(Opcode::Write, sp, h, dp, len as u64)], None) }.expect("submit");
+        until(&f, Duration::from_millis(1), || a.task_status(batch, 0).expect("status").0 != Status::Pending);
+        let st = a.task_status(batch, 0).expect("status").0;
+        a.free_batch(batch).expect("free");
+        st
+    };
+    // Both rails connected first.
+    assert_eq!(write(), Status::Completed);
+    f.set_path_delay(nic(&a, 0), nic(&b, 0), Duration::from_millis(300));
+    f.set_path_lingering(nic(&a, 0), nic(&b, 0), true);
+    assert_eq!(write(), Status::Timeout, "rail 0 holds part of the WRITE past its deadline");
+    assert!(f.writes_on_the_wire() > 0, "some of the WRITE is still on its way to B");
+    for i in 0..len {
+        // SAFETY: `dst` is B's registered buffer; the task that wrote it has ended.
+        unsafe { (dp as *mut u8).add(i).write_volatile(pattern(i, 3)) };
+    }
+    // The held packets arrive now: B's side of the old endpoint must refuse them.
+    f.advance(Duration::from_millis(500));
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(f.writes_on_the_wire(), 0, "the held packets arrived");
+    // SAFETY: as above; volatile because a NIC may have written it.
+    let wrong = (0..len).filter(|&i| unsafe { (dp as *const u8).add(i).read_volatile() } != pattern(i, 3)).count();
+    assert_eq!(wrong, 0, "old packets of a WRITE that timed out overwrote newer bytes");
+    std::mem::forget((src, dst));
+}
+
 /// Moves `len` bytes from `src` into `dst` of segment `h` as one WRITE, advancing the virtual
 /// clock until it ends; the virtual time it took.
 fn write_once(a: &Engine, f: &SimFabric, h: u64, src: &[u8], dst: &[u8], len: usize) -> Duration {

@@ -117,7 +117,8 @@ impl Job {
     /// Fails the task for `reason` (once; later ends are ignored). No slice is posted for it
     /// from now on; the caller is told once the slices already posted are settled.
     pub(super) fn fail(&self, reason: String) {
-        if !self.done.swap(true, Ordering::AcqRel) {
+        // SeqCst, as `moving` is: see `Slice::posting`.
+        if !self.done.swap(true, Ordering::SeqCst) {
             tracing::debug!("rdma task failed: {reason}");
             self.end(Ending::Failed(reason));
         }
@@ -125,7 +126,7 @@ impl Job {
 
     /// Ends the task TIMEOUT for `reason` (once), told as [`Job::fail`] is.
     pub(super) fn time_out(&self, reason: String) {
-        if !self.done.swap(true, Ordering::AcqRel) {
+        if !self.done.swap(true, Ordering::SeqCst) {
             self.end(Ending::TimedOut(reason));
         }
     }
@@ -232,12 +233,20 @@ impl Slice {
         self.bound_at = now;
     }
 
-    /// Marks the slice posted: from now on its job's failure waits for it (see [`Job`]).
-    pub(super) fn posted(&mut self) {
+    /// Marks the slice as about to be posted: from now on its job's failure waits for it (see
+    /// [`Job`]). False, and nothing marked, when the job has ended: the slice must not be
+    /// posted. Counted before the job's end is read again, as the end is stored before
+    /// `moving` is read: either this sees the end or the end sees this slice.
+    pub(super) fn posting(&mut self) -> bool {
         if !self.moving {
             self.moving = true;
             self.job.moving.fetch_add(1, Ordering::SeqCst);
         }
+        if self.job.done.load(Ordering::SeqCst) {
+            self.settled();
+            return false;
+        }
+        true
     }
 
     /// Whether it was posted and is not yet known to move no more bytes.

@@ -703,6 +703,12 @@ impl Lane {
         if !quota.reserve(1) {
             return Err(Some(s));
         }
+        // Counted as moving before it is posted: a failure of its job told meanwhile would
+        // otherwise not wait for it.
+        if !s.posting() {
+            quota.release(1);
+            return Err(None);
+        }
         let slot = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -728,7 +734,6 @@ impl Lane {
                     n.posted(u64::from(s.len), || core.clock().now());
                 }
                 // (`background_on_wire` was counted by `post_queue`.)
-                s.posted();
                 self.slots[slot].record = Some(Record { slice: s, ep, remote });
                 self.in_flight += 1;
                 Ok(())
@@ -736,6 +741,9 @@ impl Lane {
             other => {
                 quota.release(1);
                 self.free.push(slot);
+                // Not posted: it moves nothing (a slice is posted again only once its earlier
+                // attempt is flushed and, for a WRITE, fenced).
+                s.settled();
                 if let Some(Some(e)) = other {
                     tracing::debug!("posting to {} failed: {e}", ep.key);
                     ep.mark_path_failed();
