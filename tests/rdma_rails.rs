@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::engines::{buffer, req, wait};
 use common::sim::{fabric, nic, rdma_engine, until};
-use tent::base::request::{Opcode, Permission, Status};
+use tent::base::request::{Opcode, Permission, Request, Status};
 use tent::engine::Engine;
 use tent::verbs::sim::SimFabric;
 
@@ -202,6 +202,18 @@ fn a_write_posted_again_is_not_overtaken_by_its_old_packets() {
     std::mem::forget((src, dst));
 }
 
+/// Submits `r` alone and advances the virtual clock until it ends; how it ended. The caller
+/// keeps both sides' memory alive until then.
+fn end_of(a: &Engine, f: &SimFabric, r: Request) -> Status {
+    let batch = a.allocate_batch(1).expect("batch");
+    // SAFETY: the caller keeps the request's memory alive; the batch ends before this returns.
+    unsafe { a.submit(batch, &[r], None) }.expect("submit");
+    until(f, Duration::from_millis(1), || a.task_status(batch, 0).expect("status").0 != Status::Pending);
+    let st = a.task_status(batch, 0).expect("status").0;
+    a.free_batch(batch).expect("free");
+    st
+}
+
 /// A task that fails moves no bytes after the caller is told: one slice of a 256 KiB request
 /// is refused on rail 1 (the task fails at once), while its slices on rail 0 are still held up
 /// on the wire for 100 ms. The caller, told FAILED, reuses the memory (B's owner writes new
@@ -216,15 +228,7 @@ fn a_failed_task_moves_no_bytes_after_its_end(name: &str, op: Opcode) {
     let remote = buffer(&b, len, |i| pattern(i, 2), Permission::GlobalReadWrite);
     let h = a.open_segment(b.segment_name()).expect("open");
     let (lp, rp) = (local.as_ptr() as u64, remote.as_ptr() as u64);
-    let run = |op: Opcode| {
-        let batch = a.allocate_batch(1).expect("batch");
-        // SAFETY: the buffers outlive the batch, which ends before this returns.
-        unsafe { a.submit(batch, &[req(op, lp, h, rp, len as u64)], None) }.expect("submit");
-        until(&f, Duration::from_millis(1), || a.task_status(batch, 0).expect("status").0 != Status::Pending);
-        let st = a.task_status(batch, 0).expect("status").0;
-        a.free_batch(batch).expect("free");
-        st
-    };
+    let run = |op: Opcode| end_of(&a, &f, req(op, lp, h, rp, len as u64));
     // Both rails connected first (a READ: it changes no byte of `remote`).
     assert_eq!(run(Opcode::Read), Status::Completed);
     f.set_path_delay(nic(&a, 0), nic(&b, 0), Duration::from_millis(100));
@@ -279,15 +283,7 @@ fn a_timed_out_write_puts_no_old_bytes_over_newer_ones() {
     let dst = buffer(&b, len, |_| 0, Permission::GlobalReadWrite);
     let h = a.open_segment(b.segment_name()).expect("open");
     let (sp, dp) = (src.as_ptr() as u64, dst.as_ptr() as u64);
-    let write = || {
-        let batch = a.allocate_batch(1).expect("batch");
-        // SAFETY: the buffers outlive the batch, which ends before this returns.
-        unsafe { a.submit(batch, &[req(Opcode::Write, sp, h, dp, len as u64)], None) }.expect("submit");
-        until(&f, Duration::from_millis(1), || a.task_status(batch, 0).expect("status").0 != Status::Pending);
-        let st = a.task_status(batch, 0).expect("status").0;
-        a.free_batch(batch).expect("free");
-        st
-    };
+    let write = || end_of(&a, &f, req(Opcode::Write, sp, h, dp, len as u64));
     // Both rails connected first.
     assert_eq!(write(), Status::Completed);
     f.set_path_delay(nic(&a, 0), nic(&b, 0), Duration::from_millis(300));
