@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every check and test of tent-rs: formatting, clippy with warnings as errors, the Rust unit
 # and integration tests, the C/C++ tests (built and run by tests/*.rs), the packages (the wheel,
-# the Debian package) and the Python tests against the installed wheel, and the RDMA tests on
-# soft-RoCE in a QEMU guest (scripts/rxe-tests.sh) and in a cluster of guests (scripts/rxe-cluster.sh).
+# the Debian package) and the Python tests against the installed wheel, mixed pairs with upstream's
+# classic engine from PyPI (scripts/classic-tests.sh), and the RDMA tests on soft-RoCE in a QEMU
+# guest (scripts/rxe-tests.sh) and in a cluster of guests (scripts/rxe-cluster.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
@@ -24,6 +25,8 @@ scripts/build-deb.sh
 scripts/deb-tests.sh
 scripts/python-tests.sh
 # --- end of the packages stage ---
+# Mixed pairs with upstream's classic engine from PyPI (issue 52), on the installed wheel.
+scripts/classic-tests.sh
 # The ibverbs provider on a real kernel verbs stack: soft-RoCE in a QEMU guest (about 2 minutes).
 # Exit 77 means this machine cannot run QEMU at all; rxe-tests.sh says so loudly.
 rc=0

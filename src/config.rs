@@ -30,6 +30,8 @@ pub mod keys {
     pub const LOCAL_SEGMENT_NAME: &str = "local_segment_name";
     /// The host part of the segment name in p2p mode.
     pub const P2P_SEGMENT_HOST: &str = "p2p_segment_host";
+    /// The wire spoken to p2p peers: `tent` (default) or `classic`.
+    pub const WIRE_PROTOCOL: &str = "wire_protocol";
     /// Advertised IP or hostname.
     pub const RPC_SERVER_HOSTNAME: &str = "rpc_server_hostname";
     /// RPC listen port.
@@ -88,6 +90,7 @@ const LEGACY_ENV: &[(&str, &str)] = &[
     ("MC_TENT_RPC_THREADS", "rpc_server_threads"),
     ("MC_LOG_LEVEL", "log_level"),
     ("MC_TENT_AUTH_TOKEN", "rpc_auth_token"),
+    ("MC_METADATA_CLUSTER_ID", "metadata_cluster_id"),
 ];
 
 /// The metrics variables upstream's metrics loader reads. Unlike [`LEGACY_ENV`] they fill a key

@@ -79,6 +79,12 @@ pub struct MetadataSection {
     pub local_segment_name: String,
     /// `p2p_segment_host`: the host part of the p2p segment name (empty: the advertised IP).
     pub p2p_segment_host: String,
+    /// `wire_protocol` is `classic`: descriptors are asked for as classic peers publish them
+    /// first (see `control::classic`).
+    pub classic_wire: bool,
+    /// `metadata_cluster_id` (`MC_METADATA_CLUSTER_ID`): the cluster part of the classic keys
+    /// in central stores.
+    pub cluster_id: String,
 }
 
 /// The RPC server and client.
@@ -427,6 +433,8 @@ fn metadata(r: &mut Reader) -> MetadataSection {
         timeout: ms(r.uint("metadata_timeout_ms", 3000, 1, MS_MAX)),
         local_segment_name: r.string(keys::LOCAL_SEGMENT_NAME, ""),
         p2p_segment_host: r.string(keys::P2P_SEGMENT_HOST, ""),
+        classic_wire: r.choice(keys::WIRE_PROTOCOL, "tent", &["tent", "classic"]) == "classic",
+        cluster_id: r.string("metadata_cluster_id", ""),
     }
 }
 

@@ -197,6 +197,17 @@ impl<'a> ConnIo<'a> {
         }
     }
 
+    /// Waits until at least `n` bytes are buffered (at most the buffer's size): false when the
+    /// peer closed the connection first.
+    pub fn fill_until(&mut self, n: usize) -> io::Result<bool> {
+        while self.end - self.start < n.min(self.buf.len()) {
+            if self.fill(Wait::MidRequest)? == 0 {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
     /// Makes the next read into the buffer take at most `n` bytes: a caller that knows the
     /// next request's headers end there (a SendData whose payload follows) lets the payload go
     /// from the socket straight into memory instead of through the buffer, one copy less.

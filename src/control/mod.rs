@@ -3,6 +3,7 @@
 
 pub mod addr;
 pub mod auth;
+pub mod classic;
 pub mod client;
 pub mod conn_io;
 pub mod frame;

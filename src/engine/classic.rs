@@ -129,6 +129,11 @@ pub fn classic_config(
     if env("MC_FORCE_TCP").is_some() {
         cfg.set(keys::RDMA_ENABLE, false.into());
     }
+    // The classic API speaks the classic engine's wire, as upstream's wheels do; upstream's
+    // `MC_USE_TENT` (its presence, whatever its value) switches it to TENT's.
+    if env("MC_USE_TENT").is_none() {
+        cfg.set(keys::WIRE_PROTOCOL, "classic".into());
+    }
     cfg
 }
 

@@ -254,6 +254,9 @@ impl Engine {
         let hooks = Arc::new(HookLanes { lanes: lanes.clone(), remote: remote.clone() });
         let view = Arc::new(ServerView { local: local.clone(), remote: remote.clone(), rdma: rdma.clone() });
         let server = RpcServer::start(listener, view, rpc, settings.engine.idle_thread_exit)?;
+        if store.kind() != "p2p" {
+            start::publish_classic_keys(&publication, &server, &settings.metadata, &name, &ip.to_string(), port)?;
+        }
         // Central stores: the descriptor is written before the engine counts as started, and
         // removed again (with everything above stopped) when a later step fails.
         let published = Published::publish(&publication)
@@ -383,6 +386,15 @@ impl Engine {
             .map(|b| BufferInfo { base: b.addr, length: b.length, location: b.location.clone() })
             .collect();
         Ok(SegmentInfo { is_file: desc.kind == "file", buffers })
+    }
+
+    /// Whether the owner of segment `handle` is a classic engine, reached over the classic
+    /// engine's wire (see `control::classic`), rather than a TENT or tent-rs engine.
+    pub fn peer_is_classic(&self, handle: u64) -> Result<bool> {
+        if handle == 0 {
+            return Ok(false);
+        }
+        Ok(remote::is_classic(&*self.remote.descriptor(handle, false)?))
     }
 
     /// Allocates memory (not registered, as upstream). Returns the address.
@@ -872,6 +884,9 @@ impl Engine {
             return Ok(());
         }
         let desc = self.remote.descriptor(handle, false)?;
+        if remote::is_classic(&desc) {
+            return crate::control::classic::probe(&desc.rpc_server_addr, self.remote.client.request_timeout());
+        }
         self.remote.client.call(&desc.rpc_server_addr, crate::control::frame::msg::PROBE, &[]).map(|_| ())
     }
 

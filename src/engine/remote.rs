@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 
 use super::segment::{SegmentDesc, SegmentTable};
 use crate::base::request::Notification;
+use crate::control::classic;
 use crate::control::client::RpcClient;
 use crate::control::frame::msg;
 use crate::control::metadata::{MetadataStore, segment_key};
@@ -108,7 +109,9 @@ impl Remote {
         // then the result is returned but not cached.
         let epoch = self.epoch.load(Ordering::Acquire);
         let mut desc = self.fetch(&name)?;
-        if !desc.rpc_server_addr.is_empty() && !self.local_rpc_addr.is_empty() {
+        // A classic engine has no updates to subscribe to (and would take the request for a
+        // malformed handshake).
+        if !desc.rpc_server_addr.is_empty() && !self.local_rpc_addr.is_empty() && !is_classic(&desc) {
             let addr = desc.rpc_server_addr.clone();
             let first = self.subscribed_to.lock().insert(addr.clone());
             let me = serde_json::Value::String(self.local_rpc_addr.clone()).to_string();
@@ -211,9 +214,12 @@ impl Remote {
             self.deliver(name.to_string(), msg_text.to_string(), None);
             return Ok(());
         }
+        let desc = self.descriptor(handle, false)?;
+        if is_classic(&desc) {
+            return classic::notify(&desc.rpc_server_addr, name, msg_text, self.client.request_timeout());
+        }
         // Keys sorted as upstream sends them; "sender" is a tent-rs extension upstream ignores.
         let body = serde_json::json!({"msg": msg_text, "name": name, "sender": self.local_name}).to_string();
-        let desc = self.descriptor(handle, false)?;
         match self.client.call(&desc.rpc_server_addr, msg::NOTIFY, body.as_bytes()) {
             Ok(_) => Ok(()),
             Err(_) => {
@@ -222,4 +228,10 @@ impl Remote {
             }
         }
     }
+}
+
+/// Whether `desc` came from a classic engine (see `control::classic`): its handshakes and data
+/// take the classic wire.
+pub fn is_classic(desc: &SegmentDesc) -> bool {
+    desc.detail_extra.contains_key(classic::desc::CLASSIC_TCP_KEY)
 }

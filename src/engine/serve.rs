@@ -8,6 +8,7 @@ use std::sync::Arc;
 use super::remote::Remote;
 use super::segment::{LocalSegment, RangeCheck};
 use crate::base::request::Opcode;
+use crate::control::classic::ClassicSegment;
 use crate::control::server::{Refusal, RpcHandler};
 use crate::error::Error;
 use crate::transport::rdma::RdmaTransport;
@@ -60,6 +61,15 @@ impl RpcHandler for ServerView {
     fn hold_memory(&self, addr: u64, len: u64, write: bool) -> std::result::Result<Box<dyn Any>, Refusal> {
         let held = self.local.hold_range(peer_access(addr, len, write)).map_err(refusal)?;
         Ok(Box::new(held))
+    }
+
+    fn classic_segment(&self) -> Option<ClassicSegment> {
+        let addr = &self.local.rpc_server_addr;
+        // `host:port`, or `[v6]:port`: the host is what precedes the last colon.
+        let host = addr.rsplit_once(':').map_or(addr.as_str(), |(h, _)| h);
+        let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+        let buffers = self.local.snapshot().iter().filter(|b| !b.internal).map(|b| (b.addr, b.len)).collect();
+        Some(ClassicSegment { name: self.local.name.clone(), host, buffers })
     }
 
     fn stage_rdma(&self, request: &[u8]) -> Vec<u8> {

@@ -13,7 +13,10 @@ use super::remote::Remote;
 use super::segment::LocalSegment;
 use super::unit::FailoverConfig;
 use crate::config::{Config, MetadataSection, MetricsSection, Settings, keys};
+use crate::control::classic::keys as classic_keys;
 use crate::control::client::RpcClient;
+use crate::control::metadata::Publication;
+use crate::control::server::RpcServer;
 use crate::error::Result;
 use crate::metrics::{Metrics, MetricsServer};
 use crate::transport::Transport;
@@ -154,4 +157,24 @@ pub(super) fn start_rdma(settings: &Settings, name: &str, client: &Arc<RpcClient
             None
         }
     }
+}
+
+/// Adds the classic engine's keys to `publication` (a central store's): the classic descriptor
+/// under `ram/<name>` and the handshake address under `rpc_meta/<name>`, so classic peers find
+/// this engine (see `control::classic::keys`). Starts the classic data listener the descriptor
+/// names.
+pub(super) fn publish_classic_keys(
+    publication: &Publication,
+    server: &RpcServer,
+    metadata: &MetadataSection,
+    name: &str,
+    rpc_host: &str,
+    port: u16,
+) -> Result<()> {
+    let prefix = classic_keys::key_prefix(&metadata.cluster_id);
+    publication.also(classic_keys::ram_key(&prefix, name), server.classic_descriptor_source()?);
+    let meta = classic_keys::RpcMeta { ip_or_host_name: rpc_host.to_string(), rpc_port: port };
+    let meta = Arc::new(meta.to_json());
+    publication.also(classic_keys::rpc_meta_key(&prefix, name), Box::new(move || meta.clone()));
+    Ok(())
 }

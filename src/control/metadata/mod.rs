@@ -5,6 +5,7 @@
 //! as upstream, but (unlike upstream) bound to a TTL or lease that the owner keeps alive, so a
 //! crashed process's key disappears instead of lingering forever.
 
+pub mod classic;
 pub mod etcd;
 pub mod http;
 pub mod http_server;
@@ -31,7 +32,7 @@ use crate::error::{Error, Result};
 /// kind or an unreachable store is an error that says which.
 pub fn open(settings: &MetadataSection, client: Arc<RpcClient>) -> Result<Arc<dyn MetadataStore>> {
     let store: Arc<dyn MetadataStore> = match settings.kind.as_str() {
-        "p2p" => return Ok(Arc::new(p2p::P2pStore::new(client))),
+        "p2p" => return Ok(Arc::new(p2p::P2pStore::new(client, settings.classic_wire, settings.timeout))),
         "redis" => {
             let auth = redis::RedisAuth::from_env()?;
             Arc::new(redis::RedisStore::new(&settings.servers, auth, settings.ttl, settings.timeout)?)
@@ -48,26 +49,41 @@ pub fn open(settings: &MetadataSection, client: Arc<RpcClient>) -> Result<Arc<dy
     store.get(&segment_key("__tent_probe__")).map_err(|e| {
         Error::Metadata(format!("{} metadata store at {:?} is unreachable: {e}", settings.kind, settings.servers))
     })?;
+    if settings.classic_wire {
+        let prefix = crate::control::classic::keys::key_prefix(&settings.cluster_id);
+        return Ok(Arc::new(classic::ClassicLookup::new(store, prefix)));
+    }
     Ok(store)
 }
 
-/// What the store holds for this engine, written only under the publication lock.
+/// What the store holds under one key of this engine, written only under the publication lock.
+#[derive(Default)]
 struct Written {
     /// The value last written successfully.
     value: Option<Arc<String>>,
-    /// A write failed since, so the next keep-alive writes the current descriptor.
+    /// A write failed since, so the next keep-alive writes the current value.
     dirty: bool,
-    /// The key was deleted at shutdown: nothing may write it again.
-    removed: bool,
 }
 
-/// This engine's descriptor in the store. Every write reads the newest descriptor while holding
-/// one lock, so writes are serialised and an older snapshot can never overwrite a newer one.
-pub struct Publication {
-    store: Arc<dyn MetadataStore>,
+/// One key this engine publishes, and where its current value comes from.
+struct Entry {
     key: String,
     source: Box<dyn Fn() -> Arc<String> + Send + Sync>,
-    written: Mutex<Written>,
+    written: Written,
+}
+
+/// This engine's keys in the store: its descriptor (TENT's key), and what classic peers look
+/// up (see `control::classic`). Every write reads the newest values while holding one lock, so
+/// writes are serialised and an older snapshot can never overwrite a newer one.
+pub struct Publication {
+    store: Arc<dyn MetadataStore>,
+    entries: Mutex<Entries>,
+}
+
+struct Entries {
+    list: Vec<Entry>,
+    /// The keys were deleted at shutdown: nothing may write them again.
+    removed: bool,
 }
 
 impl Publication {
@@ -77,12 +93,13 @@ impl Publication {
         name: &str,
         source: Box<dyn Fn() -> Arc<String> + Send + Sync>,
     ) -> Publication {
-        Publication {
-            store,
-            key: segment_key(name),
-            source,
-            written: Mutex::new(Written { value: None, dirty: false, removed: false }),
-        }
+        let first = Entry { key: segment_key(name), source, written: Written::default() };
+        Publication { store, entries: Mutex::new(Entries { list: vec![first], removed: false }) }
+    }
+
+    /// Adds another key, published, kept alive and removed with the descriptor from now on.
+    pub fn also(&self, key: String, source: Box<dyn Fn() -> Arc<String> + Send + Sync>) {
+        self.entries.lock().list.push(Entry { key, source, written: Written::default() });
     }
 
     /// The store this publication writes to.
@@ -90,72 +107,87 @@ impl Publication {
         &self.store
     }
 
-    /// Writes the current descriptor. On failure the next keep-alive tries again.
+    /// Writes the current values. On failure the next keep-alive tries again.
     pub fn publish(&self) -> Result<()> {
-        let mut w = self.written.lock();
-        self.write_current(&mut w)
+        let mut e = self.entries.lock();
+        self.each(&mut e, |store, entry| write_current(store, entry))
     }
 
-    /// Writes the current descriptor even when it is unchanged since the last write: the caller
-    /// knows the store lost it (a restarted HTTP server, or Mooncake Store's master deleting a
-    /// client's keys), which [`Publication::publish`] cannot see. On failure the next
+    /// Writes the current values even when they are unchanged since the last write: the caller
+    /// knows the store lost them (a restarted HTTP server, or Mooncake Store's master deleting
+    /// a client's keys), which [`Publication::publish`] cannot see. On failure the next
     /// keep-alive tries again.
     pub fn rewrite(&self) -> Result<()> {
-        let mut w = self.written.lock();
-        if w.removed || self.store.kind() == "p2p" {
-            return Ok(());
-        }
-        w.dirty = true;
-        self.write_current(&mut w)
+        let mut e = self.entries.lock();
+        self.each(&mut e, |store, entry| {
+            entry.written.dirty = true;
+            write_current(store, entry)
+        })
     }
 
-    fn write_current(&self, w: &mut Written) -> Result<()> {
-        // A p2p "store" keeps nothing (peers ask the owner itself, which answers from the
-        // descriptor it keeps): making the whole descriptor text for it would cost O(buffers)
-        // on every change for nothing.
-        if w.removed || self.store.kind() == "p2p" {
-            return Ok(());
-        }
-        let value = (self.source)();
-        if w.value.as_ref() == Some(&value) && !w.dirty {
-            return Ok(());
-        }
-        match self.store.put(&self.key, &value) {
-            Ok(()) => {
-                w.value = Some(value);
-                w.dirty = false;
-                Ok(())
-            }
-            Err(e) => {
-                w.dirty = true;
-                Err(e)
-            }
-        }
-    }
-
-    /// Refreshes the key's TTL or lease; rewrites the descriptor when an earlier write failed.
+    /// Refreshes the keys' TTL or lease; rewrites a value when an earlier write failed.
     pub fn keep_alive(&self) -> Result<()> {
-        let mut w = self.written.lock();
-        if w.removed {
-            return Ok(());
-        }
-        match w.value.clone() {
-            Some(v) if !w.dirty => self.store.keep_alive(&self.key, &v).inspect_err(|_| {
+        let mut e = self.entries.lock();
+        self.each(&mut e, |store, entry| match entry.written.value.clone() {
+            Some(v) if !entry.written.dirty => store.keep_alive(&entry.key, &v).inspect_err(|_| {
                 // The store may have lost the key; the next round writes it afresh.
-                w.dirty = true;
+                entry.written.dirty = true;
             }),
-            _ => self.write_current(&mut w),
-        }
+            _ => write_current(store, entry),
+        })
     }
 
-    /// Deletes the key (clean shutdown); later publishes and keep-alives do nothing.
-    pub fn remove(&self) -> Result<()> {
-        let mut w = self.written.lock();
-        w.removed = true;
-        if w.value.is_none() && !w.dirty {
+    /// Runs `f` on every key (all of them, even after a failure; the first error is returned),
+    /// unless the keys were removed or the store is p2p: a p2p "store" keeps nothing (peers
+    /// ask the owner itself, which answers from the descriptor it keeps), and making the whole
+    /// descriptor text for it would cost O(buffers) on every change for nothing.
+    fn each(&self, e: &mut Entries, mut f: impl FnMut(&dyn MetadataStore, &mut Entry) -> Result<()>) -> Result<()> {
+        if e.removed || self.store.kind() == "p2p" {
             return Ok(());
         }
-        self.store.delete(&self.key)
+        let mut first = Ok(());
+        for entry in &mut e.list {
+            let r = f(&*self.store, entry);
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
+
+    /// Deletes the keys (clean shutdown); later publishes and keep-alives do nothing.
+    pub fn remove(&self) -> Result<()> {
+        let mut e = self.entries.lock();
+        e.removed = true;
+        let mut first = Ok(());
+        for entry in &e.list {
+            if entry.written.value.is_none() && !entry.written.dirty {
+                continue;
+            }
+            let r = self.store.delete(&entry.key);
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
+}
+
+/// Writes `entry`'s current value unless the store already holds it.
+fn write_current(store: &dyn MetadataStore, entry: &mut Entry) -> Result<()> {
+    let value = (entry.source)();
+    if entry.written.value.as_ref() == Some(&value) && !entry.written.dirty {
+        return Ok(());
+    }
+    match store.put(&entry.key, &value) {
+        Ok(()) => {
+            entry.written = Written { value: Some(value), dirty: false };
+            Ok(())
+        }
+        Err(e) => {
+            entry.written.dirty = true;
+            Err(e)
+        }
     }
 }
 

@@ -90,6 +90,10 @@ pub(super) fn waiting(c: &Conn) -> Waiting {
 /// What the start of a connection's unread bytes holds. Malformed headers count as control
 /// messages: a control worker reads them, logs the reason and closes the connection.
 pub(super) fn classify(bytes: &[u8]) -> Waiting {
+    // A classic handshake (as short as 12 bytes) goes to a control worker.
+    if crate::control::classic::handshake::sniff(bytes) == crate::control::classic::handshake::Sniff::Classic {
+        return Waiting::Control;
+    }
     if bytes.len() < frame::REQUEST_HEADER_LEN {
         return if bytes.is_empty() { Waiting::Nothing } else { Waiting::Partial };
     }

@@ -40,6 +40,10 @@ pub trait RpcHandler: Send + Sync {
     /// registered until the returned guard is dropped, so its bytes can be written out later,
     /// together with other replies.
     fn hold_memory(&self, addr: u64, len: u64, write: bool) -> std::result::Result<Box<dyn Any>, Refusal>;
+    /// The local segment as classic peers see it (`control::classic`); `None` refuses them.
+    fn classic_segment(&self) -> Option<crate::control::classic::ClassicSegment> {
+        None
+    }
     /// Answers a staging request for RDMA of device memory (JSON in, JSON out; see
     /// `transport::rdma::staging`). An engine without RDMA staging refuses.
     fn stage_rdma(&self, request: &[u8]) -> Vec<u8> {

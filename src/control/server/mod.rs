@@ -13,8 +13,10 @@
 //! Files by job: `reactor` (the poll thread), `worker` (the pools' workers), `serve` (one
 //! request: header, authentication, hand-off; what the reactor and workers share), `data`
 //! (SendData / RecvData, with device staging), `control_messages` (control dispatch to the
-//! handler), `conn` (a connection and what waits on it), `handler` (what the engine provides).
+//! handler), `conn` (a connection and what waits on it), `handler` (what the engine provides),
+//! `classic` (a classic engine's handshake on the same port, see `control::classic`).
 
+mod classic;
 mod conn;
 mod control_messages;
 mod data;
@@ -84,6 +86,7 @@ impl RpcServer {
             waker: wake_tx.try_clone()?,
             request_timeout,
             token,
+            classic: Default::default(),
         });
         let s = shared.clone();
         let control = Arc::new(Pool::new("tent-rpc-c", 1, control_threads, idle_exit, move |q| worker(&s, q))?);
@@ -97,6 +100,21 @@ impl RpcServer {
         let pools = Pools { control: control.clone(), data: data.clone(), bulk: bulk.clone() };
         let reactor = reactor::spawn(listener, wake_rx, ret_rx, shared.clone(), pools)?;
         Ok(RpcServer { shared, stopping, waker: wake_tx, reactor: Mutex::new(Some(reactor)), control, data, bulk })
+    }
+
+    /// The local segment's classic descriptor (see `control::classic`), as a source for the
+    /// publication of the classic keys in a central store; the first call starts the classic
+    /// data listener it names, so that a failure to open it shows at start.
+    pub fn classic_descriptor_source(&self) -> Result<Box<dyn Fn() -> Arc<String> + Send + Sync>> {
+        let shared = self.shared.clone();
+        shared.classic.descriptor(&shared.handler, shared.request_timeout).map_err(crate::error::Error::Internal)?;
+        Ok(Box::new(move || match shared.classic.descriptor(&shared.handler, shared.request_timeout) {
+            Ok(json) => json,
+            Err(e) => {
+                tracing::warn!("classic descriptor not made: {e}");
+                Arc::new(String::new())
+            }
+        }))
     }
 
     /// Stops accepting, closes every connection and joins all threads. Idempotent.
@@ -115,6 +133,7 @@ impl RpcServer {
         if let Some(t) = self.reactor.lock().take() {
             let _ = t.join();
         }
+        self.shared.classic.stop();
     }
 }
 

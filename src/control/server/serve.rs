@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use super::classic::{ClassicSide, is_classic};
 use super::conn::{Conn, Waiting, classify, reply};
 use super::control_messages::{MAX_CONTROL_ATTACHMENT, control_message};
 use super::data::{serve_recv_data, serve_send_data};
@@ -31,6 +32,8 @@ pub(super) struct Shared {
     pub(super) request_timeout: Duration,
     /// When set, a connection must authenticate (challenge-response) before any request.
     pub(super) token: Option<Vec<u8>>,
+    /// The classic engine's wire on this port (see `control::classic`).
+    pub(super) classic: ClassicSide,
 }
 
 /// Serves one request. `Err("")` means the peer closed the connection; other errors are logged.
@@ -56,6 +59,10 @@ pub(super) fn serve_one(
         Ok(true) => {}
         Ok(false) => return Err(String::new()),
         Err(e) => return Err(format!("read failed: {e}")),
+    }
+    // A classic peer's handshake shares the port (see `control::classic`).
+    if is_classic(io).map_err(|e| format!("read failed: {e}"))? {
+        return shared.classic.serve(&shared.handler, shared.token.is_some(), shared.request_timeout, io);
     }
     let mut hdr = [0u8; frame::REQUEST_HEADER_LEN];
     io.read_exact(&mut hdr).map_err(|e| format!("truncated request header: {e}"))?;

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::base::qos::{Level, Ticket};
 use crate::base::task::Task;
+use crate::control::classic::client::ClassicPeer;
 use crate::control::rawio::RawRange;
 use crate::error::Result;
 
@@ -23,6 +24,9 @@ pub(super) struct Job {
     pub(super) device: bool,
     /// The task's priority level, counted active on the gate until the last chunk ends.
     pub(super) ticket: Ticket,
+    /// The target is a classic engine: chunks go to its data listener in the classic data
+    /// protocol, one request per chunk, never pipelined.
+    pub(super) classic: Option<Arc<ClassicPeer>>,
 }
 
 impl Job {

@@ -21,6 +21,7 @@ mod chunk;
 mod pipes;
 mod shared;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -34,6 +35,8 @@ use crate::base::segment::SegmentDesc;
 use crate::base::shared_quota::{QuotaPath, SharedQuota};
 use crate::base::task::Task;
 use crate::config::{Settings, TcpSection};
+use crate::control::classic::client::ClassicPeer;
+use crate::control::classic::desc::{CLASSIC_TCP_KEY, ClassicTcp};
 use crate::control::client::{DataLane, DataOp, RpcClient};
 use crate::control::pipe::Pipe;
 use crate::control::rawio::RawRange;
@@ -70,6 +73,10 @@ pub struct TcpTransport {
     /// The pipes the callers' threads send small HIGH requests on (see `pipes`).
     carriers: Arc<Carriers>,
     staged: Mutex<Staged>,
+    /// Connections to classic peers' data listeners, by listener (see `control::classic`).
+    classic_peers: Mutex<HashMap<ClassicTcp, Arc<ClassicPeer>>>,
+    /// Bound on each read and write of a classic data connection.
+    classic_timeout: Duration,
 }
 
 impl TcpTransport {
@@ -96,7 +103,13 @@ impl TcpTransport {
         let quota = SharedQuota::open(&settings.qos.shared_quota_path, QuotaPath::Tcp);
         let gate = Gate::new(QosParams::from(&settings.qos), quota.map(|q| q as Arc<dyn Foreign>));
         let shared = Arc::new(Shared { cfg, client, pools, gate, stopping, metrics });
-        Ok(TcpTransport { shared, carriers: Arc::default(), staged: Mutex::new(Staged::default()) })
+        Ok(TcpTransport {
+            shared,
+            carriers: Arc::default(),
+            staged: Mutex::new(Staged::default()),
+            classic_peers: Mutex::new(HashMap::new()),
+            classic_timeout: settings.rpc.request_timeout,
+        })
     }
 
     /// The gate that orders this transport's work by priority.
@@ -107,6 +120,18 @@ impl TcpTransport {
     /// The settings in use (`transports/tcp/*`).
     pub fn cfg(&self) -> TcpSection {
         self.shared.cfg
+    }
+
+    /// The classic peer behind `target`, when its descriptor came from a classic engine (see
+    /// `control::classic`): one per data listener, so its idle connections are shared.
+    fn classic_peer(&self, target: &SegmentDesc) -> Result<Option<Arc<ClassicPeer>>> {
+        let Some(v) = target.detail_extra.get(CLASSIC_TCP_KEY) else { return Ok(None) };
+        let tcp: ClassicTcp = serde_json::from_value(v.clone())
+            .map_err(|e| Error::Metadata(format!("segment {}: bad {CLASSIC_TCP_KEY}: {e}", target.name)))?;
+        let mut peers = self.classic_peers.lock();
+        let peer =
+            peers.entry(tcp.clone()).or_insert_with(|| Arc::new(ClassicPeer::new(tcp, self.classic_timeout))).clone();
+        Ok(Some(peer))
     }
 
     /// Cuts the tasks into chunks and queues them for the workers. While the submitter still
@@ -121,6 +146,7 @@ impl TcpTransport {
         }
         let mut chunks = Vec::new();
         let mut bytes = 0;
+        let classic = self.classic_peer(target)?;
         for task in tasks {
             let len = task.request().length;
             if len == 0 {
@@ -137,6 +163,7 @@ impl TcpTransport {
                 failed: AtomicBool::new(false),
                 device,
                 ticket,
+                classic: classic.clone(),
             });
             let mut off = 0;
             while off < len {
@@ -210,7 +237,8 @@ const PIPELINE_MAX_BYTES: u64 = 1 << 20;
 /// Whether `group` goes in one pipelined trip (small chunks of host memory, and no fault
 /// injection, which counts single chunk attempts).
 fn pipelined(group: &[Chunk], p: TcpSection) -> bool {
-    p.fail_every_nth_chunk == 0 && group.first().is_some_and(|c| c.len <= PIPELINE_MAX_CHUNK && !c.job.device)
+    p.fail_every_nth_chunk == 0
+        && group.first().is_some_and(|c| c.len <= PIPELINE_MAX_CHUNK && !c.job.device && c.job.classic.is_none())
 }
 
 /// Cuts chunks into groups: runs of small chunks of one opcode to one peer up to the pipelining
@@ -223,6 +251,7 @@ fn group_chunks(chunks: Vec<Chunk>, p: TcpSection) -> Vec<Group> {
         let joins = pipelined(&cur, p)
             && chunk.len <= PIPELINE_MAX_CHUNK
             && !chunk.job.device
+            && chunk.job.classic.is_none()
             && cur.len() < PIPELINE_MAX_OPS
             && bytes + chunk.len <= PIPELINE_MAX_BYTES
             && cur.first().is_some_and(|f| {
@@ -380,6 +409,10 @@ fn move_chunk(
 /// # Safety
 /// `local` must be valid host memory for the call (for writes when reading).
 unsafe fn move_range(client: &RpcClient, chunk: &Chunk, opcode: Opcode, remote: u64, local: RawRange) -> Result<()> {
+    if let Some(peer) = &chunk.job.classic {
+        // SAFETY: guaranteed by the caller.
+        return unsafe { peer.transfer(opcode == Opcode::Write, remote, local) };
+    }
     let lane = match chunk.job.level() {
         Level::High => DataLane::default(),
         _ => DataLane { bulk: true, ticket: Some(&chunk.job.ticket) },
@@ -526,6 +559,7 @@ mod tests {
             failed: AtomicBool::new(false),
             device: false,
             ticket: Gate::new(QosParams::default(), None).enter(Level::High),
+            classic: None,
         });
         Chunk { job, offset: 0, len }
     }

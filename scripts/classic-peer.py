@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""One side of a mixed pair for scripts/classic-tests.sh: run under either package that owns
+`mooncake.engine` (tent-rs's wheel, or upstream's classic wheel from PyPI), over P2PHANDSHAKE
+and TCP, as vLLM's connector drives it.
+
+  classic-peer.py target      registers a buffer filled with pattern 1, prints one JSON line
+                              (session, address, length), then waits for a line on stdin and
+                              checks that the initiator's writes and notification arrived
+  classic-peer.py initiator SESSION ADDR LEN
+                              reads the target's buffer and checks pattern 1, writes pattern 2
+                              in requests of several sizes (one at a time and in batches from
+                              threads), reads it back, sends a notification and prints the
+                              write and read rates of the batched 1 MiB blocks
+
+The metadata is P2PHANDSHAKE unless CLASSIC_METADATA names a central store (for example
+http://127.0.0.1:8080/metadata); then each side takes a segment name of its own.
+
+Exits non-zero, saying why, on any wrong byte or failed call."""
+import ctypes
+import json
+import os
+import random
+import socket
+import sys
+import threading
+import time
+
+from mooncake.engine import TransferEngine, TransferNotify, TransferOpcode
+
+LEN = 64 << 20
+NOTE = ("classic-peer-note", "written by the initiator")
+
+
+def pattern(seed, n):
+    return random.Random(seed).randbytes(n)
+
+
+def fail(why):
+    print(f"classic-peer: {why}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+METADATA = os.environ.get("CLASSIC_METADATA", "P2PHANDSHAKE")
+
+
+def engine():
+    """An engine and its segment name: in P2P mode the host and the RPC port; with a central
+    store a name of its own (a free port number makes it unique)."""
+    e = TransferEngine()
+    name = "127.0.0.1"
+    if METADATA != "P2PHANDSHAKE":
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            name = f"127.0.0.1:{s.getsockname()[1]}"
+    if e.initialize(name, METADATA, "tcp", "") != 0:
+        fail("initialize failed")
+    if METADATA == "P2PHANDSHAKE":
+        name = f"127.0.0.1:{e.get_rpc_port()}"
+    return e, name
+
+
+def target():
+    e, name = engine()
+    buf = ctypes.create_string_buffer(pattern(1, LEN), LEN)
+    addr = ctypes.addressof(buf)
+    if e.register_memory(addr, LEN) != 0:
+        fail("register_memory failed")
+    print(json.dumps({"session": name, "addr": addr, "len": LEN}), flush=True)
+    sys.stdin.readline()
+    if buf.raw != pattern(2, LEN):
+        first = next(i for i, (a, b) in enumerate(zip(buf.raw, pattern(2, LEN))) if a != b)
+        fail(f"target: byte {first} is not what the initiator wrote")
+    notes = [(n.name, n.msg) for n in e.get_notifies()]
+    if NOTE not in notes:
+        fail(f"target: notification missing, got {notes}")
+    print("target: every byte and the notification arrived", flush=True)
+
+
+def initiator(session, raddr, rlen):
+    e, _ = engine()
+    local = ctypes.create_string_buffer(rlen)
+    laddr = ctypes.addressof(local)
+    if e.register_memory(laddr, rlen) != 0:
+        fail("register_memory failed")
+    # The whole buffer back in 4 MiB reads: pattern 1.
+    for off in range(0, rlen, 4 << 20):
+        if e.transfer_sync_read(session, laddr + off, raddr + off, 4 << 20) != 0:
+            fail(f"read at {off} failed")
+    if local.raw != pattern(1, rlen):
+        fail("the target's pattern read back wrong")
+    want = pattern(2, rlen)
+    ctypes.memmove(laddr, want, rlen)
+    # Single writes of odd and even sizes over the first 8 MiB.
+    off = 0
+    for size in [1, 4096, 65536, 100_000, 1 << 20, 3 << 20]:
+        if e.transfer_sync_write(session, laddr + off, raddr + off, size) != 0:
+            fail(f"write of {size} at {off} failed")
+        off += size
+    rest = (8 << 20) - off
+    if e.transfer_sync_write(session, laddr + off, raddr + off, rest) != 0:
+        fail("write of the rest failed")
+    # The other 56 MiB in batches of 1 MiB blocks from 4 threads, as a connector does.
+    blocks = list(range(8 << 20, rlen, 1 << 20))
+    errors = []
+
+    def run(mine, write):
+        addrs = [laddr + b for b in mine]
+        remote = [raddr + b for b in mine]
+        lens = [1 << 20] * len(mine)
+        op = e.batch_transfer_sync_write if write else e.batch_transfer_sync_read
+        if op(session, addrs, remote, lens) != 0:
+            errors.append(f"batch {'write' if write else 'read'} failed")
+
+    rates = {}
+    for write in (True, False):
+        if not write:
+            ctypes.memset(laddr + (8 << 20), 0, rlen - (8 << 20))
+        t = time.perf_counter()
+        threads = [threading.Thread(target=run, args=(blocks[i::4], write)) for i in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        rates["write" if write else "read"] = len(blocks) * (1 << 20) / (time.perf_counter() - t) / 1e9
+        if errors:
+            fail(errors[0])
+    if local.raw != want:
+        fail("the written pattern read back wrong")
+    # An address outside the target's buffer fails cleanly.
+    if e.transfer_sync_write(session, laddr, raddr + rlen - 100, 4096) == 0:
+        fail("a write past the target's buffer succeeded")
+    if e.transfer_sync_read(session, laddr, raddr + rlen - 100, 4096) == 0:
+        fail("a read past the target's buffer succeeded")
+    # The failed requests left the pair usable.
+    if e.transfer_sync_read(session, laddr, raddr, 4096) != 0 or local.raw[:4096] != want[:4096]:
+        fail("the pair broke after a refused request")
+    ctypes.memmove(laddr, want, 4096)
+    note = TransferNotify(NOTE[0], NOTE[1])
+    if e.transfer_sync(session, laddr, raddr, 16, TransferOpcode.Write, note) != 0:
+        fail("write with notification failed")
+    if e.send_probe(session) != 0:
+        fail("probe failed")
+    print(json.dumps({"write_gbps": round(rates["write"], 3), "read_gbps": round(rates["read"], 3)}), flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["target"]:
+        target()
+    elif sys.argv[1:2] == ["initiator"] and len(sys.argv) == 5:
+        initiator(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    else:
+        fail(__doc__)
