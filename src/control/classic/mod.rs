@@ -63,11 +63,16 @@ pub fn asked(kind: Kind, json: &[u8]) -> std::result::Result<Asked, String> {
 /// The reply to a delivered notification, as upstream sends it.
 pub const NOTIFY_REPLY: &str = "{\"name\":\"\",\"notify_msg\":\"success\"}\n";
 
+/// What a descriptor request carries. Upstream sends its own descriptor, which the server
+/// ignores; this says only who asks. It makes the frame longer than a coro_rpc header (20
+/// bytes), so a TENT engine that takes it for one reads a whole header, finds the magic wrong
+/// and closes at once, instead of waiting for bytes that never come.
+const METADATA_REQUEST: &str = "{\"tent_rs\":true}\n";
+
 /// Asks the classic handshake port at `addr` for its segment descriptor, as upstream's
-/// initiator does (upstream sends its own descriptor along, which the server ignores; this
-/// sends an empty object).
+/// initiator does.
 pub fn fetch_descriptor(addr: &str, timeout: Duration) -> Result<desc::ClassicDesc> {
-    let json = handshake::request(addr, Kind::Metadata, "{}\n", timeout)?;
+    let json = handshake::request(addr, Kind::Metadata, METADATA_REQUEST, timeout)?;
     desc::ClassicDesc::parse(&json).map_err(|e| Error::Metadata(format!("{addr}: {e}")))
 }
 
@@ -96,6 +101,11 @@ pub fn probe(addr: &str, timeout: Duration) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_descriptor_request_is_longer_than_a_coro_rpc_header() {
+        assert!(handshake::encode(Kind::Metadata, METADATA_REQUEST).len() > crate::control::frame::REQUEST_HEADER_LEN);
+    }
 
     #[test]
     fn probes_and_notifications_are_answered_as_upstream() {

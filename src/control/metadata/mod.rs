@@ -65,10 +65,13 @@ struct Written {
     dirty: bool,
 }
 
+/// Where a published key's current value comes from.
+pub type Source = Box<dyn Fn() -> Arc<String> + Send + Sync>;
+
 /// One key this engine publishes, and where its current value comes from.
 struct Entry {
     key: String,
-    source: Box<dyn Fn() -> Arc<String> + Send + Sync>,
+    source: Source,
     written: Written,
 }
 
@@ -88,17 +91,13 @@ struct Entries {
 
 impl Publication {
     /// Prepares publishing the descriptor returned by `source` under the key of segment `name`.
-    pub fn new(
-        store: Arc<dyn MetadataStore>,
-        name: &str,
-        source: Box<dyn Fn() -> Arc<String> + Send + Sync>,
-    ) -> Publication {
+    pub fn new(store: Arc<dyn MetadataStore>, name: &str, source: Source) -> Publication {
         let first = Entry { key: segment_key(name), source, written: Written::default() };
         Publication { store, entries: Mutex::new(Entries { list: vec![first], removed: false }) }
     }
 
     /// Adds another key, published, kept alive and removed with the descriptor from now on.
-    pub fn also(&self, key: String, source: Box<dyn Fn() -> Arc<String> + Send + Sync>) {
+    pub fn also(&self, key: String, source: Source) {
         self.entries.lock().list.push(Entry { key, source, written: Written::default() });
     }
 

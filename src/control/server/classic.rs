@@ -20,9 +20,15 @@ use crate::control::conn_io::ConnIo;
 #[derive(Default)]
 pub(super) struct ClassicSide {
     data: Mutex<Option<Arc<ClassicDataServer>>>,
-    /// The descriptor last made, and the buffers it shows: made again only when they change
-    /// (its timestamp would make every publication of it a new value).
-    made: Mutex<Option<(Vec<(u64, u64)>, Arc<String>)>>,
+    /// The descriptor last made: made again only when the buffers change (its timestamp
+    /// would make every publication of it a new value).
+    made: Mutex<Option<Made>>,
+}
+
+/// A classic descriptor and the buffers it shows.
+struct Made {
+    buffers: Vec<(u64, u64)>,
+    json: Arc<String>,
 }
 
 impl ClassicSide {
@@ -73,13 +79,13 @@ impl ClassicSide {
         let seg = handler.classic_segment().ok_or("this engine shows classic peers no descriptor")?;
         let port = self.data_listener(handler, &seg.host, timeout)?.port();
         let mut made = self.made.lock();
-        if let Some((buffers, json)) = &*made {
-            if *buffers == seg.buffers {
-                return Ok(json.clone());
+        if let Some(m) = &*made {
+            if m.buffers == seg.buffers {
+                return Ok(m.json.clone());
             }
         }
         let json = Arc::new(ClassicDesc::tcp(&seg.name, &seg.host, port, &seg.buffers).to_wire());
-        *made = Some((seg.buffers, json.clone()));
+        *made = Some(Made { buffers: seg.buffers, json: json.clone() });
         Ok(json)
     }
 

@@ -105,7 +105,7 @@ impl RpcServer {
     /// The local segment's classic descriptor (see `control::classic`), as a source for the
     /// publication of the classic keys in a central store; the first call starts the classic
     /// data listener it names, so that a failure to open it shows at start.
-    pub fn classic_descriptor_source(&self) -> Result<Box<dyn Fn() -> Arc<String> + Send + Sync>> {
+    pub fn classic_descriptor_source(&self) -> Result<crate::control::metadata::Source> {
         let shared = self.shared.clone();
         shared.classic.descriptor(&shared.handler, shared.request_timeout).map_err(crate::error::Error::Internal)?;
         Ok(Box::new(move || match shared.classic.descriptor(&shared.handler, shared.request_timeout) {
