@@ -436,3 +436,45 @@ fn a_classic_api_engine_finds_a_classic_peer_and_a_tent_rs_peer_in_a_central_sto
     assert!(src == dst);
     std::mem::forget((src, dst));
 }
+
+#[test]
+fn device_memory_moves_over_the_classic_tcp_wire_through_staging_both_ways() {
+    use common::device::{DevBuf, platform};
+    use tent::base::request::{Opcode, Status};
+    platform();
+    // A classic initiator reads and writes a tent-rs target's device memory: the data server
+    // goes through staging buffers (a CPU touch of device memory kills this test binary).
+    let e = engine(&[]);
+    let len = (3 << 20) + 77;
+    let dev = DevBuf::new(0, len, |i| (i % 239) as u8);
+    dev.register(&e);
+    let d = descriptor(e.rpc_port());
+    assert!(d.buffers.iter().any(|b| b.addr == dev.addr), "device buffers are in the classic descriptor");
+    let mut s = TcpStream::connect((d.tcp_data_host.as_str(), d.tcp_data_port)).expect("data connection");
+    s.set_read_timeout(Some(T)).expect("timeout");
+    let (status, got) =
+        data_request(&mut s, Header { size: len as u64, addr: dev.addr, opcode: V2_FLAG | OP_READ }, &[]);
+    assert_eq!(status, Some(0));
+    assert!(got == dev.read(), "READ of device memory");
+    let new: Vec<u8> = (0..len).map(|i| (i % 13) as u8).collect();
+    let w = Header { size: len as u64, addr: dev.addr, opcode: V2_FLAG | OP_WRITE };
+    assert_eq!(data_request(&mut s, w, &new), (Some(0), Vec::new()));
+    assert!(dev.read() == new, "WRITE into device memory");
+    // A classic-API tent-rs initiator moves its own device memory to a classic target.
+    let remote: &'static mut [u8] = Box::leak(vec![0u8; len].into_boxed_slice());
+    let (rbase, rptr) = (remote.as_ptr() as u64, remote.as_ptr() as usize);
+    let fake = fake_classic(remote);
+    let a = engine(&[("wire_protocol", "classic")]);
+    let src = DevBuf::new(0, len, |i| (i % 211) as u8);
+    src.register(&a);
+    let back = DevBuf::new(0, len, |_| 0);
+    back.register(&a);
+    let h = a.open_segment(&fake.name).expect("open");
+    let st = common::engines::run(&a, &[common::engines::req(Opcode::Write, src.addr, h, rbase, len as u64)], T);
+    assert_eq!(st[0].0, Status::Completed);
+    // SAFETY: the fake target's memory lives for the whole test; its writers are done.
+    assert!(unsafe { std::slice::from_raw_parts(rptr as *const u8, len) } == &src.read()[..]);
+    let st = common::engines::run(&a, &[common::engines::req(Opcode::Read, back.addr, h, rbase, len as u64)], T);
+    assert_eq!(st[0].0, Status::Completed);
+    assert!(back.read() == src.read(), "READ into device memory from a classic target");
+}

@@ -18,7 +18,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::control::server::{Refusal, RpcHandler};
-use crate::device::Mem;
+use crate::device::{Mem, Platform};
 use crate::error::Result;
 
 /// Length of a request header on the wire (the C struct's size with its padding).
@@ -237,33 +237,38 @@ fn send(s: &TcpStream, handler: &dyn RpcHandler, h: Header) -> std::result::Resu
 /// Reads `len` bytes from the connection into device memory at `dst`, a staging buffer at a
 /// time (the CPU never writes device memory).
 fn receive_into_device(s: &TcpStream, dst: u64, len: usize) -> io::Result<()> {
-    let pool = crate::device::staging::pool().ok_or_else(|| io::Error::other("no device platform is loaded"))?;
-    let stage = pool.take().map_err(|e| io::Error::other(e.to_string()))?;
-    let mut off = 0;
-    while off < len {
-        let n = (len - off).min(stage.len());
-        // SAFETY: the staging buffer is ours and holds `stage.len()` bytes.
-        (&*s).read_exact(unsafe { std::slice::from_raw_parts_mut(stage.ptr(), n) })?;
-        pool.platform()
-            .copy(Mem::Device(dst + off as u64), Mem::Host(stage.ptr() as u64), n)
-            .map_err(|e| io::Error::other(format!("copy into device memory failed: {e}")))?;
-        off += n;
-    }
-    Ok(())
+    in_stages(len, |platform, stage, off, n| {
+        // SAFETY: the staging buffer is ours and holds at least `n` bytes.
+        (&*s).read_exact(unsafe { std::slice::from_raw_parts_mut(stage, n) })?;
+        platform
+            .copy(Mem::Device(dst + off as u64), Mem::Host(stage as u64), n)
+            .map_err(|e| io::Error::other(format!("copy into device memory failed: {e}")))
+    })
 }
 
 /// Writes `len` bytes of device memory at `src` to the connection, a staging buffer at a time.
 fn send_from_device(s: &TcpStream, src: u64, len: usize) -> io::Result<()> {
+    in_stages(len, |platform, stage, off, n| {
+        platform
+            .copy(Mem::Host(stage as u64), Mem::Device(src + off as u64), n)
+            .map_err(|e| io::Error::other(format!("copy out of device memory failed: {e}")))?;
+        // SAFETY: the staging buffer is ours and holds at least `n` bytes.
+        (&*s).write_all(unsafe { std::slice::from_raw_parts(stage, n) })
+    })
+}
+
+/// Runs `step(platform, staging buffer, offset, n)` over `len` bytes, one staging buffer's worth
+/// (`n` bytes at `offset`) at a time, with one staging buffer taken for the whole run.
+fn in_stages(
+    len: usize,
+    mut step: impl FnMut(&'static dyn Platform, *mut u8, usize, usize) -> io::Result<()>,
+) -> io::Result<()> {
     let pool = crate::device::staging::pool().ok_or_else(|| io::Error::other("no device platform is loaded"))?;
     let stage = pool.take().map_err(|e| io::Error::other(e.to_string()))?;
     let mut off = 0;
     while off < len {
         let n = (len - off).min(stage.len());
-        pool.platform()
-            .copy(Mem::Host(stage.ptr() as u64), Mem::Device(src + off as u64), n)
-            .map_err(|e| io::Error::other(format!("copy out of device memory failed: {e}")))?;
-        // SAFETY: the staging buffer is ours and holds `stage.len()` bytes.
-        (&*s).write_all(unsafe { std::slice::from_raw_parts(stage.ptr(), n) })?;
+        step(pool.platform(), stage.ptr(), off, n)?;
         off += n;
     }
     Ok(())
