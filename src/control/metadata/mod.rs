@@ -75,8 +75,8 @@ struct Entry {
     written: Written,
 }
 
-/// This engine's keys in the store: its descriptor (TENT's key), and what classic peers look
-/// up (see `control::classic`). Every write reads the newest values while holding one lock, so
+/// This engine's keys in the store: its descriptor (TENT's key, always the last one written),
+/// and what classic peers look up (see `control::classic`). Every write reads the newest values while holding one lock, so
 /// writes are serialised and an older snapshot can never overwrite a newer one.
 pub struct Publication {
     store: Arc<dyn MetadataStore>,
@@ -97,8 +97,15 @@ impl Publication {
     }
 
     /// Adds another key, published, kept alive and removed with the descriptor from now on.
+    /// It is written before the descriptor in every round: a peer that finds the new
+    /// descriptor, and then is told of the change when the round ends, should find nothing
+    /// newer (a round that wrote the descriptor first told it of the change some store writes
+    /// later, and it dropped the descriptor it had just read; with the store gone meanwhile,
+    /// it could not read it again).
     pub fn also(&self, key: String, source: Source) {
-        self.entries.lock().list.push(Entry { key, source, written: Written::default() });
+        let mut e = self.entries.lock();
+        let before_descriptor = e.list.len().saturating_sub(1);
+        e.list.insert(before_descriptor, Entry { key, source, written: Written::default() });
     }
 
     /// The store this publication writes to.
