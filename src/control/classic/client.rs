@@ -13,7 +13,9 @@ use super::desc::ClassicTcp;
 use crate::control::rawio::RawRange;
 use crate::error::{Error, Result};
 
-/// Idle connections kept per peer beyond those in use: as many as upstream's lanes per peer.
+/// Idle connections kept per peer: a connection carries one request at a time, so the TCP
+/// workers moving chunks to one peer at once each hold one; more than this are closed when
+/// they go idle.
 const MAX_IDLE: usize = 8;
 
 /// Connections to one classic peer's data listener.
@@ -27,11 +29,6 @@ impl ClassicPeer {
     /// A peer whose data listener is `tcp`; each read and write is bounded by `timeout`.
     pub fn new(tcp: ClassicTcp, timeout: Duration) -> ClassicPeer {
         ClassicPeer { tcp, timeout, idle: Mutex::new(Vec::new()) }
-    }
-
-    /// Where the peer listens.
-    pub fn tcp(&self) -> &ClassicTcp {
-        &self.tcp
     }
 
     fn connect(&self) -> Result<TcpStream> {
@@ -63,7 +60,9 @@ impl ClassicPeer {
         let v2 = self.tcp.proto >= 2;
         let op = if write { OP_WRITE } else { OP_READ };
         let h = Header { size: local.len as u64, addr: remote, opcode: op | if v2 { V2_FLAG } else { 0 } };
-        let broken = |e: std::io::Error| Error::Rpc(format!("classic data connection to {}: {e}", self.tcp.port));
+        let broken = |e: std::io::Error| {
+            Error::Rpc(format!("classic data connection to {}:{}: {e}", self.tcp.host, self.tcp.port))
+        };
         s.write_all(&h.encode()).map_err(broken)?;
         if write {
             // SAFETY: the caller keeps `local` valid for reads for the whole call.

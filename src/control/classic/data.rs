@@ -9,7 +9,6 @@
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
@@ -90,7 +89,7 @@ pub fn parse_status(b: [u8; 8]) -> Option<u32> {
 pub struct ClassicDataServer {
     port: u16,
     stopping: Arc<AtomicBool>,
-    /// Clones of the connections being served, shut down by `stop`.
+    /// Clones of the connections being served (by a key of their own), shut down by `stop`.
     conns: Arc<Mutex<Vec<(usize, TcpStream)>>>,
     acceptor: Mutex<Option<JoinHandle<()>>>,
 }
@@ -106,12 +105,15 @@ impl ClassicDataServer {
         let conns: Arc<Mutex<Vec<(usize, TcpStream)>>> = Arc::default();
         let (stop, list) = (stopping.clone(), conns.clone());
         let acceptor = std::thread::Builder::new().name("tent-classic-tcp".into()).spawn(move || {
+            // A key of its own per connection (a descriptor number is reused once closed).
+            let mut next_key = 0usize;
             for s in listener.incoming() {
                 if stop.load(Ordering::SeqCst) {
                     break;
                 }
                 let Ok(s) = s else { continue };
-                let key = s.as_raw_fd() as usize;
+                next_key += 1;
+                let key = next_key;
                 if let Ok(c) = s.try_clone() {
                     list.lock().push((key, c));
                 }

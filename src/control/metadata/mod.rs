@@ -76,8 +76,9 @@ struct Entry {
 }
 
 /// This engine's keys in the store: its descriptor (TENT's key, always the last one written),
-/// and what classic peers look up (see `control::classic`). Every write reads the newest values while holding one lock, so
-/// writes are serialised and an older snapshot can never overwrite a newer one.
+/// and what classic peers look up (see `control::classic`). Every write reads the newest values
+/// while holding one lock, so writes are serialised and an older snapshot can never overwrite
+/// a newer one.
 pub struct Publication {
     store: Arc<dyn MetadataStore>,
     entries: Mutex<Entries>,
