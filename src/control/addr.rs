@@ -38,6 +38,22 @@ pub fn advertised_ip(hostname: &str) -> Result<IpAddr> {
         .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)))
 }
 
+/// Splits `host:port` into its host and port as upstream splits a server name: `[v6]:port`,
+/// `[v6]`, `host:port` or `host` (a bare IPv6 address is all host). A missing or unreadable port
+/// is `None`.
+pub fn split_host_port(name: &str) -> (String, Option<u16>) {
+    let name = name.trim();
+    if let Some(rest) = name.strip_prefix('[') {
+        if let Some((host, tail)) = rest.split_once(']') {
+            return (host.to_string(), tail.strip_prefix(':').and_then(|p| p.parse().ok()));
+        }
+    }
+    match name.rsplit_once(':') {
+        Some((host, port)) if !host.contains(':') => (host.to_string(), port.parse().ok()),
+        _ => (name.to_string(), None),
+    }
+}
+
 /// Formats `ip:port`, bracketing IPv6 addresses.
 pub fn host_port(ip: &IpAddr, port: u16) -> String {
     match ip {

@@ -55,21 +55,9 @@ pub fn connection_string(metadata_type: &str, metadata_server: &str) -> String {
     format!("{kind}://{metadata_server}")
 }
 
-/// Splits a classic `local_server_name` into its host and port as upstream does: `[v6]:port`,
-/// `[v6]`, `host:port` or `host` (a bare IPv6 address is all host). A missing or unreadable port
-/// is `None`.
-pub fn split_server_name(name: &str) -> (String, Option<u16>) {
-    let name = name.trim();
-    if let Some(rest) = name.strip_prefix('[') {
-        if let Some((host, tail)) = rest.split_once(']') {
-            return (host.to_string(), tail.strip_prefix(':').and_then(|p| p.parse().ok()));
-        }
-    }
-    match name.rsplit_once(':') {
-        Some((host, port)) if !host.contains(':') => (host.to_string(), port.parse().ok()),
-        _ => (name.to_string(), None),
-    }
-}
+/// Splits a classic `local_server_name` into its host and port as upstream does (see
+/// [`crate::control::addr::split_host_port`]).
+pub use crate::control::addr::split_host_port as split_server_name;
 
 /// The port the legacy binding uses when `local_server_name` gives none: `MC_HANDSHAKE_PORT`,
 /// else 12001, as upstream.

@@ -64,10 +64,7 @@ impl RpcHandler for ServerView {
     }
 
     fn classic_segment(&self) -> Option<ClassicSegment> {
-        let addr = &self.local.rpc_server_addr;
-        // `host:port`, or `[v6]:port`: the host is what precedes the last colon.
-        let host = addr.rsplit_once(':').map_or(addr.as_str(), |(h, _)| h);
-        let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+        let (host, _) = crate::control::addr::split_host_port(&self.local.rpc_server_addr);
         let buffers = self.local.snapshot().iter().filter(|b| !b.internal).map(|b| (b.addr, b.len)).collect();
         Some(ClassicSegment { name: self.local.name.clone(), host, buffers })
     }

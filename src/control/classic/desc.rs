@@ -117,10 +117,9 @@ impl ClassicDesc {
                 self.name, self.protocol
             ));
         }
-        let host = if self.tcp_data_host.is_empty() {
-            rpc_addr.rsplit_once(':').map_or(rpc_addr, |(h, _)| h).trim_start_matches('[').trim_end_matches(']')
-        } else {
-            self.tcp_data_host.as_str()
+        let host = match self.tcp_data_host.as_str() {
+            "" => crate::control::addr::split_host_port(rpc_addr).0,
+            given => given.to_string(),
         };
         let tcp = crate::base::request::TransportKind::Tcp as i32;
         let buffers: Vec<serde_json::Value> = self
@@ -134,7 +133,7 @@ impl ClassicDesc {
                 })
             })
             .collect();
-        let classic = ClassicTcp { host: host.to_string(), port: self.tcp_data_port, proto: self.tcp_proto_version };
+        let classic = ClassicTcp { host, port: self.tcp_data_port, proto: self.tcp_proto_version };
         Ok(serde_json::json!({
             "name": self.name,
             "type": "memory",
