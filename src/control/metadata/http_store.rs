@@ -107,8 +107,11 @@ impl MetadataStore for HttpStore {
         }
     }
 
-    fn keep_alive(&self, key: &str, value: &str) -> Result<()> {
-        self.put(key, value)
+    /// Whether the server still has `key` (its keys never expire; it may have restarted). A
+    /// GET, not a PUT of the same value: upstream's server refuses to overwrite an `rpc_meta/`
+    /// key ("Duplicate rpc_meta key not allowed"), so writing it every round failed every round.
+    fn refresh(&self, key: &str) -> Result<bool> {
+        Ok(self.get(key)?.is_some())
     }
 
     fn needs_keep_alive(&self) -> bool {
