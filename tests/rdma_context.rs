@@ -7,6 +7,7 @@ use std::sync::Arc;
 use serde_json::json;
 use tent::base::request::Permission;
 use tent::config::{Config, RdmaSection, Settings};
+use tent::transport::rdma::PeerWire;
 use tent::transport::rdma::context::*;
 use tent::transport::rdma::provider::provider_from_config;
 use tent::verbs::sim::{DeviceSpec, GidSpec, HostSpec, SimFabric, SimHost};
@@ -495,15 +496,15 @@ fn endpoints_on_small_nics_clamp_and_exchange_psns() {
     let prm = Arc::new(RdmaSection { num_lanes: 2, ..Settings::default().rdma });
     assert_eq!(prm.endpoint.max_rd_atomic, 16, "the configured value is above the NICs' 4");
     let now = Duration::ZERO;
-    let a = Endpoint::create(sa.get(0).unwrap(), 0, "b:1@small_b", "a:1", "", &prm, false).expect("a");
-    let b = Endpoint::create(sb.get(0).unwrap(), 0, "a:1@small_a", "b:1", "", &prm, false).expect("b");
+    let a = Endpoint::create(sa.get(0).unwrap(), 0, "b:1@small_b", "a:1", "", &prm, PeerWire::Tent, false).expect("a");
+    let b = Endpoint::create(sb.get(0).unwrap(), 0, "a:1@small_a", "b:1", "", &prm, PeerWire::Tent, false).expect("b");
     let req = a.connect_request("b:1@small_b").expect("request").expect("handshaking");
     let reply = b.accept(&req, now);
     let (req_psn, reply_psn) = (req.psn.expect("request PSN"), reply.psn.expect("reply PSN"));
     assert!(req_psn <= 0x00ff_ffff && reply_psn <= 0x00ff_ffff);
     a.connect_finish(Ok(reply), now).expect("connect");
     assert_eq!((a.state(), b.state()), (EpState::Ready, EpState::Ready));
-    let c = Endpoint::create(sa.get(0).unwrap(), 0, "b:2@small_b", "a:1", "", &prm, false).expect("c");
+    let c = Endpoint::create(sa.get(0).unwrap(), 0, "b:2@small_b", "a:1", "", &prm, PeerWire::Tent, false).expect("c");
     let other = c.connect_request("b:2@small_b").expect("request").expect("handshaking");
     assert_ne!((req_psn, a.nonce()), (other.psn.expect("psn"), c.nonce()), "every endpoint draws its own");
 

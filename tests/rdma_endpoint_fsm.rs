@@ -12,7 +12,7 @@ use proptest::prelude::*;
 use tent::config::{RdmaSection, Settings};
 use tent::transport::rdma::bootstrap::{BootstrapDesc, BootstrapResult};
 use tent::transport::rdma::context::ContextSet;
-use tent::transport::rdma::{Endpoint, EndpointStore, EpState, StoreKind};
+use tent::transport::rdma::{Endpoint, EndpointStore, EpState, PeerWire, StoreKind};
 use tent::verbs::sim::{HostSpec, SimFabric, SimHost};
 
 /// What one step of an interleaving does, after the clock moved on.
@@ -79,7 +79,7 @@ impl Side {
         let (name, params) = (self.name.clone(), self.params.clone());
         let ep = self
             .store
-            .get_or_insert(key, now, || Endpoint::create(&ctx, 0, key, &name, "", &params, false))
+            .get_or_insert(key, now, || Endpoint::create(&ctx, 0, key, &name, "", &params, PeerWire::Tent, false))
             .expect("endpoint");
         if !self.seen.iter().any(|(e, _)| Arc::ptr_eq(e, &ep)) {
             self.seen.push((ep.clone(), ep.state()));

@@ -885,8 +885,17 @@ fn upstream_notify_offer_is_taken_and_tent_offer_declined() {
     let ctx = core.nics().context(0).expect("context").clone();
     let b_path = format!("{}@sim_mlx5_0", b.segment_name());
     let offer = |server: &str, upstream: bool| {
-        let ep =
-            tent::transport::rdma::Endpoint::create(&ctx, 0, &b_path, server, "", core.cfg(), true).expect("endpoint");
+        let ep = tent::transport::rdma::Endpoint::create(
+            &ctx,
+            0,
+            &b_path,
+            server,
+            "",
+            core.cfg(),
+            tent::transport::rdma::PeerWire::Tent,
+            true,
+        )
+        .expect("endpoint");
         let mut req = ep.local_desc(&b_path);
         assert_ne!(req.notify_qp_num, 0);
         if upstream {

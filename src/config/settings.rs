@@ -250,6 +250,10 @@ pub struct RdmaSection {
     pub sim: SimSection,
     /// `num_lanes`, or the legacy knob that set it (all set ones must agree).
     pub num_lanes: usize,
+    /// QPs per endpoint to a classic Mooncake peer, which refuses any count but its own
+    /// `num_qp_per_ep`: `endpoint/qp_mul_factor` (`MC_NUM_QP_PER_EP`, upstream's name for that
+    /// setting) when set, else upstream's default, 2.
+    pub classic_qp_per_ep: usize,
     pub port: u8,
     pub gid_index: i32,
     pub max_cqe: u32,
@@ -492,8 +496,9 @@ fn file(r: &mut Reader) -> FileSection {
 
 /// The lane count with upstream's precedence: `num_lanes`, else the legacy
 /// `device/num_cq_list`, `endpoint/qp_mul_factor`, `workers/num_workers`; every legacy knob
-/// that is set must equal the result.
-fn lanes(r: &mut Reader) -> usize {
+/// that is set must equal the result. Also the QPs per endpoint to a classic peer
+/// (`qp_mul_factor` when set, else 2).
+fn lanes(r: &mut Reader) -> (usize, usize) {
     const KNOBS: [&str; 4] = [
         "transports/rdma/num_lanes",
         "transports/rdma/device/num_cq_list",
@@ -503,13 +508,17 @@ fn lanes(r: &mut Reader) -> usize {
     let num_lanes = r.int(KNOBS[0], 6, 1, 1024);
     let lanes_set = r.is_set(KNOBS[0]);
     let mut set: Vec<(&str, i64)> = if lanes_set { vec![(KNOBS[0], num_lanes)] } else { Vec::new() };
+    let mut classic = 2;
     for k in &KNOBS[1..] {
         if let Some(v) = r.opt_int(k, 1, 1024) {
             set.push((k, v));
+            if *k == KNOBS[2] {
+                classic = v as usize;
+            }
         }
     }
     let Some(&(_, lanes)) = set.first() else {
-        return 6;
+        return (6, classic);
     };
     for (k, v) in &set[1..] {
         if *v != lanes {
@@ -519,7 +528,7 @@ fn lanes(r: &mut Reader) -> usize {
     if set.iter().any(|(k, _)| *k != KNOBS[0]) {
         r.warnings.push("legacy RDMA lane knobs are deprecated; use transports/rdma/num_lanes".to_string());
     }
-    lanes as usize
+    (lanes as usize, classic)
 }
 
 fn endpoint(r: &mut Reader) -> EndpointSection {
@@ -567,6 +576,7 @@ fn numa_nodes(r: &mut Reader) -> Vec<i32> {
 }
 
 fn rdma(r: &mut Reader) -> RdmaSection {
+    let classic_qps;
     let section = RdmaSection {
         enable: r.bool(keys::RDMA_ENABLE, true),
         provider: r.choice(keys::RDMA_PROVIDER, "ibverbs", &["ibverbs", "sim"]),
@@ -579,7 +589,13 @@ fn rdma(r: &mut Reader) -> RdmaSection {
             dmabuf: r.bool("transports/rdma/sim/dmabuf", true),
             numa_nodes: numa_nodes(r),
         },
-        num_lanes: lanes(r),
+        // (Read here, in the order the keys are documented in.)
+        num_lanes: {
+            let (lanes, classic) = lanes(r);
+            classic_qps = classic;
+            lanes
+        },
+        classic_qp_per_ep: classic_qps,
         port: r.int("transports/rdma/device/port", 1, 1, 255) as u8,
         gid_index: r.int("transports/rdma/device/gid_index", -1, -1, 65535) as i32,
         max_cqe: r.int("transports/rdma/device/max_cqe", 4096, 1, i32::MAX as i64) as u32,

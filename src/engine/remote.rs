@@ -234,4 +234,5 @@ impl Remote {
 /// take the classic wire.
 pub fn is_classic(desc: &SegmentDesc) -> bool {
     desc.detail_extra.contains_key(classic::desc::CLASSIC_TCP_KEY)
+        || desc.detail_extra.contains_key(classic::desc::CLASSIC_RDMA_KEY)
 }

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use super::remote::Remote;
 use super::segment::{LocalSegment, RangeCheck};
 use crate::base::request::Opcode;
-use crate::control::classic::ClassicSegment;
+use crate::control::classic::desc::ClassicDevice;
+use crate::control::classic::{ClassicSegment, SegmentBuffer};
 use crate::control::server::{Refusal, RpcHandler};
 use crate::error::Error;
 use crate::transport::rdma::RdmaTransport;
@@ -65,8 +66,29 @@ impl RpcHandler for ServerView {
 
     fn classic_segment(&self) -> Option<ClassicSegment> {
         let (host, _) = crate::control::addr::split_host_port(&self.local.rpc_server_addr);
-        let buffers = self.local.snapshot().iter().filter(|b| !b.internal).map(|b| (b.addr, b.len)).collect();
-        Some(ClassicSegment { name: self.local.name.clone(), host, buffers })
+        let buffers = self
+            .local
+            .snapshot()
+            .iter()
+            .filter(|b| !b.internal)
+            .map(|b| SegmentBuffer {
+                addr: b.addr,
+                length: b.len,
+                location: classic_location(b.device, &b.location),
+                rkey: b.rkey.clone(),
+            })
+            .collect();
+        let devices = self.rdma.as_ref().map_or_else(Vec::new, |t| {
+            t.links().into_iter().map(|l| ClassicDevice { gid: l.gid, lid: l.lid, name: l.device }).collect()
+        });
+        Some(ClassicSegment { name: self.local.name.clone(), host, buffers, devices })
+    }
+
+    fn bootstrap_classic(&self, request: &[u8]) -> String {
+        match &self.rdma {
+            Some(t) => t.handle_classic_bootstrap(request),
+            None => crate::control::server::CLASSIC_NOT_READY.to_string(),
+        }
     }
 
     fn stage_rdma(&self, request: &[u8]) -> Vec<u8> {
@@ -74,6 +96,16 @@ impl RpcHandler for ServerView {
             Some(t) => t.serve_stage(request, self),
             None => br#"{"ok":false,"error":"this engine has no RDMA transport"}"#.to_vec(),
         }
+    }
+}
+
+/// Where a classic descriptor says a buffer is: its GPU, its NUMA node as registered, or
+/// `cpu:0` (upstream's readers look the name up in the priority matrix, which has it).
+fn classic_location(device: Option<u32>, location: &str) -> String {
+    match device {
+        Some(d) => crate::device::location_of(d),
+        None if location.strip_prefix("cpu:").is_some_and(|n| n.parse::<u32>().is_ok()) => location.to_string(),
+        None => "cpu:0".to_string(),
     }
 }
 

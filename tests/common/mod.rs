@@ -117,6 +117,7 @@ pub fn run_c(exe: &Path, envs: &[(&str, &str)]) -> String {
 }
 
 pub mod c_programs;
+pub mod classic_rdma_peer;
 pub mod cluster;
 pub mod device;
 pub mod engines;

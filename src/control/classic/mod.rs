@@ -15,16 +15,7 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 use handshake::Kind;
 
-/// What a classic peer is shown of the local segment.
-#[derive(Debug, Clone)]
-pub struct ClassicSegment {
-    /// The segment name (`host:rpc_port` in P2P mode).
-    pub name: String,
-    /// The host classic peers dial for the data listener.
-    pub host: String,
-    /// The ranges peers may reach, as (address, length).
-    pub buffers: Vec<(u64, u64)>,
-}
+pub use desc::{ClassicSegment, SegmentBuffer};
 
 /// A classic notification's JSON (`name`, `notify_msg`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -41,6 +32,8 @@ pub enum Asked {
     Notify(ClassicNotify),
     /// The local descriptor: the server fills in the data listener.
     Descriptor,
+    /// An RDMA endpoint handshake, for the RDMA transport to answer.
+    Connect,
 }
 
 /// Decides what a classic handshake of `kind` with `json` asks for, or why it cannot be
@@ -54,9 +47,9 @@ pub fn asked(kind: Kind, json: &[u8]) -> std::result::Result<Asked, String> {
             .map(Asked::Notify)
             .map_err(|e| format!("malformed classic notification: {e}")),
         Kind::Probe => Ok(Asked::Reply("{\"status\":\"success\"}\n".into())),
-        Kind::Connection | Kind::Old => {
-            Err("a classic RDMA endpoint handshake: this engine does not answer the classic RDMA wire yet".into())
-        }
+        // Upstream's server takes the old framing (no type byte) for a Connection handshake
+        // and answers in the same framing.
+        Kind::Connection | Kind::Old => Ok(Asked::Connect),
     }
 }
 
@@ -115,6 +108,8 @@ mod tests {
             if name == "capture-note-name" && notify_msg == "capture-note-msg"));
         assert!(asked(Kind::Notify, b"[1]").is_err());
         assert!(matches!(asked(Kind::Metadata, b"{}"), Ok(Asked::Descriptor)));
-        assert!(asked(Kind::Connection, b"{}").is_err());
+        // RDMA endpoint handshakes, in either framing, go to the RDMA transport.
+        assert!(matches!(asked(Kind::Connection, b"{}"), Ok(Asked::Connect)));
+        assert!(matches!(asked(Kind::Old, b"{}"), Ok(Asked::Connect)));
     }
 }

@@ -12,7 +12,7 @@ use super::handler::RpcHandler;
 use crate::control::classic::data::ClassicDataServer;
 use crate::control::classic::desc::ClassicDesc;
 use crate::control::classic::handshake;
-use crate::control::classic::{Asked, NOTIFY_REPLY, asked};
+use crate::control::classic::{Asked, ClassicSegment, NOTIFY_REPLY, asked};
 use crate::control::conn_io::ConnIo;
 
 /// The server's classic side: its TCP data listener, once a classic peer asked for the
@@ -25,9 +25,9 @@ pub(super) struct ClassicSide {
     made: Mutex<Option<Made>>,
 }
 
-/// A classic descriptor and the buffers it shows.
+/// A classic descriptor and the segment it shows.
 struct Made {
-    buffers: Vec<(u64, u64)>,
+    seg: ClassicSegment,
     json: Arc<String>,
 }
 
@@ -64,6 +64,7 @@ impl ClassicSide {
                 NOTIFY_REPLY.to_string()
             }
             Asked::Descriptor => self.descriptor(handler, timeout)?.to_string(),
+            Asked::Connect => handler.bootstrap_classic(json),
         };
         io.queue(&handshake::encode(kind, &reply));
         Err(String::new())
@@ -80,12 +81,12 @@ impl ClassicSide {
         let port = self.data_listener(handler, &seg.host, timeout)?.port();
         let mut made = self.made.lock();
         if let Some(m) = &*made {
-            if m.buffers == seg.buffers {
+            if m.seg == seg {
                 return Ok(m.json.clone());
             }
         }
-        let json = Arc::new(ClassicDesc::tcp(&seg.name, &seg.host, port, &seg.buffers).to_wire());
-        *made = Some(Made { buffers: seg.buffers, json: json.clone() });
+        let json = Arc::new(ClassicDesc::of(&seg, port).to_wire());
+        *made = Some(Made { seg, json: json.clone() });
         Ok(json)
     }
 

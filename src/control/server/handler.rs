@@ -44,6 +44,12 @@ pub trait RpcHandler: Send + Sync {
     fn classic_segment(&self) -> Option<crate::control::classic::ClassicSegment> {
         None
     }
+    /// Answers a classic engine's RDMA Connection handshake (its JSON in, ours out). An engine
+    /// without RDMA refuses, as upstream's does.
+    fn bootstrap_classic(&self, request: &[u8]) -> String {
+        let _ = request;
+        CLASSIC_NOT_READY.to_string()
+    }
     /// Answers a staging request for RDMA of device memory (JSON in, JSON out; see
     /// `transport::rdma::staging`). An engine without RDMA staging refuses.
     fn stage_rdma(&self, request: &[u8]) -> Vec<u8> {
@@ -51,3 +57,7 @@ pub trait RpcHandler: Send + Sync {
         br#"{"ok":false,"error":"this engine lends no staging buffers"}"#.to_vec()
     }
 }
+
+/// What an engine without RDMA answers a classic Connection handshake: a refusal a classic
+/// peer reads as one (a reply message, no QPs).
+pub const CLASSIC_NOT_READY: &str = "{\"local_gid\":\"\",\"local_lid\":0,\"local_nic_path\":\"\",\"payload\":\"\",\"peer_nic_path\":\"\",\"qp_num\":[],\"reply_msg\":\"NOT_READY: this engine has no RDMA transport\"}\n";

@@ -28,7 +28,7 @@ mod worker;
 pub use conn::Conn;
 pub use control_messages::{MAX_CONTROL_ATTACHMENT, NotifyMessage, json_string, parse_notification};
 pub use data::MAX_RECV_DATA;
-pub use handler::{Refusal, RpcHandler};
+pub use handler::{CLASSIC_NOT_READY, Refusal, RpcHandler};
 
 use std::io::Write;
 use std::net::TcpListener;

@@ -84,6 +84,12 @@ pub struct BootstrapDesc {
     /// none (upstream), both sides use the configured `rq_psn`/`sq_psn`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub psn: Option<u32>,
+    /// The classic engine's ready acknowledgement: present (false) when the sender can send
+    /// one, true in the acknowledgement itself, which a classic active side sends after it
+    /// set up its QPs. tent-rs never offers it, so classic peers treat our endpoints as
+    /// connected at once (our QPs are set up before we reply).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_ack: Option<bool>,
 }
 
 impl BootstrapDesc {
@@ -95,6 +101,27 @@ impl BootstrapDesc {
     /// Serialises as JSON.
     pub fn to_bytes(&self) -> Vec<u8> {
         serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// The descriptor as the classic engine's Connection handshake carries it: upstream's
+    /// fields only (a classic peer ignores the rest, but has no use for them either), with the
+    /// newline its writer ends JSON with.
+    pub fn to_classic_json(&self) -> String {
+        let mut v = serde_json::json!({
+            "local_gid": self.local_gid,
+            "local_lid": self.local_lid,
+            "local_nic_path": self.local_nic_path,
+            "payload": "",
+            "peer_nic_path": self.peer_nic_path,
+            "qp_num": self.qp_num,
+            "reply_msg": self.reply_msg,
+        });
+        if let Some(ack) = self.ready_ack {
+            v["ready_ack"] = ack.into();
+        }
+        let mut s = v.to_string();
+        s.push('\n');
+        s
     }
 
     /// A refusal: no QPs and no GID, only the code and the reason.
@@ -145,6 +172,7 @@ mod tests {
             mtu: Some(4096),
             notify_upgrade: Some(true),
             psn: Some(0x12_3456),
+            ready_ack: None,
         };
         let v: serde_json::Value = serde_json::from_slice(&d.to_bytes()).expect("json");
         for k in ["local_nic_path", "peer_nic_path", "qp_num", "local_lid", "local_gid", "reply_msg", "notify_qp_num"] {
@@ -158,5 +186,31 @@ mod tests {
         assert_eq!(BootstrapDesc::refusal(BootstrapResult::RetiredRetry, "x").outcome(), BootstrapResult::RetiredRetry);
         assert_eq!(split_nic_path("1.2.3.4:5@mlx5_0"), Some(("1.2.3.4:5", "mlx5_0")));
         assert_eq!(split_nic_path("@x"), None);
+    }
+
+    #[test]
+    fn the_classic_form_has_upstreams_fields_only() {
+        let mut d = BootstrapDesc {
+            local_nic_path: "a:1@mlx5_0".into(),
+            qp_num: vec![7, 8],
+            local_gid: "00:01".into(),
+            nonce: Some(42),
+            psn: Some(5),
+            result: Some(0),
+            ..Default::default()
+        };
+        let json = d.to_classic_json();
+        assert!(json.ends_with('\n'));
+        let v: serde_json::Value = serde_json::from_str(&json).expect("json");
+        let mut keys: Vec<&str> = v.as_object().expect("object").keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            ["local_gid", "local_lid", "local_nic_path", "payload", "peer_nic_path", "qp_num", "reply_msg"]
+        );
+        // A classic request's ready acknowledgement reads back; one without it has none.
+        d.ready_ack = Some(true);
+        let back = BootstrapDesc::parse(d.to_classic_json().as_bytes()).expect("parse");
+        assert_eq!((back.ready_ack, back.qp_num, back.nonce), (Some(true), vec![7, 8], None));
     }
 }

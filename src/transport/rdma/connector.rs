@@ -12,12 +12,13 @@ use parking_lot::Mutex;
 
 use super::bootstrap::{BootstrapDesc, BootstrapResult, split_nic_path};
 use super::counters::Counters;
-use super::endpoint::{ConnectError, Endpoint};
+use super::endpoint::{ConnectError, Endpoint, PeerWire};
 use super::fence::Fences;
 use super::nics::Nics;
 use super::notify_index::NotifyIndex;
 use super::rail::RailMonitor;
 use crate::config::RdmaSection;
+use crate::control::classic::handshake::{self, Kind};
 use crate::control::client::RpcClient;
 use crate::control::frame::msg;
 use crate::error::{Error, Result};
@@ -138,12 +139,17 @@ impl Connector {
         // Bounded well below the request timeout: after a link blip the reply may sit behind
         // the TCP retransmission backoff of this connection for seconds, while a new one (the
         // next attempt) gets through as soon as the link is back.
-        let reply = self.client.call_within(
-            peer_rpc,
-            msg::BOOTSTRAP_RDMA,
-            &req.to_bytes(),
-            Some(self.cfg.endpoint.bootstrap_timeout),
-        );
+        let timeout = self.cfg.endpoint.bootstrap_timeout;
+        let reply = match ep.wire() {
+            PeerWire::Tent => self.client.call_within(peer_rpc, msg::BOOTSTRAP_RDMA, &req.to_bytes(), Some(timeout)),
+            // A classic peer takes the same descriptor as its Connection handshake, on the
+            // port its segment name (or `rpc_meta/`) gives, which is where `peer_rpc` points.
+            PeerWire::Classic(_) => handshake::request(peer_rpc, Kind::Connection, &req.to_classic_json(), timeout)
+                .map_err(|e| match e {
+                    Error::Os { errno, msg } if errno == libc::ECONNREFUSED => Error::PeerDown(msg),
+                    e => e,
+                }),
+        };
         // A peer whose process is gone refuses the connection: its work fails now instead of
         // after every backoff round (a restarted peer is reached by the next endpoint).
         let peer_down = matches!(reply, Err(Error::PeerDown(_)));

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::connector::{Connector, ConnectorInbox};
 use super::counters::Counters;
-use super::endpoint::{Endpoint, EpState};
+use super::endpoint::{Endpoint, EpState, PeerWire};
 use super::fence::Fences;
 use super::gpu::GdrKey;
 use super::job::{Job, StagePiece, StageQueue};
@@ -245,11 +245,12 @@ impl Core {
         self.nics.retire(ep);
     }
 
-    /// The endpoint of NIC `nic` towards peer NIC path `key` (whose RPC server is `peer_rpc`),
-    /// created when there is none: with a notify QP when the peer is offered one, its notify
-    /// channel tracked. `Ok(None)` when the NIC has no context.
-    pub fn endpoint(&self, nic: usize, key: &str, peer_rpc: &str) -> Result<Option<Arc<Endpoint>>> {
-        let ep = self.nics.endpoint(nic, key, peer_rpc, || self.connector.offers_notify(key))?;
+    /// The endpoint of NIC `nic` towards peer NIC path `key` (whose RPC server, or a classic
+    /// peer's handshake port, is `peer_rpc`), created for a peer of `wire` when there is none:
+    /// with a notify QP when the peer is offered one, its notify channel tracked. `Ok(None)`
+    /// when the NIC has no context.
+    pub fn endpoint(&self, nic: usize, key: &str, peer_rpc: &str, wire: PeerWire) -> Result<Option<Arc<Endpoint>>> {
+        let ep = self.nics.endpoint(nic, key, peer_rpc, wire, || self.connector.offers_notify(key))?;
         if let Some(ep) = &ep {
             self.notify.track(ep);
         }
@@ -259,7 +260,7 @@ impl Core {
     /// Makes sure a newer endpoint for `old`'s NIC pair exists and is connecting, so that its
     /// bootstrap fences `old` (`peer_rpc`: where the peer's RPC server is; see `fence.rs`).
     pub fn start_fence(&self, old: &Arc<Endpoint>, peer_rpc: &str) {
-        match self.endpoint(old.nic_id, &old.key, peer_rpc) {
+        match self.endpoint(old.nic_id, &old.key, peer_rpc, old.wire()) {
             Ok(Some(ep)) if ep.state() == EpState::Handshaking => self.connector.request_connect(&ep, peer_rpc),
             Ok(_) => {}
             Err(e) => tracing::debug!("cannot make an endpoint to fence {}: {e}", old.key),

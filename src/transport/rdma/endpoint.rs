@@ -53,6 +53,18 @@ impl EpState {
     }
 }
 
+/// Which kind of engine is on the other end, and so which handshake connects the endpoint and
+/// how many QPs it has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerWire {
+    /// A TENT engine (upstream's or tent-rs): the bootstrap RPC, one QP per lane.
+    Tent,
+    /// A classic Mooncake engine: its Connection handshake on the peer's handshake port, and
+    /// this many QPs, since a classic peer refuses an endpoint whose QP count differs from its
+    /// own (at most one per lane: each QP completes on its lane's CQ).
+    Classic(usize),
+}
+
 /// Who the endpoint is connected to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Peer {
@@ -109,6 +121,10 @@ pub struct Endpoint {
     /// The QP attributes and sizes (`transports/rdma/endpoint/*`), `num_lanes` and
     /// `notify/enable`.
     cfg: Arc<RdmaSection>,
+    /// The handshake the peer speaks.
+    wire: PeerWire,
+    /// Data QPs made: lanes `0..qp_count` post here, one QP each.
+    qp_count: usize,
     nonce: u64,
     /// The first PSN our data QPs send with when the peer takes random PSNs.
     psn: u32,
@@ -161,9 +177,11 @@ pub fn random_nonce() -> u64 {
 
 impl Endpoint {
     /// Creates an endpoint towards `key` on context `ctx` (UNINIT -> HANDSHAKING), as RDMA
-    /// section `cfg` says: one RC QP per lane on the lane's CQ, moved to INIT, and a notify QP
-    /// with its buffers only when `with_notify` (the notification path asks for it, so
-    /// data-only endpoints pin nothing).
+    /// section `cfg` says: one RC QP per lane on the lane's CQ (for a classic peer, as many as
+    /// `wire` says, on the first lanes), moved to INIT, and a notify QP with its buffers only
+    /// when `with_notify` (the notification path asks for it, so data-only endpoints pin
+    /// nothing; classic peers have no notify QPs).
+    #[allow(clippy::too_many_arguments)]
     pub fn create(
         ctx: &Arc<RdmaContext>,
         nic_id: usize,
@@ -171,6 +189,7 @@ impl Endpoint {
         local_server: &str,
         peer_rpc: &str,
         cfg: &Arc<RdmaSection>,
+        wire: PeerWire,
         with_notify: bool,
     ) -> Result<Arc<Endpoint>> {
         let params = &cfg.endpoint;
@@ -187,8 +206,12 @@ impl Endpoint {
             },
             sq_sig_all: false,
         };
-        let mut qps = Vec::with_capacity(cfg.num_lanes);
-        for lane in 0..cfg.num_lanes {
+        let qp_count = match wire {
+            PeerWire::Tent => cfg.num_lanes,
+            PeerWire::Classic(n) => n.clamp(1, cfg.num_lanes.max(1)),
+        };
+        let mut qps = Vec::with_capacity(qp_count);
+        for lane in 0..qp_count {
             let cq = ctx.cq(lane).ok_or_else(|| Error::Unavailable(format!("no CQ for lane {lane}")))?;
             let qp = match Qp::create(&pd, &cq, &cq, &init) {
                 // Devices do not report their inline limit; one that refuses the size asked for
@@ -214,7 +237,7 @@ impl Endpoint {
         }
         // A provider may grant less than asked; the lanes must never post past what it gave.
         let depth = qps.iter().map(|q| q.caps().max_send_wr).min().unwrap_or(depth).clamp(1, depth);
-        let notify = if cfg.notify && with_notify {
+        let notify = if cfg.notify && with_notify && wire == PeerWire::Tent {
             NotifyChannel::create(ctx, params.pkey_index)
                 .inspect_err(|e| tracing::warn!("{key}: no notify QP: {e}"))
                 .ok()
@@ -229,6 +252,8 @@ impl Endpoint {
             local_path: nic_path(local_server, ctx.name()),
             ctx: ctx.clone(),
             cfg: cfg.clone(),
+            wire,
+            qp_count,
             nonce: random_nonce(),
             psn: (random_nonce() >> 8) as u32 & 0x00ff_ffff,
             depth,
@@ -241,7 +266,7 @@ impl Endpoint {
             }),
             qps: RwLock::new(qps),
             notify: RwLock::new(notify),
-            outstanding: (0..cfg.num_lanes).map(|_| AtomicU32::new(0)).collect(),
+            outstanding: (0..qp_count).map(|_| AtomicU32::new(0)).collect(),
             connecting: AtomicBool::new(false),
             connect_failures: AtomicU32::new(0),
             met_retirement: AtomicBool::new(false),
@@ -262,6 +287,17 @@ impl Endpoint {
         EpState::from_u8(self.state.load(Ordering::Acquire))
     }
 
+    /// The handshake the peer speaks.
+    pub fn wire(&self) -> PeerWire {
+        self.wire
+    }
+
+    /// How many data QPs the endpoint has: lanes from this number on hand their work for it
+    /// to the lane of the same QP position modulo it.
+    pub fn qp_count(&self) -> usize {
+        self.qp_count
+    }
+
     /// This endpoint's generation identity.
     pub fn nonce(&self) -> u64 {
         self.nonce
@@ -270,6 +306,11 @@ impl Endpoint {
     /// The notify channel, while the endpoint has one.
     pub fn notify_channel(&self) -> Option<Arc<NotifyChannel>> {
         self.notify.read().clone()
+    }
+
+    /// Whether the endpoint is READY and connected to exactly the peer QPs `qpns`.
+    pub fn connected_to(&self, qpns: &[u32]) -> bool {
+        self.state() == EpState::Ready && self.inner.lock().peer.as_ref().is_some_and(|p| p.qpns == qpns)
     }
 
     /// Whether the connected peer is a tent-rs engine (its bootstrap carried a nonce), which can
@@ -287,7 +328,7 @@ impl Endpoint {
     /// connected yet). `None` when notifications are disabled, the endpoint is retired, or the
     /// channel cannot be created.
     fn ensure_notify_channel(&self) -> Option<Arc<NotifyChannel>> {
-        if !self.cfg.notify || !self.state().is_live() {
+        if !self.cfg.notify || !self.state().is_live() || self.wire != PeerWire::Tent {
             return None;
         }
         let mut slot = self.notify.write();
@@ -359,6 +400,7 @@ impl Endpoint {
             mtu: Some(mtu),
             notify_upgrade: None,
             psn: Some(self.psn),
+            ready_ack: None,
         }
     }
 

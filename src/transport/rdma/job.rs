@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use super::Endpoint;
 use super::gpu::LocalKeys;
 use super::spray::{Charge, NicStats};
+use super::{Endpoint, PeerWire};
 use crate::base::qos::Ticket;
 use crate::base::task::Task;
 
@@ -42,6 +42,8 @@ pub struct Job {
     pub gpu: GpuSides,
     /// A job that moves one staged piece for a task: its slices never go to staging again.
     pub staged: bool,
+    /// The handshake the target's engine speaks (a classic Mooncake peer or a TENT one).
+    pub wire: PeerWire,
     pub deadline: Duration,
     /// The NUMA node of the local buffer (-1 unknown, or a host with one node).
     pub numa_node: i32,
@@ -78,6 +80,7 @@ impl Job {
             rkeys,
             gpu: GpuSides::default(),
             staged: false,
+            wire: PeerWire::Tent,
             deadline,
             numa_node: -1,
             allowed_nics: Vec::new(),

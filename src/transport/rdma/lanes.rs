@@ -191,6 +191,22 @@ impl LaneSet {
         self.inboxes.lock().clear();
     }
 
+    /// Hands `s` to lane `lane` (an endpoint with fewer QPs than lanes takes work only on the
+    /// lanes of its QPs); its job fails when the lanes are closed.
+    fn forward(&self, lane: usize, s: Slice) {
+        let inbox = self.inboxes.lock().get(lane).cloned();
+        let back = match inbox {
+            Some(inbox) => match inbox.send(LaneMsg::Submit(vec![s])) {
+                Ok(()) => return,
+                Err(mpsc::SendError(LaneMsg::Submit(back))) => back,
+            },
+            None => vec![s],
+        };
+        for s in back {
+            s.job.fail("rdma transport is shutting down".into());
+        }
+    }
+
     /// Hands the slices of each job, (offset, length) pairs, to the lanes: one message per
     /// lane for the whole call. A job whose slices cannot be handed over (the lanes are closed)
     /// fails.
@@ -227,6 +243,8 @@ impl LaneSet {
 pub struct Lane {
     id: usize,
     core: Arc<Core>,
+    /// Every lane's inbox, for work this lane has no QP for.
+    set: Arc<LaneSet>,
     rx: mpsc::Receiver<LaneMsg>,
     /// Slices waiting to be posted, one queue per priority level, HIGH posted first.
     pending: LevelQueues<Slice>,
@@ -241,13 +259,15 @@ pub struct Lane {
 }
 
 impl Lane {
-    /// A lane over the CQs of `core`'s contexts, showing its activity in `activity`.
-    pub fn new(id: usize, core: Arc<Core>, rx: mpsc::Receiver<LaneMsg>, activity: Arc<LaneActivity>) -> Lane {
+    /// Lane `id` of `set` over the CQs of `core`'s contexts, showing its activity in the set.
+    pub fn new(id: usize, core: Arc<Core>, rx: mpsc::Receiver<LaneMsg>, set: Arc<LaneSet>) -> Lane {
+        let activity = set.activity(id);
         let cqs = core.nics().contexts().live().filter_map(|(i, c)| c.cq(id).map(|cq| (i, cq))).collect();
         let qos = core.qos();
         Lane {
             id,
             core,
+            set,
             rx,
             pending: LevelQueues::new(qos),
             activity,
@@ -371,7 +391,7 @@ impl Lane {
             if !usable {
                 continue;
             }
-            if let Some(ep) = core.endpoint(local, &job.remote_keys[remote], &job.peer_rpc)? {
+            if let Some(ep) = core.endpoint(local, &job.remote_keys[remote], &job.peer_rpc, job.wire)? {
                 return Ok(Some((ep, remote)));
             }
         }
@@ -579,6 +599,13 @@ impl Lane {
     /// Posts one slice. `Err(Some)`: keep it pending; `Err(None)`: it was resolved or dropped.
     fn try_post(&mut self, s: Slice) -> Posting {
         let (s, ep, remote) = self.route(s)?;
+        let qps = ep.qp_count().max(1);
+        if self.id >= qps {
+            // An endpoint to a classic peer has fewer QPs than there are lanes: QP *i*
+            // completes on lane *i*'s CQ, so only that lane may post on it.
+            self.set.forward(self.id % qps, s);
+            return Err(None);
+        }
         if !self.ready_for(&ep, &s) {
             return Err(Some(s));
         }

@@ -57,7 +57,7 @@ pub mod staging;
 pub use context::{BufferRegistration, ContextLimits, ContextSet, ContextState, CqQuota, RdmaContext};
 pub use core::Core;
 pub use counters::Counters;
-pub use endpoint::{ConnectError, Endpoint, EpState};
+pub use endpoint::{ConnectError, Endpoint, EpState, PeerWire};
 pub use lanes::{decode_wr_id, encode_wr_id};
 pub use notify_index::NotifySink;
 pub use store::{EndpointStore, StoreKind};
@@ -77,6 +77,7 @@ use crate::base::request::{Permission, TransportKind};
 use crate::base::segment::SegmentDesc;
 use crate::base::task::Task;
 use crate::config::Settings;
+use crate::control::classic::desc::CLASSIC_RDMA_KEY;
 use crate::control::client::RpcClient;
 use crate::error::{Error, Result};
 use crate::transport::Transport;
@@ -204,7 +205,7 @@ impl RdmaTransport {
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| std::thread::Builder::new().name(name).spawn(f);
         let result = (|| -> std::io::Result<()> {
             for (i, rx) in receivers.into_iter().enumerate() {
-                let lane = Lane::new(i, core.clone(), rx, lanes.activity(i));
+                let lane = Lane::new(i, core.clone(), rx, lanes.clone());
                 threads.push(spawn(format!("tent-rdma-lane{i}"), Box::new(move || lane.run()))?);
             }
             if let Some(pool) = pools.first() {
@@ -413,9 +414,25 @@ impl RdmaTransport {
         }
     }
 
+    /// The handshake the engine of `target` speaks: a segment read from a classic Mooncake
+    /// descriptor is a classic peer's, whose endpoints take its QP count.
+    fn wire_of(&self, target: &SegmentDesc) -> PeerWire {
+        if target.detail_extra.contains_key(CLASSIC_RDMA_KEY) {
+            PeerWire::Classic(self.core.cfg().classic_qp_per_ep)
+        } else {
+            PeerWire::Tent
+        }
+    }
+
     /// Answers a bootstrap request (control-plane message 2).
     pub fn handle_bootstrap(&self, request: &[u8]) -> Vec<u8> {
         responder::answer_bootstrap(&self.core, request)
+    }
+
+    /// Answers a classic Mooncake engine's Connection handshake (JSON in, JSON out; see
+    /// [`responder::answer_classic`]).
+    pub fn handle_classic_bootstrap(&self, request: &[u8]) -> String {
+        responder::answer_classic(&self.core, request)
     }
 
     /// Where received notifications go.
@@ -442,7 +459,7 @@ impl RdmaTransport {
         let deadline = std::time::Instant::now() + Duration::from_secs(2);
         loop {
             let ep = core
-                .endpoint(local, &key, &target.rpc_server_addr)?
+                .endpoint(local, &key, &target.rpc_server_addr, self.wire_of(target))?
                 .ok_or_else(|| Error::Unavailable("no endpoint store".into()))?;
             if let Some(e) = ep.fatal_error() {
                 return Err(Error::Unavailable(e));
@@ -568,6 +585,7 @@ impl Transport for RdmaTransport {
             return Err(Error::Unavailable("rdma transport is shutting down".into()));
         }
         let block = self.core.cfg().block_size;
+        let wire = self.wire_of(target);
         let now = self.core.clock().now();
         let mut work = Vec::with_capacity(tasks.len());
         // Every target buffer's entry is asked for before any is read: their misses overlap.
@@ -601,6 +619,7 @@ impl Transport for RdmaTransport {
             let with_device = local.device.is_some() || remote_gpu.is_some();
             let mut job =
                 Job::new(task, target.rpc_server_addr.clone(), keys.clone(), (local.clone(), rkeys), deadline, 0);
+            job.wire = wire;
             let mut staged = None;
             if with_device {
                 job.gpu = GpuSides { local: local.device, remote: remote_gpu, peer_machine: target.machine_id.clone() };

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::context::{self, ContextSet, RdmaContext};
-use super::endpoint::Endpoint;
+use super::endpoint::{Endpoint, PeerWire};
 use super::spray::{self, NicStats};
 use super::store::{self, EndpointStore};
 use crate::config::{RdmaSection, TopologySection};
@@ -140,19 +140,20 @@ impl Nics {
         &self.numa_distances
     }
 
-    /// The endpoint of NIC `nic` towards peer NIC path `key`, created (HANDSHAKING, with a
-    /// notify QP when `with_notify` says so) when the store has none. `Ok(None)` when the NIC
-    /// has no context or store.
+    /// The endpoint of NIC `nic` towards peer NIC path `key`, created (HANDSHAKING, for a peer
+    /// of `wire`, with a notify QP when `with_notify` says so) when the store has none.
+    /// `Ok(None)` when the NIC has no context or store.
     pub fn endpoint(
         &self,
         nic: usize,
         key: &str,
         peer_rpc: &str,
+        wire: PeerWire,
         with_notify: impl FnOnce() -> bool,
     ) -> Result<Option<Arc<Endpoint>>> {
         let (Some(ctx), Some(store)) = (self.context(nic), self.store(nic)) else { return Ok(None) };
         let ep = store.get_or_insert(key, self.now(), || {
-            Endpoint::create(ctx, nic, key, &self.local_server, peer_rpc, &self.cfg, with_notify())
+            Endpoint::create(ctx, nic, key, &self.local_server, peer_rpc, &self.cfg, wire, with_notify())
         })?;
         Ok(Some(ep))
     }

@@ -6,16 +6,29 @@ use std::sync::atomic::Ordering;
 use super::bootstrap::{BootstrapDesc, BootstrapResult, split_nic_path};
 use super::context::ContextState;
 use super::core::Core;
-use super::endpoint::EpState;
+use super::endpoint::{EpState, PeerWire};
 
 /// Answers a bootstrap request (the passive side) on `core`'s NICs: finds the local NIC, gets
 /// or creates the endpoint for the sender's NIC path and lets it accept. A retired endpoint is
 /// taken out of the store so the peer's next bootstrap meets a fresh one.
 pub fn answer_bootstrap(core: &Core, bytes: &[u8]) -> Vec<u8> {
+    answer(core, bytes, false).to_bytes()
+}
+
+/// Answers a classic Mooncake engine's Connection handshake (its JSON in, ours out): as
+/// [`answer_bootstrap`], with an endpoint of as many QPs as the peer sent (a classic peer
+/// refuses any other count), and as upstream's passive side does: a connected endpoint that
+/// the peer replaced (it restarted) is replaced in the same handshake instead of refused, and
+/// a ready acknowledgement is answered. The reply carries upstream's fields only.
+pub fn answer_classic(core: &Core, bytes: &[u8]) -> String {
+    answer(core, bytes, true).to_classic_json()
+}
+
+fn answer(core: &Core, bytes: &[u8], classic: bool) -> BootstrapDesc {
     core.counters().bootstraps_served.fetch_add(1, Ordering::Relaxed);
     let refuse = |r: BootstrapResult, m: String| {
         tracing::debug!("refusing an RDMA bootstrap: {m}");
-        BootstrapDesc::refusal(r, m).to_bytes()
+        BootstrapDesc::refusal(r, m)
     };
     let req = match BootstrapDesc::parse(bytes) {
         Ok(r) => r,
@@ -46,12 +59,42 @@ pub fn answer_bootstrap(core: &Core, bytes: &[u8]) -> Vec<u8> {
         ContextState::Paused => return refuse(BootstrapResult::NoDevice, format!("Device is paused: {nic}")),
         _ => return refuse(BootstrapResult::NoDevice, format!("Device is down: {nic}")),
     }
-    for _ in 0..2 {
+    let wire = if classic {
+        if req.ready_ack == Some(true) {
+            // The acknowledgement a classic active side sends after its QPs are up, when we
+            // offered it. We never do (our QPs are up before we reply), but a peer that sends
+            // one anyway gets upstream's answer.
+            return match store.get(&req.local_nic_path) {
+                Some(ep) if ep.connected_to(&req.qp_num) => ep.local_desc(&req.local_nic_path),
+                Some(ep) if ep.state() == EpState::Ready => refuse(
+                    BootstrapResult::Error,
+                    "Received stale RDMA ready ACK with mismatched peer QP numbers".into(),
+                ),
+                _ => refuse(BootstrapResult::Error, "Received RDMA ready ACK for unconnected endpoint".into()),
+            };
+        }
+        let lanes = core.cfg().num_lanes;
+        if req.qp_num.is_empty() || req.qp_num.len() > lanes {
+            return refuse(
+                BootstrapResult::LaneMismatch,
+                format!(
+                    "QP count mismatch in peer and local endpoints: the classic peer {} has {} QPs per endpoint, \
+                     this engine at most {lanes} (transports/rdma/num_lanes)",
+                    req.local_nic_path,
+                    req.qp_num.len()
+                ),
+            );
+        }
+        PeerWire::Classic(req.qp_num.len())
+    } else {
+        PeerWire::Tent
+    };
+    for attempt in 0..2 {
         let now = core.clock().now();
         // Only an upstream peer's offer of a notify QP is taken at once (see
         // `Connector::offers_notify`).
         let upstream_offer = req.notify_qp_num != 0 && req.nonce.is_none();
-        let ep = match nics.endpoint(nic_id, &req.local_nic_path, "", || upstream_offer) {
+        let ep = match nics.endpoint(nic_id, &req.local_nic_path, "", wire, || upstream_offer) {
             Ok(Some(ep)) => {
                 core.notify().track(&ep);
                 ep
@@ -76,8 +119,14 @@ pub fn answer_bootstrap(core: &Core, bytes: &[u8]) -> Vec<u8> {
                 core.counters().retired_on_mismatch.fetch_add(1, Ordering::Relaxed);
             }
             store.remove(&ep, now);
+            if classic && attempt == 0 {
+                // A classic peer does not bootstrap again after "retired, retry": its own
+                // passive side replaces a stale endpoint in the same handshake, so this side
+                // does too, with a fresh endpoint of the peer's QP count.
+                continue;
+            }
         }
-        return reply.to_bytes();
+        return reply;
     }
     refuse(BootstrapResult::RetiredRetry, "endpoint is being replaced".into())
 }

@@ -599,6 +599,7 @@ impl Stager {
         );
         sub.gpu = gpu;
         sub.staged = true;
+        sub.wire = job.wire;
         sub.allowed_nics = job.allowed_nics.clone();
         self.lanes.launch(vec![(Arc::new(sub), slices)]);
         let mut end = sink.end.lock();
