@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """One side of a mixed pair for scripts/classic-tests.sh: run under either package that owns
 `mooncake.engine` (tent-rs's wheel, or upstream's classic wheel from PyPI), over P2PHANDSHAKE
-and TCP, as vLLM's connector drives it.
+and TCP (or RDMA), as vLLM's connector drives it.
 
   classic-peer.py target      registers a buffer filled with pattern 1, prints one JSON line
                               (session, address, length), then waits for a line on stdin and
@@ -11,9 +11,19 @@ and TCP, as vLLM's connector drives it.
                               in requests of several sizes (one at a time and in batches from
                               threads), reads it back, sends a notification and prints the
                               write and read rates of the batched 1 MiB blocks
+  classic-peer.py restart-initiator SESSION ADDR LEN
+                              writes and reads 1 MiB, prints "connected", then reads the
+                              address of the restarted target (same segment name, new process:
+                              new QPs, RPC port and buffer) from stdin, retries a read until
+                              it works (60 s at most), then runs the initiator's checks on it
+                              and prints the rates with the failed tries and the seconds the
+                              recovery took (scripts/classic-restart.sh)
 
 The metadata is P2PHANDSHAKE unless CLASSIC_METADATA names a central store (for example
-http://127.0.0.1:8080/metadata); then each side takes a segment name of its own.
+http://127.0.0.1:8080/metadata); then each side takes a segment name of its own (the target's
+is CLASSIC_NAME when set, so that a restarted target keeps it). The protocol
+is CLASSIC_PROTOCOL (tcp by default; rdma in the soft-RoCE guest, scripts/rxe-tests.sh), the
+target's buffer CLASSIC_LEN_MIB MiB (64 by default, at least 9).
 
 Exits non-zero, saying why, on any wrong byte or failed call."""
 import ctypes
@@ -27,7 +37,8 @@ import time
 
 from mooncake.engine import TransferEngine, TransferNotify, TransferOpcode
 
-LEN = 64 << 20
+LEN = int(os.environ.get("CLASSIC_LEN_MIB", "64")) << 20
+PROTOCOL = os.environ.get("CLASSIC_PROTOCOL", "tcp")
 NOTE = ("classic-peer-note", "written by the initiator")
 
 
@@ -43,16 +54,18 @@ def fail(why):
 METADATA = os.environ.get("CLASSIC_METADATA", "P2PHANDSHAKE")
 
 
-def engine():
+def engine(fixed=None):
     """An engine and its segment name: in P2P mode the host and the RPC port; with a central
-    store a name of its own (a free port number makes it unique)."""
+    store `fixed`, or a name of its own (a free port number makes it unique)."""
     e = TransferEngine()
     name = "127.0.0.1"
-    if METADATA != "P2PHANDSHAKE":
+    if METADATA != "P2PHANDSHAKE" and fixed:
+        name = fixed
+    elif METADATA != "P2PHANDSHAKE":
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             name = f"127.0.0.1:{s.getsockname()[1]}"
-    if e.initialize(name, METADATA, "tcp", "") != 0:
+    if e.initialize(name, METADATA, PROTOCOL, "") != 0:
         fail("initialize failed")
     if METADATA == "P2PHANDSHAKE":
         name = f"127.0.0.1:{e.get_rpc_port()}"
@@ -60,7 +73,7 @@ def engine():
 
 
 def target():
-    e, name = engine()
+    e, name = engine(os.environ.get("CLASSIC_NAME"))
     buf = ctypes.create_string_buffer(pattern(1, LEN), LEN)
     addr = ctypes.addressof(buf)
     if e.register_memory(addr, LEN) != 0:
@@ -82,6 +95,47 @@ def initiator(session, raddr, rlen):
     laddr = ctypes.addressof(local)
     if e.register_memory(laddr, rlen) != 0:
         fail("register_memory failed")
+    print(json.dumps(exercise(e, session, local, raddr, rlen)), flush=True)
+
+
+def restart_initiator(session, raddr, rlen):
+    e, _ = engine()
+    local = ctypes.create_string_buffer(rlen)
+    laddr = ctypes.addressof(local)
+    if e.register_memory(laddr, rlen) != 0:
+        fail("register_memory failed")
+    first = pattern(3, 1 << 20)
+    ctypes.memmove(laddr, first, 1 << 20)
+    if e.transfer_sync_write(session, laddr, raddr, 1 << 20) != 0:
+        fail("write before the restart failed")
+    if e.transfer_sync_read(session, laddr + (1 << 20), raddr, 1 << 20) != 0:
+        fail("read before the restart failed")
+    if local.raw[1 << 20:2 << 20] != first:
+        fail("the bytes before the restart read back wrong")
+    print("connected", flush=True)
+    raddr = int(sys.stdin.readline())
+    # The old endpoints point at QPs that are gone, the cached descriptor at the old process:
+    # the first tries may fail until the initiator finds out; none may hang.
+    start, failures = time.monotonic(), 0
+    while True:
+        t = time.monotonic()
+        if e.transfer_sync_read(session, laddr, raddr, 4096) == 0:
+            break
+        failures += 1
+        if time.monotonic() - t > 60:
+            fail("a read to the restarted target took over 60 s to fail")
+        if time.monotonic() - start > 60:
+            fail(f"the restarted target was not reached in 60 s ({failures} failed tries)")
+        time.sleep(0.2)
+    out = exercise(e, session, local, raddr, rlen)
+    out.update(failed_tries=failures, recovery_s=round(time.monotonic() - start, 2))
+    print(json.dumps(out), flush=True)
+
+
+def exercise(e, session, local, raddr, rlen):
+    """The initiator's checks against the target's buffer at `raddr` (see the module doc);
+    returns the rates."""
+    laddr = ctypes.addressof(local)
     # The whole buffer back in 4 MiB reads: pattern 1.
     for off in range(0, rlen, 4 << 20):
         if e.transfer_sync_read(session, laddr + off, raddr + off, 4 << 20) != 0:
@@ -135,12 +189,23 @@ def initiator(session, raddr, rlen):
     if e.transfer_sync_read(session, laddr, raddr, 4096) != 0 or local.raw[:4096] != want[:4096]:
         fail("the pair broke after a refused request")
     ctypes.memmove(laddr, want, 4096)
+    # Whether the refused write moved the bytes that fall inside the buffer: upstream's classic
+    # initiator does over RDMA (with its own engine as the target too), tent-rs's refuses the
+    # whole request before anything moves. Reported, then the tail is written again.
+    tail = rlen - 4096
+    if e.transfer_sync_read(session, laddr + tail, raddr + tail, 4096) != 0:
+        fail("reading the tail back failed")
+    refused_write_landed = local.raw[tail:] != want[tail:]
+    ctypes.memmove(laddr + tail, want[tail:], 4096)
+    if e.transfer_sync_write(session, laddr + tail, raddr + tail, 4096) != 0:
+        fail("writing the tail again failed")
     note = TransferNotify(NOTE[0], NOTE[1])
     if e.transfer_sync(session, laddr, raddr, 16, TransferOpcode.Write, note) != 0:
         fail("write with notification failed")
     if e.send_probe(session) != 0:
         fail("probe failed")
-    print(json.dumps({"write_gbps": round(rates["write"], 3), "read_gbps": round(rates["read"], 3)}), flush=True)
+    return {"write_gbps": round(rates["write"], 3), "read_gbps": round(rates["read"], 3),
+            "refused_write_landed": refused_write_landed}
 
 
 if __name__ == "__main__":
@@ -148,5 +213,7 @@ if __name__ == "__main__":
         target()
     elif sys.argv[1:2] == ["initiator"] and len(sys.argv) == 5:
         initiator(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    elif sys.argv[1:2] == ["restart-initiator"] and len(sys.argv) == 5:
+        restart_initiator(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     else:
         fail(__doc__)

@@ -4,7 +4,9 @@
 #   - the verbs conformance suite on the ibverbs provider (tests/verbs_conformance.rs),
 #   - the ibverbs provider's load checks (tests/verbs_ibverbs.rs),
 #   - the cross-process RDMA scenarios (tests/rdma_rxe.rs),
-#   - tent-bench between two processes with every byte checked, WRITE and READ.
+#   - tent-bench between two processes with every byte checked, WRITE and READ,
+#   - Python's mooncake.engine over RDMA, and the mixed pairs with upstream's classic wheel
+#     from PyPI (scripts/classic-pair.sh over RDMA, both directions, every byte checked).
 # TENT_REQUIRE_RDMA=1 in the guest turns a test that would skip for want of a device into a
 # failure. With --bench it also measures tent-bench against ib_write_bw / ib_read_bw in the
 # same guest run (not part of the test command: figures under emulation are in docs/measurements/rdma.md);
@@ -47,6 +49,13 @@ if [ -x "$py_venv/bin/python" ] && "$py_venv/bin/python" -c 'import mooncake.eng
         py_site=$("$py_venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')
     fi
 fi
+# Upstream's classic wheel (issue 52), as scripts/classic-tests.sh installed it, for the mixed
+# pairs over RDMA; the same Python runs it.
+classic_site=""
+classic_venv="${CARGO_TARGET_DIR:-$PWD/target}/classicvenv"
+if [ -n "$py_bin" ] && [ -x "$classic_venv/bin/python" ] && "$classic_venv/bin/python" -c 'import mooncake.engine' 2>/dev/null; then
+    classic_site=$("$classic_venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')
+fi
 # --- end of the Python part (the guest side is below) ---
 
 work="${TENT_RXE_DIR:-$PWD/target/rxe-guest}"
@@ -61,7 +70,7 @@ script="$work/tests.sh"
     echo "bin_dir='$bin_dir'"
     echo "bench_bin='$bench_bin'"
     printf 'tests=(%s)\n' "$(printf "'%s' " $tests)"
-    echo "py_bin='$py_bin' py_site='$py_site' repo='$PWD'"
+    echo "py_bin='$py_bin' py_site='$py_site' classic_site='$classic_site' repo='$PWD'"
     cat <<'EOF'
 failed=()
 ibv_devices | grep -q rxe0 || { echo "rxe0 is missing"; exit 1; }
@@ -90,6 +99,46 @@ if [ "$checks" = 1 ]; then
         fi
     else
         echo "=== mooncake.engine over RDMA: SKIPPED (no package from scripts/python-tests.sh, or no /usr/bin/python of its version)"
+    fi
+    # The classic engine's RDMA wire: upstream's wheel and tent-rs's in either role, every byte
+    # checked (scripts/classic-peer.py). Rates under TCG are printed, not judged.
+    if [ -n "$py_bin" ] && [ -n "$classic_site" ]; then
+        tent="env PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=$py_site $py_bin"
+        classic="env PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=$classic_site $py_bin"
+        for pair in "classic->classic|$classic|$classic" "tent-rs->tent-rs|$tent|$tent" \
+            "classic initiator->tent-rs target|$tent|$classic" "tent-rs initiator->classic target|$classic|$tent"; do
+            IFS='|' read -r name tpy ipy <<<"$pair"
+            echo "=== classic wire over RDMA: $name"
+            if CLASSIC_PROTOCOL=rdma CLASSIC_LEN_MIB=16 "$repo/scripts/classic-pair.sh" "rdma $name" "$tpy" "$ipy"; then
+                echo "=== classic wire over RDMA: $name passed"
+            else
+                echo "=== classic wire over RDMA: $name FAILED"
+                failed+=("classic-rdma $name")
+            fi
+        done
+        # A target restarted under a tent-rs initiator over RDMA: its endpoints point at QPs
+        # that are gone and its descriptor at the old process; it must reconnect and move
+        # every byte (scripts/classic-restart.sh), with upstream's HTTP metadata server.
+        $classic -m mooncake.http_metadata_server --host 127.0.0.1 --port 18990 --log-level WARNING \
+            >/tmp/http-meta.log 2>&1 &
+        meta=$!
+        for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/18990) 2>/dev/null && break; sleep 0.2; done
+        for pair in "classic|$classic" "tent-rs|$tent"; do
+            IFS='|' read -r name tpy <<<"$pair"
+            echo "=== classic wire over RDMA: $name target restarted under a tent-rs initiator"
+            # (With a central store upstream's engine listens on a LAN address unless told one:
+            # the guest has only lo.)
+            if MC_TCP_BIND_ADDRESS=127.0.0.1 CLASSIC_METADATA=http://127.0.0.1:18990/metadata CLASSIC_PROTOCOL=rdma CLASSIC_LEN_MIB=16 \
+                "$repo/scripts/classic-restart.sh" "rdma tent-rs initiator->restarted $name target" "$tpy" "$tent"; then
+                echo "=== classic wire over RDMA: restarted $name target passed"
+            else
+                echo "=== classic wire over RDMA: restarted $name target FAILED"
+                failed+=("classic-rdma restart $name")
+            fi
+        done
+        kill "$meta" 2>/dev/null
+    else
+        echo "=== classic wire over RDMA: SKIPPED (no classic wheel from scripts/classic-tests.sh)"
     fi
 fi
 # --- end of the Python part ---
