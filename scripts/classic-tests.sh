@@ -10,7 +10,7 @@
 # compare with), then the mixed pairs both ways: a classic initiator with a tent-rs target, and a tent-rs initiator
 # (Python's `mooncake.engine`, which speaks the classic wire by default) with a classic target.
 # The rates are printed, not checked: they are for the record, not a pass condition. All of it
-# runs twice: over P2PHANDSHAKE, and over upstream's HTTP metadata server (from its wheel).
+# runs over P2PHANDSHAKE, over upstream's HTTP metadata server (from its wheel), and over etcd.
 # With UPSTREAM_MOONCAKE=<a source tree of upstream> it also runs upstream's own Python tests of
 # the pair, both ways (by hand: CI has no upstream source tree).
 set -euo pipefail
@@ -50,6 +50,18 @@ for _ in $(seq 100); do
     sleep 0.1
 done
 CLASSIC_METADATA="http://127.0.0.1:$meta_port/metadata" pairs http
+# And over etcd (the wheel has etcd, not Redis), as scripts/setup.sh installs it.
+etcd_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+etcd_peer=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+etcd --name classic-tests --data-dir "$scratch/etcd" --listen-client-urls "http://127.0.0.1:$etcd_port" \
+    --advertise-client-urls "http://127.0.0.1:$etcd_port" --listen-peer-urls "http://127.0.0.1:$etcd_peer" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer" --initial-cluster "classic-tests=http://127.0.0.1:$etcd_peer" \
+    >"$scratch/etcd.log" 2>&1 &
+for _ in $(seq 100); do
+    python3 -c 'import socket,sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 1)' "$etcd_port" 2>/dev/null && break
+    sleep 0.1
+done
+CLASSIC_METADATA="etcd://127.0.0.1:$etcd_port" CLASSIC_LEN_MIB=16 pairs etcd
 # A target restarted under a tent-rs initiator (a new process under the same name: new data
 # port, new buffer): the initiator reaches it again and moves every byte. (Upstream's classic
 # initiator keeps its cached descriptor and does not reach a restarted target of either kind
