@@ -232,6 +232,70 @@ fn eviction_at_capacity_one_and_failed_completions_leave_every_byte_intact() {
     std::mem::forget(src);
 }
 
+#[test]
+fn device_memory_reaches_classic_peers_by_gpudirect_both_ways() {
+    use common::device::{DevBuf, platform};
+    platform();
+    let f = fabric("classic_rdma_g");
+    let e = classic_engine("classic_rdma_g", &[("transports/shm/enable", "false")]);
+    let n = 3 << 20;
+    // The classic peer writes into our device memory and reads it back: our descriptor names
+    // the buffer by its GPU (`cuda:1`) with a key per NIC, and its priority matrix has it.
+    let dev = DevBuf::new(1, n, |_| 0);
+    dev.register(&e);
+    let peer = ClassicRdmaPeer::start(&f, 1, 2, peer_mem(n, pattern), PeerOptions::default());
+    peer.write(e.segment_name(), 0, dev.addr, n as u64).expect("classic WRITE into device memory");
+    assert!(dev.read() == peer.load(0, n), "the device buffer holds what the peer wrote");
+    peer.store(0, &vec![0u8; n]);
+    peer.read(e.segment_name(), 0, dev.addr, n as u64).expect("classic READ of device memory");
+    assert!(peer.load(0, n) == dev.read());
+    // The other way: our device memory to the classic peer's host memory, and back.
+    let src = DevBuf::new(0, n, |i| pattern(i) ^ 0x33);
+    src.register(&e);
+    let h = e.open_segment(&peer.name).expect("open");
+    let w = req(Opcode::Write, src.addr, h, peer.mem_addr(), n as u64);
+    assert_eq!(run(&e, &[w], T)[0].0, Status::Completed, "{:?}", e.task_error(0, 0));
+    assert!(peer.load(0, n) == src.read());
+    let back = DevBuf::new(1, n, |_| 0);
+    back.register(&e);
+    let r = req(Opcode::Read, back.addr, h, peer.mem_addr(), n as u64);
+    assert_eq!(run(&e, &[r], T)[0].0, Status::Completed);
+    assert!(back.read() == src.read());
+    let c = e.rdma().expect("rdma").core().counters().gpu_direct.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(c >= 2, "the engine's tasks took GPUDirect ({c})");
+}
+
+#[test]
+fn without_gpudirect_device_memory_is_staged_here_and_hidden_from_classic_peers() {
+    use common::device::{DevBuf, platform};
+    platform();
+    let f = fabric("classic_rdma_h");
+    // No NIC of this engine can register device memory.
+    let e = classic_engine(
+        "classic_rdma_h",
+        &[
+            ("transports/shm/enable", "false"),
+            ("transports/rdma/sim/peer_memory", "false"),
+            ("transports/rdma/sim/dmabuf", "false"),
+        ],
+    );
+    let n = 1 << 20;
+    let dev = DevBuf::new(0, n, pattern);
+    dev.register(&e);
+    let peer = ClassicRdmaPeer::start(&f, 1, 2, peer_mem(n, |_| 0), PeerOptions::default());
+    // A classic peer cannot reach it (no key to use): our descriptor leaves it out, and the
+    // peer's request fails before anything moves, instead of a remote access error.
+    let err = peer.write(e.segment_name(), 0, dev.addr, 4096).expect_err("no key for the device buffer");
+    assert!(err.starts_with("no buffer of"), "{err}");
+    // This engine's own requests stage it through host buffers and reach the peer over RDMA.
+    let h = e.open_segment(&peer.name).expect("open");
+    let w = req(Opcode::Write, dev.addr, h, peer.mem_addr(), n as u64);
+    assert_eq!(run(&e, &[w], T)[0].0, Status::Completed, "{:?}", e.task_error(0, 0));
+    assert!(peer.load(0, n) == dev.read());
+    let staged = e.rdma().expect("rdma").core().counters().gpu_staged_local.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(staged >= 1, "the write was staged on this side");
+}
+
 /// The classic RDMA peer of `common/classic_rdma_peer.rs` against itself on the simulated
 /// fabric: bytes both ways with and without the ready-ack step on either side, refusals on the
 /// Connection handshake, endpoints replaced after a restart, and the other handshake types. The
