@@ -18,6 +18,11 @@ and TCP (or RDMA), as vLLM's connector drives it.
                               it works (60 s at most), then runs the initiator's checks on it
                               and prints the rates with the failed tries and the seconds the
                               recovery took (scripts/classic-restart.sh)
+  classic-peer.py evict-initiator SESSION1 ADDR1 SESSION2 ADDR2 LEN
+                              alternates writes and reads of 1 MiB between two targets ten
+                              times (with one endpoint per NIC, MC_MAX_EP_PER_CTX=1, each
+                              switch evicts the other's endpoint), then runs the initiator's
+                              checks on both and prints their rates (scripts/classic-evict.sh)
 
 The metadata is P2PHANDSHAKE unless CLASSIC_METADATA names a central store (for example
 http://127.0.0.1:8080/metadata); then each side takes a segment name of its own (the target's
@@ -132,6 +137,34 @@ def restart_initiator(session, raddr, rlen):
     print(json.dumps(out), flush=True)
 
 
+def evict_initiator(s1, a1, s2, a2, rlen):
+    e, _ = engine()
+    local = ctypes.create_string_buffer(rlen)
+    laddr = ctypes.addressof(local)
+    if e.register_memory(laddr, rlen) != 0:
+        fail("register_memory failed")
+    targets = [(s1, a1), (s2, a2)]
+    for k in range(10):
+        session, raddr = targets[k % 2]
+        block = pattern(10 + k, 1 << 20)
+        ctypes.memmove(laddr, block, 1 << 20)
+        if e.transfer_sync_write(session, laddr, raddr + (1 << 20), 1 << 20) != 0:
+            fail(f"write {k} to {session} failed")
+        if e.transfer_sync_read(session, laddr + (1 << 20), raddr + (1 << 20), 1 << 20) != 0:
+            fail(f"read {k} from {session} failed")
+        if local.raw[1 << 20:2 << 20] != block:
+            fail(f"round {k}: {session} gave back other bytes")
+    # The targets' own pattern back where the rounds wrote, for the checks that follow.
+    ctypes.memmove(laddr, pattern(1, 2 << 20)[1 << 20:], 1 << 20)
+    for session, raddr in targets:
+        if e.transfer_sync_write(session, laddr, raddr + (1 << 20), 1 << 20) != 0:
+            fail(f"restoring {session} failed")
+    out = {}
+    for i, (session, raddr) in enumerate(targets):
+        out[f"target{i + 1}"] = exercise(e, session, local, raddr, rlen)
+    print(json.dumps(out), flush=True)
+
+
 def exercise(e, session, local, raddr, rlen):
     """The initiator's checks against the target's buffer at `raddr` (see the module doc);
     returns the rates."""
@@ -213,6 +246,8 @@ if __name__ == "__main__":
         target()
     elif sys.argv[1:2] == ["initiator"] and len(sys.argv) == 5:
         initiator(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    elif sys.argv[1:2] == ["evict-initiator"] and len(sys.argv) == 7:
+        evict_initiator(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))
     elif sys.argv[1:2] == ["restart-initiator"] and len(sys.argv) == 5:
         restart_initiator(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     else:

@@ -116,6 +116,22 @@ if [ "$checks" = 1 ]; then
                 failed+=("classic-rdma $name")
             fi
         done
+        # The seed's eviction across implementations: an initiator allowed one endpoint per
+        # NIC (MC_MAX_EP_PER_CTX=1) alternates between two targets, so each switch evicts the
+        # endpoint whose other end the other target still holds (scripts/classic-evict.sh).
+        for way in "classic|$classic|classic|$classic" "tent-rs|$tent|classic|$classic" \
+            "classic|$classic|tent-rs|$tent" "tent-rs|$tent|tent-rs|$tent"; do
+            IFS='|' read -r iname ipy tname tpy <<<"$way"
+            what="$iname initiator at endpoint capacity 1 between two $tname targets"
+            echo "=== classic wire over RDMA: $what"
+            if MC_MAX_EP_PER_CTX=1 CLASSIC_PROTOCOL=rdma CLASSIC_LEN_MIB=16 \
+                "$repo/scripts/classic-evict.sh" "rdma $what" "$tpy" "$tpy" "$ipy"; then
+                echo "=== classic wire over RDMA: $what passed"
+            else
+                echo "=== classic wire over RDMA: $what FAILED"
+                failed+=("classic-rdma evict $iname->$tname")
+            fi
+        done
         # A target restarted under a tent-rs initiator over RDMA: its endpoints point at QPs
         # that are gone and its descriptor at the old process; it must reconnect and move
         # every byte (scripts/classic-restart.sh), with upstream's HTTP metadata server.
