@@ -72,6 +72,7 @@ const LEGACY_ENV: &[(&str, &str)] = &[
     ("NCCL_IB_GID_INDEX", "transports/rdma/device/gid_index"),
     ("MC_MAX_CQE_PER_CTX", "transports/rdma/device/max_cqe"),
     ("MC_MAX_EP_PER_CTX", "transports/rdma/endpoint/endpoint_store_cap"),
+    ("MC_TCP_PROTO", "transports/tcp/classic_proto_version"),
     ("MC_NUM_QP_PER_EP", "transports/rdma/endpoint/qp_mul_factor"),
     ("MC_MAX_SGE", "transports/rdma/endpoint/max_sge"),
     ("MC_MAX_WR", "transports/rdma/endpoint/max_qp_wr"),

@@ -202,6 +202,12 @@ struct FakeClassic {
 }
 
 fn fake_classic(mem: &'static mut [u8]) -> FakeClassic {
+    fake_classic_speaking(mem, true)
+}
+
+/// A fake classic target that advertises the acknowledged framing (version 2) and checks that
+/// requests come in it (`v2`) or in the old one.
+fn fake_classic_speaking(mem: &'static mut [u8], v2: bool) -> FakeClassic {
     use std::net::TcpListener;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex};
@@ -254,11 +260,13 @@ fn fake_classic(mem: &'static mut [u8]) -> FakeClassic {
                 while s.read_exact(&mut h).is_ok() {
                     let size = u64::from_le_bytes(h[..8].try_into().expect("8"));
                     let addr = u64::from_le_bytes(h[8..16].try_into().expect("8"));
-                    assert_eq!(h[16] & 0x80, 0x80, "a tent-rs initiator speaks v2 to a v2 target");
+                    assert_eq!(h[16] & 0x80 != 0, v2, "the framing the initiator was told to speak");
                     let ok = size > 0 && addr >= base && addr + size <= base + len;
                     let status = |code: u64| ((0x4D43_5456u64 << 32) | code).to_le_bytes();
                     if !ok {
-                        let _ = s.write_all(&status(1));
+                        if v2 {
+                            let _ = s.write_all(&status(1));
+                        }
                         return;
                     }
                     // SAFETY: the range lies inside `mem`, which lives for the whole test.
@@ -269,9 +277,13 @@ fn fake_classic(mem: &'static mut [u8]) -> FakeClassic {
                         if s.read_exact(at).is_err() {
                             return;
                         }
-                        let _ = s.write_all(&status(0));
+                        if v2 {
+                            let _ = s.write_all(&status(0));
+                        }
                     } else {
-                        let _ = s.write_all(&status(0));
+                        if v2 {
+                            let _ = s.write_all(&status(0));
+                        }
                         let _ = s.write_all(at);
                     }
                 }
@@ -316,6 +328,27 @@ fn a_classic_api_engine_moves_bytes_to_a_classic_target_and_notifies_it() {
     assert_eq!(fake.notes.lock().expect("notes").as_slice(), ["{\"name\":\"n1\",\"notify_msg\":\"m1\"}\n"]);
     e.probe(h).expect("probe");
     assert_eq!(fake.probes.load(std::sync::atomic::Ordering::SeqCst), 1);
+    std::mem::forget((src, back));
+}
+
+#[test]
+fn mc_tcp_proto_1_makes_the_initiator_speak_the_old_framing() {
+    use tent::base::request::{Opcode, Status};
+    let remote: &'static mut [u8] = Box::leak(vec![0u8; 1 << 20].into_boxed_slice());
+    let (rbase, rptr) = (remote.as_ptr() as u64, remote.as_ptr() as usize);
+    // The target advertises version 2; the key (`MC_TCP_PROTO`'s) keeps this side on 1.
+    let fake = fake_classic_speaking(remote, false);
+    let e = engine(&[("wire_protocol", "classic"), ("transports/tcp/classic_proto_version", "1")]);
+    let src = buffer(&e, 1 << 20, |i| (i % 249) as u8, Permission::GlobalReadWrite);
+    let back = buffer(&e, 1 << 20, |_| 0, Permission::GlobalReadWrite);
+    let h = e.open_segment(&fake.name).expect("open the classic segment");
+    let w = common::engines::req(Opcode::Write, src.as_ptr() as u64, h, rbase, 1 << 20);
+    assert_eq!(common::engines::run(&e, &[w], T)[0].0, Status::Completed);
+    let r = common::engines::req(Opcode::Read, back.as_ptr() as u64, h, rbase, 1 << 20);
+    assert_eq!(common::engines::run(&e, &[r], T)[0].0, Status::Completed);
+    // SAFETY: the fake target's memory lives for the whole test; its writers are done.
+    let seen = unsafe { std::slice::from_raw_parts(rptr as *const u8, 1 << 20) };
+    assert!(seen == &src[..] && back == src);
     std::mem::forget((src, back));
 }
 

@@ -125,6 +125,10 @@ pub struct TcpSection {
     pub fail_every_nth_chunk: u64,
     /// Fault injection for tests (`fault/refuse_submit`): submit itself fails.
     pub refuse_submit: bool,
+    /// `classic_proto_version`: the newest classic TCP data framing this engine's initiator
+    /// speaks to classic peers (2, acknowledged; 1 forces the old unacknowledged framing even
+    /// to a peer that advertises 2, as upstream's `MC_TCP_PROTO=1` does).
+    pub classic_proto: u32,
 }
 
 /// `transports/shm/*`.
@@ -464,6 +468,7 @@ fn tcp(r: &mut Reader) -> TcpSection {
         chunk_size: r.uint("transports/tcp/chunk_size", 4 << 20, 4096, 1 << 30),
         fail_every_nth_chunk: r.uint("transports/tcp/fault/fail_every_nth_chunk", 0, 0, u64::MAX),
         refuse_submit: r.bool("transports/tcp/fault/refuse_submit", false),
+        classic_proto: r.uint("transports/tcp/classic_proto_version", 2, 1, 2) as u32,
     }
 }
 

@@ -22,13 +22,17 @@ const MAX_IDLE: usize = 8;
 pub struct ClassicPeer {
     tcp: ClassicTcp,
     timeout: Duration,
+    /// The newest framing this side speaks (1 forces the old one, as `MC_TCP_PROTO=1`).
+    max_proto: u32,
     idle: Mutex<Vec<TcpStream>>,
 }
 
 impl ClassicPeer {
-    /// A peer whose data listener is `tcp`; each read and write is bounded by `timeout`.
-    pub fn new(tcp: ClassicTcp, timeout: Duration) -> ClassicPeer {
-        ClassicPeer { tcp, timeout, idle: Mutex::new(Vec::new()) }
+    /// A peer whose data listener is `tcp`; each read and write is bounded by `timeout`;
+    /// requests take the acknowledged framing when the peer advertises it and `max_proto`
+    /// allows it.
+    pub fn new(tcp: ClassicTcp, timeout: Duration, max_proto: u32) -> ClassicPeer {
+        ClassicPeer { tcp, timeout, max_proto, idle: Mutex::new(Vec::new()) }
     }
 
     fn connect(&self) -> Result<TcpStream> {
@@ -57,7 +61,7 @@ impl ClassicPeer {
             Some(s) => s,
             None => self.connect()?,
         };
-        let v2 = self.tcp.proto >= 2;
+        let v2 = self.tcp.proto >= 2 && self.max_proto >= 2;
         let op = if write { OP_WRITE } else { OP_READ };
         let h = Header { size: local.len as u64, addr: remote, opcode: op | if v2 { V2_FLAG } else { 0 } };
         let broken = |e: std::io::Error| {

@@ -77,6 +77,8 @@ pub struct TcpTransport {
     classic_peers: Mutex<HashMap<ClassicTcp, Arc<ClassicPeer>>>,
     /// Bound on each read and write of a classic data connection.
     classic_timeout: Duration,
+    /// The newest classic data framing to speak (`classic_proto_version`).
+    classic_proto: u32,
 }
 
 impl TcpTransport {
@@ -109,6 +111,7 @@ impl TcpTransport {
             staged: Mutex::new(Staged::default()),
             classic_peers: Mutex::new(HashMap::new()),
             classic_timeout: settings.rpc.request_timeout,
+            classic_proto: settings.tcp.classic_proto,
         })
     }
 
@@ -129,8 +132,10 @@ impl TcpTransport {
         let tcp: ClassicTcp = serde_json::from_value(v.clone())
             .map_err(|e| Error::Metadata(format!("segment {}: bad {CLASSIC_TCP_KEY}: {e}", target.name)))?;
         let mut peers = self.classic_peers.lock();
-        let peer =
-            peers.entry(tcp.clone()).or_insert_with(|| Arc::new(ClassicPeer::new(tcp, self.classic_timeout))).clone();
+        let peer = peers
+            .entry(tcp.clone())
+            .or_insert_with(|| Arc::new(ClassicPeer::new(tcp, self.classic_timeout, self.classic_proto)))
+            .clone();
         Ok(Some(peer))
     }
 
