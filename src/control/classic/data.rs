@@ -163,21 +163,26 @@ impl Drop for ClassicDataServer {
 /// Serves requests on one connection until the client closes it (Ok) or a request fails.
 fn serve_connection(s: &TcpStream, handler: &dyn RpcHandler, timeout: Duration) -> io::Result<()> {
     s.set_write_timeout(Some(timeout))?;
+    s.set_read_timeout(Some(timeout))?;
     s.set_nodelay(true)?;
     let mut r = s;
     loop {
         let mut hb = [0u8; HEADER_LEN];
         // Between requests a pooled connection may stay idle as long as its client likes (the
-        // server's `stop` shuts it down); a clean close there ends it without an error. Once a
-        // request has started, each read is bounded.
-        s.set_read_timeout(None)?;
-        match r.read(&mut hb[..1])? {
-            0 => return Ok(()),
-            _ => {
-                s.set_read_timeout(Some(timeout))?;
-                r.read_exact(&mut hb[1..])?
+        // server's `stop` shuts it down): a timeout before the first byte of a header only
+        // means that, and a clean close there ends it without an error. Once a request has
+        // started, each read is bounded. (The timeout stays set: changing it around every
+        // request cost two system calls each.)
+        let got = loop {
+            match r.read(&mut hb) {
+                Ok(0) => return Ok(()),
+                Ok(n) => break n,
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => continue,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
             }
-        }
+        };
+        r.read_exact(&mut hb[got..])?;
         let h = Header::decode(&hb);
         let outcome = if h.size == 0 {
             Err(Refusal::NotRegistered)
@@ -213,7 +218,7 @@ fn receive(s: &TcpStream, handler: &dyn RpcHandler, h: Header) -> std::result::R
         }
         // SAFETY: with_memory checked that [dst, dst+len) is registered and writable by peers,
         // and keeps it registered while this closure runs.
-        (&*s).read_exact(unsafe { std::slice::from_raw_parts_mut(dst, len) })
+        unsafe { crate::control::rawio::read_all_waiting_raw(s, dst, len) }
     })?;
     Ok(copied.and_then(|()| if h.v2() { (&*s).write_all(&status_frame(STATUS_OK)) } else { Ok(()) }))
 }
