@@ -10,7 +10,8 @@
 # compare with), then the mixed pairs both ways: a classic initiator with a tent-rs target, and a tent-rs initiator
 # (Python's `mooncake.engine`, which speaks the classic wire by default) with a classic target.
 # The rates are printed, not checked: they are for the record, not a pass condition. All of it
-# runs over P2PHANDSHAKE, over upstream's HTTP metadata server (from its wheel), and over etcd.
+# runs over P2PHANDSHAKE, over upstream's HTTP metadata server (from its wheel), over the one
+# built into Mooncake Store's master (from the same wheel), and over etcd.
 # With UPSTREAM_MOONCAKE=<a source tree of upstream> it also runs upstream's own Python tests of
 # the pair, both ways (by hand: CI has no upstream source tree).
 set -euo pipefail
@@ -50,6 +51,17 @@ for _ in $(seq 100); do
     sleep 0.1
 done
 CLASSIC_METADATA="http://127.0.0.1:$meta_port/metadata" pairs http
+# The same over the HTTP metadata server built into Mooncake Store's master (its wheel's).
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+master_http=$(free_port)
+"$classic_venv/bin/mooncake_master" --enable_http_metadata_server=true --http_metadata_server_host=127.0.0.1 \
+    --http_metadata_server_port="$master_http" --rpc_port="$(free_port)" --metrics_port="$(free_port)" \
+    --metrics_host=127.0.0.1 >"$scratch/master.log" 2>&1 &
+for _ in $(seq 100); do
+    python3 -c 'import socket,sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 1)' "$master_http" 2>/dev/null && break
+    sleep 0.1
+done
+CLASSIC_METADATA="http://127.0.0.1:$master_http/metadata" CLASSIC_LEN_MIB=16 pairs master-http
 # And over etcd (the wheel has etcd, not Redis), as scripts/setup.sh installs it.
 etcd_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 etcd_peer=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
