@@ -94,21 +94,23 @@ def target():
     print("target: every byte and the notification arrived", flush=True)
 
 
+def registered(e, n):
+    """A zeroed local buffer of `n` bytes registered with `e`."""
+    local = ctypes.create_string_buffer(n)
+    if e.register_memory(ctypes.addressof(local), n) != 0:
+        fail("register_memory failed")
+    return local
+
+
 def initiator(session, raddr, rlen):
     e, _ = engine()
-    local = ctypes.create_string_buffer(rlen)
-    laddr = ctypes.addressof(local)
-    if e.register_memory(laddr, rlen) != 0:
-        fail("register_memory failed")
-    print(json.dumps(exercise(e, session, local, raddr, rlen)), flush=True)
+    print(json.dumps(exercise(e, session, registered(e, rlen), raddr, rlen)), flush=True)
 
 
 def restart_initiator(session, raddr, rlen):
     e, _ = engine()
-    local = ctypes.create_string_buffer(rlen)
+    local = registered(e, rlen)
     laddr = ctypes.addressof(local)
-    if e.register_memory(laddr, rlen) != 0:
-        fail("register_memory failed")
     first = pattern(3, 1 << 20)
     ctypes.memmove(laddr, first, 1 << 20)
     if e.transfer_sync_write(session, laddr, raddr, 1 << 20) != 0:
@@ -139,10 +141,8 @@ def restart_initiator(session, raddr, rlen):
 
 def evict_initiator(s1, a1, s2, a2, rlen):
     e, _ = engine()
-    local = ctypes.create_string_buffer(rlen)
+    local = registered(e, rlen)
     laddr = ctypes.addressof(local)
-    if e.register_memory(laddr, rlen) != 0:
-        fail("register_memory failed")
     targets = [(s1, a1), (s2, a2)]
     for k in range(10):
         session, raddr = targets[k % 2]

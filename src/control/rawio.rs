@@ -116,17 +116,8 @@ pub fn readable_now(fd: RawFd) -> usize {
 /// # Safety
 /// `[dst, dst+len)` must stay valid for writes for the whole call.
 pub unsafe fn read_exact_raw(s: &TcpStream, dst: *mut u8, len: usize) -> io::Result<()> {
-    let mut done = 0usize;
-    while done < len {
-        // SAFETY: the range is valid for writes by this function's contract; `done < len`.
-        let n = unsafe { libc::recv(s.as_raw_fd(), dst.add(done).cast(), len - done, 0) };
-        match n {
-            0 => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed the connection mid-transfer")),
-            n if n > 0 => done += n as usize,
-            _ => io_error()?,
-        }
-    }
-    Ok(())
+    // SAFETY: forwarded contract.
+    unsafe { recv_all(s, dst, len, 0) }
 }
 
 /// As [`read_exact_raw`], with `MSG_WAITALL`: the kernel wakes the thread once the whole range
@@ -136,10 +127,19 @@ pub unsafe fn read_exact_raw(s: &TcpStream, dst: *mut u8, len: usize) -> io::Res
 /// # Safety
 /// `[dst, dst+len)` must stay valid for writes for the whole call.
 pub unsafe fn read_all_waiting_raw(s: &TcpStream, dst: *mut u8, len: usize) -> io::Result<()> {
+    // SAFETY: forwarded contract.
+    unsafe { recv_all(s, dst, len, libc::MSG_WAITALL) }
+}
+
+/// `recv` with `flags` until `[dst, dst+len)` is full.
+///
+/// # Safety
+/// `[dst, dst+len)` must stay valid for writes for the whole call.
+unsafe fn recv_all(s: &TcpStream, dst: *mut u8, len: usize, flags: libc::c_int) -> io::Result<()> {
     let mut done = 0usize;
     while done < len {
         // SAFETY: the range is valid for writes by this function's contract; `done < len`.
-        let n = unsafe { libc::recv(s.as_raw_fd(), dst.add(done).cast(), len - done, libc::MSG_WAITALL) };
+        let n = unsafe { libc::recv(s.as_raw_fd(), dst.add(done).cast(), len - done, flags) };
         match n {
             0 => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed the connection mid-transfer")),
             n if n > 0 => done += n as usize,
