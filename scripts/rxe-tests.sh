@@ -5,8 +5,10 @@
 #   - the ibverbs provider's load checks (tests/verbs_ibverbs.rs),
 #   - the cross-process RDMA scenarios (tests/rdma_rxe.rs),
 #   - tent-bench between two processes with every byte checked, WRITE and READ,
-#   - Python's mooncake.engine over RDMA, and the mixed pairs with upstream's classic wheel
-#     from PyPI (scripts/classic-pair.sh over RDMA, both directions, every byte checked).
+#   - Python's mooncake.engine over RDMA, and upstream's classic wheel from PyPI with tent-rs
+#     over RDMA, every byte checked: the mixed pairs both ways (scripts/classic-pair.sh), an
+#     initiator at endpoint capacity 1 between two targets (scripts/classic-evict.sh), and a
+#     target restarted under a tent-rs initiator (scripts/classic-restart.sh).
 # TENT_REQUIRE_RDMA=1 in the guest turns a test that would skip for want of a device into a
 # failure. With --bench it also measures tent-bench against ib_write_bw / ib_read_bw in the
 # same guest run (not part of the test command: figures under emulation are in docs/measurements/rdma.md);
