@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::classic_rdma_peer::{ClassicRdmaPeer, PeerOptions};
-use common::engines::{buffer, req, run};
+use common::engines::{buffer, req};
 use common::sim::rdma_engine;
 use tent::base::request::{Opcode, Permission, Status};
 use tent::engine::Engine;
@@ -46,6 +46,19 @@ fn pattern(i: usize) -> u8 {
     (i % 251) as u8
 }
 
+/// Submits `reqs` in a batch of their own, waits (bounded) until every task ended and returns
+/// each task's status with the reason it gave (empty when none).
+fn run(e: &Engine, reqs: &[tent::base::request::Request]) -> Vec<(Status, String)> {
+    let b = e.allocate_batch(reqs.len()).expect("batch");
+    // SAFETY: the requests name buffers the calling test holds across this call, which returns
+    // only once every task ended.
+    unsafe { e.submit(b, reqs, None) }.expect("submit");
+    let st = common::engines::wait(e, b, T);
+    let out = (0..st.len()).map(|i| (st[i].0, e.task_error(b, i).ok().flatten().unwrap_or_default())).collect();
+    e.free_batch(b).expect("free");
+    out
+}
+
 /// The transfers of the byte checks: one byte, one slice, several slices with an odd tail.
 const SIZES: [(u64, u64); 3] = [(0, 1), (4096, 65536), (1 << 20, (3 << 20) + 5)];
 
@@ -61,14 +74,15 @@ fn a_classic_api_engine_writes_and_reads_a_classic_rdma_peer() {
     let base = peer.mem_addr();
     let writes: Vec<_> =
         SIZES.iter().map(|&(o, l)| req(Opcode::Write, src.as_ptr() as u64 + o, h, base + o, l)).collect();
-    for (i, (s, _)) in run(&e, &writes, T).into_iter().enumerate() {
-        assert_eq!(s, Status::Completed, "WRITE {i}: {:?}", e.task_error(0, i));
+    for (i, (s, why)) in run(&e, &writes).into_iter().enumerate() {
+        assert_eq!(s, Status::Completed, "WRITE {i}: {why}");
     }
     for &(o, l) in &SIZES {
         assert!(peer.load(o, l as usize) == src[o as usize..(o + l) as usize], "WRITE at {o} of {l} landed intact");
     }
     let read = req(Opcode::Read, back.as_ptr() as u64, h, base, 8 << 20);
-    assert_eq!(run(&e, &[read], T)[0].0, Status::Completed);
+    let (st, why) = run(&e, &[read]).remove(0);
+    assert_eq!(st, Status::Completed, "{why}");
     assert!(back[..] == peer.load(0, 8 << 20)[..], "READ of the whole peer buffer");
     // The handshakes the peer saw: upstream's fields, its QP count, no ready-ack offer (our QPs
     // are up before we reply, so the peer need not wait for one).
@@ -139,12 +153,8 @@ fn a_qp_count_the_other_side_cannot_take_is_refused_with_a_reason_both_ways() {
     let src = buffer(&e, 1 << 20, pattern, Permission::GlobalReadWrite);
     let h = e.open_segment(&peer.name).expect("open");
     let w = req(Opcode::Write, src.as_ptr() as u64, h, peer.mem_addr(), 4096);
-    let b = e.allocate_batch(1).expect("batch");
-    // SAFETY: `src` outlives the batch, which is waited for below.
-    unsafe { e.submit(b, &[w], None) }.expect("submit");
-    let st = common::engines::wait(&e, b, T);
-    assert_eq!(st[0].0, Status::Failed);
-    let why = e.task_error(b, 0).expect("task").unwrap_or_default();
+    let (st, why) = run(&e, &[w]).remove(0);
+    assert_eq!(st, Status::Failed);
     assert!(why.contains("QP count mismatch"), "{why}");
     assert!(peer.records().refusals.iter().any(|r| r.starts_with("QP count mismatch")));
     // With the count the peer takes (`MC_NUM_QP_PER_EP`'s key), it works.
@@ -159,7 +169,8 @@ fn a_qp_count_the_other_side_cannot_take_is_refused_with_a_reason_both_ways() {
     let src3 = buffer(&e3, 1 << 20, pattern, Permission::GlobalReadWrite);
     let h3 = e3.open_segment(&peer.name).expect("open");
     let w3 = req(Opcode::Write, src3.as_ptr() as u64, h3, peer.mem_addr(), 1 << 20);
-    assert_eq!(run(&e3, &[w3], T)[0].0, Status::Completed);
+    let (st, why) = run(&e3, &[w3]).remove(0);
+    assert_eq!(st, Status::Completed, "{why}");
     assert!(peer.load(0, 1 << 20) == src3);
     std::mem::forget((target, src, src3));
 }
@@ -172,13 +183,14 @@ fn a_classic_peer_restarted_with_new_qps_is_reconnected_in_both_roles() {
     let src = buffer(&e, 1 << 20, pattern, Permission::GlobalReadWrite);
     let h = e.open_segment(&peer.name).expect("open");
     let write = |len: u64| req(Opcode::Write, src.as_ptr() as u64, h, peer.mem_addr(), len);
-    assert_eq!(run(&e, &[write(1 << 20)], T)[0].0, Status::Completed);
+    let (st, why) = run(&e, &[write(1 << 20)]).remove(0);
+    assert_eq!(st, Status::Completed, "{why}");
     // The peer's QPs are gone: our connected endpoint's next requests fail on the wire, the
     // endpoint is retired and a new one connects; the task completes.
     peer.restart_endpoints();
     peer.store(0, &vec![0u8; 1 << 20]);
-    let st = run(&e, &[write(1 << 20)], T);
-    assert_eq!(st[0].0, Status::Completed, "{:?}", e.task_error(0, 0));
+    let (st, why) = run(&e, &[write(1 << 20)]).remove(0);
+    assert_eq!(st, Status::Completed, "{why}");
     assert!(peer.load(0, 1 << 20) == src, "bytes intact after the reconnection");
     // Now the peer connects to us with new QPs again: our endpoint for its NIC, connected to
     // the old ones, is replaced in that same handshake, as upstream's passive side does.
@@ -214,8 +226,8 @@ fn eviction_at_capacity_one_and_failed_completions_leave_every_byte_intact() {
         let (p, h) = (&peers[round % 2], hs[round % 2]);
         let len = 65536 * (round as u64 + 1);
         let w = req(Opcode::Write, src.as_ptr() as u64, h, p.mem_addr() + 4096, len);
-        let st = run(&e, &[w], T);
-        assert_eq!(st[0].0, Status::Completed, "round {round}: {:?}", e.task_error(0, 0));
+        let (st, why) = run(&e, &[w]).remove(0);
+        assert_eq!(st, Status::Completed, "round {round}: {why}");
         assert!(p.load(4096, len as usize) == src[..len as usize], "round {round}");
     }
     for p in &peers {
@@ -254,12 +266,14 @@ fn device_memory_reaches_classic_peers_by_gpudirect_both_ways() {
     src.register(&e);
     let h = e.open_segment(&peer.name).expect("open");
     let w = req(Opcode::Write, src.addr, h, peer.mem_addr(), n as u64);
-    assert_eq!(run(&e, &[w], T)[0].0, Status::Completed, "{:?}", e.task_error(0, 0));
+    let (st, why) = run(&e, &[w]).remove(0);
+    assert_eq!(st, Status::Completed, "{why}");
     assert!(peer.load(0, n) == src.read());
     let back = DevBuf::new(1, n, |_| 0);
     back.register(&e);
     let r = req(Opcode::Read, back.addr, h, peer.mem_addr(), n as u64);
-    assert_eq!(run(&e, &[r], T)[0].0, Status::Completed);
+    let (st, why) = run(&e, &[r]).remove(0);
+    assert_eq!(st, Status::Completed, "{why}");
     assert!(back.read() == src.read());
     let c = e.rdma().expect("rdma").core().counters().gpu_direct.load(std::sync::atomic::Ordering::Relaxed);
     assert!(c >= 2, "the engine's tasks took GPUDirect ({c})");
@@ -290,7 +304,8 @@ fn without_gpudirect_device_memory_is_staged_here_and_hidden_from_classic_peers(
     // This engine's own requests stage it through host buffers and reach the peer over RDMA.
     let h = e.open_segment(&peer.name).expect("open");
     let w = req(Opcode::Write, dev.addr, h, peer.mem_addr(), n as u64);
-    assert_eq!(run(&e, &[w], T)[0].0, Status::Completed, "{:?}", e.task_error(0, 0));
+    let (st, why) = run(&e, &[w]).remove(0);
+    assert_eq!(st, Status::Completed, "{why}");
     assert!(peer.load(0, n) == dev.read());
     let staged = e.rdma().expect("rdma").core().counters().gpu_staged_local.load(std::sync::atomic::Ordering::Relaxed);
     assert!(staged >= 1, "the write was staged on this side");

@@ -552,6 +552,12 @@ impl LocalSegment {
         self.version.fetch_add(1, Ordering::AcqRel);
     }
 
+    /// The RDMA devices the descriptor publishes (`name`, `lid`, `gid`; see
+    /// [`LocalSegment::set_devices`]).
+    pub fn devices(&self) -> Vec<Value> {
+        self.devices.read().clone()
+    }
+
     /// The descriptor JSON, made when asked after a change (never by registering) and then
     /// kept for as long as nothing changes. It is the text of [`LocalSegment::descriptor`]
     /// byte for byte, made by joining each buffer's entry (serialised once, at registration)

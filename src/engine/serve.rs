@@ -78,9 +78,20 @@ impl RpcHandler for ServerView {
                 rkey: b.rkey.clone(),
             })
             .collect();
-        let devices = self.rdma.as_ref().map_or_else(Vec::new, |t| {
-            t.links().into_iter().map(|l| ClassicDevice { gid: l.gid, lid: l.lid, name: l.device }).collect()
-        });
+        // The devices the TENT descriptor publishes, set once at start: asking the NICs again
+        // (`links`) would query every port for each classic descriptor made.
+        let field =
+            |d: &serde_json::Value, k: &str| d.get(k).and_then(serde_json::Value::as_str).unwrap_or("").to_string();
+        let devices = self
+            .local
+            .devices()
+            .iter()
+            .map(|d| ClassicDevice {
+                gid: field(d, "gid"),
+                lid: d.get("lid").and_then(serde_json::Value::as_u64).and_then(|l| u16::try_from(l).ok()).unwrap_or(0),
+                name: field(d, "name"),
+            })
+            .collect();
         Some(ClassicSegment { name: self.local.name.clone(), host, buffers, devices })
     }
 

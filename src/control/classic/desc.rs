@@ -119,21 +119,11 @@ impl ClassicDesc {
     /// The descriptor of `seg` with its TCP data listener at `port`: protocol `rdma` when the
     /// segment has RDMA devices, else `tcp`.
     pub fn of(seg: &ClassicSegment, port: u16) -> ClassicDesc {
-        let mut d = ClassicDesc::tcp(&seg.name, &seg.host, port, &[]);
         if seg.devices.is_empty() {
-            d.buffers = seg
-                .buffers
-                .iter()
-                .map(|b| ClassicBuffer {
-                    addr: b.addr,
-                    length: b.length,
-                    lkey: None,
-                    name: seg.name.clone(),
-                    rkey: None,
-                })
-                .collect();
-            return d;
+            let ranges: Vec<(u64, u64)> = seg.buffers.iter().map(|b| (b.addr, b.length)).collect();
+            return ClassicDesc::tcp(&seg.name, &seg.host, port, &ranges);
         }
+        let mut d = ClassicDesc::tcp(&seg.name, &seg.host, port, &[]);
         d.protocol = serde_json::Value::String("rdma".into());
         d.devices = seg.devices.clone();
         // A reader posts with the key of whichever device the matrix gives it, so a buffer
