@@ -12,7 +12,7 @@
 //! of device memory with two NICs.
 //!
 //! `cargo bench --bench gpu_rdma [-- --rounds N --lanes N --staging-threads N
-//! --staging-chunk-kib N]`. Under `cargo test` it runs once,
+//! --staging-chunk-kib N --only NAME]`. Under `cargo test` it runs once,
 //! tiny, as a smoke test.
 
 use std::sync::Arc;
@@ -121,19 +121,31 @@ struct Path {
 
 fn main() {
     let bench = std::env::args().any(|a| a == "--bench");
-    let rounds = arg("--rounds").unwrap_or(if bench { 5 } else { 1 }).max(1);
+    let rounds = arg("--rounds").unwrap_or(if bench { 41 } else { 1 }).max(1);
     let lanes = arg("--lanes").unwrap_or(2).max(1);
     let total: usize = if bench { 16 << 20 } else { 1 << 20 };
     let platform: &dyn Platform = sim::install(2);
     let fabric = SimFabric::new_realtime();
     fabric.register_as("gpu_bench");
-    let paths = [
-        Path { name: "host -> host", initiator: engine(lanes, true), target: engine(lanes, true), device: false },
-        Path { name: "GPUDirect", initiator: engine(lanes, true), target: engine(lanes, true), device: true },
-        Path { name: "staged here", initiator: engine(lanes, false), target: engine(lanes, true), device: true },
-        Path { name: "staged there", initiator: engine(lanes, true), target: engine(lanes, false), device: true },
-        Path { name: "staged both", initiator: engine(lanes, false), target: engine(lanes, false), device: true },
-    ];
+    // `--only NAME`: host -> host and the paths whose name holds NAME (for profiling one).
+    let only = std::env::args().skip_while(|a| a != "--only").nth(1);
+    let paths: Vec<Path> = [
+        ("host -> host", true, true, false),
+        ("GPUDirect", true, true, true),
+        ("staged here", false, true, true),
+        ("staged there", true, false, true),
+        ("staged both", false, false, true),
+    ]
+    .into_iter()
+    .enumerate()
+    .filter(|(k, (name, ..))| *k == 0 || only.as_ref().is_none_or(|o| name.contains(o.as_str())))
+    .map(|(_, (name, here, there, device))| Path {
+        name,
+        initiator: engine(lanes, here),
+        target: engine(lanes, there),
+        device,
+    })
+    .collect();
     let shapes = [(total >> 20, 1usize << 20), ((total >> 16).min(64), 64usize << 10)];
     let pattern: Vec<u8> = (0..total).map(|i| (i * 131 + (i >> 11)) as u8).collect();
     let mut keep = Vec::new();
@@ -181,7 +193,7 @@ fn main() {
     }
     // Registering 1 GiB of device memory with two NICs (a fresh range each time).
     let gib = if bench { 1usize << 30 } else { 64 << 20 };
-    let e = &paths[1].initiator;
+    let e = &engine(lanes, true);
     let mut reg = Vec::new();
     for _ in 0..rounds.min(3) {
         let addr = platform.allocate(0, gib).expect("device memory");

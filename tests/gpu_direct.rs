@@ -152,17 +152,84 @@ fn staging_stands_in_on_a_side_without_gpudirect() {
     assert!(local >= 2 && remote == 0 && both == 0, "{local} {remote} {both}");
     // The peer cannot: it lends staging buffers.
     let (f, a, b) = pair("gdr-stage-remote", &[]);
-    host(&b).set_peer_memory(false);
-    host(&b).set_dmabuf(false);
+    no_gpudirect(&b);
     let (local, remote, both) = round_trip(&f, &a, &b, (4 << 20) + 12345);
     assert!(local == 0 && remote >= 2 && both == 0, "{local} {remote} {both}");
-    // One buffer lent per piece (a release or a busy answer lends none).
-    let (lent, pieces) = (counter(&b, |c| &c.stage_leases), counter(&a, |c| &c.staged_pieces));
-    assert!(lent == pieces && lent > 0, "the peer lent {lent} buffers for {pieces} pieces");
+    // The peer copied every piece once, through buffers it lent and the borrower kept
+    // between pieces (a busy answer lends none).
+    let pieces = counter(&a, |c| &c.staged_pieces);
+    let (lent, served) = (counter(&b, |c| &c.stage_leases), counter(&b, |c| &c.stage_parts_served));
+    assert!(served == pieces && pieces > 0, "the peer copied {served} pieces of {pieces}");
+    assert!(lent > 0 && lent < pieces, "the peer lent {lent} buffers for {pieces} pieces");
     // Neither can.
     let (f, a, b) = pair("gdr-stage-both", &[("transports/rdma/disable_gpu_direct_rdma", "true")]);
     let (local, remote, both) = round_trip(&f, &a, &b, 1 << 20);
     assert!(local == 0 && remote == 0 && both >= 2, "{local} {remote} {both}");
+}
+
+/// Makes `e`'s NICs reach no device memory: it lends staging buffers for its own.
+fn no_gpudirect(e: &Engine) {
+    host(e).set_peer_memory(false);
+    host(e).set_dmabuf(false);
+}
+
+#[test]
+fn staged_pieces_share_the_peers_buffers_which_go_back_when_unused() {
+    let (f, a, b) = pair("gdr-stage-share", &[]);
+    no_gpudirect(&b);
+    // 48 requests of 40 KiB at a 64 KiB stride (never merged into one), WRITE then READ.
+    let (n, len, stride) = (48usize, 40usize << 10, 64usize << 10);
+    let src = DevBuf::new(0, n * stride, pattern);
+    let dst = DevBuf::new(1, n * stride, |_| 0);
+    let back = DevBuf::new(0, n * stride, |_| 0);
+    src.register(&a);
+    back.register(&a);
+    dst.register(&b);
+    let h = a.open_segment(b.segment_name()).expect("open");
+    let at = |i: usize| (i * stride) as u64;
+    let reqs = |op, local: u64| -> Vec<Request> {
+        (0..n).map(|i| req(op, local + at(i), h, dst.addr + at(i), len as u64)).collect()
+    };
+    let st = go(&f, &a, &reqs(Opcode::Write, src.addr));
+    assert!(completed(&st, &vec![len as u64; n]), "{st:?}");
+    let st = go(&f, &a, &reqs(Opcode::Read, back.addr));
+    assert!(completed(&st, &vec![len as u64; n]), "{st:?}");
+    let sent = src.read();
+    let expect: Vec<u8> = (0..n * stride).map(|i| if i % stride < len { sent[i] } else { 0 }).collect();
+    assert!(dst.read() == expect, "WRITE: each range landed, nothing between them");
+    assert!(back.read() == expect, "READ brought each range back, nothing between them");
+    // Each piece was copied by the peer once, through a few buffers it lent that `a` kept from
+    // group to group (one per staging thread at a time, again after a pause past the linger).
+    let pieces = counter(&a, |c| &c.staged_pieces);
+    let (lent, served) = (counter(&b, |c| &c.stage_leases), counter(&b, |c| &c.stage_parts_served));
+    assert_eq!(pieces, 2 * n as u64, "one piece per request");
+    assert_eq!(served, pieces, "the peer copied every piece once");
+    assert!(lent >= 1 && lent <= pieces / 2, "the peer lent {lent} buffers for {pieces} pieces");
+    // Unused, they go back to the peer.
+    until(&f, Duration::ZERO, || b.rdma().expect("rdma").staging_lent() == 0);
+}
+
+#[test]
+fn a_kept_staging_buffer_of_a_restarted_peer_is_replaced_by_a_fresh_one() {
+    // Buffers are kept for 10 minutes: the one `a` keeps outlives the peer's process.
+    let name = "gdr-stage-restart";
+    let linger = ("transports/rdma/staging/linger_ms", "600000");
+    let (f, a, b) = pair(name, &[linger]);
+    no_gpudirect(&b);
+    round_trip(&f, &a, &b, 1 << 20);
+    assert!(b.rdma().expect("rdma").staging_lent() > 0, "a keeps the buffers b lent");
+    let (b_name, port) = (b.segment_name().to_string(), b.rpc_port().to_string());
+    drop(b);
+    let b = rdma_engine(
+        name,
+        &[("transports/shm/enable", "false"), ("transports/rdma/sim/devices", "2"), linger, ("rpc_server_port", &port)],
+    );
+    assert_eq!(b.segment_name(), b_name, "same name after the restart");
+    no_gpudirect(&b);
+    // The new process knows nothing of the kept buffer: the group moves again on one it lends.
+    round_trip(&f, &a, &b, 1 << 20);
+    assert!(counter(&b, |c| &c.stage_leases) > 0, "the new process lent a buffer");
+    assert_eq!(counter(&b, |c| &c.stage_parts_served), 2 * 4, "and copied each piece of both transfers once");
 }
 
 /// `n` bytes of VMM memory on the simulated device in chunks of `chunk` bytes.

@@ -449,7 +449,7 @@ impl Transfers {
             "STATS now_ns={} nic_bytes={} boot_sent={} boot_served={} stale_retired={} root_errors={} retry_exceeded={} \
              flush_resubmits={} timeouts={} paused={} trips={} created={created} evicted={evicted} \
              reclaimed={reclaimed} probes={} fenced={} gpu_direct={} gpu_staged_local={} gpu_staged_remote={} \
-             gpu_staged_both={} staged_pieces={} stage_leases={}",
+             gpu_staged_both={} staged_pieces={} stage_leases={} stage_parts_served={}",
             unix_ns(),
             nic_bytes.join(","),
             load(&c.bootstraps_sent),
@@ -469,6 +469,7 @@ impl Transfers {
             load(&c.gpu_staged_both),
             load(&c.staged_pieces),
             load(&c.stage_leases),
+            load(&c.stage_parts_served),
         )
     }
 }

@@ -241,9 +241,12 @@ pub struct GpuDirectSection {
     pub staging_chunk: u64,
     /// `transports/rdma/staging/buffers`: staging buffers kept per transport (each side).
     pub staging_buffers: usize,
-    /// `transports/rdma/staging/threads`: staged pieces moving at once, so that the device copy
-    /// of one overlaps the RDMA of another.
+    /// `transports/rdma/staging/threads`: groups of staged pieces moving at once, so that the
+    /// device copy of one overlaps the RDMA of another.
     pub staging_threads: usize,
+    /// `transports/rdma/staging/linger_ms`: how long a staging buffer a peer lent is kept
+    /// unused, for the next pieces to that peer, before it is given back.
+    pub staging_linger: Duration,
 }
 
 /// `transports/rdma/*`.
@@ -663,6 +666,7 @@ fn gpu_direct(r: &mut Reader) -> GpuDirectSection {
         staging_chunk: r.uint("transports/rdma/staging/chunk_size", 1 << 20, 4096, 1 << 30),
         staging_buffers: r.uint("transports/rdma/staging/buffers", 16, 1, 4096) as usize,
         staging_threads: r.uint("transports/rdma/staging/threads", 4, 1, 64) as usize,
+        staging_linger: Duration::from_millis(r.uint("transports/rdma/staging/linger_ms", 20, 0, 3_600_000)),
     }
 }
 

@@ -71,7 +71,7 @@ pub struct Core {
     counters: Arc<Counters>,
     stopping: AtomicBool,
     /// Where pieces that need staging go (set once the staging threads run).
-    staging: parking_lot::Mutex<Option<StageQueue>>,
+    staging: parking_lot::Mutex<Option<Arc<StageQueue>>>,
 }
 
 impl Core {
@@ -181,16 +181,18 @@ impl Core {
     }
 
     /// Hands the staging threads their queue.
-    pub fn set_staging(&self, queue: StageQueue) {
+    pub fn set_staging(&self, queue: Arc<StageQueue>) {
         *self.staging.lock() = Some(queue);
     }
 
-    /// Queues `piece` for the staging threads; gives it back when they are gone.
-    pub fn stage(&self, piece: StagePiece) -> std::result::Result<(), StagePiece> {
-        match self.staging.lock().as_ref() {
-            Some(q) => q.send(piece).map_err(|e| e.0),
-            None => Err(piece),
-        }
+    /// Queues `pieces` together for the staging threads; when the threads are gone, their
+    /// jobs fail.
+    pub fn stage(&self, pieces: Vec<StagePiece>) {
+        let refused = match self.staging.lock().as_ref() {
+            Some(q) => q.push(pieces).err(),
+            None => Some(pieces),
+        };
+        refused.unwrap_or_default().iter().for_each(|p| p.job.fail("rdma transport is shutting down".into()));
     }
 
     /// The fences of retired endpoints' NIC pairs.
@@ -237,7 +239,9 @@ impl Core {
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::Release);
         self.connector.stop();
-        self.staging.lock().take();
+        if let Some(q) = self.staging.lock().take() {
+            q.close().iter().for_each(|p| p.job.fail("rdma transport is shutting down".into()));
+        }
     }
 
     /// Takes `ep` out of its store and retires it (its QPs flush).

@@ -33,6 +33,8 @@ pub struct Counters {
     pub gpu_staged_both: AtomicU64,
     /// Pieces moved through staging buffers (including slices that fell back to staging).
     pub staged_pieces: AtomicU64,
-    /// Staging buffers this engine lent to peers.
+    /// Staging buffers this engine lent to peers (each kept by its borrower for many pieces).
     pub stage_leases: AtomicU64,
+    /// Pieces this engine copied between its memory and the staging buffers it lent.
+    pub stage_parts_served: AtomicU64,
 }

@@ -301,8 +301,73 @@ pub struct StagePiece {
     pub len: u64,
 }
 
-/// Where pieces for staging go.
-pub type StageQueue = std::sync::mpsc::Sender<StagePiece>;
+/// Where pieces wait for the staging threads. A submission queues the pieces of all its
+/// tasks at once, so that a staging thread finds the pieces of a batch together and can move
+/// several in one group (see `stager.rs`).
+#[derive(Default)]
+pub struct StageQueue {
+    state: Mutex<QueueState>,
+    ready: parking_lot::Condvar,
+}
+
+#[derive(Default)]
+struct QueueState {
+    pieces: std::collections::VecDeque<StagePiece>,
+    closed: bool,
+}
+
+impl StageQueue {
+    /// Queues `pieces` together; gives them back when the queue is closed.
+    pub fn push(&self, pieces: Vec<StagePiece>) -> std::result::Result<(), Vec<StagePiece>> {
+        let mut st = self.state.lock();
+        if st.closed {
+            return Err(pieces);
+        }
+        st.pieces.extend(pieces);
+        self.ready.notify_all();
+        Ok(())
+    }
+
+    /// Waits up to `wait` for a piece, then takes it and the pieces right behind it that
+    /// `joins(first, next)` accepts, up to the first it refuses. `None` when no piece came in
+    /// time or the queue is closed.
+    pub fn take_group(
+        &self,
+        wait: Duration,
+        mut joins: impl FnMut(&StagePiece, &StagePiece) -> bool,
+    ) -> Option<Vec<StagePiece>> {
+        let mut st = self.state.lock();
+        if st.pieces.is_empty() && !st.closed {
+            self.ready.wait_for(&mut st, wait);
+        }
+        if st.closed {
+            return None;
+        }
+        let first = st.pieces.pop_front()?;
+        let mut group = Vec::new();
+        while let Some(next) = st.pieces.front() {
+            if !joins(&first, next) {
+                break;
+            }
+            group.extend(st.pieces.pop_front());
+        }
+        group.insert(0, first);
+        Some(group)
+    }
+
+    /// Refuses later pieces and hands back the ones still queued.
+    pub fn close(&self) -> Vec<StagePiece> {
+        let mut st = self.state.lock();
+        st.closed = true;
+        self.ready.notify_all();
+        st.pieces.drain(..).collect()
+    }
+
+    /// Whether the queue was closed.
+    pub fn is_closed(&self) -> bool {
+        self.state.lock().closed
+    }
+}
 
 /// The slices of `[0, len)` of a request whose local side starts at `source`: `block` bytes
 /// each, cut also where the local buffer's pieces end (`cuts`, absolute addresses), so that a

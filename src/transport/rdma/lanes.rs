@@ -679,10 +679,7 @@ impl Lane {
                     (ep, r)
                 }
                 Err(Error::NoTransport(why)) if why == STAGE_INSTEAD => {
-                    let piece = StagePiece { job: s.job.clone(), offset: s.offset, len: u64::from(s.len) };
-                    if let Err(p) = core.stage(piece) {
-                        p.job.fail("rdma transport is shutting down".into());
-                    }
+                    core.stage(vec![StagePiece { job: s.job.clone(), offset: s.offset, len: u64::from(s.len) }]);
                     return Err(None);
                 }
                 Err(e) => {
