@@ -8,8 +8,8 @@
 //! * staged on both sides: the peer lends staging buffers too;
 //!
 //! each as WRITE and READ of 16 MiB in 1 MiB requests and of 64 x 64 KiB (one batch each),
-//! as GB/s and as a ratio to host -> host in the same round; then the time to register 1 GiB
-//! of device memory with two NICs.
+//! as GB/s and as a ratio to host -> host in the same round; then how many cores each path
+//! kept busy, and the time to register 1 GiB of device memory with two NICs.
 //!
 //! `cargo bench --bench gpu_rdma [-- --rounds N --lanes N --staging-threads N
 //! --staging-chunk-kib N --only NAME]`. Under `cargo test` it runs once,
@@ -65,9 +65,17 @@ fn buffer(e: &Engine, len: usize, device: Option<u32>, keep: &mut Vec<Vec<u8>>) 
     addr
 }
 
+/// The CPU time this process has used, in seconds (all its threads).
+fn cpu_seconds() -> f64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: fills the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
+    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
+}
+
 /// Moves `n` requests of `len` bytes each (one batch) between `local` and `remote` and returns
-/// the seconds it took.
-fn pass(e: &Engine, h: u64, op: Opcode, local: u64, remote: u64, n: usize, len: usize) -> f64 {
+/// the seconds it took and the CPU seconds the process used meanwhile.
+fn pass(e: &Engine, h: u64, op: Opcode, local: u64, remote: u64, n: usize, len: usize) -> (f64, f64) {
     let reqs: Vec<Request> = (0..n as u64)
         .map(|i| Request {
             opcode: op,
@@ -80,7 +88,7 @@ fn pass(e: &Engine, h: u64, op: Opcode, local: u64, remote: u64, n: usize, len: 
             hint: TransportKind::Rdma,
         })
         .collect();
-    let start = Instant::now();
+    let (start, cpu) = (Instant::now(), cpu_seconds());
     let b = e.allocate_batch(n).expect("batch");
     // SAFETY: the requests' memory stays alive until their tasks end.
     unsafe { e.submit(b, &reqs, None) }.expect("submit");
@@ -95,7 +103,7 @@ fn pass(e: &Engine, h: u64, op: Opcode, local: u64, remote: u64, n: usize, len: 
         }
         std::thread::yield_now();
     }
-    let t = start.elapsed().as_secs_f64();
+    let t = (start.elapsed().as_secs_f64(), cpu_seconds() - cpu);
     e.free_batch(b).expect("free");
     t
 }
@@ -159,17 +167,21 @@ fn main() {
         let dst = if p.device { Mem::Device(src) } else { Mem::Host(src) };
         platform.copy(dst, Mem::Host(pattern.as_ptr() as u64), total).expect("fill");
         let h = p.initiator.open_segment(p.target.segment_name()).expect("open");
-        pass(&p.initiator, h, Opcode::Write, src, remote, 1, total);
+        let _ = pass(&p.initiator, h, Opcode::Write, src, remote, 1, total);
         bufs.push((h, src, back, remote));
     }
-    // times[path][shape][op]
+    // times[path][shape][op]; busy[path]: (CPU seconds, seconds) of all its passes.
     let mut times = vec![vec![vec![Vec::new(); 2]; shapes.len()]; paths.len()];
+    let mut busy = vec![(0.0, 0.0); paths.len()];
     for _ in 0..rounds {
         for (s, &(n, len)) in shapes.iter().enumerate() {
             for (k, p) in paths.iter().enumerate() {
                 let (h, src, back, remote) = bufs[k];
-                times[k][s][0].push(pass(&p.initiator, h, Opcode::Write, src, remote, n, len));
-                times[k][s][1].push(pass(&p.initiator, h, Opcode::Read, back, remote, n, len));
+                for (o, (op, local)) in [(Opcode::Write, src), (Opcode::Read, back)].into_iter().enumerate() {
+                    let (t, cpu) = pass(&p.initiator, h, op, local, remote, n, len);
+                    times[k][s][o].push(t);
+                    busy[k] = (busy[k].0 + cpu, busy[k].1 + t);
+                }
             }
         }
     }
@@ -191,6 +203,10 @@ fn main() {
             println!("  {op:5} {n:3} x {:5} KiB | {}", len >> 10, row.join(" | "));
         }
     }
+    // How many cores each path kept busy while it moved bytes: below the machine's count, its
+    // speed is bound by waits, not by the CPU.
+    let cores: Vec<String> = paths.iter().zip(&busy).map(|(p, (c, t))| format!("{}: {:.2}", p.name, c / t)).collect();
+    println!("  cores busy (process CPU time / wall time): {}", cores.join(" | "));
     // Registering 1 GiB of device memory with two NICs (a fresh range each time).
     let gib = if bench { 1usize << 30 } else { 64 << 20 };
     let e = &engine(lanes, true);

@@ -3,15 +3,16 @@
 //!
 //! A staging thread takes a piece and the pieces queued right behind it that go the same way
 //! to the same peer, as long as they fit in one staging buffer together, and moves them as a
-//! group: one local staging buffer, one buffer the peer lent, one control message to the peer,
-//! and one RDMA job per piece, launched together. A KV cache handoff is many small blocks, so
-//! a group of 64 KiB pieces costs one message where each piece used to cost two.
+//! group: one local staging buffer, one buffer the peer lent, an RDMA job per piece, and a few
+//! control messages to the peer for the whole group (a READ's fills of 1, 2, 4... pieces, so
+//! the first RDMA overlaps the peer's next copies; a WRITE's commits of the pieces that arrived
+//! together), where each piece used to cost two.
 //!
 //! Buffers a peer lent are kept between groups and given back after `staging/linger_ms`
 //! unused: long enough to carry one from a batch of a stream of transfers to the next, short
-//! enough that the peer's other borrowers wait little for it. A group
-//! that fails on a kept buffer is moved once more on a fresh one: the peer may have restarted
-//! since it lent the kept one.
+//! enough that the peer's other borrowers wait little for it. A group that fails on a kept
+//! buffer is moved once more on a fresh one: the peer may have restarted since it lent the
+//! kept one.
 
 use std::collections::HashMap;
 use std::sync::Arc;
