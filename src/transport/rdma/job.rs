@@ -343,15 +343,13 @@ impl StageQueue {
         if st.closed {
             return None;
         }
-        let first = st.pieces.pop_front()?;
-        let mut group = Vec::new();
+        let mut group = vec![st.pieces.pop_front()?];
         while let Some(next) = st.pieces.front() {
-            if !joins(&first, next) {
+            if !joins(&group[0], next) {
                 break;
             }
             group.extend(st.pieces.pop_front());
         }
-        group.insert(0, first);
         Some(group)
     }
 

@@ -88,7 +88,7 @@ use gpu::{DeviceRegistration, GdrKey, LocalKeys};
 use job::{GpuSides, Job, StagePiece, plan_slices};
 use lanes::{Lane, LaneSet};
 use stager::Stager;
-use staging::{LenderCounts, StageService, StagingPool};
+use staging::{StageService, StagingPool};
 
 /// Per-NIC load, for `tent_get_nic_load_stats`.
 #[derive(Debug, Clone, PartialEq)]
@@ -417,10 +417,7 @@ impl RdmaTransport {
     /// checks the peer's access to each range and holds it during its copy.
     pub fn serve_stage(&self, request: &[u8], memory: &dyn crate::control::server::RpcHandler) -> Vec<u8> {
         match &self.lender {
-            Some(l) => {
-                let c = self.core.counters();
-                l.serve(request, memory, LenderCounts { lent: &c.stage_leases, parts: &c.stage_parts_served })
-            }
+            Some(l) => l.serve(request, memory, self.core.counters()),
             None => staging::StageReply::refusal("this engine has no device platform: nothing to stage").to_bytes(),
         }
     }

@@ -23,6 +23,7 @@ use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 
 use super::context::{BufferRegistration, access_for};
+use super::counters::Counters;
 use super::gpu::LocalKeys;
 use super::nics::Nics;
 use crate::base::request::Permission;
@@ -274,12 +275,6 @@ pub struct StageService {
     expiry: Duration,
 }
 
-/// What the lender counts: buffers lent, and pieces copied for peers.
-pub struct LenderCounts<'a> {
-    pub lent: &'a AtomicU64,
-    pub parts: &'a AtomicU64,
-}
-
 impl StageService {
     /// A lender of `pool`'s buffers, taking back leases left unused for `expiry`.
     pub fn new(pool: Arc<StagingPool>, expiry: Duration) -> StageService {
@@ -292,19 +287,23 @@ impl StageService {
 
     /// Answers a peer's `STAGE_RDMA` request; `memory` checks that the peer may reach each
     /// range (registered, with the permission the operation needs) and holds it during its
-    /// copy.
-    pub fn serve(&self, request: &[u8], memory: &dyn RpcHandler, counts: LenderCounts<'_>) -> Vec<u8> {
+    /// copy. Counts the buffers it lends and the pieces it copies on `counters`.
+    pub fn serve(&self, request: &[u8], memory: &dyn RpcHandler, counters: &Counters) -> Vec<u8> {
         self.expire();
         let reply = match serde_json::from_slice::<StageRequest>(request) {
             Ok(StageRequest::Borrow) => {
                 let reply = self.borrow();
                 if reply.ok {
-                    counts.lent.fetch_add(1, Ordering::Relaxed);
+                    counters.stage_leases.fetch_add(1, Ordering::Relaxed);
                 }
                 reply
             }
-            Ok(StageRequest::Fill { id, parts }) => self.copy_parts(id, &parts, false, memory, counts.parts),
-            Ok(StageRequest::Commit { id, parts }) => self.copy_parts(id, &parts, true, memory, counts.parts),
+            Ok(StageRequest::Fill { id, parts }) => {
+                self.copy_parts(id, &parts, false, memory, &counters.stage_parts_served)
+            }
+            Ok(StageRequest::Commit { id, parts }) => {
+                self.copy_parts(id, &parts, true, memory, &counters.stage_parts_served)
+            }
             Ok(StageRequest::Return { id }) => match self.leases.lock().remove(&id) {
                 Some(_) => StageReply { ok: true, ..StageReply::default() },
                 None => StageReply { unknown: true, ..StageReply::refusal(format!("no staging lease {id}")) },
