@@ -15,7 +15,11 @@
 #   - where /sys/class/infiniband lists NICs: RDMA device to device (GPUDirect where the NICs
 #     and the driver take device memory, staging buffers where not) and host to host, the same
 #     shapes;
-#   - the time to register a 1 GiB device buffer (printed by the target).
+#   - the time to register a 1 GiB device buffer (printed by the target);
+#   - benches/gpu_rdma.rs on the simulated fabric and device, on the GPU machine's cores: RDMA
+#     of device memory by GPUDirect and through staging buffers against host memory. On a
+#     2-vCPU build machine staging is bound by the CPU copies that stand in for the device's
+#     copy engines; with more cores it shows how far the engine's own work limits it.
 # The test binaries include tests/device_rdma.rs: a dma-buf export of cuMemAlloc memory and of
 # VMM memory (or the reason the GPU gives), and device memory between two engines over the real
 # NICs when there are any.
@@ -40,6 +44,12 @@ for l in sys.stdin:
     m = json.loads(l)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
         print(m["target"]["name"], m["executable"])' >"$dir/.built"
+    cargo bench --no-run --bench gpu_rdma --message-format=json 2>/dev/null |
+        python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["bench"]:
+        print(m["target"]["name"], m["executable"])' >>"$dir/.built"
     cargo build --release --quiet --bin tent-bench
     while read -r name exe; do
         cp "$exe" "$dir/$name"
@@ -115,6 +125,10 @@ run() {
             --duration=3 || failed=1
         stop
     done
+    if [ -x "$dir/gpu_rdma" ]; then
+        echo "== RDMA of device memory on the simulated fabric and device, $(nproc) cores"
+        env -u TENT_GPU_CHECK -u TENT_SIM_DEVICES timeout 120 "$dir/gpu_rdma" --bench || failed=1
+    fi
     if [ "${GPU_CHECK_SIM:-0}" != 1 ] && ls /sys/class/infiniband/* >/dev/null 2>&1; then
         ls /sys/class/infiniband
         command -v lsmod >/dev/null && { lsmod | grep -E '^(nvidia_peermem|amdgpu) ' || echo "no peer-memory client loaded"; }
