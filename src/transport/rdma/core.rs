@@ -48,6 +48,9 @@ impl WirePlaces {
     }
 }
 
+/// Why work ends when the transport stops: the reason every task it still held is given.
+pub const SHUTTING_DOWN: &str = "rdma transport is shutting down";
+
 /// What every thread of the transport shares.
 pub struct Core {
     /// `transports/rdma/*`.
@@ -192,7 +195,7 @@ impl Core {
             Some(q) => q.push(pieces).err(),
             None => Some(pieces),
         };
-        refused.unwrap_or_default().iter().for_each(|p| p.job.fail("rdma transport is shutting down".into()));
+        refused.unwrap_or_default().iter().for_each(|p| p.job.fail(SHUTTING_DOWN.into()));
     }
 
     /// The fences of retired endpoints' NIC pairs.
@@ -240,7 +243,7 @@ impl Core {
         self.stopping.store(true, Ordering::Release);
         self.connector.stop();
         if let Some(q) = self.staging.lock().take() {
-            q.close().iter().for_each(|p| p.job.fail("rdma transport is shutting down".into()));
+            q.close().iter().for_each(|p| p.job.fail(SHUTTING_DOWN.into()));
         }
     }
 

@@ -10,7 +10,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use super::Endpoint;
-use super::core::Core;
+use super::core::{Core, SHUTTING_DOWN};
 use super::endpoint::EpState;
 use super::fence::FenceState;
 use super::gpu::GdrKey;
@@ -212,7 +212,7 @@ impl LaneSet {
             None => vec![s],
         };
         for s in back {
-            s.job.fail("rdma transport is shutting down".into());
+            s.job.fail(SHUTTING_DOWN.into());
         }
     }
 
@@ -223,7 +223,7 @@ impl LaneSet {
         let lanes = self.inboxes.lock().clone();
         if lanes.is_empty() {
             for (job, _) in work {
-                job.fail("rdma transport is shutting down".into());
+                job.fail(SHUTTING_DOWN.into());
             }
             return;
         }
@@ -241,7 +241,7 @@ impl LaneSet {
             }
             if let Err(mpsc::SendError(LaneMsg::Submit(back))) = lanes[lane].send(LaneMsg::Submit(slices)) {
                 for s in back {
-                    s.job.fail("rdma transport is shutting down".into());
+                    s.job.fail(SHUTTING_DOWN.into());
                 }
             }
         }
@@ -340,11 +340,11 @@ impl Lane {
 
     fn shutdown(&mut self) {
         for s in self.pending.drain() {
-            s.job.fail("rdma transport is shutting down".into());
+            s.job.fail(SHUTTING_DOWN.into());
         }
         for slot in &mut self.slots {
             if let Some(r) = slot.record.take() {
-                r.slice.job.fail("rdma transport is shutting down".into());
+                r.slice.job.fail(SHUTTING_DOWN.into());
             }
         }
     }

@@ -58,6 +58,7 @@ pub mod staging;
 
 pub use context::{BufferRegistration, ContextLimits, ContextSet, ContextState, CqQuota, RdmaContext};
 pub use core::Core;
+use core::SHUTTING_DOWN;
 pub use counters::Counters;
 pub use endpoint::{ConnectError, Endpoint, EpState, PeerWire};
 pub use lanes::{decode_wr_id, encode_wr_id};
@@ -595,7 +596,7 @@ impl Transport for RdmaTransport {
             return Err(Error::NoTransport(format!("segment {} publishes no RDMA device", target.name)));
         }
         if self.lanes.closed() {
-            return Err(Error::Unavailable("rdma transport is shutting down".into()));
+            return Err(Error::Unavailable(SHUTTING_DOWN.into()));
         }
         let block = self.core.cfg().block_size;
         let wire = self.wire_of(target);

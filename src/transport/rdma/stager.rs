@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::core::Core;
+use super::core::{Core, SHUTTING_DOWN};
 use super::gpu::LocalKeys;
 use super::job::{GpuSides, Job, StagePiece, StageQueue, plan_slices};
 use super::lanes::LaneSet;
@@ -241,7 +241,7 @@ impl Stager {
             return;
         }
         if self.core.stopping() {
-            pieces.iter().for_each(|p| p.job.fail("rdma transport is shutting down".into()));
+            pieces.iter().for_each(|p| p.job.fail(SHUTTING_DOWN.into()));
             return;
         }
         let all: Vec<&StagePiece> = pieces.iter().collect();
@@ -569,7 +569,7 @@ impl Stager {
         while end.is_none() {
             sink.ended.wait_for(&mut end, Duration::from_millis(100));
             if end.is_none() && self.core.stopping() {
-                return Err(PieceError::Failed("rdma transport is shutting down".into()));
+                return Err(PieceError::Failed(SHUTTING_DOWN.into()));
             }
         }
         match end.take() {

@@ -9,7 +9,7 @@
 //!   tent-rs engines answer: their descriptors say `tent_rs_staging`). A borrower keeps a lent
 //!   buffer while it has pieces for that peer: the peer copies its device memory into the
 //!   buffer on `Fill`, before the borrower's RDMA READ, and out of it into place on `Commit`,
-//!   after an RDMA WRITE, so a piece costs one message.
+//!   after an RDMA WRITE, each message for one or more pieces of a group.
 //!
 //! Pools of buffers, the messages and the lender (`StageService`) are here; the borrower's
 //! threads are in `stager.rs`.
@@ -23,12 +23,13 @@ use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 
 use super::context::{BufferRegistration, access_for};
+use super::core::SHUTTING_DOWN;
 use super::counters::Counters;
 use super::gpu::LocalKeys;
 use super::nics::Nics;
 use crate::base::request::Permission;
 use crate::control::server::RpcHandler;
-use crate::device::{self, Mem, Platform};
+use crate::device::{self, Platform};
 use crate::error::{Error, Result};
 
 /// One pinned host buffer registered with every live NIC.
@@ -126,7 +127,7 @@ impl StagingPool {
         let mut st = self.state.lock();
         loop {
             if st.closed {
-                return Err(Error::Unavailable("rdma transport is shutting down".into()));
+                return Err(Error::Unavailable(SHUTTING_DOWN.into()));
             }
             if let Some(b) = st.free.pop() {
                 return Ok(Taken { pool: self.clone(), buf: Some(b) });
@@ -207,8 +208,9 @@ pub struct StagePart {
 }
 
 /// The control message of the staging protocol (`STAGE_RDMA`), JSON. A borrower keeps a lent
-/// buffer for as many pieces as it likes, so that a piece costs one message: a `Fill` before
-/// its RDMA READ, or a `Commit` after its RDMA WRITE.
+/// buffer for as many pieces as it likes, so that pieces cost no lease messages of their own:
+/// a `Fill` before their RDMA READ, or a `Commit` after their RDMA WRITE, each for one or more
+/// pieces.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum StageRequest {
@@ -362,13 +364,13 @@ impl StageService {
                 failed.push((i, format!("{} bytes at byte {} of a {cap}-byte staging buffer", p.len, p.off)));
                 continue;
             }
-            let staged = Mem::Host(base + p.off);
+            let staged = base + p.off;
             let done = memory.with_memory(p.addr, p.len, commit, &mut |_| {
-                // The range was checked registered (and is held) by `with_memory`; the part
-                // lies inside the lent buffer, host memory of ours.
-                let there = device::classify(p.addr, p.len);
-                let (dst, src) = if commit { (there, staged) } else { (staged, there) };
-                copy(dst, src, p.len).map_err(std::io::Error::other)
+                let (dst, src) = if commit { (p.addr, staged) } else { (staged, p.addr) };
+                // SAFETY: the range was checked registered (and is held) by `with_memory`; the
+                // part lies inside the lent buffer, host memory of ours held by the lease. The
+                // device copies device memory; the CPU copies host memory.
+                unsafe { device::copy_any(dst, src, p.len as usize) }.map_err(std::io::Error::other)
             });
             match done {
                 Ok(Ok(())) => {
@@ -394,19 +396,5 @@ impl StageService {
     fn expire(&self) {
         let now = Instant::now();
         self.leases.lock().retain(|_, l| l.buf.is_none() || now.duration_since(l.used) < self.expiry);
-    }
-}
-
-/// Copies `len` bytes between a staging buffer and the memory a lease is for: by the device
-/// for device memory (the lender's usual case), by the CPU for host memory.
-fn copy(dst: Mem, src: Mem, len: u64) -> Result<()> {
-    match (dst, src) {
-        (Mem::Host(d), Mem::Host(s)) => {
-            // SAFETY: both ranges are held for the copy by the caller (`with_memory` and the
-            // lease); they do not overlap, one being a staging buffer of ours.
-            unsafe { std::ptr::copy_nonoverlapping(s as *const u8, d as *mut u8, len as usize) };
-            Ok(())
-        }
-        (d, s) => device::require("staging device memory")?.copy(d, s, len as usize),
     }
 }
